@@ -1,0 +1,440 @@
+//! The budget math: pure functions of counters, time and policy. No I/O.
+//!
+//! The Lua scripts in `lua/` implement exactly this arithmetic; the [`crate::store::LocalStore`]
+//! and the simulator call these functions directly, and the integration tests check that both give
+//! the same decisions and snapshots for the same sequence of operations.
+//!
+//! All estimates are kept *scaled by the window length in milliseconds* so that comparisons are
+//! exact integer arithmetic in Rust and in Lua (whose numbers are doubles, exact below 2^53):
+//!
+//! ```text
+//! elapsed      = now_ms - index × window_ms            (0 ≤ elapsed < window_ms)
+//! prev_weight  = window_ms - elapsed   (sliding)  |  0   (fixed)
+//! deposits_sc  = cur_deposits × window_ms + prev_deposits × prev_weight
+//! retries_sc   = cur_retries  × window_ms + prev_retries  × prev_weight
+//! allowance    = max(min_allowance, floor(ratio × deposits_sc / window_ms))
+//! grant       ⇔ retries_sc + window_ms ≤ allowance × window_ms
+//! ```
+
+use serde::Serialize;
+
+use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
+
+/// What a window counts. Denials are never counted as retries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WindowCounters {
+    /// Successful jobs.
+    pub successes: u64,
+    /// First attempts (executions with attempt number 1).
+    pub first_attempts: u64,
+    /// Retries granted.
+    pub retries: u64,
+    /// Retries denied.
+    pub denied: u64,
+}
+
+impl WindowCounters {
+    /// The deposits of this window under `basis`.
+    #[must_use]
+    pub fn deposits(&self, basis: DepositBasis) -> u64 {
+        match basis {
+            DepositBasis::Success => self.successes,
+            DepositBasis::Request => self.first_attempts,
+        }
+    }
+}
+
+/// The stored state of one dependency's budget: the current and the previous window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetState {
+    /// The window length this state was counted with.
+    pub window_ms: u64,
+    /// Index of the current window: `floor(server_time_ms / window_ms)`.
+    pub index: u64,
+    /// Counters of window `index`.
+    pub current: WindowCounters,
+    /// Counters of window `index - 1`.
+    pub previous: WindowCounters,
+}
+
+/// Which counter a deposit adds to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DepositKind {
+    /// A successful job.
+    Success,
+    /// A first attempt.
+    FirstAttempt,
+}
+
+impl DepositKind {
+    /// The one-letter code the deposit script takes (`s` or `a`).
+    #[must_use]
+    pub fn script_code(self) -> &'static str {
+        match self {
+            Self::Success => "s",
+            Self::FirstAttempt => "a",
+        }
+    }
+}
+
+impl BudgetState {
+    /// A state with no counts, positioned at the window holding `now_ms`.
+    #[must_use]
+    pub fn empty(now_ms: u64, window_ms: u64) -> Self {
+        let window_ms = window_ms.max(1);
+        Self {
+            window_ms,
+            index: now_ms / window_ms,
+            current: WindowCounters::default(),
+            previous: WindowCounters::default(),
+        }
+    }
+
+    /// Moves the state to the window holding `now_ms`.
+    ///
+    /// The next window shifts current into previous; a gap of two or more windows clears both; a
+    /// different window length starts afresh. Time that goes backwards (a failover to a server
+    /// with a slower clock) keeps the current window: counters are never un-rolled.
+    pub fn roll(&mut self, now_ms: u64, window_ms: u64) {
+        let window_ms = window_ms.max(1);
+        if self.window_ms != window_ms {
+            *self = Self::empty(now_ms, window_ms);
+            return;
+        }
+        let index = now_ms / window_ms;
+        if index == self.index.saturating_add(1) {
+            self.previous = self.current;
+            self.current = WindowCounters::default();
+            self.index = index;
+        } else if index > self.index {
+            *self = Self::empty(now_ms, window_ms);
+        }
+    }
+
+    /// Adds `n` to the counter of `kind` in the window holding `now_ms`.
+    pub fn deposit(&mut self, now_ms: u64, window_ms: u64, kind: DepositKind, n: u64) {
+        self.roll(now_ms, window_ms);
+        match kind {
+            DepositKind::Success => self.current.successes = self.current.successes.saturating_add(n),
+            DepositKind::FirstAttempt => {
+                self.current.first_attempts = self.current.first_attempts.saturating_add(n);
+            }
+        }
+    }
+
+    /// The snapshot of this state at `now_ms` under `policy`, without changing anything.
+    ///
+    /// The state should already be rolled to `now_ms` (see [`BudgetState::roll`]).
+    #[must_use]
+    pub fn snapshot(&self, now_ms: u64, policy: &BudgetPolicy) -> BudgetSnapshot {
+        let window_ms = self.window_ms.max(1);
+        let start = self.index.saturating_mul(window_ms);
+        let elapsed_ms = now_ms.saturating_sub(start).min(window_ms - 1);
+        let previous_weight_ms = match policy.mode {
+            WindowMode::Sliding => window_ms - elapsed_ms,
+            WindowMode::Fixed => 0,
+        };
+        let mut snapshot = BudgetSnapshot {
+            window_ms,
+            window_index: self.index,
+            elapsed_ms,
+            previous_weight_ms,
+            current: self.current,
+            previous: self.previous,
+            allowance: 0,
+        };
+        snapshot.allowance = allowance(
+            policy.ratio,
+            policy.min_allowance,
+            snapshot.deposits_scaled(policy.deposit),
+            window_ms,
+        );
+        snapshot
+    }
+
+    /// Asks for one retry at `now_ms`: rolls the window, decides, and counts the retry or the
+    /// denial. Returns whether it was granted and the snapshot after counting.
+    pub fn try_spend(&mut self, now_ms: u64, policy: &BudgetPolicy) -> (bool, BudgetSnapshot) {
+        self.roll(now_ms, policy.window_ms());
+        let before = self.snapshot(now_ms, policy);
+        let granted = grants(&before);
+        if granted {
+            self.current.retries = self.current.retries.saturating_add(1);
+        } else {
+            self.current.denied = self.current.denied.saturating_add(1);
+        }
+        (granted, self.snapshot(now_ms, policy))
+    }
+}
+
+/// `max(min_allowance, floor(ratio × deposits_scaled / window_ms))`, computed in the same order of
+/// floating-point operations as the Lua scripts so both give the same integer.
+#[must_use]
+pub fn allowance(ratio: f64, min_allowance: u64, deposits_scaled: u128, window_ms: u64) -> u64 {
+    #[allow(clippy::cast_precision_loss)]
+    let earned = (ratio * deposits_scaled as f64 / window_ms.max(1) as f64).floor();
+    max_u64(min_allowance, f64_to_u64(earned))
+}
+
+/// Whether one more retry fits: `retries_est + 1 <= allowance`, in scaled integers.
+#[must_use]
+pub fn grants(snapshot: &BudgetSnapshot) -> bool {
+    let window = u128::from(snapshot.window_ms);
+    snapshot.retries_scaled() + window <= u128::from(snapshot.allowance) * window
+}
+
+fn max_u64(a: u64, b: u64) -> u64 {
+    if a > b { a } else { b }
+}
+
+/// Converts a non-negative, floored float to `u64`, saturating; NaN gives 0.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+fn f64_to_u64(x: f64) -> u64 {
+    if x.is_nan() || x <= 0.0 {
+        0
+    } else if x >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        x as u64
+    }
+}
+
+/// What the store saw when it decided: the two windows, their weights and the allowance.
+///
+/// Returned by every store call (deposit, retry, status) so that a dead-letter can say why.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BudgetSnapshot {
+    /// Window length in milliseconds.
+    pub window_ms: u64,
+    /// Index of the current window (`floor(server_time_ms / window_ms)`).
+    pub window_index: u64,
+    /// Milliseconds since the current window began (server time).
+    pub elapsed_ms: u64,
+    /// Weight of the previous window, in milliseconds out of `window_ms` (0 in fixed mode).
+    pub previous_weight_ms: u64,
+    /// Counters of the current window.
+    pub current: WindowCounters,
+    /// Counters of the previous window.
+    pub previous: WindowCounters,
+    /// Retries allowed in the last window: `max(min_allowance, floor(ratio × deposits_est))`.
+    pub allowance: u64,
+}
+
+impl BudgetSnapshot {
+    fn scaled(&self, cur: u64, prev: u64) -> u128 {
+        u128::from(cur) * u128::from(self.window_ms)
+            + u128::from(prev) * u128::from(self.previous_weight_ms)
+    }
+
+    /// Deposits estimate scaled by `window_ms`.
+    #[must_use]
+    pub fn deposits_scaled(&self, basis: DepositBasis) -> u128 {
+        self.scaled(self.current.deposits(basis), self.previous.deposits(basis))
+    }
+
+    /// Retries estimate scaled by `window_ms`.
+    #[must_use]
+    pub fn retries_scaled(&self) -> u128 {
+        self.scaled(self.current.retries, self.previous.retries)
+    }
+
+    /// Sliding estimate of retries granted in the last window.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn retries_estimate(&self) -> f64 {
+        self.retries_scaled() as f64 / self.window_ms.max(1) as f64
+    }
+
+    /// Sliding estimate of deposits in the last window.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn deposits_estimate(&self, basis: DepositBasis) -> f64 {
+        self.deposits_scaled(basis) as f64 / self.window_ms.max(1) as f64
+    }
+
+    /// Retries that would still be granted now (the headroom).
+    #[must_use]
+    pub fn remaining(&self) -> u64 {
+        let window = u128::from(self.window_ms.max(1));
+        let room = (u128::from(self.allowance) * window).saturating_sub(self.retries_scaled());
+        u64::try_from(room / window).unwrap_or(u64::MAX)
+    }
+
+    /// Milliseconds until the current window rolls over.
+    #[must_use]
+    pub fn ms_until_roll(&self) -> u64 {
+        self.window_ms.saturating_sub(self.elapsed_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn policy(window_ms: u64, ratio: f64, min: u64, mode: WindowMode) -> BudgetPolicy {
+        BudgetPolicy {
+            window: Duration::from_millis(window_ms),
+            ratio,
+            min_allowance: min,
+            deposit: DepositBasis::Success,
+            mode,
+        }
+    }
+
+    #[test]
+    fn floor_grants_a_retry_on_an_idle_dependency() {
+        let p = BudgetPolicy::default();
+        let mut s = BudgetState::empty(0, p.window_ms());
+        let (granted, snap) = s.try_spend(5, &p);
+        assert!(granted);
+        assert_eq!(snap.allowance, 10);
+        assert_eq!(snap.current.retries, 1);
+    }
+
+    #[test]
+    fn allowance_is_ratio_of_successes_above_the_floor() {
+        let p = policy(60_000, 0.2, 10, WindowMode::Sliding);
+        let mut s = BudgetState::empty(0, 60_000);
+        s.deposit(0, 60_000, DepositKind::Success, 1000);
+        assert_eq!(s.snapshot(0, &p).allowance, 200);
+        let grants = (0..300).filter(|_| s.try_spend(10, &p).0).count();
+        assert_eq!(grants, 200);
+        assert_eq!(s.current.denied, 100);
+    }
+
+    #[test]
+    fn denials_are_not_counted_as_retries() {
+        let p = policy(1000, 0.0, 1, WindowMode::Fixed);
+        let mut s = BudgetState::empty(0, 1000);
+        assert!(s.try_spend(0, &p).0);
+        assert!(!s.try_spend(0, &p).0);
+        assert!(!s.try_spend(0, &p).0);
+        assert_eq!(s.current.retries, 1);
+        assert_eq!(s.current.denied, 2);
+    }
+
+    #[test]
+    fn fixed_mode_has_a_cliff_at_the_boundary_and_sliding_does_not() {
+        for (mode, expected_allowance) in [(WindowMode::Fixed, 10), (WindowMode::Sliding, 199)] {
+            let p = policy(60_000, 0.2, 10, mode);
+            let mut s = BudgetState::empty(0, 60_000);
+            s.deposit(30_000, 60_000, DepositKind::Success, 1000);
+            s.roll(60_001, 60_000);
+            assert_eq!(s.snapshot(60_001, &p).allowance, expected_allowance, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn two_idle_windows_forget_everything() {
+        let p = policy(1000, 0.2, 10, WindowMode::Sliding);
+        let mut s = BudgetState::empty(0, 1000);
+        s.deposit(0, 1000, DepositKind::Success, 500);
+        s.roll(2000, 1000);
+        assert_eq!(s.current, WindowCounters::default());
+        assert_eq!(s.previous, WindowCounters::default());
+        assert_eq!(s.snapshot(2000, &p).allowance, 10);
+    }
+
+    #[test]
+    fn time_going_backwards_keeps_the_window() {
+        let mut s = BudgetState::empty(10_000, 1000);
+        s.deposit(10_000, 1000, DepositKind::Success, 3);
+        s.roll(9_000, 1000);
+        assert_eq!(s.index, 10);
+        assert_eq!(s.current.successes, 3);
+    }
+
+    #[test]
+    fn nan_and_huge_ratios_do_not_panic() {
+        assert_eq!(allowance(f64::NAN, 3, 10, 1000), 3);
+        assert_eq!(allowance(f64::INFINITY, 3, 10, 1000), u64::MAX);
+        assert_eq!(allowance(1e300, 0, u128::MAX, 1), u64::MAX);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Deposit(u64, DepositKind),
+        Spend,
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u64..50, prop_oneof![Just(DepositKind::Success), Just(DepositKind::FirstAttempt)])
+                .prop_map(|(n, k)| Op::Deposit(n, k)),
+            Just(Op::Spend),
+            (0u64..1500).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        /// Within any one window, granted retries never exceed the allowance in force, and every
+        /// request is counted exactly once as a retry or a denial.
+        #[test]
+        fn grants_never_exceed_allowance(
+            ops in prop::collection::vec(op(), 1..400),
+            ratio in 0.0f64..2.0,
+            min in 0u64..20,
+            sliding in any::<bool>(),
+        ) {
+            let mode = if sliding { WindowMode::Sliding } else { WindowMode::Fixed };
+            let p = policy(1000, ratio, min, mode);
+            let mut now = 0u64;
+            let mut s = BudgetState::empty(now, 1000);
+            let mut requested = 0u64;
+            let mut counted = 0u64;
+            let mut index = s.index;
+            for op in ops {
+                match op {
+                    Op::Deposit(n, k) => s.deposit(now, 1000, k, n),
+                    Op::Advance(ms) => now += ms,
+                    Op::Spend => {
+                        let (granted, snap) = s.try_spend(now, &p);
+                        if s.index != index {
+                            index = s.index;
+                            requested = 0;
+                            counted = 0;
+                        }
+                        requested += 1;
+                        counted = snap.current.retries + snap.current.denied;
+                        if granted {
+                            // after counting, the estimate is still within the allowance
+                            prop_assert!(snap.retries_scaled() <= u128::from(snap.allowance) * 1000);
+                        } else {
+                            prop_assert!(snap.retries_scaled() + 1000 > u128::from(snap.allowance) * 1000);
+                        }
+                        prop_assert!(snap.allowance >= min);
+                    }
+                }
+            }
+            prop_assert_eq!(requested, counted);
+        }
+
+        /// With no deposits, grants in one window are exactly the floor.
+        #[test]
+        fn floor_is_exact(min in 0u64..100, demand in 0u64..200) {
+            let p = policy(60_000, 0.2, min, WindowMode::Sliding);
+            let mut s = BudgetState::empty(0, 60_000);
+            let granted = (0..demand).filter(|_| s.try_spend(1, &p).0).count() as u64;
+            prop_assert_eq!(granted, demand.min(min));
+        }
+
+        /// Sliding allowance never drops below fixed allowance at the same instant.
+        #[test]
+        fn sliding_is_never_below_fixed(
+            prev in 0u64..10_000, cur in 0u64..10_000, elapsed in 0u64..60_000, ratio in 0.0f64..1.0,
+        ) {
+            let mut s = BudgetState::empty(0, 60_000);
+            s.deposit(0, 60_000, DepositKind::Success, prev);
+            s.roll(60_000 + elapsed, 60_000);
+            s.deposit(60_000 + elapsed, 60_000, DepositKind::Success, cur);
+            let sliding = s.snapshot(60_000 + elapsed, &policy(60_000, ratio, 0, WindowMode::Sliding));
+            let fixed = s.snapshot(60_000 + elapsed, &policy(60_000, ratio, 0, WindowMode::Fixed));
+            prop_assert!(sliding.allowance >= fixed.allowance);
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! The worker-facing API: report outcomes, ask "may I retry?", get a [`Decision`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::sync::Notify;
+
+use crate::allowance::BudgetSnapshot;
+use crate::ceiling::{Ceilings, TaskCeiling};
+use crate::config::{Config, FallbackMode};
+use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
+use crate::dependency::{Dependency, DependencyMap};
+use crate::error::{Error, StoreError};
+use crate::metrics::Metrics;
+use crate::policy::BudgetPolicy;
+use crate::store::{BudgetStore, Deposits, LocalStore, RedisStore, RedisTarget, Withdrawal};
+
+/// While the fleet store is failing, it is retried at most this often; other calls go straight
+/// to the fallback instead of each waiting for a deadline.
+const PROBE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A fleet-wide retry budget per dependency, embedded in a worker.
+///
+/// Cheap to clone; clones share everything. See the crate documentation for an example.
+#[derive(Debug, Clone)]
+pub struct FleetBudget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    defaults: BudgetPolicy,
+    policies: BTreeMap<Dependency, BudgetPolicy>,
+    map: DependencyMap,
+    ceilings: Ceilings,
+    fleet: Option<Arc<dyn BudgetStore>>,
+    local: LocalStore,
+    fallback: FallbackMode,
+    health: Health,
+    pending: Mutex<HashMap<Dependency, Deposits>>,
+    flush_interval: Duration,
+    flush_count: u64,
+    flush_now: Notify,
+    flusher_running: AtomicBool,
+    metrics: Metrics,
+    rng: Mutex<SmallRng>,
+}
+
+/// Builds a [`FleetBudget`] from parts (tests, the simulator, custom stores).
+#[derive(Debug)]
+pub struct FleetBudgetBuilder {
+    config: Config,
+    fleet: Option<Arc<dyn BudgetStore>>,
+    local: Option<LocalStore>,
+    metrics: Option<Metrics>,
+    seed: Option<u64>,
+}
+
+impl FleetBudgetBuilder {
+    /// Uses `store` as the fleet-wide store (otherwise the budget is local only).
+    #[must_use]
+    pub fn fleet_store(mut self, store: Arc<dyn BudgetStore>) -> Self {
+        self.fleet = Some(store);
+        self
+    }
+
+    /// Uses `local` as the in-process store (the budget when local only, else the fallback).
+    #[must_use]
+    pub fn local_store(mut self, local: LocalStore) -> Self {
+        self.local = Some(local);
+        self
+    }
+
+    /// Registers metrics on the application's registry instead of a private one.
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Seeds the backoff jitter (deterministic tests and simulations).
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Builds the budget. Inside a Tokio runtime, with a fleet store and a non-zero
+    /// `redis.deposit_flush`, a background task flushes coalesced deposits; otherwise every
+    /// deposit is recorded with its own store call.
+    #[must_use]
+    pub fn build(self) -> FleetBudget {
+        let c = self.config;
+        let coalesce = self.fleet.is_some()
+            && !c.redis.deposit_flush.is_zero()
+            && tokio::runtime::Handle::try_current().is_ok();
+        let inner = Arc::new(Inner {
+            defaults: c.defaults,
+            policies: c.policies,
+            map: c.map,
+            ceilings: c.ceilings,
+            fleet: self.fleet,
+            local: self.local.unwrap_or_default(),
+            fallback: c.redis.fallback,
+            health: Health::new(),
+            pending: Mutex::new(HashMap::new()),
+            flush_interval: if coalesce { c.redis.deposit_flush } else { Duration::ZERO },
+            flush_count: c.redis.deposit_flush_count,
+            flush_now: Notify::new(),
+            flusher_running: AtomicBool::new(coalesce),
+            metrics: self.metrics.unwrap_or_default(),
+            rng: Mutex::new(self.seed.map_or_else(|| SmallRng::from_rng(&mut rand::rng()), SmallRng::seed_from_u64)),
+        });
+        if coalesce {
+            tokio::spawn(flusher(Arc::downgrade(&inner), inner.flush_interval));
+        }
+        FleetBudget { inner }
+    }
+}
+
+impl FleetBudget {
+    /// A builder over `config` (local only until a fleet store is given).
+    #[must_use]
+    pub fn builder(config: &Config) -> FleetBudgetBuilder {
+        FleetBudgetBuilder { config: config.clone(), fleet: None, local: None, metrics: None, seed: None }
+    }
+
+    /// The budget `config` describes, its fleet store in Redis (single node or cluster).
+    ///
+    /// Does not wait for Redis: if it is down, decisions come from the fallback until it answers.
+    ///
+    /// # Errors
+    /// A Redis URL that cannot be parsed.
+    pub async fn from_config(config: &Config) -> Result<Self, Error> {
+        let target = if config.redis.cluster_urls.is_empty() {
+            RedisTarget::Single(config.redis.url.clone())
+        } else {
+            RedisTarget::Cluster(config.redis.cluster_urls.clone())
+        };
+        let store = RedisStore::new(target, &config.redis.key_prefix, config.redis.timeout)?;
+        Ok(Self::builder(config).fleet_store(Arc::new(store)).build())
+    }
+
+    /// A budget kept in this process only (single-process workers, demos without Redis).
+    #[must_use]
+    pub fn local(config: &Config) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// The dependency whose budget `task` spends.
+    ///
+    /// # Errors
+    /// An unmapped task whose name cannot be a dependency name.
+    pub fn dependency(&self, task: &str) -> Result<Dependency, Error> {
+        self.inner.map.resolve(task).map_err(|source| Error::InvalidTask { task: task.to_owned(), source })
+    }
+
+    /// The policy of `dependency`.
+    #[must_use]
+    pub fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
+        self.inner.policies.get(dependency).copied().unwrap_or(self.inner.defaults)
+    }
+
+    /// The attempt ceiling and backoff of `task`.
+    #[must_use]
+    pub fn ceiling(&self, task: &str) -> TaskCeiling {
+        self.inner.ceilings.for_task(task)
+    }
+
+    /// The metrics (expose `metrics().registry()`).
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The fleet store, when there is one.
+    #[must_use]
+    pub fn fleet_store(&self) -> Option<&Arc<dyn BudgetStore>> {
+        self.inner.fleet.as_ref()
+    }
+
+    /// The in-process store (the budget when local only, else the fallback).
+    #[must_use]
+    pub fn local_store(&self) -> &LocalStore {
+        &self.inner.local
+    }
+
+    /// Whether the fallback is deciding because the fleet store failed.
+    #[must_use]
+    pub fn in_fallback(&self) -> bool {
+        self.inner.health.degraded.load(Ordering::Acquire)
+    }
+
+    /// Reports the start of an execution. `attempt` is 1 for the first execution. First
+    /// attempts are deposits under `deposit = "request"` and feed amplification in every mode.
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
+    pub async fn on_attempt(&self, task: &str, attempt: u32) -> Result<(), Error> {
+        let dependency = self.dependency(task)?;
+        let first = attempt <= 1;
+        self.inner.metrics.execution(&dependency, first);
+        if first {
+            self.deposit(dependency, Deposits { successes: 0, first_attempts: 1 }).await;
+        }
+        Ok(())
+    }
+
+    /// Reports a successful job: one deposit under `deposit = "success"`.
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
+    pub async fn on_success(&self, task: &str) -> Result<(), Error> {
+        let dependency = self.dependency(task)?;
+        self.inner.metrics.success(&dependency);
+        self.deposit(dependency, Deposits { successes: 1, first_attempts: 0 }).await;
+        Ok(())
+    }
+
+    /// Decides what to do with a failed execution, in the order of the contract:
+    /// non-retryable → dead-letter; `attempt >= max_attempts` → dead-letter; ask the
+    /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
+    /// delay with backoff and jitter, at least any `Retry-After`.
+    ///
+    /// `attempt` is the number of the execution that failed (1 for the first).
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]. A failing store is not an error: the fallback decides.
+    pub async fn on_failure(&self, task: &str, attempt: u32, failure: &Failure) -> Result<Decision, Error> {
+        let dependency = self.dependency(task)?;
+        let attempt = attempt.max(1);
+        if !failure.is_retryable() {
+            return Ok(self.dead_letter(dependency, DeadLetterReason::NonRetryable, None, BudgetSource::Fleet));
+        }
+        let ceiling = self.ceiling(task);
+        if attempt >= ceiling.max_attempts {
+            return Ok(self.dead_letter(dependency, DeadLetterReason::AttemptsExhausted, None, BudgetSource::Fleet));
+        }
+        let policy = self.policy(&dependency);
+        let (withdrawal, source) = self.withdraw(&dependency, &policy).await;
+        self.inner.metrics.retry(&dependency, withdrawal.granted);
+        self.inner.metrics.snapshot(&dependency, &withdrawal.snapshot);
+        if !withdrawal.granted {
+            return Ok(self.dead_letter(dependency, DeadLetterReason::BudgetExhausted, Some(withdrawal.snapshot), source));
+        }
+        let delay = {
+            let mut rng = self.inner.rng.lock().unwrap_or_else(PoisonError::into_inner);
+            ceiling.backoff.delay(attempt, failure.retry_after_hint(), &mut *rng)
+        };
+        Ok(Decision::Retry { dependency, delay, next_attempt: attempt.saturating_add(1), snapshot: withdrawal.snapshot, source })
+    }
+
+    /// Asks `dependency`'s budget for one retry directly (no ceiling, no backoff).
+    pub async fn withdraw(&self, dependency: &Dependency, policy: &BudgetPolicy) -> (Withdrawal, BudgetSource) {
+        let inner = &self.inner;
+        let Some(fleet) = &inner.fleet else {
+            return (inner.local.withdraw_now(dependency, policy), BudgetSource::Local);
+        };
+        if inner.health.should_try() {
+            match fleet.withdraw(dependency, policy).await {
+                Ok(w) => {
+                    inner.health.ok(&inner.metrics);
+                    return (w, BudgetSource::Fleet);
+                }
+                Err(e) => inner.health.failed(&e, &inner.metrics, inner.fallback),
+            }
+        }
+        inner.metrics.fallback_decision(inner.fallback.as_str());
+        match inner.fallback {
+            FallbackMode::Local => (inner.local.withdraw_now(dependency, policy), BudgetSource::LocalFallback),
+            FallbackMode::Deny => {
+                let snapshot = inner.local.status_now(dependency, policy);
+                (Withdrawal { granted: false, snapshot }, BudgetSource::Blind)
+            }
+            FallbackMode::Allow => {
+                let snapshot = inner.local.status_now(dependency, policy);
+                (Withdrawal { granted: true, snapshot }, BudgetSource::Blind)
+            }
+        }
+    }
+
+    /// The current budget of `dependency`, from the fleet store when it answers.
+    pub async fn status(&self, dependency: &Dependency) -> (BudgetSnapshot, BudgetSource) {
+        let inner = &self.inner;
+        let policy = self.policy(dependency);
+        if let Some(fleet) = &inner.fleet {
+            match fleet.status(dependency, &policy).await {
+                Ok(s) => return (s, BudgetSource::Fleet),
+                Err(e) => inner.health.failed(&e, &inner.metrics, inner.fallback),
+            }
+            return (inner.local.status_now(dependency, &policy), BudgetSource::LocalFallback);
+        }
+        (inner.local.status_now(dependency, &policy), BudgetSource::Local)
+    }
+
+    /// Sends every coalesced deposit to the fleet store now.
+    ///
+    /// # Errors
+    /// The store failed; the deposits stay pending and are sent by a later flush.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        flush_pending(&self.inner, true).await
+    }
+
+    /// Flushes deposits and stops the background flusher. Call before the process exits.
+    ///
+    /// # Errors
+    /// The final flush failed (the deposits are lost with the process).
+    pub async fn shutdown(&self) -> Result<(), StoreError> {
+        self.inner.flusher_running.store(false, Ordering::Release);
+        self.inner.flush_now.notify_one();
+        self.flush().await
+    }
+
+    /// Deposits counted locally and not yet sent to the fleet store.
+    #[must_use]
+    pub fn pending_deposits(&self) -> u64 {
+        let pending = self.inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.values().map(Deposits::total).sum()
+    }
+
+    fn dead_letter(&self, dependency: Dependency, reason: DeadLetterReason, snapshot: Option<BudgetSnapshot>, source: BudgetSource) -> Decision {
+        self.inner.metrics.dead_letter(&dependency, reason);
+        Decision::DeadLetter { dependency, reason, snapshot, source }
+    }
+
+    async fn deposit(&self, dependency: Dependency, deposits: Deposits) {
+        let inner = &self.inner;
+        let policy = self.policy(&dependency);
+        // The local store always sees deposits: it is the budget when local only, and it keeps
+        // the fallback warm with this process's traffic when Redis fails.
+        inner.local.deposit_now(&dependency, &policy, deposits);
+        let Some(fleet) = &inner.fleet else { return };
+        if inner.flush_interval.is_zero() {
+            if inner.health.should_try() {
+                match fleet.deposit(&dependency, &policy, deposits).await {
+                    Ok(s) => {
+                        inner.health.ok(&inner.metrics);
+                        inner.metrics.snapshot(&dependency, &s);
+                        return;
+                    }
+                    Err(e) => inner.health.failed(&e, &inner.metrics, inner.fallback),
+                }
+            }
+            // Keep it for a later flush rather than lose it.
+            add_pending(inner, dependency, deposits);
+            return;
+        }
+        if add_pending(inner, dependency, deposits) >= inner.flush_count {
+            inner.flush_now.notify_one();
+        }
+    }
+}
+
+/// Adds to the pending deposits; returns the dependency's pending total.
+fn add_pending(inner: &Inner, dependency: Dependency, deposits: Deposits) -> u64 {
+    let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+    let entry = pending.entry(dependency).or_default();
+    entry.add(deposits);
+    let total = entry.total();
+    inner.metrics.pending(pending.values().map(Deposits::total).sum());
+    total
+}
+
+async fn flush_pending(inner: &Inner, force: bool) -> Result<(), StoreError> {
+    let Some(fleet) = &inner.fleet else { return Ok(()) };
+    if !force && !inner.health.should_try() {
+        return Ok(());
+    }
+    let batch: Vec<(Dependency, Deposits)> = {
+        let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.drain().filter(|(_, d)| !d.is_empty()).collect()
+    };
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let calls = batch.into_iter().map(|(dependency, deposits)| async move {
+        let policy = inner.policies.get(&dependency).copied().unwrap_or(inner.defaults);
+        let result = fleet.deposit(&dependency, &policy, deposits).await;
+        (dependency, deposits, result)
+    });
+    let mut first_error = None;
+    for (dependency, deposits, result) in futures::future::join_all(calls).await {
+        match result {
+            Ok(s) => {
+                inner.health.ok(&inner.metrics);
+                inner.metrics.snapshot(&dependency, &s);
+            }
+            Err(e) => {
+                inner.health.failed(&e, &inner.metrics, inner.fallback);
+                add_pending(inner, dependency, deposits);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let pending: u64 = {
+        let pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.values().map(Deposits::total).sum()
+    };
+    inner.metrics.pending(pending);
+    first_error.map_or(Ok(()), Err)
+}
+
+async fn flusher(inner: Weak<Inner>, interval: Duration) {
+    loop {
+        let Some(strong) = inner.upgrade() else { return };
+        if !strong.flusher_running.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let notified = strong.flush_now.notified();
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = notified => {}
+            }
+        }
+        // Errors are counted and logged by the health tracker; the deposits stay pending.
+        let _ = flush_pending(&strong, false).await;
+        drop(strong);
+    }
+}
+
+/// Whether the fleet store is answering, with one log line on each change.
+#[derive(Debug)]
+struct Health {
+    degraded: AtomicBool,
+    started: Instant,
+    next_probe_ms: AtomicU64,
+}
+
+impl Health {
+    fn new() -> Self {
+        Self { degraded: AtomicBool::new(false), started: Instant::now(), next_probe_ms: AtomicU64::new(0) }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether to call the fleet store: always when healthy; when degraded, one caller per
+    /// probe interval.
+    fn should_try(&self) -> bool {
+        if !self.degraded.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = self.now_ms();
+        let next = self.next_probe_ms.load(Ordering::Acquire);
+        now >= next
+            && self
+                .next_probe_ms
+                .compare_exchange(next, now + ms(PROBE_INTERVAL), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    fn ok(&self, metrics: &Metrics) {
+        if self.degraded.swap(false, Ordering::AcqRel) {
+            metrics.fallback(false);
+            tracing::info!("fleet budget store answers again; leaving fallback");
+        }
+    }
+
+    fn failed(&self, error: &StoreError, metrics: &Metrics, mode: FallbackMode) {
+        metrics.store_error(error.kind_label());
+        self.next_probe_ms.store(self.now_ms() + ms(PROBE_INTERVAL), Ordering::Release);
+        if !self.degraded.swap(true, Ordering::AcqRel) {
+            metrics.fallback(true);
+            tracing::warn!(%error, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,191 @@
+//! What happens to a failed job: retry after a delay, or dead-letter with a reason.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::allowance::BudgetSnapshot;
+use crate::dependency::Dependency;
+
+/// How a failure should be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// Worth retrying (a timeout, a 5xx-like error).
+    Retryable,
+    /// Retrying cannot help (bad input, a 4xx-like error).
+    NonRetryable,
+    /// Retryable, and the dependency said when: the delay is at least this long.
+    RetryAfter(Duration),
+    /// The message cannot even be decoded. Never retried.
+    Poison,
+}
+
+/// A failed execution, as the handler describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// How to treat it.
+    pub kind: FailureKind,
+    /// A short class of error (`timeout`, `http_503`, `decode`), for headers and metrics.
+    pub class: String,
+    /// The error text (redacted and truncated before it leaves the process).
+    pub message: String,
+}
+
+impl Failure {
+    /// A retryable failure.
+    pub fn retryable(error: impl fmt::Display) -> Self {
+        Self { kind: FailureKind::Retryable, class: "error".to_owned(), message: error.to_string() }
+    }
+
+    /// A failure that retrying cannot fix.
+    pub fn non_retryable(error: impl fmt::Display) -> Self {
+        Self { kind: FailureKind::NonRetryable, class: "error".to_owned(), message: error.to_string() }
+    }
+
+    /// A retryable failure whose delay must be at least `after` (a `Retry-After`).
+    pub fn retry_after(after: Duration, error: impl fmt::Display) -> Self {
+        Self { kind: FailureKind::RetryAfter(after), class: "error".to_owned(), message: error.to_string() }
+    }
+
+    /// An undecodable message.
+    pub fn poison(error: impl fmt::Display) -> Self {
+        Self { kind: FailureKind::Poison, class: "poison".to_owned(), message: error.to_string() }
+    }
+
+    /// Sets the error class.
+    #[must_use]
+    pub fn with_class(mut self, class: impl Into<String>) -> Self {
+        self.class = class.into();
+        self
+    }
+
+    /// Whether a retry could help.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, FailureKind::Retryable | FailureKind::RetryAfter(_))
+    }
+
+    /// The lower bound on the delay, if the dependency sent one.
+    #[must_use]
+    pub fn retry_after_hint(&self) -> Option<Duration> {
+        match self.kind {
+            FailureKind::RetryAfter(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Why a job was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The failure cannot be fixed by retrying (includes undecodable messages). No budget spent.
+    NonRetryable,
+    /// `attempt >= max_attempts`. No budget spent.
+    AttemptsExhausted,
+    /// The dependency's fleet-wide retry budget refused the retry.
+    BudgetExhausted,
+}
+
+impl DeadLetterReason {
+    /// Every reason.
+    pub const ALL: [Self; 3] = [Self::NonRetryable, Self::AttemptsExhausted, Self::BudgetExhausted];
+
+    /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NonRetryable => "non_retryable",
+            Self::AttemptsExhausted => "attempts_exhausted",
+            Self::BudgetExhausted => "budget_exhausted",
+        }
+    }
+
+    /// Parses a wire name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which budget answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetSource {
+    /// The fleet-wide store (Redis).
+    Fleet,
+    /// The per-process fallback budget, because the fleet store did not answer in time.
+    LocalFallback,
+    /// Fallback `deny` or `allow`: no budget was consulted.
+    Blind,
+    /// A local-only budget by configuration (no Redis).
+    Local,
+}
+
+impl BudgetSource {
+    /// The wire name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fleet => "fleet",
+            Self::LocalFallback => "local_fallback",
+            Self::Blind => "blind",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// The outcome of [`crate::FleetBudget::on_failure`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Retry the job after `delay`.
+    Retry {
+        /// The dependency whose budget paid for it.
+        dependency: Dependency,
+        /// How long to wait: backoff with jitter, at least any `Retry-After`.
+        delay: Duration,
+        /// The attempt number of the retry (the failed attempt + 1).
+        next_attempt: u32,
+        /// The budget after this grant.
+        snapshot: BudgetSnapshot,
+        /// Which budget granted it.
+        source: BudgetSource,
+    },
+    /// Dead-letter the job now.
+    DeadLetter {
+        /// The dependency of the task.
+        dependency: Dependency,
+        /// Why.
+        reason: DeadLetterReason,
+        /// The budget as seen when it refused (only for `budget_exhausted`).
+        snapshot: Option<BudgetSnapshot>,
+        /// Which budget refused (only meaningful for `budget_exhausted`).
+        source: BudgetSource,
+    },
+}
+
+impl Decision {
+    /// Whether the job is to be retried.
+    #[must_use]
+    pub fn is_retry(&self) -> bool {
+        matches!(self, Self::Retry { .. })
+    }
+
+    /// The reason, when the job is dead-lettered.
+    #[must_use]
+    pub fn dead_letter_reason(&self) -> Option<DeadLetterReason> {
+        match self {
+            Self::DeadLetter { reason, .. } => Some(*reason),
+            Self::Retry { .. } => None,
+        }
+    }
+}

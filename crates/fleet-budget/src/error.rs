@@ -1,0 +1,105 @@
+//! Errors of the budget machinery. A denied retry is a [`crate::Decision`], never an error.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Why a name cannot be a dependency name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidName {
+    /// The name is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// The name is longer than allowed.
+    #[error("is {len} bytes long; at most {max} bytes are allowed")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The longest allowed.
+        max: usize,
+    },
+    /// The name holds a character that would break the Redis hash tag or a log line.
+    #[error("contains {found:?}; `{{`, `}}` and control characters are not allowed")]
+    ForbiddenChar {
+        /// The first offending character.
+        found: char,
+    },
+}
+
+/// A failure of a budget store (Redis or local).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store did not answer within its deadline.
+    #[error("budget store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Redis returned an error or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis answered with something the scripts never send.
+    #[error("unexpected reply from the {script} script: {detail}")]
+    BadReply {
+        /// Which script.
+        script: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// Whether the store ran out of time.
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Self::Timeout(_) => true,
+            Self::Redis(e) => e.is_timeout(),
+            Self::BadReply { .. } => false,
+        }
+    }
+
+    /// Whether the connection to the store is down or was refused.
+    #[must_use]
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+            }
+            Self::Timeout(_) | Self::BadReply { .. } => false,
+        }
+    }
+
+    /// A short label for metrics: `timeout`, `connection`, `server` or `bad_reply`.
+    #[must_use]
+    pub fn kind_label(&self) -> &'static str {
+        if self.is_timeout() {
+            "timeout"
+        } else if self.is_connection_error() {
+            "connection"
+        } else if matches!(self, Self::BadReply { .. }) {
+            "bad_reply"
+        } else {
+            "server"
+        }
+    }
+}
+
+/// Errors of the worker-facing API.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A task name that is not mapped and cannot be its own dependency.
+    #[error("task {task:?} has no dependency mapping and its name {source}")]
+    InvalidTask {
+        /// The task.
+        task: String,
+        /// What is wrong with the name.
+        source: InvalidName,
+    },
+    /// The store failed and the fallback is disabled.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}

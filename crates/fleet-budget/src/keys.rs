@@ -1,0 +1,44 @@
+//! The Redis key layout, version 1. Documented for other languages in `lua/README.md`.
+//!
+//! One hash per dependency: `<prefix>:v1:{<dependency>}`. The braces make the dependency the
+//! Redis Cluster hash tag, so every key of a dependency lives in one slot and ACL key patterns
+//! such as `~fb:v1:*` cover them all.
+
+use crate::dependency::Dependency;
+
+/// The key-schema version this build reads and writes.
+pub const KEY_SCHEMA_VERSION: u32 = 1;
+
+/// The budget hash of `dependency` under `prefix`.
+#[must_use]
+pub fn budget_key(prefix: &str, dependency: &Dependency) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:{{{dependency}}}")
+}
+
+/// The glob matching every budget key under `prefix`, for `SCAN`.
+#[must_use]
+pub fn budget_key_pattern(prefix: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:{{*}}")
+}
+
+/// The dependency of a budget key under `prefix`, if it is one.
+#[must_use]
+pub fn dependency_of_key(prefix: &str, key: &str) -> Option<Dependency> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix(&format!(":v{KEY_SCHEMA_VERSION}:{{"))?;
+    Dependency::new(rest.strip_suffix('}')?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trip() {
+        let d = Dependency::new("search").unwrap();
+        let key = budget_key("fb", &d);
+        assert_eq!(key, "fb:v1:{search}");
+        assert_eq!(dependency_of_key("fb", &key), Some(d));
+        assert_eq!(dependency_of_key("fb", "fb:v1:search"), None);
+        assert_eq!(dependency_of_key("other", &key), None);
+    }
+}

@@ -1,0 +1,164 @@
+//! The in-process store: same arithmetic as the Lua scripts, time from a [`Clock`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
+use crate::allowance::{BudgetSnapshot, BudgetState, DepositKind};
+use crate::clock::{Clock, SystemClock};
+use crate::dependency::Dependency;
+use crate::policy::BudgetPolicy;
+
+/// Budgets kept in this process. Cheap to clone; clones share the budgets.
+///
+/// Entries idle for two windows are dropped, like the Redis keys' expiry.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    budgets: Arc<Mutex<HashMap<Dependency, BudgetState>>>,
+    clock: Arc<dyn Clock>,
+    operations: Arc<AtomicU64>,
+}
+
+impl Default for LocalStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Sweep idle entries once per this many operations.
+const SWEEP_EVERY: u64 = 4096;
+
+impl LocalStore {
+    /// A store on the system clock.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// A store on `clock` (a [`crate::clock::ManualClock`] in tests and the simulator).
+    #[must_use]
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            budgets: Arc::new(Mutex::new(HashMap::new())),
+            clock,
+            operations: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn with_state<T>(
+        &self,
+        dependency: &Dependency,
+        window_ms: u64,
+        f: impl FnOnce(&mut BudgetState, u64) -> T,
+    ) -> T {
+        let now = self.clock.now_ms();
+        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.operations.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            budgets.retain(|_, s| now / s.window_ms.max(1) <= s.index.saturating_add(1));
+        }
+        let state = budgets
+            .entry(dependency.clone())
+            .or_insert_with(|| BudgetState::empty(now, window_ms));
+        f(state, now)
+    }
+
+    /// Records deposits now (synchronous form of [`BudgetStore::deposit`]).
+    pub fn deposit_now(&self, dependency: &Dependency, policy: &BudgetPolicy, deposits: Deposits) -> BudgetSnapshot {
+        let window_ms = policy.window_ms();
+        self.with_state(dependency, window_ms, |state, now| {
+            state.deposit(now, window_ms, DepositKind::Success, deposits.successes);
+            state.deposit(now, window_ms, DepositKind::FirstAttempt, deposits.first_attempts);
+            state.snapshot(now, policy)
+        })
+    }
+
+    /// Asks for one retry now (synchronous form of [`BudgetStore::withdraw`]).
+    pub fn withdraw_now(&self, dependency: &Dependency, policy: &BudgetPolicy) -> Withdrawal {
+        self.with_state(dependency, policy.window_ms(), |state, now| {
+            let (granted, snapshot) = state.try_spend(now, policy);
+            Withdrawal { granted, snapshot }
+        })
+    }
+
+    /// Reads a budget now without changing it (synchronous form of [`BudgetStore::status`]).
+    #[must_use]
+    pub fn status_now(&self, dependency: &Dependency, policy: &BudgetPolicy) -> BudgetSnapshot {
+        let now = self.clock.now_ms();
+        let window_ms = policy.window_ms();
+        let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = budgets.get(dependency).copied().unwrap_or_else(|| BudgetState::empty(now, window_ms));
+        state.roll(now, window_ms);
+        state.snapshot(now, policy)
+    }
+
+    /// Dependencies with a budget entry (possibly idle).
+    #[must_use]
+    pub fn dependencies(&self) -> Vec<Dependency> {
+        let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut deps: Vec<_> = budgets.keys().cloned().collect();
+        deps.sort();
+        deps
+    }
+}
+
+impl BudgetStore for LocalStore {
+    fn deposit<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy, deposits: Deposits) -> StoreFuture<'a, BudgetSnapshot> {
+        let snapshot = self.deposit_now(dependency, policy, deposits);
+        Box::pin(async move { Ok(snapshot) })
+    }
+
+    fn withdraw<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, Withdrawal> {
+        let withdrawal = self.withdraw_now(dependency, policy);
+        Box::pin(async move { Ok(withdrawal) })
+    }
+
+    fn status<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, BudgetSnapshot> {
+        let snapshot = self.status_now(dependency, policy);
+        Box::pin(async move { Ok(snapshot) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn dep() -> Dependency {
+        Dependency::new("search").unwrap()
+    }
+
+    #[test]
+    fn windows_advance_with_the_manual_clock_not_with_sleep() {
+        let clock = ManualClock::new(1_000_000);
+        let store = LocalStore::with_clock(Arc::new(clock.clone()));
+        let policy = BudgetPolicy { window: Duration::from_secs(1), min_allowance: 2, ..BudgetPolicy::default() };
+        assert!(store.withdraw_now(&dep(), &policy).granted);
+        assert!(store.withdraw_now(&dep(), &policy).granted);
+        assert!(!store.withdraw_now(&dep(), &policy).granted);
+        clock.advance(Duration::from_millis(999));
+        assert!(!store.withdraw_now(&dep(), &policy).granted, "previous window weighs almost fully");
+        clock.advance(Duration::from_secs(2));
+        assert!(store.withdraw_now(&dep(), &policy).granted, "two windows later the budget is fresh");
+    }
+
+    #[test]
+    fn idle_entries_are_swept() {
+        let clock = ManualClock::new(0);
+        let store = LocalStore::with_clock(Arc::new(clock.clone()));
+        let policy = BudgetPolicy { window: Duration::from_secs(1), ..BudgetPolicy::default() };
+        store.deposit_now(&dep(), &policy, Deposits { successes: 1, first_attempts: 0 });
+        clock.advance(Duration::from_secs(3));
+        let other = Dependency::new("other").unwrap();
+        for _ in 0..SWEEP_EVERY {
+            store.deposit_now(&other, &policy, Deposits::default());
+        }
+        assert_eq!(store.dependencies(), vec![other]);
+    }
+}

@@ -1,0 +1,88 @@
+//! Where budgets are kept: one small trait, one atomic call per decision.
+//!
+//! [`RedisStore`] shares a budget across the fleet; [`LocalStore`] keeps it in this process (for
+//! single-process workers, the simulator, and the fallback while Redis is unreachable). Both
+//! implement the same arithmetic ([`crate::allowance`]).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::allowance::BudgetSnapshot;
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::policy::BudgetPolicy;
+
+mod local;
+mod redis;
+
+pub use local::LocalStore;
+pub use redis::{DEPOSIT_SCRIPT, RedisStore, RedisTarget, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply};
+
+/// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Deposits to record in one call (a batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deposits {
+    /// Successful jobs.
+    pub successes: u64,
+    /// First attempts.
+    pub first_attempts: u64,
+}
+
+impl Deposits {
+    /// Whether there is nothing to record.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.successes == 0 && self.first_attempts == 0
+    }
+
+    /// Adds `other` to `self`, saturating.
+    pub fn add(&mut self, other: Self) {
+        self.successes = self.successes.saturating_add(other.successes);
+        self.first_attempts = self.first_attempts.saturating_add(other.first_attempts);
+    }
+
+    /// The total count.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.successes.saturating_add(self.first_attempts)
+    }
+}
+
+/// The answer to a request for one retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Withdrawal {
+    /// Whether the retry was granted (and counted as a retry; otherwise counted as a denial).
+    pub granted: bool,
+    /// The budget after counting.
+    pub snapshot: BudgetSnapshot,
+}
+
+/// A store of per-dependency budgets. Each method is one atomic operation.
+pub trait BudgetStore: Send + Sync + std::fmt::Debug {
+    /// Records deposits for `dependency`.
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot>;
+
+    /// Asks for one retry: decides, and counts it as a retry or a denial.
+    fn withdraw<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal>;
+
+    /// Reads the budget without changing it.
+    fn status<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot>;
+
+    /// A short name for logs and metrics (`redis`, `redis-cluster`, `local`).
+    fn kind(&self) -> &'static str;
+}

@@ -1,0 +1,281 @@
+//! The fleet-wide store: the Lua scripts of `lua/` on Redis or Redis Cluster.
+//!
+//! One shared multiplexed connection per process (a [`ConnectionManager`], which reconnects by
+//! itself, or a cluster connection), not a pool: a pool checkout costs a round trip per call
+//! (`docs/BENCHMARKS.md`). Scripts go through [`redis::Script`]: `EVALSHA`, and on `NOSCRIPT`
+//! (after a restart or `SCRIPT FLUSH`) `SCRIPT LOAD` and again.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Script, ScriptInvocation};
+use tokio::sync::OnceCell;
+
+use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
+use crate::allowance::{BudgetSnapshot, WindowCounters};
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::keys::budget_key;
+use crate::policy::BudgetPolicy;
+use crate::redact::redact_url;
+
+/// `lua/spend.lua`: try to spend one retry.
+pub static SPEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
+/// `lua/deposit.lua`: record deposits.
+pub static DEPOSIT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
+/// `lua/status.lua`: read a budget.
+pub static STATUS_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
+
+/// Where the fleet budgets live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server (or a primary behind a proxy).
+    Single(String),
+    /// Redis Cluster, by seed node URLs.
+    Cluster(Vec<String>),
+}
+
+impl RedisTarget {
+    /// The URLs with passwords redacted.
+    #[must_use]
+    pub fn display(&self) -> String {
+        match self {
+            Self::Single(url) => redact_url(url),
+            Self::Cluster(urls) => {
+                let urls: Vec<_> = urls.iter().map(|u| redact_url(u)).collect();
+                format!("cluster [{}]", urls.join(", "))
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Budgets in Redis, shared by every process that uses the same server and key prefix.
+pub struct RedisStore {
+    target: RedisTarget,
+    prefix: String,
+    timeout: Duration,
+    cluster_client: Option<ClusterClient>,
+    connection: OnceCell<Connection>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target.display())
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store on `target`, keys under `prefix`, every call bounded by `timeout`.
+    ///
+    /// Does not wait for Redis: the connection is made on first use and remade after failures,
+    /// so a worker can start while Redis is down (and use its fallback meanwhile).
+    ///
+    /// # Errors
+    /// A URL that cannot be parsed.
+    pub fn new(target: RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let (connection, cluster_client) = match &target {
+            RedisTarget::Single(url) => {
+                let client = Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+                    .set_response_timeout(Some(timeout.max(Duration::from_millis(250))))
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(Duration::from_millis(500))
+                    .set_number_of_retries(2);
+                let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+                (OnceCell::new_with(Some(Connection::Single(manager))), None)
+            }
+            RedisTarget::Cluster(urls) => {
+                let client = ClusterClient::builder(urls.iter().map(String::as_str))
+                    .connection_timeout(timeout.max(Duration::from_millis(250)))
+                    .response_timeout(timeout.max(Duration::from_millis(250)))
+                    .retries(3)
+                    .min_retry_wait(5)
+                    .max_retry_wait(200)
+                    .build()?;
+                (OnceCell::new(), Some(client))
+            }
+        };
+        Ok(Self { target, prefix: prefix.to_owned(), timeout, cluster_client, connection })
+    }
+
+    /// Connects now and checks the server answers (`PING`), within the store's deadline × 20.
+    ///
+    /// # Errors
+    /// The server does not answer.
+    pub async fn ping(&self) -> Result<Duration, StoreError> {
+        let started = std::time::Instant::now();
+        let deadline = self.timeout.saturating_mul(20).max(Duration::from_secs(1));
+        tokio::time::timeout(deadline, async {
+            let mut cmd = redis::cmd("PING");
+            let cmd = cmd.arg("fleet-budget");
+            match self.connection().await? {
+                Connection::Single(mut c) => cmd.query_async::<String>(&mut c).await?,
+                Connection::Cluster(mut c) => cmd.query_async::<String>(&mut c).await?,
+            };
+            Ok::<_, StoreError>(())
+        })
+        .await
+        .map_err(|_| StoreError::Timeout(deadline))??;
+        Ok(started.elapsed())
+    }
+
+    /// Where the store points, passwords redacted.
+    #[must_use]
+    pub fn target(&self) -> &RedisTarget {
+        &self.target
+    }
+
+    /// The key prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The budget key of `dependency`.
+    #[must_use]
+    pub fn key(&self, dependency: &Dependency) -> String {
+        budget_key(&self.prefix, dependency)
+    }
+
+    async fn connection(&self) -> Result<Connection, StoreError> {
+        let connection = self
+            .connection
+            .get_or_try_init(|| async {
+                match &self.cluster_client {
+                    Some(client) => Ok::<_, StoreError>(Connection::Cluster(client.get_async_connection().await?)),
+                    None => Err(StoreError::BadReply { script: "connect", detail: "no connection configured".to_owned() }),
+                }
+            })
+            .await?;
+        Ok(connection.clone())
+    }
+
+    async fn invoke(&self, script: &'static str, invocation: ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
+        let call = async {
+            let reply: Vec<i64> = match self.connection().await? {
+                Connection::Single(mut c) => invocation.invoke_async(&mut c).await?,
+                Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await?,
+            };
+            Ok::<_, StoreError>(reply)
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(reply) => reply.map_err(|e| match e {
+                StoreError::BadReply { detail, .. } => StoreError::BadReply { script, detail },
+                other => other,
+            }),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+fn policy_args<'a>(invocation: &mut ScriptInvocation<'a>, policy: &BudgetPolicy) {
+    invocation
+        .arg(policy.ratio.to_string())
+        .arg(policy.min_allowance)
+        .arg(policy.deposit.script_code())
+        .arg(policy.mode.as_str());
+}
+
+/// Decodes the 14-integer reply shared by the scripts: `granted` (1, 0, or -1 when not a
+/// withdrawal) and the snapshot.
+pub fn parse_reply(script: &'static str, reply: &[i64]) -> Result<(i64, BudgetSnapshot), StoreError> {
+    let bad = |detail: String| StoreError::BadReply { script, detail };
+    if reply.len() < 14 {
+        return Err(bad(format!("expected at least 14 integers, got {}", reply.len())));
+    }
+    let mut fields = [0u64; 13];
+    for (i, (slot, value)) in fields.iter_mut().zip(reply.iter().skip(1)).enumerate() {
+        *slot = u64::try_from(*value).map_err(|_| bad(format!("field {} is negative: {value}", i + 2)))?;
+    }
+    let [allowance, window_index, window_ms, elapsed_ms, previous_weight_ms, cs, ca, cr, cd, ps, pa, pr, pd] = fields;
+    if window_ms == 0 {
+        return Err(bad("window_ms is 0".to_owned()));
+    }
+    let granted = reply.first().copied().unwrap_or(-1);
+    Ok((
+        granted,
+        BudgetSnapshot {
+            window_ms,
+            window_index,
+            elapsed_ms,
+            previous_weight_ms,
+            current: WindowCounters { successes: cs, first_attempts: ca, retries: cr, denied: cd },
+            previous: WindowCounters { successes: ps, first_attempts: pa, retries: pr, denied: pd },
+            allowance,
+        },
+    ))
+}
+
+impl BudgetStore for RedisStore {
+    fn deposit<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy, deposits: Deposits) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async move {
+            let mut invocation = DEPOSIT_SCRIPT.key(self.key(dependency));
+            invocation.arg(policy.window_ms()).arg(deposits.successes).arg(deposits.first_attempts);
+            policy_args(&mut invocation, policy);
+            let reply = self.invoke("deposit", invocation).await?;
+            Ok(parse_reply("deposit", &reply)?.1)
+        })
+    }
+
+    fn withdraw<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, Withdrawal> {
+        Box::pin(async move {
+            let mut invocation = SPEND_SCRIPT.key(self.key(dependency));
+            invocation.arg(policy.window_ms());
+            policy_args(&mut invocation, policy);
+            let reply = self.invoke("spend", invocation).await?;
+            let (granted, snapshot) = parse_reply("spend", &reply)?;
+            match granted {
+                0 | 1 => Ok(Withdrawal { granted: granted == 1, snapshot }),
+                other => Err(StoreError::BadReply { script: "spend", detail: format!("granted is {other}, expected 0 or 1") }),
+            }
+        })
+    }
+
+    fn status<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async move {
+            let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
+            invocation.arg(policy.window_ms());
+            policy_args(&mut invocation, policy);
+            let reply = self.invoke("status", invocation).await?;
+            Ok(parse_reply("status", &reply)?.1)
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.target {
+            RedisTarget::Single(_) => "redis",
+            RedisTarget::Cluster(_) => "redis-cluster",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        assert!(parse_reply("spend", &[]).is_err());
+        assert!(parse_reply("spend", &[1; 13]).is_err());
+        assert!(parse_reply("spend", &[1, -5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
+        assert!(parse_reply("spend", &[1, 5, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
+        let (g, s) = parse_reply("spend", &[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(g, 1);
+        assert_eq!(s.allowance, 10);
+        assert_eq!(s.previous.denied, 8);
+    }
+}

@@ -1,0 +1,244 @@
+//! A test harness that runs private `redis-server` processes (feature `test-harness`).
+//!
+//! Each server listens on a free port with its own temporary directory and `--save ""`, is
+//! killed when dropped, and prints its log if the test is failing. Tests can run in parallel and
+//! never touch the shared server on 6379. [`RedisCluster`] makes a Redis Cluster of such servers
+//! with `redis-cli --cluster create`.
+#![allow(clippy::missing_panics_doc, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Where Debian installs libfaketime.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A `redis-server` process of the test's own.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+}
+
+/// A port nobody listens on right now.
+#[must_use]
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    #[must_use]
+    pub fn start() -> Self {
+        Self::start_with(&[], &[])
+    }
+
+    /// Starts a server whose clock is shifted by libfaketime (`offset` like `"+3600s"`).
+    #[must_use]
+    pub fn start_with_faketime(offset: &str) -> Self {
+        assert!(
+            Path::new(LIBFAKETIME).exists(),
+            "{LIBFAKETIME} is missing: install Debian's `faketime` package (.ci/run does)"
+        );
+        Self::start_with(&[], &[("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", offset), ("DONT_FAKE_MONOTONIC", "1")])
+    }
+
+    /// Starts a server with extra arguments and environment.
+    #[must_use]
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("fleet-budget-redis-{}-{id}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create the server's directory");
+            let mut server = Self {
+                port,
+                dir,
+                args: args.iter().map(|s| (*s).to_owned()).collect(),
+                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                child: None,
+            };
+            server.spawn();
+            if server.wait_ready(Duration::from_secs(10)) {
+                return server;
+            }
+            // The port was taken between probing and binding: try another.
+            server.stop();
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port").arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir").arg(&self.dir)
+            .arg("--logfile").arg(self.dir.join("redis.log"))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn redis-server (is it installed? .ci/run installs it)"));
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false;
+                }
+            }
+            if let Ok(mut c) = self.connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A blocking connection for assertions.
+    ///
+    /// # Errors
+    /// The server does not accept connections.
+    pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        client.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    /// Runs a command and returns its reply (panics on failure: tests only).
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.connection().expect("connect to the test server");
+        let mut cmd = redis::cmd(args.first().copied().unwrap_or("PING"));
+        for a in args.iter().skip(1) {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Kills the server (SIGKILL): an outage.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: nothing is saved).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        assert!(self.wait_ready(Duration::from_secs(10)), "redis-server did not come back on port {}", self.port);
+    }
+
+    /// The server's log so far.
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("---- redis-server log (port {}) ----\n{}\n---- end of log ----", self.port, self.log());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of test servers, masters only.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` cluster-enabled servers, creates the cluster and waits until every
+    /// slot is served.
+    #[must_use]
+    pub fn start(masters: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"], &[]))
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster").arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(output.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&output.stdout));
+        let cluster = Self { nodes };
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Waits until every node says `cluster_state:ok` with all 16384 slots assigned.
+    pub fn wait_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                n.connection().ok().and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c).ok()).is_some_and(|info| {
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                })
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ok within {within:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The seed URLs.
+    #[must_use]
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node serving `slot`, by index into [`RedisCluster::nodes`].
+    #[must_use]
+    pub fn node_of_slot(&self, slot: u16) -> Option<usize> {
+        let first = self.nodes.first()?;
+        let slots: redis::Value = first.cmd(&["CLUSTER", "SLOTS"]);
+        let redis::Value::Array(ranges) = slots else { return None };
+        for range in ranges {
+            let redis::Value::Array(items) = range else { continue };
+            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(node))) = (items.first(), items.get(1), items.get(2)) else { continue };
+            if i64::from(slot) >= *lo && i64::from(slot) <= *hi {
+                let Some(redis::Value::Int(port)) = node.get(1) else { return None };
+                return self.nodes.iter().position(|n| i64::from(n.port()) == *port);
+            }
+        }
+        None
+    }
+}
