@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// Where Debian installs libfaketime.
+/// Where Debian installs libfaketime (package `faketime`). It cannot shift redis-server
+/// itself (jemalloc recurses into it at start-up), so tests skew the *client* process instead.
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// A `redis-server` process of the test's own.
@@ -39,16 +40,6 @@ impl RedisServer {
     #[must_use]
     pub fn start() -> Self {
         Self::start_with(&[], &[])
-    }
-
-    /// Starts a server whose clock is shifted by libfaketime (`offset` like `"+3600s"`).
-    #[must_use]
-    pub fn start_with_faketime(offset: &str) -> Self {
-        assert!(
-            Path::new(LIBFAKETIME).exists(),
-            "{LIBFAKETIME} is missing: install Debian's `faketime` package (.ci/run does)"
-        );
-        Self::start_with(&[], &[("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", offset), ("DONT_FAKE_MONOTONIC", "1")])
     }
 
     /// Starts a server with extra arguments and environment.

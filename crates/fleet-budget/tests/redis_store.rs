@@ -1,0 +1,383 @@
+//! The Redis store against real, private `redis-server` processes (never the shared 6379).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fleet_budget::clock::ManualClock;
+use fleet_budget::store::{BudgetStore, Deposits, LocalStore, RedisStore, RedisTarget};
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{
+    BudgetPolicy, BudgetSource, Config, DeadLetterReason, Decision, Dependency, DepositBasis, Failure, FleetBudget,
+    WindowMode,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn store(server: &RedisServer) -> RedisStore {
+    // Generous deadline: these tests check behaviour, not latency, on a noisy machine.
+    RedisStore::new(RedisTarget::Single(server.url()), "fbt", Duration::from_secs(5)).unwrap()
+}
+
+fn dep(name: &str) -> Dependency {
+    Dependency::new(name).unwrap()
+}
+
+fn policy(window_ms: u64, ratio: f64, min: u64, mode: WindowMode) -> BudgetPolicy {
+    BudgetPolicy { window: Duration::from_millis(window_ms), ratio, min_allowance: min, deposit: DepositBasis::Success, mode }
+}
+
+/// Waits (real time: Redis keeps server time) until a window of `window_ms` has just begun.
+async fn wait_for_window_start(s: &RedisStore, d: &Dependency, p: &BudgetPolicy) {
+    let snap = s.status(d, p).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(snap.ms_until_roll() + 15)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn atomicity_64_tasks_over_4_connections_grant_exactly_the_allowance() {
+    let server = RedisServer::start();
+    let stores: Vec<Arc<RedisStore>> = (0..4).map(|_| Arc::new(store(&server))).collect();
+    let d = dep("search");
+    let p = policy(60_000, 0.2, 10, WindowMode::Sliding);
+    // Avoid a window boundary in the middle of the test.
+    let first = stores[0].status(&d, &p).await.unwrap();
+    if first.ms_until_roll() < 10_000 {
+        tokio::time::sleep(Duration::from_millis(first.ms_until_roll() + 20)).await;
+    }
+    stores[0].deposit(&d, &p, Deposits { successes: 500, first_attempts: 0 }).await.unwrap();
+    let allowance = 100u64; // floor(0.2 × 500)
+    let per_task = 5u64;
+    let tasks = 64u64;
+    let demand = tasks * per_task; // 320 > allowance
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let s = Arc::clone(&stores[usize::try_from(t % 4).unwrap()]);
+        let (d, p) = (d.clone(), p);
+        handles.push(tokio::spawn(async move {
+            let mut granted = 0u64;
+            for _ in 0..per_task {
+                let w = s.withdraw(&d, &p).await.unwrap();
+                assert!(w.snapshot.current.retries <= w.snapshot.allowance);
+                granted += u64::from(w.granted);
+            }
+            granted
+        }));
+    }
+    let mut granted = 0;
+    for h in handles {
+        granted += h.await.unwrap();
+    }
+    assert_eq!(granted, demand.min(allowance));
+    let snap = stores[1].status(&d, &p).await.unwrap();
+    assert_eq!(snap.current.retries, granted, "every grant is counted");
+    assert_eq!(snap.current.denied, demand - granted, "every denial is counted, never as a retry");
+    assert_eq!(snap.current.successes, 500);
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Deposit(u64, u64),
+    Spend,
+    Status,
+    Sleep(u64),
+}
+
+#[tokio::test]
+async fn redis_and_local_stores_agree_on_random_sequences() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    for case in 0..6 {
+        let d = dep(&format!("equiv-{case}"));
+        let mode = if case % 2 == 0 { WindowMode::Sliding } else { WindowMode::Fixed };
+        let mut p = policy(1000, rng.random_range(0.0..0.8), rng.random_range(0..6), mode);
+        if case % 3 == 2 {
+            p.deposit = DepositBasis::Request;
+        }
+        let clock = ManualClock::new(0);
+        let local = LocalStore::with_clock(Arc::new(clock.clone()));
+        let mut crossed = 0;
+        let mut last_index = None;
+        for step in 0..70 {
+            let op = match rng.random_range(0..10) {
+                0..=2 => Op::Deposit(rng.random_range(0..30), rng.random_range(0..30)),
+                3..=6 => Op::Spend,
+                7 => Op::Status,
+                _ => Op::Sleep(rng.random_range(50..400)),
+            };
+            // Redis decides first; its snapshot says the server time it used, which the local
+            // store is then given: the same operation at the same instant must agree exactly.
+            let (redis_granted, redis_snap) = match op {
+                Op::Sleep(ms) => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    continue;
+                }
+                Op::Deposit(s, a) => (None, redis.deposit(&d, &p, Deposits { successes: s, first_attempts: a }).await.unwrap()),
+                Op::Spend => {
+                    let w = redis.withdraw(&d, &p).await.unwrap();
+                    (Some(w.granted), w.snapshot)
+                }
+                Op::Status => (None, redis.status(&d, &p).await.unwrap()),
+            };
+            clock.set_ms(redis_snap.window_index * redis_snap.window_ms + redis_snap.elapsed_ms);
+            let (local_granted, local_snap) = match op {
+                Op::Deposit(s, a) => (None, local.deposit_now(&d, &p, Deposits { successes: s, first_attempts: a })),
+                Op::Spend => {
+                    let w = local.withdraw_now(&d, &p);
+                    (Some(w.granted), w.snapshot)
+                }
+                Op::Status => (None, local.status_now(&d, &p)),
+                Op::Sleep(_) => unreachable!(),
+            };
+            assert_eq!(redis_granted, local_granted, "case {case} step {step} {op:?}");
+            assert_eq!(redis_snap, local_snap, "case {case} step {step} {op:?}");
+            if last_index.is_some_and(|i| i != redis_snap.window_index) {
+                crossed += 1;
+            }
+            last_index = Some(redis_snap.window_index);
+        }
+        assert!(crossed >= 1, "case {case}: the sequence should cross a window boundary");
+    }
+}
+
+#[tokio::test]
+async fn sliding_mode_has_no_cliff_at_the_boundary_and_fixed_mode_does() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let sliding = policy(2000, 0.2, 10, WindowMode::Sliding);
+    let fixed = policy(2000, 0.2, 10, WindowMode::Fixed);
+    let d = dep("cliff");
+    wait_for_window_start(&s, &d, &sliding).await;
+    let before = s.deposit(&d, &sliding, Deposits { successes: 1000, first_attempts: 0 }).await.unwrap();
+    assert_eq!(before.allowance, 200);
+    assert_eq!(s.status(&d, &fixed).await.unwrap().allowance, 200);
+    // Cross into the next window and look right after the boundary.
+    tokio::time::sleep(Duration::from_millis(s.status(&d, &sliding).await.unwrap().ms_until_roll() + 10)).await;
+    let after_sliding = s.status(&d, &sliding).await.unwrap();
+    let after_fixed = s.status(&d, &fixed).await.unwrap();
+    assert_eq!(after_sliding.window_index, before.window_index + 1);
+    assert_eq!(after_fixed.allowance, 10, "fixed mode falls to the floor at the boundary");
+    let expected = (0.2 * 1000.0 * after_sliding.previous_weight_ms as f64 / 2000.0).floor() as u64;
+    assert_eq!(after_sliding.allowance, expected.max(10));
+    assert!(after_sliding.previous_weight_ms > 1000, "looked within the first half of the window");
+    assert!(after_sliding.allowance > 100, "sliding mode keeps most of the allowance: {after_sliding:?}");
+    // ... and the sliding estimate decays as the previous window slides out.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = s.status(&d, &sliding).await.unwrap();
+    assert!(later.allowance < after_sliding.allowance, "{later:?}");
+}
+
+#[tokio::test]
+async fn keys_vanish_after_two_idle_windows() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let p = policy(1000, 0.2, 10, WindowMode::Sliding);
+    let d = dep("idle");
+    s.deposit(&d, &p, Deposits { successes: 3, first_attempts: 1 }).await.unwrap();
+    s.withdraw(&d, &p).await.unwrap();
+    let key = s.key(&d);
+    assert_eq!(key, "fbt:v1:{idle}");
+    let ttl: i64 = server.cmd(&["PTTL", &key]);
+    assert!(ttl > 0 && ttl <= 2000, "expiry is two windows: {ttl}");
+    // The read-only status script never extends the expiry.
+    s.status(&d, &p).await.unwrap();
+    let ttl_after: i64 = server.cmd(&["PTTL", &key]);
+    assert!(ttl_after <= ttl);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty(), "{keys:?}");
+    let dbsize: i64 = server.cmd(&["DBSIZE"]);
+    assert_eq!(dbsize, 0);
+}
+
+fn config(server: &RedisServer, extra: &str) -> Config {
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"fbt\"\ndeposit_flush_ms = 0\n{extra}",
+        server.url()
+    );
+    Config::from_toml(&text, "test").unwrap()
+}
+
+#[tokio::test]
+async fn floor_grants_a_single_failing_job_on_an_idle_dependency() {
+    let server = RedisServer::start();
+    let budget = FleetBudget::from_config(&config(&server, "")).await.unwrap();
+    budget.on_attempt("send_sms", 1).await.unwrap();
+    let decision = budget.on_failure("send_sms", 1, &Failure::retryable("timeout")).await.unwrap();
+    let Decision::Retry { snapshot, source, next_attempt, .. } = decision else { panic!("{decision:?}") };
+    assert_eq!(source, BudgetSource::Fleet);
+    assert_eq!(next_attempt, 2);
+    assert_eq!(snapshot.allowance, 10);
+    assert_eq!(snapshot.current.retries, 1);
+    assert_eq!(snapshot.current.first_attempts, 1);
+}
+
+#[tokio::test]
+async fn decision_order_non_retryable_then_attempts_then_budget_then_delay() {
+    let server = RedisServer::start();
+    let budget = FleetBudget::from_config(&config(
+        &server,
+        "[defaults]\nmin_allowance = 2\nratio = 0.0\n[dependencies.search]\ntasks = [\"index\"]\n[tasks.index]\nmax_attempts = 3\n",
+    ))
+    .await
+    .unwrap();
+    let search = dep("search");
+    let retries_counted = || async { budget.status(&search).await.0.current };
+
+    let d = budget.on_failure("index", 1, &Failure::non_retryable("400 bad request")).await.unwrap();
+    assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::NonRetryable));
+    let d = budget.on_failure("index", 1, &Failure::poison("not json")).await.unwrap();
+    assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::NonRetryable));
+    let d = budget.on_failure("index", 3, &Failure::retryable("503")).await.unwrap();
+    assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::AttemptsExhausted));
+    let c = retries_counted().await;
+    assert_eq!((c.retries, c.denied), (0, 0), "no budget spent before step 3");
+
+    let d = budget.on_failure("index", 1, &Failure::retry_after(Duration::from_secs(42), "429")).await.unwrap();
+    let Decision::Retry { delay, .. } = d else { panic!("{d:?}") };
+    assert!(delay >= Duration::from_secs(42), "Retry-After is a lower bound: {delay:?}");
+    let d = budget.on_failure("reindex_never_mapped", 2, &Failure::retryable("503")).await.unwrap();
+    let Decision::Retry { delay, dependency, .. } = d else { panic!("{d:?}") };
+    assert_eq!(dependency.as_str(), "reindex_never_mapped", "an unmapped task is its own dependency");
+    assert!(delay >= Duration::from_secs(2) && delay <= Duration::from_secs(4), "{delay:?}");
+
+    assert!(budget.on_failure("index", 2, &Failure::retryable("503")).await.unwrap().is_retry());
+    let d = budget.on_failure("index", 1, &Failure::retryable("503")).await.unwrap();
+    let Decision::DeadLetter { reason, snapshot: Some(snapshot), source, .. } = d else { panic!("{d:?}") };
+    assert_eq!(reason, DeadLetterReason::BudgetExhausted);
+    assert_eq!(source, BudgetSource::Fleet);
+    assert_eq!((snapshot.allowance, snapshot.current.retries, snapshot.current.denied), (2, 2, 1));
+    let m = budget.metrics();
+    assert_eq!(m.counter("retries_granted", "search"), 2);
+    assert_eq!(m.counter("retries_denied", "search"), 1);
+    assert_eq!(m.dead_letters("search", DeadLetterReason::NonRetryable), 2);
+    assert_eq!(m.dead_letters("search", DeadLetterReason::AttemptsExhausted), 1);
+    assert_eq!(m.dead_letters("search", DeadLetterReason::BudgetExhausted), 1);
+    let text = m.render();
+    assert!(text.contains("fleet_budget_retries_denied_total{dependency=\"search\"} 1"), "{text}");
+    assert!(text.contains("fleet_budget_allowance{dependency=\"search\"} 2"), "{text}");
+}
+
+#[tokio::test]
+async fn allowance_rebuilds_within_two_windows_after_total_failure() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let p = policy(1000, 0.2, 5, WindowMode::Sliding);
+    let d = dep("recovering");
+    wait_for_window_start(&s, &d, &p).await;
+    // Total failure: nothing succeeds, retries are held to the floor.
+    let mut granted = 0;
+    for _ in 0..40 {
+        granted += u64::from(s.withdraw(&d, &p).await.unwrap().granted);
+    }
+    assert_eq!(granted, 5, "during total failure retries plateau at the floor");
+    // The dependency recovers: successes resume in the next window.
+    tokio::time::sleep(Duration::from_millis(s.status(&d, &p).await.unwrap().ms_until_roll() + 10)).await;
+    let resumed = s.deposit(&d, &p, Deposits { successes: 400, first_attempts: 0 }).await.unwrap();
+    let resumed_index = resumed.window_index;
+    let mut granted = 0;
+    for _ in 0..40 {
+        granted += u64::from(s.withdraw(&d, &p).await.unwrap().granted);
+    }
+    let snap = s.status(&d, &p).await.unwrap();
+    assert!(snap.window_index <= resumed_index + 1, "measured within two windows of recovery");
+    assert!(snap.allowance >= 75, "allowance rebuilt from successes: {snap:?}");
+    assert_eq!(granted, 40, "retries resume without restarting anything");
+}
+
+#[tokio::test]
+async fn the_client_clock_plays_no_part() {
+    // A worker whose clock is a day and a half behind (libfaketime on a child process, this
+    // same test binary) decides against the server; the window it lands in must be the
+    // server's. Had the client's clock been used, the index would be off by 129,600 windows.
+    let server = RedisServer::start();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "skewed_client_worker", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env("FB_SKEWED_REDIS_URL", server.url())
+        .env("LD_PRELOAD", fleet_budget::testing::LIBFAKETIME)
+        .env("FAKETIME", "-129600s")
+        .env("DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report = stdout.split("SKEWED ").nth(1).unwrap_or_else(|| panic!("no report in {stdout}"));
+    let fields: Vec<u64> = report.split_whitespace().take(2).map(|f| f.parse().unwrap()).collect();
+    let (child_clock_ms, window_index) = (fields[0], fields[1]);
+    let own_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert!(own_ms > child_clock_ms + 129_000_000, "libfaketime must skew the child's clock");
+    let time: Vec<String> = server.cmd(&["TIME"]);
+    let server_secs: u64 = time[0].parse().unwrap();
+    assert!(window_index.abs_diff(server_secs) <= 5, "index {window_index} follows the server ({server_secs})");
+    assert!(window_index.abs_diff(child_clock_ms / 1000) > 129_000, "index does not follow the child's clock");
+    // A worker with a correct clock shares the very same window and counters.
+    let p = policy(1000, 0.2, 10, WindowMode::Sliding);
+    let w = store(&server).withdraw(&dep("skewed"), &p).await.unwrap();
+    assert!(w.snapshot.window_index.abs_diff(window_index) <= 3);
+    assert_eq!(w.snapshot.current.retries + w.snapshot.previous.retries, 2);
+}
+
+/// The skewed worker of `the_client_clock_plays_no_part`; does nothing when run on its own.
+#[tokio::test]
+#[ignore = "run as a child process by the_client_clock_plays_no_part"]
+async fn skewed_client_worker() {
+    let Ok(url) = std::env::var("FB_SKEWED_REDIS_URL") else { return };
+    let s = RedisStore::new(RedisTarget::Single(url), "fbt", Duration::from_secs(5)).unwrap();
+    let p = policy(1000, 0.2, 10, WindowMode::Sliding);
+    let w = s.withdraw(&dep("skewed"), &p).await.unwrap();
+    let clock_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    println!("SKEWED {clock_ms} {}", w.snapshot.window_index);
+}
+
+#[tokio::test]
+async fn scripts_recover_after_script_flush() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let p = policy(60_000, 0.2, 10, WindowMode::Sliding);
+    let d = dep("flushed");
+    assert!(s.withdraw(&d, &p).await.unwrap().granted);
+    let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
+    let exists: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", fleet_budget::store::SPEND_SCRIPT.get_hash()]);
+    assert_eq!(exists, vec![0]);
+    let w = s.withdraw(&d, &p).await.unwrap();
+    assert!(w.granted);
+    assert_eq!(w.snapshot.current.retries, 2, "counters survive the flush");
+    s.deposit(&d, &p, Deposits { successes: 1, first_attempts: 0 }).await.unwrap();
+    let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
+    assert_eq!(s.status(&d, &p).await.unwrap().current.successes, 1);
+}
+
+#[tokio::test]
+async fn scripts_refuse_bad_arguments_with_a_clear_error() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let script = include_str!("../../../lua/spend.lua");
+    for (args, needle) in [
+        (vec!["0", "0.2", "10", "s", "sliding"], "window_ms"),
+        (vec!["1000", "nan", "10", "s", "sliding"], "ratio"),
+        (vec!["1000", "0.2", "-1", "s", "sliding"], "min_allowance"),
+        (vec!["1000", "0.2", "10", "x", "sliding"], "basis"),
+        (vec!["1000", "0.2", "10", "s", "weird"], "mode"),
+    ] {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg("fbt:v1:{bad}");
+        for a in &args {
+            cmd.arg(*a);
+        }
+        let err = cmd.query::<redis::Value>(&mut c).unwrap_err();
+        assert!(err.to_string().contains(needle), "{args:?}: {err}");
+    }
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty(), "a refused call writes nothing");
+}
+
+#[tokio::test]
+async fn a_corrupted_key_is_an_error_not_a_panic() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let p = policy(60_000, 0.2, 10, WindowMode::Sliding);
+    let d = dep("corrupt");
+    let _: () = server.cmd(&["SET", &s.key(&d), "not a hash"]);
+    let err = s.withdraw(&d, &p).await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+}
