@@ -7,7 +7,7 @@
 #![allow(clippy::missing_panics_doc, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
