@@ -1,1 +1,84 @@
-fn main(){}
+//! `budgetctl`: the operator CLI of fleet-budget.
+//!
+//! A thin binary over the libraries: it parses, resolves the configuration, calls
+//! `fleet-budget` / `fleet-budget-amqp`, and prints. Exit codes: 0 success, 1 runtime failure (a
+//! service unreachable, a broker error), 2 usage or configuration error. With `--json` exactly
+//! one JSON object goes to stdout; logs and progress go to stderr.
+
+mod amqp_cmds;
+mod bench;
+mod cli;
+mod config_check;
+mod drill;
+mod exit;
+mod output;
+mod settings;
+mod simulate;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, SimulateCommand};
+use crate::exit::UsageError;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // clap prints help and version on stdout (exit 0) and usage errors on stderr (exit 2).
+        Err(e) => e.exit(),
+    };
+    init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let usage = e.downcast_ref::<UsageError>().is_some();
+            eprintln!("error: {}", fleet_budget::redact::redact_text(&format!("{e:#}")));
+            ExitCode::from(if usage { exit::USAGE } else { exit::FAILURE })
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let global = &cli.global;
+    match cli.command {
+        Command::Simulate(SimulateCommand::Brownout(args)) => simulate::brownout_command(&args),
+        Command::Simulate(SimulateCommand::Capacity(args)) => simulate::capacity_command(&args),
+        Command::Config(ConfigCommand::Check(args)) => config_check::run(&args),
+        Command::Status(args) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(status::run(&config, &args))
+        }
+        Command::Bench(args) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(bench::run(&config, &args))
+        }
+        Command::Demo(args) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(drill::demo_command(&config, global, &args))
+        }
+        Command::Replay(args) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(amqp_cmds::replay(&config, &args))
+        }
+        Command::Dlq(DlqCommand::Stats(args)) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(amqp_cmds::dlq_stats(&config, args.json))
+        }
+        Command::Migrate(args) => {
+            let config = settings::resolve(global)?;
+            runtime()?.block_on(amqp_cmds::migrate(&config, &args))
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}

@@ -1,0 +1,2 @@
+//! stub
+pub(crate) fn run(_a: &crate::cli::ConfigCheckArgs) -> anyhow::Result<()> { anyhow::bail!("not yet") }

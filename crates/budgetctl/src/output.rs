@@ -1,0 +1,69 @@
+//! Printing: one JSON object on stdout, aligned tables for people.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+/// Prints `value` as one JSON object on stdout, followed by a newline.
+pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Formats rows as a table: columns padded to their widest cell, the first left-aligned and the
+/// others right-aligned.
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            if c == 0 {
+                line.push_str(&format!("{cell:<width$}"));
+            } else {
+                line.push_str(&format!("  {cell:>width$}"));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A number with thousands separators: `2,450`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(2450), "2,450");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn table_aligns() {
+        let t = table(&[vec!["a".into(), "1".into()], vec!["long".into(), "200".into()]]);
+        assert_eq!(t, "a       1\nlong  200\n");
+    }
+}
