@@ -397,7 +397,6 @@ mod tests {
                         if s.index != index {
                             index = s.index;
                             requested = 0;
-                            counted = 0;
                         }
                         requested += 1;
                         counted = snap.current.retries + snap.current.denied;

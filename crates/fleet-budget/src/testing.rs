@@ -86,15 +86,15 @@ impl RedisServer {
     fn wait_ready(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return false;
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                return false;
             }
-            if let Ok(mut c) = self.connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return true;
-                }
+            if let Ok(mut c) = self.connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
