@@ -41,7 +41,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let budget = FleetBudget::from_config(&config).await?;
 
-    let mut job = Job { task: "index_document", attempt: 1 };
+    let mut job = Job {
+        task: "index_document",
+        attempt: 1,
+    };
     loop {
         budget.on_attempt(job.task, job.attempt).await?;
         match run(&job).await {
@@ -51,20 +54,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 break;
             }
             Err(failure) => match budget.on_failure(job.task, job.attempt, &failure).await? {
-                Decision::Retry { delay, next_attempt, source, .. } => {
-                    println!("attempt {} failed; retry in {delay:?} (budget: {})", job.attempt, source.as_str());
+                Decision::Retry {
+                    delay,
+                    next_attempt,
+                    source,
+                    ..
+                } => {
+                    println!(
+                        "attempt {} failed; retry in {delay:?} (budget: {})",
+                        job.attempt,
+                        source.as_str()
+                    );
                     // A real worker republishes to a delay queue; here we just wait a little.
                     tokio::time::sleep(delay.min(Duration::from_millis(10))).await;
                     job.attempt = next_attempt;
                 }
-                Decision::DeadLetter { reason, snapshot, .. } => {
+                Decision::DeadLetter {
+                    reason, snapshot, ..
+                } => {
                     println!("dead-letter: {reason} (budget {snapshot:?})");
                     break;
                 }
             },
         }
     }
-    println!("{}", budget.metrics().render().lines().filter(|l| l.contains("search")).collect::<Vec<_>>().join("\n"));
+    println!(
+        "{}",
+        budget
+            .metrics()
+            .render()
+            .lines()
+            .filter(|l| l.contains("search"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     budget.shutdown().await?;
     Ok(())
 }

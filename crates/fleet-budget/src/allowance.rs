@@ -115,7 +115,9 @@ impl BudgetState {
     pub fn deposit(&mut self, now_ms: u64, window_ms: u64, kind: DepositKind, n: u64) {
         self.roll(now_ms, window_ms);
         match kind {
-            DepositKind::Success => self.current.successes = self.current.successes.saturating_add(n),
+            DepositKind::Success => {
+                self.current.successes = self.current.successes.saturating_add(n)
+            }
             DepositKind::FirstAttempt => {
                 self.current.first_attempts = self.current.first_attempts.saturating_add(n);
             }
@@ -188,7 +190,11 @@ fn max_u64(a: u64, b: u64) -> u64 {
 }
 
 /// Converts a non-negative, floored float to `u64`, saturating; NaN gives 0.
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 fn f64_to_u64(x: f64) -> u64 {
     if x.is_nan() || x <= 0.0 {
         0
@@ -324,7 +330,11 @@ mod tests {
             let mut s = BudgetState::empty(0, 60_000);
             s.deposit(30_000, 60_000, DepositKind::Success, 1000);
             s.roll(60_001, 60_000);
-            assert_eq!(s.snapshot(60_001, &p).allowance, expected_allowance, "{mode:?}");
+            assert_eq!(
+                s.snapshot(60_001, &p).allowance,
+                expected_allowance,
+                "{mode:?}"
+            );
         }
     }
 
@@ -364,7 +374,10 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1u64..50, prop_oneof![Just(DepositKind::Success), Just(DepositKind::FirstAttempt)])
+            (
+                1u64..50,
+                prop_oneof![Just(DepositKind::Success), Just(DepositKind::FirstAttempt)]
+            )
                 .prop_map(|(n, k)| Op::Deposit(n, k)),
             Just(Op::Spend),
             (0u64..1500).prop_map(Op::Advance),

@@ -38,8 +38,13 @@ impl JobClass {
     }
 
     /// Every class, for documentation and error messages.
-    pub const ALL: [Self; 5] =
-        [Self::Idempotent, Self::Metered, Self::Paid, Self::SideEffect, Self::Batch];
+    pub const ALL: [Self; 5] = [
+        Self::Idempotent,
+        Self::Metered,
+        Self::Paid,
+        Self::SideEffect,
+        Self::Batch,
+    ];
 
     /// The configuration name.
     #[must_use]
@@ -67,7 +72,11 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { base: Duration::from_secs(2), factor: 2.0, cap: Duration::from_secs(600) }
+        Self {
+            base: Duration::from_secs(2),
+            factor: 2.0,
+            cap: Duration::from_secs(600),
+        }
     }
 }
 
@@ -133,7 +142,10 @@ pub struct TaskCeiling {
 
 impl Default for TaskCeiling {
     fn default() -> Self {
-        Self { max_attempts: 5, backoff: Backoff::default() }
+        Self {
+            max_attempts: 5,
+            backoff: Backoff::default(),
+        }
     }
 }
 
@@ -167,7 +179,10 @@ mod tests {
         assert_eq!(b.attempts_for_recovery_window(Duration::from_secs(60)), 5);
         assert_eq!(b.attempts_for_recovery_window(Duration::from_secs(900)), 9);
         // 30 attempts cover 13,622 s (3.8 h); 4 h needs 32. See docs/semantics-notes.md.
-        assert_eq!(b.attempts_for_recovery_window(Duration::from_secs(4 * 3600)), 32);
+        assert_eq!(
+            b.attempts_for_recovery_window(Duration::from_secs(4 * 3600)),
+            32
+        );
         assert_eq!(b.attempts_for_recovery_window(Duration::ZERO), 1);
     }
 
@@ -181,7 +196,10 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         for attempt in 1..15 {
             let d = b.delay(attempt, None, &mut rng);
-            assert!(d >= b.nominal(attempt) / 2 && d <= b.nominal(attempt), "{attempt}: {d:?}");
+            assert!(
+                d >= b.nominal(attempt) / 2 && d <= b.nominal(attempt),
+                "{attempt}: {d:?}"
+            );
         }
     }
 
@@ -189,7 +207,10 @@ mod tests {
     fn retry_after_is_a_lower_bound() {
         let b = Backoff::default();
         let mut rng = SmallRng::seed_from_u64(1);
-        assert_eq!(b.delay(1, Some(Duration::from_secs(30)), &mut rng), Duration::from_secs(30));
+        assert_eq!(
+            b.delay(1, Some(Duration::from_secs(30)), &mut rng),
+            Duration::from_secs(30)
+        );
         let d = b.delay(5, Some(Duration::from_millis(1)), &mut rng);
         assert!(d >= Duration::from_secs(16));
     }

@@ -110,7 +110,10 @@ impl Default for AmqpSettings {
             prefix: "fleet".to_owned(),
             prefetch: 32,
             delivery_limit: 50,
-            retry_tiers: [1, 5, 30, 120, 600].into_iter().map(Duration::from_secs).collect(),
+            retry_tiers: [1, 5, 30, 120, 600]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
             max_replays: 3,
         }
     }
@@ -137,7 +140,10 @@ impl Config {
     /// The policy of `dependency`.
     #[must_use]
     pub fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
-        self.policies.get(dependency).copied().unwrap_or(self.defaults)
+        self.policies
+            .get(dependency)
+            .copied()
+            .unwrap_or(self.defaults)
     }
 
     /// Reads and validates a file, then applies the environment overrides.
@@ -168,7 +174,10 @@ impl Config {
         if problems.is_empty() {
             Ok(config)
         } else {
-            Err(ConfigError::Invalid { origin: origin.to_owned(), problems })
+            Err(ConfigError::Invalid {
+                origin: origin.to_owned(),
+                problems,
+            })
         }
     }
 
@@ -189,7 +198,12 @@ impl Config {
         if self.redis.cluster_urls.is_empty() {
             redact_url(&self.redis.url)
         } else {
-            let urls: Vec<_> = self.redis.cluster_urls.iter().map(|u| redact_url(u)).collect();
+            let urls: Vec<_> = self
+                .redis
+                .cluster_urls
+                .iter()
+                .map(|u| redact_url(u))
+                .collect();
             format!("cluster [{}]", urls.join(", "))
         }
     }
@@ -391,11 +405,17 @@ impl Checker<'_> {
 
     fn url(&mut self, key: &str, url: &str, schemes: &[&str]) {
         let ok = schemes.iter().any(|s| {
-            url.strip_prefix(s).and_then(|r| r.strip_prefix("://")).is_some_and(|r| !r.is_empty())
+            url.strip_prefix(s)
+                .and_then(|r| r.strip_prefix("://"))
+                .is_some_and(|r| !r.is_empty())
         });
         if !ok {
             let allowed: Vec<String> = schemes.iter().map(|s| format!("{s}://...")).collect();
-            self.problem(key, redact_url(url), format!("must be a URL of the form {}", allowed.join(" or ")));
+            self.problem(
+                key,
+                redact_url(url),
+                format!("must be a URL of the form {}", allowed.join(" or ")),
+            );
         }
     }
 
@@ -411,9 +431,21 @@ impl Checker<'_> {
         mode: Option<WindowMode>,
     ) -> BudgetPolicy {
         let base_window = i64::try_from(base.window.as_secs()).unwrap_or(60);
-        let window = self.int_in(&format!("{at}.window_secs"), window_secs, 1, MAX_WINDOW_SECS, base_window);
+        let window = self.int_in(
+            &format!("{at}.window_secs"),
+            window_secs,
+            1,
+            MAX_WINDOW_SECS,
+            base_window,
+        );
         let base_min = i64::try_from(base.min_allowance).unwrap_or(10);
-        let min = self.int_in(&format!("{at}.min_allowance"), min_allowance, 0, 1_000_000_000, base_min);
+        let min = self.int_in(
+            &format!("{at}.min_allowance"),
+            min_allowance,
+            0,
+            1_000_000_000,
+            base_min,
+        );
         BudgetPolicy {
             window: Duration::from_secs(u64::try_from(window).unwrap_or(60)),
             ratio: self.ratio(&format!("{at}.ratio"), ratio, base.ratio),
@@ -423,14 +455,30 @@ impl Checker<'_> {
         }
     }
 
-    fn backoff(&mut self, at: &str, base_ms: Option<i64>, cap_ms: Option<i64>, default: Backoff) -> Backoff {
+    fn backoff(
+        &mut self,
+        at: &str,
+        base_ms: Option<i64>,
+        cap_ms: Option<i64>,
+        default: Backoff,
+    ) -> Backoff {
         let day = 86_400_000;
         let default_base = i64::try_from(default.base.as_millis()).unwrap_or(2000);
         let default_cap = i64::try_from(default.cap.as_millis()).unwrap_or(600_000);
-        let base = self.int_in(&format!("{at}.backoff_base_ms"), base_ms, 1, day, default_base);
+        let base = self.int_in(
+            &format!("{at}.backoff_base_ms"),
+            base_ms,
+            1,
+            day,
+            default_base,
+        );
         let cap = self.int_in(&format!("{at}.backoff_cap_ms"), cap_ms, 1, day, default_cap);
         if cap < base {
-            self.problem(&format!("{at}.backoff_cap_ms"), cap, format!("must be at least backoff_base_ms ({base})"));
+            self.problem(
+                &format!("{at}.backoff_cap_ms"),
+                cap,
+                format!("must be at least backoff_base_ms ({base})"),
+            );
         }
         Backoff {
             base: Duration::from_millis(u64::try_from(base).unwrap_or(2000)),
@@ -448,20 +496,37 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
     // [redis]
     let r = raw.redis;
     if let Some(url) = r.url {
-        c.url("redis.url", &url, &["redis", "rediss", "redis+unix", "unix"]);
+        c.url(
+            "redis.url",
+            &url,
+            &["redis", "rediss", "redis+unix", "unix"],
+        );
         config.redis.url = url;
     }
     if let Some(urls) = r.cluster_urls {
         for (i, url) in urls.iter().enumerate() {
-            c.url(&format!("redis.cluster_urls[{i}]"), url, &["redis", "rediss"]);
+            c.url(
+                &format!("redis.cluster_urls[{i}]"),
+                url,
+                &["redis", "rediss"],
+            );
         }
         config.redis.cluster_urls = urls;
     }
     let timeout = c.int_in("redis.timeout_ms", r.timeout_ms, 1, 60_000, 50);
     config.redis.timeout = Duration::from_millis(u64::try_from(timeout).unwrap_or(50));
     if let Some(prefix) = r.key_prefix {
-        if prefix.is_empty() || prefix.len() > 64 || prefix.chars().any(|ch| ch == '{' || ch == '}' || ch.is_control() || ch.is_whitespace()) {
-            c.problem("redis.key_prefix", format!("{prefix:?}"), "must be 1 to 64 characters without `{`, `}`, spaces or control characters");
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || prefix
+                .chars()
+                .any(|ch| ch == '{' || ch == '}' || ch.is_control() || ch.is_whitespace())
+        {
+            c.problem(
+                "redis.key_prefix",
+                format!("{prefix:?}"),
+                "must be 1 to 64 characters without `{`, `}`, spaces or control characters",
+            );
         } else {
             config.redis.key_prefix = prefix;
         }
@@ -469,7 +534,13 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
     config.redis.fallback = r.fallback.unwrap_or_default();
     let flush = c.int_in("redis.deposit_flush_ms", r.deposit_flush_ms, 0, 10_000, 100);
     config.redis.deposit_flush = Duration::from_millis(u64::try_from(flush).unwrap_or(100));
-    let count = c.int_in("redis.deposit_flush_count", r.deposit_flush_count, 1, 1_000_000_000, 1000);
+    let count = c.int_in(
+        "redis.deposit_flush_count",
+        r.deposit_flush_count,
+        1,
+        1_000_000_000,
+        1000,
+    );
     config.redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
 
     // [amqp]
@@ -479,7 +550,13 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
         config.amqp.url = url;
     }
     if let Some(prefix) = a.prefix {
-        if prefix.is_empty() || prefix.len() > 100 || prefix.starts_with("amq.") || prefix.chars().any(|ch| ch.is_control() || ch.is_whitespace()) {
+        if prefix.is_empty()
+            || prefix.len() > 100
+            || prefix.starts_with("amq.")
+            || prefix
+                .chars()
+                .any(|ch| ch.is_control() || ch.is_whitespace())
+        {
             c.problem("amqp.prefix", format!("{prefix:?}"), "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`");
         } else {
             config.amqp.prefix = prefix;
@@ -495,13 +572,25 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
             if t.is_finite() && *t >= 0.001 && *t <= 86_400.0 {
                 ok.push(Duration::from_secs_f64(*t));
             } else {
-                c.problem(&format!("amqp.retry_tiers_secs[{i}]"), t, "must be a number of seconds from 0.001 to 86400");
+                c.problem(
+                    &format!("amqp.retry_tiers_secs[{i}]"),
+                    t,
+                    "must be a number of seconds from 0.001 to 86400",
+                );
             }
         }
         if ok.is_empty() {
-            c.problem("amqp.retry_tiers_secs", "[]", "must list at least one delay");
+            c.problem(
+                "amqp.retry_tiers_secs",
+                "[]",
+                "must list at least one delay",
+            );
         } else if ok.windows(2).any(|w| w.first() >= w.get(1)) {
-            c.problem("amqp.retry_tiers_secs", format!("{tiers:?}"), "must be strictly increasing");
+            c.problem(
+                "amqp.retry_tiers_secs",
+                format!("{tiers:?}"),
+                "must be strictly increasing",
+            );
         } else {
             config.amqp.retry_tiers = ok;
         }
@@ -511,11 +600,24 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
 
     // [defaults]
     let d = raw.defaults;
-    config.defaults = c.policy("defaults", &BudgetPolicy::default(), d.window_secs, d.ratio, d.min_allowance, d.deposit, d.mode);
+    config.defaults = c.policy(
+        "defaults",
+        &BudgetPolicy::default(),
+        d.window_secs,
+        d.ratio,
+        d.min_allowance,
+        d.deposit,
+        d.mode,
+    );
     let max_attempts = c.int_in("defaults.max_attempts", d.max_attempts, 1, 1000, 5);
     config.ceilings.default = TaskCeiling {
         max_attempts: u32::try_from(max_attempts).unwrap_or(5),
-        backoff: c.backoff("defaults", d.backoff_base_ms, d.backoff_cap_ms, Backoff::default()),
+        backoff: c.backoff(
+            "defaults",
+            d.backoff_base_ms,
+            d.backoff_cap_ms,
+            Backoff::default(),
+        ),
     };
 
     // [dependencies.*]
@@ -523,20 +625,38 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
     for (name, dep) in raw.dependencies {
         let at = format!("dependencies.{}", toml_key(&name));
         let valid = c.name(&at, &name);
-        let policy = c.policy(&at, &config.defaults, dep.window_secs, dep.ratio, dep.min_allowance, dep.deposit, dep.mode);
-        let Ok(dependency) = Dependency::new(&name) else { continue };
+        let policy = c.policy(
+            &at,
+            &config.defaults,
+            dep.window_secs,
+            dep.ratio,
+            dep.min_allowance,
+            dep.deposit,
+            dep.mode,
+        );
+        let Ok(dependency) = Dependency::new(&name) else {
+            continue;
+        };
         if !valid {
             continue;
         }
         config.policies.insert(dependency.clone(), policy);
         for (i, task) in dep.tasks.iter().enumerate() {
             if task.is_empty() || task.chars().any(char::is_control) {
-                c.problem(&format!("{at}.tasks[{i}]"), format!("{task:?}"), "a task name must be non-empty and hold no control characters");
+                c.problem(
+                    &format!("{at}.tasks[{i}]"),
+                    format!("{task:?}"),
+                    "a task name must be non-empty and hold no control characters",
+                );
                 continue;
             }
             if let Some(first) = owner.get(task) {
                 if *first == name {
-                    c.problem(&format!("{at}.tasks[{i}]"), format!("{task:?}"), "is listed twice in this dependency");
+                    c.problem(
+                        &format!("{at}.tasks[{i}]"),
+                        format!("{task:?}"),
+                        "is listed twice in this dependency",
+                    );
                 } else {
                     c.problem(&format!("{at}.tasks[{i}]"), format!("{task:?}"), format!("is already mapped to dependency {first:?}; a task spends exactly one dependency's budget"));
                 }
@@ -554,29 +674,60 @@ fn resolve(raw: RawConfig, problems: &mut Vec<Problem>) -> Config {
             // An unmapped task is its own dependency, so its name must be a valid one.
             c.name(&at, &task);
         }
-        let given = [t.class.is_some(), t.max_attempts.is_some(), t.recovery_window_secs.is_some()];
+        let given = [
+            t.class.is_some(),
+            t.max_attempts.is_some(),
+            t.recovery_window_secs.is_some(),
+        ];
         if given.iter().filter(|g| **g).count() > 1 {
-            c.problem(&at, "class, max_attempts and recovery_window_secs", "set at most one of them");
+            c.problem(
+                &at,
+                "class, max_attempts and recovery_window_secs",
+                "set at most one of them",
+            );
         }
-        let backoff = c.backoff(&at, t.backoff_base_ms, t.backoff_cap_ms, config.ceilings.default.backoff);
+        let backoff = c.backoff(
+            &at,
+            t.backoff_base_ms,
+            t.backoff_cap_ms,
+            config.ceilings.default.backoff,
+        );
         let max_attempts = if let Some(class) = t.class {
             class.max_attempts()
         } else if let Some(n) = t.max_attempts {
             u32::try_from(c.int_in(&format!("{at}.max_attempts"), Some(n), 1, 1000, 5)).unwrap_or(5)
         } else if let Some(secs) = t.recovery_window_secs {
-            let secs = c.int_in(&format!("{at}.recovery_window_secs"), Some(secs), 1, 7 * 86_400, 60);
-            backoff.attempts_for_recovery_window(Duration::from_secs(u64::try_from(secs).unwrap_or(60)))
+            let secs = c.int_in(
+                &format!("{at}.recovery_window_secs"),
+                Some(secs),
+                1,
+                7 * 86_400,
+                60,
+            );
+            backoff.attempts_for_recovery_window(Duration::from_secs(
+                u64::try_from(secs).unwrap_or(60),
+            ))
         } else {
             config.ceilings.default.max_attempts
         };
-        config.ceilings.tasks.insert(task, TaskCeiling { max_attempts, backoff });
+        config.ceilings.tasks.insert(
+            task,
+            TaskCeiling {
+                max_attempts,
+                backoff,
+            },
+        );
     }
     config
 }
 
 /// A key as TOML would need it written in a dotted path.
 fn toml_key(name: &str) -> String {
-    if !name.is_empty() && name.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-') {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+    {
         name.to_owned()
     } else {
         format!("{name:?}")
@@ -669,7 +820,13 @@ mod tests {
     #[test]
     fn invalid_dependency_names() {
         let long = "d".repeat(201);
-        for (name, needle) in [("", "empty"), (long.as_str(), "201 bytes"), ("a{b", "'{'"), ("a}b", "'}'"), ("a\\tb", "'\\t'")] {
+        for (name, needle) in [
+            ("", "empty"),
+            (long.as_str(), "201 bytes"),
+            ("a{b", "'{'"),
+            ("a}b", "'}'"),
+            ("a\\tb", "'\\t'"),
+        ] {
             let p = problems(&format!("[dependencies.\"{name}\"]\ntasks = []\n"));
             assert_eq!(p.len(), 1, "{name}");
             assert!(p[0].key.starts_with("dependencies."), "{}", p[0]);
@@ -679,24 +836,40 @@ mod tests {
 
     #[test]
     fn task_mapped_to_two_dependencies() {
-        let p = problems("[dependencies.search]\ntasks = [\"t\"]\n[dependencies.mail]\ntasks = [\"t\"]\n");
+        let p = problems(
+            "[dependencies.search]\ntasks = [\"t\"]\n[dependencies.mail]\ntasks = [\"t\"]\n",
+        );
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].key, "dependencies.search.tasks[0]");
-        assert!(p[0].allowed.contains("already mapped to dependency \"mail\""), "{}", p[0]);
+        assert!(
+            p[0].allowed
+                .contains("already mapped to dependency \"mail\""),
+            "{}",
+            p[0]
+        );
     }
 
     #[test]
     fn unknown_keys_list_the_known_ones() {
         let e = parse_error("[defaults]\nratoi = 0.2\n");
         assert!(e.contains("ratoi"), "{e}");
-        assert!(e.contains("window_secs") && e.contains("min_allowance"), "{e}");
+        assert!(
+            e.contains("window_secs") && e.contains("min_allowance"),
+            "{e}"
+        );
         let e = parse_error("[redsi]\nurl = \"x\"\n");
         assert!(e.contains("redsi") && e.contains("dependencies"), "{e}");
     }
 
     #[test]
     fn wrong_types_and_garbage_do_not_panic() {
-        for text in ["[defaults]\nratio = \"high\"\n", "[[[", "\u{0}", "dependencies = 3", "[tasks.x]\nclass = \"cheap\"\n"] {
+        for text in [
+            "[defaults]\nratio = \"high\"\n",
+            "[[[",
+            "\u{0}",
+            "dependencies = 3",
+            "[tasks.x]\nclass = \"cheap\"\n",
+        ] {
             assert!(Config::from_toml(text, "t").is_err(), "{text:?}");
         }
         let e = parse_error("[tasks.x]\nclass = \"cheap\"\n");

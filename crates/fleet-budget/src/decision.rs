@@ -36,22 +36,38 @@ pub struct Failure {
 impl Failure {
     /// A retryable failure.
     pub fn retryable(error: impl fmt::Display) -> Self {
-        Self { kind: FailureKind::Retryable, class: "error".to_owned(), message: error.to_string() }
+        Self {
+            kind: FailureKind::Retryable,
+            class: "error".to_owned(),
+            message: error.to_string(),
+        }
     }
 
     /// A failure that retrying cannot fix.
     pub fn non_retryable(error: impl fmt::Display) -> Self {
-        Self { kind: FailureKind::NonRetryable, class: "error".to_owned(), message: error.to_string() }
+        Self {
+            kind: FailureKind::NonRetryable,
+            class: "error".to_owned(),
+            message: error.to_string(),
+        }
     }
 
     /// A retryable failure whose delay must be at least `after` (a `Retry-After`).
     pub fn retry_after(after: Duration, error: impl fmt::Display) -> Self {
-        Self { kind: FailureKind::RetryAfter(after), class: "error".to_owned(), message: error.to_string() }
+        Self {
+            kind: FailureKind::RetryAfter(after),
+            class: "error".to_owned(),
+            message: error.to_string(),
+        }
     }
 
     /// An undecodable message.
     pub fn poison(error: impl fmt::Display) -> Self {
-        Self { kind: FailureKind::Poison, class: "poison".to_owned(), message: error.to_string() }
+        Self {
+            kind: FailureKind::Poison,
+            class: "poison".to_owned(),
+            message: error.to_string(),
+        }
     }
 
     /// Sets the error class.
@@ -64,7 +80,10 @@ impl Failure {
     /// Whether a retry could help.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, FailureKind::Retryable | FailureKind::RetryAfter(_))
+        matches!(
+            self.kind,
+            FailureKind::Retryable | FailureKind::RetryAfter(_)
+        )
     }
 
     /// The lower bound on the delay, if the dependency sent one.
@@ -92,7 +111,11 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [Self; 3] = [Self::NonRetryable, Self::AttemptsExhausted, Self::BudgetExhausted];
+    pub const ALL: [Self; 3] = [
+        Self::NonRetryable,
+        Self::AttemptsExhausted,
+        Self::BudgetExhausted,
+    ];
 
     /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`).
     #[must_use]

@@ -42,9 +42,15 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
         return Err(InvalidName::Empty);
     }
     if name.len() > MAX_DEPENDENCY_LEN {
-        return Err(InvalidName::TooLong { len: name.len(), max: MAX_DEPENDENCY_LEN });
+        return Err(InvalidName::TooLong {
+            len: name.len(),
+            max: MAX_DEPENDENCY_LEN,
+        });
     }
-    if let Some(c) = name.chars().find(|c| *c == '{' || *c == '}' || c.is_control()) {
+    if let Some(c) = name
+        .chars()
+        .find(|c| *c == '{' || *c == '}' || c.is_control())
+    {
         return Err(InvalidName::ForbiddenChar { found: c });
     }
     Ok(())
@@ -85,7 +91,11 @@ impl DependencyMap {
     }
 
     /// Maps `task` to `dependency`, returning the dependency it was mapped to before, if any.
-    pub fn insert(&mut self, task: impl Into<String>, dependency: Dependency) -> Option<Dependency> {
+    pub fn insert(
+        &mut self,
+        task: impl Into<String>,
+        dependency: Dependency,
+    ) -> Option<Dependency> {
         self.tasks.insert(task.into(), dependency)
     }
 
@@ -130,10 +140,22 @@ mod tests {
     #[test]
     fn invalid_names_are_refused() {
         assert_eq!(Dependency::new(""), Err(InvalidName::Empty));
-        assert!(matches!(Dependency::new("a{b"), Err(InvalidName::ForbiddenChar { found: '{' })));
-        assert!(matches!(Dependency::new("a}b"), Err(InvalidName::ForbiddenChar { found: '}' })));
-        assert!(matches!(Dependency::new("a\nb"), Err(InvalidName::ForbiddenChar { .. })));
-        assert!(matches!(Dependency::new(&"x".repeat(201)), Err(InvalidName::TooLong { .. })));
+        assert!(matches!(
+            Dependency::new("a{b"),
+            Err(InvalidName::ForbiddenChar { found: '{' })
+        ));
+        assert!(matches!(
+            Dependency::new("a}b"),
+            Err(InvalidName::ForbiddenChar { found: '}' })
+        ));
+        assert!(matches!(
+            Dependency::new("a\nb"),
+            Err(InvalidName::ForbiddenChar { .. })
+        ));
+        assert!(matches!(
+            Dependency::new(&"x".repeat(201)),
+            Err(InvalidName::TooLong { .. })
+        ));
         assert!(Dependency::new(&"x".repeat(200)).is_ok());
         let mut map = DependencyMap::new();
         map.insert("ok", Dependency::new("ok").unwrap());

@@ -24,7 +24,9 @@ pub fn budget_key_pattern(prefix: &str) -> String {
 /// The dependency of a budget key under `prefix`, if it is one.
 #[must_use]
 pub fn dependency_of_key(prefix: &str, key: &str) -> Option<Dependency> {
-    let rest = key.strip_prefix(prefix)?.strip_prefix(&format!(":v{KEY_SCHEMA_VERSION}:{{"))?;
+    let rest = key
+        .strip_prefix(prefix)?
+        .strip_prefix(&format!(":v{KEY_SCHEMA_VERSION}:{{"))?;
     Dependency::new(rest.strip_suffix('}')?).ok()
 }
 

@@ -55,7 +55,16 @@ impl Metrics {
     /// The registry already holds metrics of these names.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self::build(registry.clone())?;
-        for c in [&m.successes, &m.first_attempts, &m.executions, &m.retries_granted, &m.retries_denied, &m.dead_letters, &m.store_errors, &m.fallback_decisions] {
+        for c in [
+            &m.successes,
+            &m.first_attempts,
+            &m.executions,
+            &m.retries_granted,
+            &m.retries_denied,
+            &m.dead_letters,
+            &m.store_errors,
+            &m.fallback_decisions,
+        ] {
             registry.register(Box::new(c.clone()))?;
         }
         for g in [&m.allowance, &m.headroom] {
@@ -73,21 +82,63 @@ impl Metrics {
 
     fn build(registry: Registry) -> Result<Self, prometheus::Error> {
         let dep = &["dependency"];
-        let counter = |name: &str, help: &str, labels: &[&str]| IntCounterVec::new(Opts::new(name, help), labels);
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
         let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), dep);
         Ok(Self {
             successes: counter("fleet_budget_successes_total", "Successful jobs.", dep)?,
-            first_attempts: counter("fleet_budget_first_attempts_total", "First executions of jobs.", dep)?,
-            executions: counter("fleet_budget_executions_total", "Executions of jobs, first attempts and retries.", dep)?,
-            retries_granted: counter("fleet_budget_retries_granted_total", "Retries granted by the budget.", dep)?,
-            retries_denied: counter("fleet_budget_retries_denied_total", "Retries refused by the budget (not counted as retries).", dep)?,
-            dead_letters: counter("fleet_budget_dead_letters_total", "Dead-letter decisions by reason.", &["dependency", "reason"])?,
-            allowance: gauge("fleet_budget_allowance", "Retry allowance of the last window at the last decision.")?,
-            headroom: gauge("fleet_budget_headroom", "Retries still grantable at the last decision.")?,
-            fallback_active: IntGauge::new("fleet_budget_fallback_active", "1 while the fleet store is unreachable and the fallback budget decides.")?,
-            store_errors: counter("fleet_budget_store_errors_total", "Budget store calls that failed, by kind.", &["kind"])?,
-            fallback_decisions: counter("fleet_budget_fallback_decisions_total", "Retry decisions taken by the fallback, by mode.", &["mode"])?,
-            deposits_pending: IntGauge::new("fleet_budget_deposits_pending", "Deposits counted locally and not yet flushed to the store.")?,
+            first_attempts: counter(
+                "fleet_budget_first_attempts_total",
+                "First executions of jobs.",
+                dep,
+            )?,
+            executions: counter(
+                "fleet_budget_executions_total",
+                "Executions of jobs, first attempts and retries.",
+                dep,
+            )?,
+            retries_granted: counter(
+                "fleet_budget_retries_granted_total",
+                "Retries granted by the budget.",
+                dep,
+            )?,
+            retries_denied: counter(
+                "fleet_budget_retries_denied_total",
+                "Retries refused by the budget (not counted as retries).",
+                dep,
+            )?,
+            dead_letters: counter(
+                "fleet_budget_dead_letters_total",
+                "Dead-letter decisions by reason.",
+                &["dependency", "reason"],
+            )?,
+            allowance: gauge(
+                "fleet_budget_allowance",
+                "Retry allowance of the last window at the last decision.",
+            )?,
+            headroom: gauge(
+                "fleet_budget_headroom",
+                "Retries still grantable at the last decision.",
+            )?,
+            fallback_active: IntGauge::new(
+                "fleet_budget_fallback_active",
+                "1 while the fleet store is unreachable and the fallback budget decides.",
+            )?,
+            store_errors: counter(
+                "fleet_budget_store_errors_total",
+                "Budget store calls that failed, by kind.",
+                &["kind"],
+            )?,
+            fallback_decisions: counter(
+                "fleet_budget_fallback_decisions_total",
+                "Retry decisions taken by the fallback, by mode.",
+                &["mode"],
+            )?,
+            deposits_pending: IntGauge::new(
+                "fleet_budget_deposits_pending",
+                "Deposits counted locally and not yet flushed to the store.",
+            )?,
             registry,
         })
     }
@@ -102,7 +153,9 @@ impl Metrics {
     #[must_use]
     pub fn render(&self) -> String {
         let families = self.registry.gather();
-        prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_default()
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_default()
     }
 
     pub(crate) fn success(&self, d: &Dependency) {
@@ -117,17 +170,27 @@ impl Metrics {
     }
 
     pub(crate) fn retry(&self, d: &Dependency, granted: bool) {
-        let c = if granted { &self.retries_granted } else { &self.retries_denied };
+        let c = if granted {
+            &self.retries_granted
+        } else {
+            &self.retries_denied
+        };
         c.with_label_values(&[d.as_str()]).inc();
     }
 
     pub(crate) fn dead_letter(&self, d: &Dependency, reason: DeadLetterReason) {
-        self.dead_letters.with_label_values(&[d.as_str(), reason.as_str()]).inc();
+        self.dead_letters
+            .with_label_values(&[d.as_str(), reason.as_str()])
+            .inc();
     }
 
     pub(crate) fn snapshot(&self, d: &Dependency, s: &BudgetSnapshot) {
-        self.allowance.with_label_values(&[d.as_str()]).set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
-        self.headroom.with_label_values(&[d.as_str()]).set(i64::try_from(s.remaining()).unwrap_or(i64::MAX));
+        self.allowance
+            .with_label_values(&[d.as_str()])
+            .set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
+        self.headroom
+            .with_label_values(&[d.as_str()])
+            .set(i64::try_from(s.remaining()).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn fallback(&self, active: bool) {
@@ -143,7 +206,8 @@ impl Metrics {
     }
 
     pub(crate) fn pending(&self, n: u64) {
-        self.deposits_pending.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.deposits_pending
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
@@ -164,7 +228,9 @@ impl Metrics {
     /// Dead-letter decisions for `dependency` and `reason`.
     #[must_use]
     pub fn dead_letters(&self, dependency: &str, reason: DeadLetterReason) -> u64 {
-        self.dead_letters.with_label_values(&[dependency, reason.as_str()]).get()
+        self.dead_letters
+            .with_label_values(&[dependency, reason.as_str()])
+            .get()
     }
 
     /// Whether the fallback is deciding now.

@@ -100,6 +100,8 @@ impl BudgetPolicy {
     /// The window length in whole milliseconds, at least 1.
     #[must_use]
     pub fn window_ms(&self) -> u64 {
-        u64::try_from(self.window.as_millis()).unwrap_or(u64::MAX).max(1)
+        u64::try_from(self.window.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 }

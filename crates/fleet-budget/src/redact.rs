@@ -11,7 +11,16 @@ pub fn redact_url(url: &str) -> String {
 #[must_use]
 pub fn redact_text(text: &str) -> String {
     let mut out = redact_url_passwords(text);
-    for marker in ["password=", "passwd=", "pwd=", "secret=", "token=", "api_key=", "apikey=", "Bearer "] {
+    for marker in [
+        "password=",
+        "passwd=",
+        "pwd=",
+        "secret=",
+        "token=",
+        "api_key=",
+        "apikey=",
+        "Bearer ",
+    ] {
         out = redact_after(&out, marker);
     }
     out
@@ -38,7 +47,9 @@ fn redact_url_passwords(text: &str) -> String {
         let (head, tail) = rest.split_at(pos + 3);
         out.push_str(head);
         // The authority ends at the first '/', '?', '#' or whitespace.
-        let end = tail.find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace()).unwrap_or(tail.len());
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .unwrap_or(tail.len());
         let (authority, after) = tail.split_at(end);
         match authority.rfind('@') {
             Some(at) => {
@@ -72,7 +83,9 @@ fn redact_after(text: &str, marker: &str) -> String {
         let value_len = text
             .get(value_start..)
             .unwrap_or("")
-            .find(|c: char| c.is_whitespace() || c == '&' || c == ',' || c == ';' || c == '"' || c == '\'')
+            .find(|c: char| {
+                c.is_whitespace() || c == '&' || c == ',' || c == ';' || c == '"' || c == '\''
+            })
             .unwrap_or(text.len() - value_start);
         if value_len > 0 {
             out.push_str("***");
@@ -89,17 +102,34 @@ mod tests {
 
     #[test]
     fn url_passwords_are_redacted() {
-        assert_eq!(redact_url("redis://:hunter2@host:6379/0"), "redis://:***@host:6379/0");
-        assert_eq!(redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
-        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://:hunter2@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
         assert_eq!(redact_url("redis://user@h"), "redis://user@h");
         assert_eq!(redact_url("not a url"), "not a url");
     }
 
     #[test]
     fn secrets_in_error_text_are_redacted() {
-        let t = redact_text("connect to https://bob:pw@api.example/x?token=abc123&x=1 failed, password=p4ss; Authorization: Bearer eyJhb.x");
-        assert!(!t.contains("pw@") && !t.contains("abc123") && !t.contains("p4ss") && !t.contains("eyJhb"), "{t}");
+        let t = redact_text(
+            "connect to https://bob:pw@api.example/x?token=abc123&x=1 failed, password=p4ss; Authorization: Bearer eyJhb.x",
+        );
+        assert!(
+            !t.contains("pw@")
+                && !t.contains("abc123")
+                && !t.contains("p4ss")
+                && !t.contains("eyJhb"),
+            "{t}"
+        );
         assert!(t.contains("x=1"), "{t}");
     }
 

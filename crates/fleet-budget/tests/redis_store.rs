@@ -1,5 +1,20 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss, missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    missing_docs
+)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -8,15 +23,20 @@ use fleet_budget::clock::ManualClock;
 use fleet_budget::store::{BudgetStore, Deposits, LocalStore, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{
-    BudgetPolicy, BudgetSource, Config, DeadLetterReason, Decision, Dependency, DepositBasis, Failure, FleetBudget,
-    WindowMode,
+    BudgetPolicy, BudgetSource, Config, DeadLetterReason, Decision, Dependency, DepositBasis,
+    Failure, FleetBudget, WindowMode,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 fn store(server: &RedisServer) -> RedisStore {
     // Generous deadline: these tests check behaviour, not latency, on a noisy machine.
-    RedisStore::new(RedisTarget::Single(server.url()), "fbt", Duration::from_secs(5)).unwrap()
+    RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbt",
+        Duration::from_secs(5),
+    )
+    .unwrap()
 }
 
 fn dep(name: &str) -> Dependency {
@@ -24,7 +44,13 @@ fn dep(name: &str) -> Dependency {
 }
 
 fn policy(window_ms: u64, ratio: f64, min: u64, mode: WindowMode) -> BudgetPolicy {
-    BudgetPolicy { window: Duration::from_millis(window_ms), ratio, min_allowance: min, deposit: DepositBasis::Success, mode }
+    BudgetPolicy {
+        window: Duration::from_millis(window_ms),
+        ratio,
+        min_allowance: min,
+        deposit: DepositBasis::Success,
+        mode,
+    }
 }
 
 /// Waits (real time: Redis keeps server time) until a window of `window_ms` has just begun.
@@ -44,7 +70,17 @@ async fn atomicity_64_tasks_over_4_connections_grant_exactly_the_allowance() {
     if first.ms_until_roll() < 10_000 {
         tokio::time::sleep(Duration::from_millis(first.ms_until_roll() + 20)).await;
     }
-    stores[0].deposit(&d, &p, Deposits { successes: 500, first_attempts: 0 }).await.unwrap();
+    stores[0]
+        .deposit(
+            &d,
+            &p,
+            Deposits {
+                successes: 500,
+                first_attempts: 0,
+            },
+        )
+        .await
+        .unwrap();
     let allowance = 100u64; // floor(0.2 × 500)
     let per_task = 5u64;
     let tasks = 64u64;
@@ -70,7 +106,11 @@ async fn atomicity_64_tasks_over_4_connections_grant_exactly_the_allowance() {
     assert_eq!(granted, demand.min(allowance));
     let snap = stores[1].status(&d, &p).await.unwrap();
     assert_eq!(snap.current.retries, granted, "every grant is counted");
-    assert_eq!(snap.current.denied, demand - granted, "every denial is counted, never as a retry");
+    assert_eq!(
+        snap.current.denied,
+        demand - granted,
+        "every denial is counted, never as a retry"
+    );
     assert_eq!(snap.current.successes, 500);
 }
 
@@ -89,8 +129,17 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     for case in 0..6 {
         let d = dep(&format!("equiv-{case}"));
-        let mode = if case % 2 == 0 { WindowMode::Sliding } else { WindowMode::Fixed };
-        let mut p = policy(1000, rng.random_range(0.0..0.8), rng.random_range(0..6), mode);
+        let mode = if case % 2 == 0 {
+            WindowMode::Sliding
+        } else {
+            WindowMode::Fixed
+        };
+        let mut p = policy(
+            1000,
+            rng.random_range(0.0..0.8),
+            rng.random_range(0..6),
+            mode,
+        );
         if case % 3 == 2 {
             p.deposit = DepositBasis::Request;
         }
@@ -112,7 +161,20 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     continue;
                 }
-                Op::Deposit(s, a) => (None, redis.deposit(&d, &p, Deposits { successes: s, first_attempts: a }).await.unwrap()),
+                Op::Deposit(s, a) => (
+                    None,
+                    redis
+                        .deposit(
+                            &d,
+                            &p,
+                            Deposits {
+                                successes: s,
+                                first_attempts: a,
+                            },
+                        )
+                        .await
+                        .unwrap(),
+                ),
                 Op::Spend => {
                     let w = redis.withdraw(&d, &p).await.unwrap();
                     (Some(w.granted), w.snapshot)
@@ -121,7 +183,17 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
             };
             clock.set_ms(redis_snap.window_index * redis_snap.window_ms + redis_snap.elapsed_ms);
             let (local_granted, local_snap) = match op {
-                Op::Deposit(s, a) => (None, local.deposit_now(&d, &p, Deposits { successes: s, first_attempts: a })),
+                Op::Deposit(s, a) => (
+                    None,
+                    local.deposit_now(
+                        &d,
+                        &p,
+                        Deposits {
+                            successes: s,
+                            first_attempts: a,
+                        },
+                    ),
+                ),
                 Op::Spend => {
                     let w = local.withdraw_now(&d, &p);
                     (Some(w.granted), w.snapshot)
@@ -129,14 +201,20 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
                 Op::Status => (None, local.status_now(&d, &p)),
                 Op::Sleep(_) => unreachable!(),
             };
-            assert_eq!(redis_granted, local_granted, "case {case} step {step} {op:?}");
+            assert_eq!(
+                redis_granted, local_granted,
+                "case {case} step {step} {op:?}"
+            );
             assert_eq!(redis_snap, local_snap, "case {case} step {step} {op:?}");
             if last_index.is_some_and(|i| i != redis_snap.window_index) {
                 crossed += 1;
             }
             last_index = Some(redis_snap.window_index);
         }
-        assert!(crossed >= 1, "case {case}: the sequence should cross a window boundary");
+        assert!(
+            crossed >= 1,
+            "case {case}: the sequence should cross a window boundary"
+        );
     }
 }
 
@@ -148,19 +226,41 @@ async fn sliding_mode_has_no_cliff_at_the_boundary_and_fixed_mode_does() {
     let fixed = policy(2000, 0.2, 10, WindowMode::Fixed);
     let d = dep("cliff");
     wait_for_window_start(&s, &d, &sliding).await;
-    let before = s.deposit(&d, &sliding, Deposits { successes: 1000, first_attempts: 0 }).await.unwrap();
+    let before = s
+        .deposit(
+            &d,
+            &sliding,
+            Deposits {
+                successes: 1000,
+                first_attempts: 0,
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(before.allowance, 200);
     assert_eq!(s.status(&d, &fixed).await.unwrap().allowance, 200);
     // Cross into the next window and look right after the boundary.
-    tokio::time::sleep(Duration::from_millis(s.status(&d, &sliding).await.unwrap().ms_until_roll() + 10)).await;
+    tokio::time::sleep(Duration::from_millis(
+        s.status(&d, &sliding).await.unwrap().ms_until_roll() + 10,
+    ))
+    .await;
     let after_sliding = s.status(&d, &sliding).await.unwrap();
     let after_fixed = s.status(&d, &fixed).await.unwrap();
     assert_eq!(after_sliding.window_index, before.window_index + 1);
-    assert_eq!(after_fixed.allowance, 10, "fixed mode falls to the floor at the boundary");
+    assert_eq!(
+        after_fixed.allowance, 10,
+        "fixed mode falls to the floor at the boundary"
+    );
     let expected = (0.2 * 1000.0 * after_sliding.previous_weight_ms as f64 / 2000.0).floor() as u64;
     assert_eq!(after_sliding.allowance, expected.max(10));
-    assert!(after_sliding.previous_weight_ms > 1000, "looked within the first half of the window");
-    assert!(after_sliding.allowance > 100, "sliding mode keeps most of the allowance: {after_sliding:?}");
+    assert!(
+        after_sliding.previous_weight_ms > 1000,
+        "looked within the first half of the window"
+    );
+    assert!(
+        after_sliding.allowance > 100,
+        "sliding mode keeps most of the allowance: {after_sliding:?}"
+    );
     // ... and the sliding estimate decays as the previous window slides out.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let later = s.status(&d, &sliding).await.unwrap();
@@ -173,7 +273,16 @@ async fn keys_vanish_after_two_idle_windows() {
     let s = store(&server);
     let p = policy(1000, 0.2, 10, WindowMode::Sliding);
     let d = dep("idle");
-    s.deposit(&d, &p, Deposits { successes: 3, first_attempts: 1 }).await.unwrap();
+    s.deposit(
+        &d,
+        &p,
+        Deposits {
+            successes: 3,
+            first_attempts: 1,
+        },
+    )
+    .await
+    .unwrap();
     s.withdraw(&d, &p).await.unwrap();
     let key = s.key(&d);
     assert_eq!(key, "fbt:v1:{idle}");
@@ -201,10 +310,23 @@ fn config(server: &RedisServer, extra: &str) -> Config {
 #[tokio::test]
 async fn floor_grants_a_single_failing_job_on_an_idle_dependency() {
     let server = RedisServer::start();
-    let budget = FleetBudget::from_config(&config(&server, "")).await.unwrap();
+    let budget = FleetBudget::from_config(&config(&server, ""))
+        .await
+        .unwrap();
     budget.on_attempt("send_sms", 1).await.unwrap();
-    let decision = budget.on_failure("send_sms", 1, &Failure::retryable("timeout")).await.unwrap();
-    let Decision::Retry { snapshot, source, next_attempt, .. } = decision else { panic!("{decision:?}") };
+    let decision = budget
+        .on_failure("send_sms", 1, &Failure::retryable("timeout"))
+        .await
+        .unwrap();
+    let Decision::Retry {
+        snapshot,
+        source,
+        next_attempt,
+        ..
+    } = decision
+    else {
+        panic!("{decision:?}")
+    };
     assert_eq!(source, BudgetSource::Fleet);
     assert_eq!(next_attempt, 2);
     assert_eq!(snapshot.allowance, 10);
@@ -224,38 +346,117 @@ async fn decision_order_non_retryable_then_attempts_then_budget_then_delay() {
     let search = dep("search");
     let retries_counted = || async { budget.status(&search).await.0.current };
 
-    let d = budget.on_failure("index", 1, &Failure::non_retryable("400 bad request")).await.unwrap();
+    let d = budget
+        .on_failure("index", 1, &Failure::non_retryable("400 bad request"))
+        .await
+        .unwrap();
     assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::NonRetryable));
-    let d = budget.on_failure("index", 1, &Failure::poison("not json")).await.unwrap();
+    let d = budget
+        .on_failure("index", 1, &Failure::poison("not json"))
+        .await
+        .unwrap();
     assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::NonRetryable));
-    let d = budget.on_failure("index", 3, &Failure::retryable("503")).await.unwrap();
-    assert_eq!(d.dead_letter_reason(), Some(DeadLetterReason::AttemptsExhausted));
+    let d = budget
+        .on_failure("index", 3, &Failure::retryable("503"))
+        .await
+        .unwrap();
+    assert_eq!(
+        d.dead_letter_reason(),
+        Some(DeadLetterReason::AttemptsExhausted)
+    );
     let c = retries_counted().await;
-    assert_eq!((c.retries, c.denied), (0, 0), "no budget spent before step 3");
+    assert_eq!(
+        (c.retries, c.denied),
+        (0, 0),
+        "no budget spent before step 3"
+    );
 
-    let d = budget.on_failure("index", 1, &Failure::retry_after(Duration::from_secs(42), "429")).await.unwrap();
-    let Decision::Retry { delay, .. } = d else { panic!("{d:?}") };
-    assert!(delay >= Duration::from_secs(42), "Retry-After is a lower bound: {delay:?}");
-    let d = budget.on_failure("reindex_never_mapped", 2, &Failure::retryable("503")).await.unwrap();
-    let Decision::Retry { delay, dependency, .. } = d else { panic!("{d:?}") };
-    assert_eq!(dependency.as_str(), "reindex_never_mapped", "an unmapped task is its own dependency");
-    assert!(delay >= Duration::from_secs(2) && delay <= Duration::from_secs(4), "{delay:?}");
+    let d = budget
+        .on_failure(
+            "index",
+            1,
+            &Failure::retry_after(Duration::from_secs(42), "429"),
+        )
+        .await
+        .unwrap();
+    let Decision::Retry { delay, .. } = d else {
+        panic!("{d:?}")
+    };
+    assert!(
+        delay >= Duration::from_secs(42),
+        "Retry-After is a lower bound: {delay:?}"
+    );
+    let d = budget
+        .on_failure("reindex_never_mapped", 2, &Failure::retryable("503"))
+        .await
+        .unwrap();
+    let Decision::Retry {
+        delay, dependency, ..
+    } = d
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        dependency.as_str(),
+        "reindex_never_mapped",
+        "an unmapped task is its own dependency"
+    );
+    assert!(
+        delay >= Duration::from_secs(2) && delay <= Duration::from_secs(4),
+        "{delay:?}"
+    );
 
-    assert!(budget.on_failure("index", 2, &Failure::retryable("503")).await.unwrap().is_retry());
-    let d = budget.on_failure("index", 1, &Failure::retryable("503")).await.unwrap();
-    let Decision::DeadLetter { reason, snapshot: Some(snapshot), source, .. } = d else { panic!("{d:?}") };
+    assert!(
+        budget
+            .on_failure("index", 2, &Failure::retryable("503"))
+            .await
+            .unwrap()
+            .is_retry()
+    );
+    let d = budget
+        .on_failure("index", 1, &Failure::retryable("503"))
+        .await
+        .unwrap();
+    let Decision::DeadLetter {
+        reason,
+        snapshot: Some(snapshot),
+        source,
+        ..
+    } = d
+    else {
+        panic!("{d:?}")
+    };
     assert_eq!(reason, DeadLetterReason::BudgetExhausted);
     assert_eq!(source, BudgetSource::Fleet);
-    assert_eq!((snapshot.allowance, snapshot.current.retries, snapshot.current.denied), (2, 2, 1));
+    assert_eq!(
+        (
+            snapshot.allowance,
+            snapshot.current.retries,
+            snapshot.current.denied
+        ),
+        (2, 2, 1)
+    );
     let m = budget.metrics();
     assert_eq!(m.counter("retries_granted", "search"), 2);
     assert_eq!(m.counter("retries_denied", "search"), 1);
     assert_eq!(m.dead_letters("search", DeadLetterReason::NonRetryable), 2);
-    assert_eq!(m.dead_letters("search", DeadLetterReason::AttemptsExhausted), 1);
-    assert_eq!(m.dead_letters("search", DeadLetterReason::BudgetExhausted), 1);
+    assert_eq!(
+        m.dead_letters("search", DeadLetterReason::AttemptsExhausted),
+        1
+    );
+    assert_eq!(
+        m.dead_letters("search", DeadLetterReason::BudgetExhausted),
+        1
+    );
     let text = m.render();
-    assert!(text.contains("fleet_budget_retries_denied_total{dependency=\"search\"} 1"), "{text}");
-    assert!(text.contains("fleet_budget_allowance{dependency=\"search\"} 2"), "{text}");
+    assert!(
+        text.contains("fleet_budget_retries_denied_total{dependency=\"search\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fleet_budget_allowance{dependency=\"search\"} 2"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -270,18 +471,40 @@ async fn allowance_rebuilds_within_two_windows_after_total_failure() {
     for _ in 0..40 {
         granted += u64::from(s.withdraw(&d, &p).await.unwrap().granted);
     }
-    assert_eq!(granted, 5, "during total failure retries plateau at the floor");
+    assert_eq!(
+        granted, 5,
+        "during total failure retries plateau at the floor"
+    );
     // The dependency recovers: successes resume in the next window.
-    tokio::time::sleep(Duration::from_millis(s.status(&d, &p).await.unwrap().ms_until_roll() + 10)).await;
-    let resumed = s.deposit(&d, &p, Deposits { successes: 400, first_attempts: 0 }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(
+        s.status(&d, &p).await.unwrap().ms_until_roll() + 10,
+    ))
+    .await;
+    let resumed = s
+        .deposit(
+            &d,
+            &p,
+            Deposits {
+                successes: 400,
+                first_attempts: 0,
+            },
+        )
+        .await
+        .unwrap();
     let resumed_index = resumed.window_index;
     let mut granted = 0;
     for _ in 0..40 {
         granted += u64::from(s.withdraw(&d, &p).await.unwrap().granted);
     }
     let snap = s.status(&d, &p).await.unwrap();
-    assert!(snap.window_index <= resumed_index + 1, "measured within two windows of recovery");
-    assert!(snap.allowance >= 75, "allowance rebuilt from successes: {snap:?}");
+    assert!(
+        snap.window_index <= resumed_index + 1,
+        "measured within two windows of recovery"
+    );
+    assert!(
+        snap.allowance >= 75,
+        "allowance rebuilt from successes: {snap:?}"
+    );
     assert_eq!(granted, 40, "retries resume without restarting anything");
 }
 
@@ -292,7 +515,14 @@ async fn the_client_clock_plays_no_part() {
     // server's. Had the client's clock been used, the index would be off by 129,600 windows.
     let server = RedisServer::start();
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "skewed_client_worker", "--ignored", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "skewed_client_worker",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env("FB_SKEWED_REDIS_URL", server.url())
         .env("LD_PRELOAD", fleet_budget::testing::LIBFAKETIME)
         .env("FAKETIME", "-129600s")
@@ -300,16 +530,39 @@ async fn the_client_clock_plays_no_part() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let report = stdout.split("SKEWED ").nth(1).unwrap_or_else(|| panic!("no report in {stdout}"));
-    let fields: Vec<u64> = report.split_whitespace().take(2).map(|f| f.parse().unwrap()).collect();
+    assert!(
+        output.status.success(),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = stdout
+        .split("SKEWED ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no report in {stdout}"));
+    let fields: Vec<u64> = report
+        .split_whitespace()
+        .take(2)
+        .map(|f| f.parse().unwrap())
+        .collect();
     let (child_clock_ms, window_index) = (fields[0], fields[1]);
-    let own_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    assert!(own_ms > child_clock_ms + 129_000_000, "libfaketime must skew the child's clock");
+    let own_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        own_ms > child_clock_ms + 129_000_000,
+        "libfaketime must skew the child's clock"
+    );
     let time: Vec<String> = server.cmd(&["TIME"]);
     let server_secs: u64 = time[0].parse().unwrap();
-    assert!(window_index.abs_diff(server_secs) <= 5, "index {window_index} follows the server ({server_secs})");
-    assert!(window_index.abs_diff(child_clock_ms / 1000) > 129_000, "index does not follow the child's clock");
+    assert!(
+        window_index.abs_diff(server_secs) <= 5,
+        "index {window_index} follows the server ({server_secs})"
+    );
+    assert!(
+        window_index.abs_diff(child_clock_ms / 1000) > 129_000,
+        "index does not follow the child's clock"
+    );
     // A worker with a correct clock shares the very same window and counters.
     let p = policy(1000, 0.2, 10, WindowMode::Sliding);
     let w = store(&server).withdraw(&dep("skewed"), &p).await.unwrap();
@@ -321,11 +574,16 @@ async fn the_client_clock_plays_no_part() {
 #[tokio::test]
 #[ignore = "run as a child process by the_client_clock_plays_no_part"]
 async fn skewed_client_worker() {
-    let Ok(url) = std::env::var("FB_SKEWED_REDIS_URL") else { return };
+    let Ok(url) = std::env::var("FB_SKEWED_REDIS_URL") else {
+        return;
+    };
     let s = RedisStore::new(RedisTarget::Single(url), "fbt", Duration::from_secs(5)).unwrap();
     let p = policy(1000, 0.2, 10, WindowMode::Sliding);
     let w = s.withdraw(&dep("skewed"), &p).await.unwrap();
-    let clock_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let clock_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     println!("SKEWED {clock_ms} {}", w.snapshot.window_index);
 }
 
@@ -337,12 +595,25 @@ async fn scripts_recover_after_script_flush() {
     let d = dep("flushed");
     assert!(s.withdraw(&d, &p).await.unwrap().granted);
     let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
-    let exists: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", fleet_budget::store::SPEND_SCRIPT.get_hash()]);
+    let exists: Vec<i64> = server.cmd(&[
+        "SCRIPT",
+        "EXISTS",
+        fleet_budget::store::SPEND_SCRIPT.get_hash(),
+    ]);
     assert_eq!(exists, vec![0]);
     let w = s.withdraw(&d, &p).await.unwrap();
     assert!(w.granted);
     assert_eq!(w.snapshot.current.retries, 2, "counters survive the flush");
-    s.deposit(&d, &p, Deposits { successes: 1, first_attempts: 0 }).await.unwrap();
+    s.deposit(
+        &d,
+        &p,
+        Deposits {
+            successes: 1,
+            first_attempts: 0,
+        },
+    )
+    .await
+    .unwrap();
     let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
     assert_eq!(s.status(&d, &p).await.unwrap().current.successes, 1);
 }

@@ -64,11 +64,21 @@ impl LocalStore {
     }
 
     /// Records deposits now (synchronous form of [`BudgetStore::deposit`]).
-    pub fn deposit_now(&self, dependency: &Dependency, policy: &BudgetPolicy, deposits: Deposits) -> BudgetSnapshot {
+    pub fn deposit_now(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        deposits: Deposits,
+    ) -> BudgetSnapshot {
         let window_ms = policy.window_ms();
         self.with_state(dependency, window_ms, |state, now| {
             state.deposit(now, window_ms, DepositKind::Success, deposits.successes);
-            state.deposit(now, window_ms, DepositKind::FirstAttempt, deposits.first_attempts);
+            state.deposit(
+                now,
+                window_ms,
+                DepositKind::FirstAttempt,
+                deposits.first_attempts,
+            );
             state.snapshot(now, policy)
         })
     }
@@ -87,7 +97,10 @@ impl LocalStore {
         let now = self.clock.now_ms();
         let window_ms = policy.window_ms();
         let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut state = budgets.get(dependency).copied().unwrap_or_else(|| BudgetState::empty(now, window_ms));
+        let mut state = budgets
+            .get(dependency)
+            .copied()
+            .unwrap_or_else(|| BudgetState::empty(now, window_ms));
         state.roll(now, window_ms);
         state.snapshot(now, policy)
     }
@@ -103,17 +116,30 @@ impl LocalStore {
 }
 
 impl BudgetStore for LocalStore {
-    fn deposit<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy, deposits: Deposits) -> StoreFuture<'a, BudgetSnapshot> {
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
         let snapshot = self.deposit_now(dependency, policy, deposits);
         Box::pin(async move { Ok(snapshot) })
     }
 
-    fn withdraw<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, Withdrawal> {
+    fn withdraw<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal> {
         let withdrawal = self.withdraw_now(dependency, policy);
         Box::pin(async move { Ok(withdrawal) })
     }
 
-    fn status<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, BudgetSnapshot> {
+    fn status<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
         let snapshot = self.status_now(dependency, policy);
         Box::pin(async move { Ok(snapshot) })
     }
@@ -138,22 +164,42 @@ mod tests {
     fn windows_advance_with_the_manual_clock_not_with_sleep() {
         let clock = ManualClock::new(1_000_000);
         let store = LocalStore::with_clock(Arc::new(clock.clone()));
-        let policy = BudgetPolicy { window: Duration::from_secs(1), min_allowance: 2, ..BudgetPolicy::default() };
+        let policy = BudgetPolicy {
+            window: Duration::from_secs(1),
+            min_allowance: 2,
+            ..BudgetPolicy::default()
+        };
         assert!(store.withdraw_now(&dep(), &policy).granted);
         assert!(store.withdraw_now(&dep(), &policy).granted);
         assert!(!store.withdraw_now(&dep(), &policy).granted);
         clock.advance(Duration::from_millis(999));
-        assert!(!store.withdraw_now(&dep(), &policy).granted, "previous window weighs almost fully");
+        assert!(
+            !store.withdraw_now(&dep(), &policy).granted,
+            "previous window weighs almost fully"
+        );
         clock.advance(Duration::from_secs(2));
-        assert!(store.withdraw_now(&dep(), &policy).granted, "two windows later the budget is fresh");
+        assert!(
+            store.withdraw_now(&dep(), &policy).granted,
+            "two windows later the budget is fresh"
+        );
     }
 
     #[test]
     fn idle_entries_are_swept() {
         let clock = ManualClock::new(0);
         let store = LocalStore::with_clock(Arc::new(clock.clone()));
-        let policy = BudgetPolicy { window: Duration::from_secs(1), ..BudgetPolicy::default() };
-        store.deposit_now(&dep(), &policy, Deposits { successes: 1, first_attempts: 0 });
+        let policy = BudgetPolicy {
+            window: Duration::from_secs(1),
+            ..BudgetPolicy::default()
+        };
+        store.deposit_now(
+            &dep(),
+            &policy,
+            Deposits {
+                successes: 1,
+                first_attempts: 0,
+            },
+        );
         clock.advance(Duration::from_secs(3));
         let other = Dependency::new("other").unwrap();
         for _ in 0..SWEEP_EVERY {
