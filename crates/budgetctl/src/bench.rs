@@ -1,3 +1,177 @@
-//! stub
-use fleet_budget::Config;
-pub(crate) async fn run(_c: &Config, _a: &crate::cli::BenchArgs) -> anyhow::Result<()> { anyhow::bail!("not yet") }
+//! `budgetctl bench`: deterministic load against one dependency's budget in Redis.
+//!
+//! Records N successes (one deposit), then makes M retry requests from C concurrent tasks and
+//! times each decision; then times PINGs on the same connection, same run, as the reference
+//! for what a round trip costs here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fleet_budget::store::{BudgetStore, Deposits, RedisStore};
+use fleet_budget::{Config, Dependency};
+use serde::Serialize;
+
+use crate::cli::BenchArgs;
+use crate::exit::usage;
+use crate::output::print_json;
+use crate::redis_conn;
+
+#[derive(Debug, Serialize)]
+struct BenchReport {
+    dependency: String,
+    redis: String,
+    successes_recorded: u64,
+    retries_requested: u64,
+    granted: u64,
+    denied: u64,
+    decisions_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    ping_p50_us: u64,
+    ping_p99_us: u64,
+    /// The allowance at the last decision of this process.
+    allowance: u64,
+}
+
+/// Runs the command.
+pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    let dependency = Dependency::new(&args.dependency)
+        .map_err(|e| usage(format!("--dependency {:?}: a dependency name {e}", args.dependency)))?;
+    let policy = config.policy(&dependency);
+    let shown = config.redis_display();
+    let timeout = redis_conn::cli_timeout(config).max(Duration::from_secs(2));
+    let store = redis_conn::connect(config, timeout).await?;
+    let fail = |e: &dyn std::fmt::Display| redis_conn::unreachable(&shown, e);
+
+    if args.successes > 0 {
+        store
+            .deposit(&dependency, &policy, Deposits { successes: args.successes, first_attempts: 0 })
+            .await
+            .map_err(|e| fail(&e))?;
+    }
+    eprintln!(
+        "bench: {} retry requests for {dependency} from {} tasks against {shown}",
+        args.retries, args.concurrency
+    );
+
+    let left = Arc::new(AtomicU64::new(args.retries));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let store = Arc::clone(&store);
+        let left = Arc::clone(&left);
+        let dependency = dependency.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let (mut granted, mut denied, mut allowance) = (0u64, 0u64, 0u64);
+            while take(&left) {
+                let t = Instant::now();
+                let w = store.withdraw(&dependency, &policy).await?;
+                latencies.push(micros(t.elapsed()));
+                if w.granted {
+                    granted += 1;
+                } else {
+                    denied += 1;
+                }
+                allowance = w.snapshot.allowance;
+            }
+            Ok::<_, fleet_budget::StoreError>((latencies, granted, denied, allowance))
+        }));
+    }
+    let mut latencies = Vec::new();
+    let (mut granted, mut denied, mut allowance) = (0u64, 0u64, 0u64);
+    for task in tasks {
+        let (l, g, d, a) = task.await?.map_err(|e| fail(&e))?;
+        latencies.extend(l);
+        granted += g;
+        denied += d;
+        allowance = allowance.max(a);
+    }
+    let elapsed = started.elapsed();
+
+    let pings = ping_reference(&store, args.retries.clamp(100, 10_000), args.concurrency).await.map_err(|e| fail(&e))?;
+    latencies.sort_unstable();
+    let report = BenchReport {
+        dependency: dependency.to_string(),
+        redis: shown.clone(),
+        successes_recorded: args.successes,
+        retries_requested: args.retries,
+        granted,
+        denied,
+        #[allow(clippy::cast_precision_loss)]
+        decisions_per_sec: if elapsed.is_zero() { 0.0 } else { (granted + denied) as f64 / elapsed.as_secs_f64() },
+        p50_us: percentile(&latencies, 50),
+        p99_us: percentile(&latencies, 99),
+        ping_p50_us: percentile(&pings, 50),
+        ping_p99_us: percentile(&pings, 99),
+        allowance,
+    };
+    if args.json {
+        return print_json(&report);
+    }
+    println!("dependency          {}", report.dependency);
+    println!("successes recorded  {}", report.successes_recorded);
+    println!("retries requested   {}", report.retries_requested);
+    println!("granted / denied    {} / {} (allowance {})", report.granted, report.denied, report.allowance);
+    println!("decisions per sec   {:.0}", report.decisions_per_sec);
+    println!("decision p50 / p99  {} µs / {} µs", report.p50_us, report.p99_us);
+    println!("PING p50 / p99      {} µs / {} µs (same connection, same run)", report.ping_p50_us, report.ping_p99_us);
+    Ok(())
+}
+
+/// Takes one request from the shared count; false when none are left.
+fn take(left: &AtomicU64) -> bool {
+    left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+}
+
+async fn ping_reference(store: &Arc<RedisStore>, count: u64, concurrency: u32) -> Result<Vec<u64>, fleet_budget::StoreError> {
+    let left = Arc::new(AtomicU64::new(count));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let store = Arc::clone(store);
+        let left = Arc::clone(&left);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while take(&left) {
+                latencies.push(micros(store.ping().await?));
+            }
+            Ok::<_, fleet_budget::StoreError>(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        if let Ok(result) = task.await {
+            all.extend(result?);
+        }
+    }
+    all.sort_unstable();
+    Ok(all)
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The `p`th percentile of sorted values (nearest rank); 0 when empty.
+fn percentile(sorted: &[u64], p: usize) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (sorted.len() * p).div_ceil(100).max(1) - 1;
+    sorted.get(rank.min(sorted.len() - 1)).copied().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50), 50);
+        assert_eq!(percentile(&v, 99), 99);
+        assert_eq!(percentile(&[7], 99), 7);
+        assert_eq!(percentile(&[], 50), 0);
+    }
+}

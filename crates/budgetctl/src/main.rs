@@ -12,6 +12,7 @@ mod config_check;
 mod drill;
 mod exit;
 mod output;
+mod redis_conn;
 mod settings;
 mod simulate;
 mod status;

@@ -16,6 +16,11 @@ pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 /// Formats rows as a table: columns padded to their widest cell, the first left-aligned and the
 /// others right-aligned.
 pub(crate) fn table(rows: &[Vec<String>]) -> String {
+    table_aligned(rows, &[0])
+}
+
+/// Like [`table`], with the columns of `left` left-aligned.
+pub(crate) fn table_aligned(rows: &[Vec<String>], left: &[usize]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
@@ -24,10 +29,11 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
     for row in rows {
         let mut line = String::new();
         for (c, (cell, width)) in row.iter().zip(&widths).enumerate() {
-            if c == 0 {
-                line.push_str(&format!("{cell:<width$}"));
+            let sep = if c == 0 { "" } else { "  " };
+            if left.contains(&c) {
+                line.push_str(&format!("{sep}{cell:<width$}"));
             } else {
-                line.push_str(&format!("  {cell:>width$}"));
+                line.push_str(&format!("{sep}{cell:>width$}"));
             }
         }
         out.push_str(line.trim_end());

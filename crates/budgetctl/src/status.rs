@@ -1,3 +1,175 @@
-//! stub
-use fleet_budget::Config;
-pub(crate) async fn run(_c: &Config, _a: &crate::cli::StatusArgs) -> anyhow::Result<()> { anyhow::bail!("not yet") }
+//! `budgetctl status`: live per-dependency budget state, read from Redis.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use fleet_budget::store::BudgetStore;
+use fleet_budget::{BudgetSnapshot, Config, Dependency};
+use serde::Serialize;
+
+use crate::cli::StatusArgs;
+use crate::exit::usage;
+use crate::output::{print_json, table_aligned};
+use crate::redis_conn;
+
+/// Amplification above this, sustained, deserves an alert (docs/semantics: "Observability").
+pub(crate) const AMPLIFICATION_ALERT: f64 = 1.5;
+
+/// One dependency's budget, as `status` shows it. Counts are the sliding estimates over the
+/// last window (current window + the part of the previous one still inside it), the same
+/// numbers the allowance is computed from.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DependencyStatus {
+    pub(crate) dependency: String,
+    pub(crate) window_secs: f64,
+    pub(crate) window_remaining_secs: f64,
+    pub(crate) successes: u64,
+    pub(crate) first_attempts: u64,
+    pub(crate) retries: u64,
+    pub(crate) denied: u64,
+    pub(crate) allowance: u64,
+    pub(crate) remaining: u64,
+    /// Executions per job, `(first_attempts + retries) / first_attempts`; null without traffic.
+    pub(crate) amplification: Option<f64>,
+}
+
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn estimate(s: &BudgetSnapshot, current: u64, previous: u64) -> u64 {
+    let window = s.window_ms.max(1) as f64;
+    let est = (current as f64 * window + previous as f64 * s.previous_weight_ms as f64) / window;
+    est.floor().max(0.0) as u64
+}
+
+impl DependencyStatus {
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn new(dependency: &Dependency, s: &BudgetSnapshot) -> Self {
+        let first_attempts = estimate(s, s.current.first_attempts, s.previous.first_attempts);
+        let retries = estimate(s, s.current.retries, s.previous.retries);
+        Self {
+            dependency: dependency.to_string(),
+            window_secs: s.window_ms as f64 / 1000.0,
+            window_remaining_secs: s.ms_until_roll() as f64 / 1000.0,
+            successes: estimate(s, s.current.successes, s.previous.successes),
+            first_attempts,
+            retries,
+            denied: estimate(s, s.current.denied, s.previous.denied),
+            allowance: s.allowance,
+            remaining: s.remaining(),
+            amplification: (first_attempts > 0)
+                .then(|| (first_attempts + retries) as f64 / first_attempts as f64),
+        }
+    }
+
+    /// What an operator should look at, if anything.
+    pub(crate) fn alert(&self) -> &'static str {
+        if self.denied > 0 && self.remaining == 0 {
+            "DENYING: budget exhausted, retries are dead-lettered"
+        } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
+            "AMPLIFIED: retries above 50% of traffic"
+        } else if self.denied > 0 {
+            "denials in the last window"
+        } else {
+            ""
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct StatusReport {
+    redis: String,
+    key_prefix: String,
+    dependencies: Vec<DependencyStatus>,
+}
+
+/// Runs the command.
+pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()> {
+    let only = match &args.dependency {
+        Some(d) => Some(Dependency::new(d).map_err(|e| usage(format!("--dependency {d:?}: a dependency name {e}")))?),
+        None => None,
+    };
+    let timeout = redis_conn::cli_timeout(config);
+    let store = redis_conn::connect(config, timeout).await?;
+    let mut first = true;
+    loop {
+        let report = collect(config, &*store, only.as_ref(), timeout).await?;
+        if args.json {
+            return print_json(&report);
+        }
+        let text = render(&report);
+        let mut out = std::io::stdout().lock();
+        if args.watch && std::io::stdout().is_terminal() {
+            // Clear the screen and redraw in place.
+            write!(out, "\x1b[2J\x1b[H")?;
+        } else if args.watch && !first {
+            writeln!(out)?;
+        }
+        write!(out, "{text}")?;
+        out.flush()?;
+        drop(out);
+        first = false;
+        if !args.watch {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+async fn collect(config: &Config, store: &dyn BudgetStore, only: Option<&Dependency>, timeout: Duration) -> anyhow::Result<StatusReport> {
+    let shown = config.redis_display();
+    let dependencies: Vec<Dependency> = match only {
+        Some(d) => vec![d.clone()],
+        None => {
+            let mut deps: Vec<Dependency> = config.policies.keys().cloned().collect();
+            deps.extend(redis_conn::scan_dependencies(config, timeout).await?);
+            deps.sort();
+            deps.dedup();
+            deps
+        }
+    };
+    let mut rows = Vec::new();
+    for dependency in &dependencies {
+        let policy = config.policy(dependency);
+        let snapshot = store.status(dependency, &policy).await.map_err(|e| redis_conn::unreachable(&shown, &e))?;
+        rows.push(DependencyStatus::new(dependency, &snapshot));
+    }
+    Ok(StatusReport { redis: shown, key_prefix: config.redis.key_prefix.clone(), dependencies: rows })
+}
+
+fn render(report: &StatusReport) -> String {
+    let mut out = format!(
+        "budgets in {} under `{}` (sliding estimates over the last window)\n",
+        report.redis, report.key_prefix
+    );
+    if report.dependencies.is_empty() {
+        out.push_str("no dependency configured or found in Redis\n");
+        return out;
+    }
+    let mut rows = vec![
+        [
+            "dependency", "window", "rolls in", "successes", "first", "retries", "denied", "allowance",
+            "remaining", "amplif.", "alert",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for d in &report.dependencies {
+        rows.push(vec![
+            d.dependency.clone(),
+            format!("{}s", d.window_secs),
+            format!("{:.1}s", d.window_remaining_secs),
+            d.successes.to_string(),
+            d.first_attempts.to_string(),
+            d.retries.to_string(),
+            d.denied.to_string(),
+            d.allowance.to_string(),
+            d.remaining.to_string(),
+            d.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x")),
+            d.alert().to_owned(),
+        ]);
+    }
+    out.push_str(&table_aligned(&rows, &[0, 10]));
+    out
+}
