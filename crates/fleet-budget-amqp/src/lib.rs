@@ -1,1 +1,58 @@
-pub fn x(){}
+//! # fleet-budget-amqp
+//!
+//! Where the fleet-wide retry budget meets RabbitMQ (via `lapin`):
+//!
+//! * [`topology`]: the exchanges and queues, declared by the versioned files of `migrations/`
+//!   through [`migrate`] (idempotent, with a dry-run plan, and an error naming every differing
+//!   argument when an existing queue was declared otherwise);
+//! * [`worker`]: a [`Worker`] that consumes with a prefetch, runs an async handler per job,
+//!   reports to the [`fleet_budget::FleetBudget`], publishes retries to delay tiers and
+//!   dead-letters with the headers of `docs/semantics.md`, acking only after the broker
+//!   confirmed the copy;
+//! * [`headers`]: every header name and the message-identity rules, in one file;
+//! * [`replay`]: a [`Replayer`] that moves dead-lettered jobs back, filtered, paced, bounded,
+//!   pausing while the dependency's budget is exhausted, parking loops and garbage;
+//! * [`publish`]: a [`Publisher`] with publisher confirms (also for producers).
+//!
+//! ```no_run
+//! use fleet_budget::{Config, Failure, FleetBudget};
+//! use fleet_budget_amqp::{migrate, Migrations, Topology, Worker, WorkerOptions};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::from_toml("[dependencies.search]\ntasks = [\"index\"]\n", "inline")?;
+//! let topology = Topology::new(&config.amqp);
+//! migrate(&config.amqp.url, &config.amqp, &Migrations::embedded()?, false).await?;
+//! let budget = FleetBudget::from_config(&config).await?;
+//! let worker = Worker::new(budget, topology.clone(), WorkerOptions::new(&config, &topology));
+//! let handle = worker.handle(); // handle.shutdown() from a signal handler
+//! worker
+//!     .run(|job| async move {
+//!         if job.payload.is_empty() {
+//!             return Err(Failure::non_retryable("empty payload"));
+//!         }
+//!         Ok(())
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+pub mod connection;
+pub mod error;
+pub mod headers;
+pub mod publish;
+pub mod replay;
+pub mod topology;
+pub mod worker;
+
+pub use connection::connect;
+pub use error::{AmqpError, ArgumentDifference};
+pub use headers::{DeadLetterRecord, HeaderError, JobHeaders};
+pub use publish::{PublishError, Publisher};
+pub use replay::{
+    DryRunReport, ReplayFilter, ReplayOptions, ReplayProgress, ReplayReport, Replayer,
+};
+pub use topology::{
+    Migration, MigrationReport, Migrations, Object, Operation, RetryTier, StepState, Topology,
+    migrate,
+};
+pub use worker::{Job, Worker, WorkerCounts, WorkerHandle, WorkerOptions};

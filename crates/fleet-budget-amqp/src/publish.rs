@@ -1,0 +1,259 @@
+//! Publishing with publisher confirms: a message counts as delivered only when the broker
+//! answered `Ack` and did not return it (every publish is `mandatory`, so an unroutable message
+//! comes back instead of vanishing).
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use tokio::sync::Mutex;
+
+use crate::connection::connect;
+use crate::error::AmqpError;
+use crate::headers;
+
+/// Why a publish is not known to be delivered. The caller must not ack the original.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The channel or connection failed (e.g. the exchange does not exist: the broker closed
+    /// the channel).
+    #[error("publish to {exchange:?} failed: {source}")]
+    Channel {
+        /// The exchange.
+        exchange: String,
+        /// Why.
+        source: lapin::Error,
+    },
+    /// The broker refused it (`Nack`).
+    #[error("the broker refused the message published to {exchange:?} (nack)")]
+    Nacked {
+        /// The exchange.
+        exchange: String,
+    },
+    /// The broker returned it: no queue is bound for its routing key.
+    #[error("the message published to {exchange:?} with key {routing_key:?} was returned: {reply}")]
+    Returned {
+        /// The exchange.
+        exchange: String,
+        /// The routing key.
+        routing_key: String,
+        /// The broker's reply (`312 NO_ROUTE`).
+        reply: String,
+    },
+    /// A name too long for AMQP.
+    #[error("{0}")]
+    InvalidName(String),
+}
+
+/// A publisher with confirms on its own channel, reopened when the broker closes it.
+///
+/// Cheap to share: publishes from many tasks are pipelined on the channel.
+#[derive(Debug)]
+pub struct Publisher {
+    connection: Option<Connection>,
+    channel: Mutex<Option<Channel>>,
+    opener: ChannelSource,
+}
+
+#[derive(Debug)]
+enum ChannelSource {
+    Own,
+    Borrowed(Channel),
+}
+
+impl Publisher {
+    /// Connects to `url` with a connection of its own.
+    ///
+    /// # Errors
+    /// The broker cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, AmqpError> {
+        let connection = connect(url, "fleet-budget publisher").await?;
+        Ok(Self {
+            connection: Some(connection),
+            channel: Mutex::new(None),
+            opener: ChannelSource::Own,
+        })
+    }
+
+    /// A publisher on an existing connection (the worker's and the replayer's).
+    pub(crate) fn on(connection: Connection) -> Self {
+        Self {
+            connection: Some(connection),
+            channel: Mutex::new(None),
+            opener: ChannelSource::Own,
+        }
+    }
+
+    /// A publisher on a channel already in confirm mode (benchmarks).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn on_channel(channel: Channel) -> Self {
+        Self {
+            connection: None,
+            channel: Mutex::new(Some(channel.clone())),
+            opener: ChannelSource::Borrowed(channel),
+        }
+    }
+
+    /// The connection, when the publisher owns one.
+    #[must_use]
+    pub fn connection(&self) -> Option<&Connection> {
+        self.connection.as_ref()
+    }
+
+    async fn channel(&self, exchange: &str) -> Result<Channel, PublishError> {
+        let mut guard = self.channel.lock().await;
+        if let Some(ch) = guard.as_ref()
+            && ch.status().connected()
+        {
+            return Ok(ch.clone());
+        }
+        let fail = |source| PublishError::Channel {
+            exchange: exchange.to_owned(),
+            source,
+        };
+        let ch = match (&self.opener, &self.connection) {
+            (ChannelSource::Borrowed(ch), _) => ch.clone(),
+            (ChannelSource::Own, Some(conn)) => {
+                let ch = conn.create_channel().await.map_err(fail)?;
+                ch.confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .map_err(fail)?;
+                ch
+            }
+            (ChannelSource::Own, None) => {
+                return Err(PublishError::InvalidName(
+                    "publisher has no connection".into(),
+                ));
+            }
+        };
+        *guard = Some(ch.clone());
+        Ok(ch)
+    }
+
+    /// Sends a message (mandatory) and returns the pending confirmation, so that callers can
+    /// pipeline many publishes before awaiting their confirms with [`confirmed`].
+    ///
+    /// # Errors
+    /// The channel failed before the message was sent.
+    pub async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+    ) -> Result<PendingConfirm, PublishError> {
+        let ex =
+            ShortString::try_new(exchange).map_err(|e| PublishError::InvalidName(e.to_string()))?;
+        let rk = ShortString::try_new(routing_key)
+            .map_err(|e| PublishError::InvalidName(e.to_string()))?;
+        let ch = self.channel(exchange).await?;
+        let opts = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirm = ch
+            .basic_publish(ex, rk, opts, payload, properties)
+            .await
+            .map_err(|source| PublishError::Channel {
+                exchange: exchange.to_owned(),
+                source,
+            })?;
+        Ok(PendingConfirm {
+            confirm,
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+        })
+    }
+
+    /// Publishes and waits for the broker's confirmation.
+    ///
+    /// # Errors
+    /// Anything but `Ack` without a returned message.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        confirmed(
+            self.send(exchange, routing_key, payload, properties)
+                .await?,
+        )
+        .await
+    }
+
+    /// Publishes a new job: persistent, with a fresh message id (returned) and the task as AMQP
+    /// `type` and [`headers::TASK`].
+    ///
+    /// # Errors
+    /// See [`Publisher::publish`].
+    pub async fn publish_job(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        task: &str,
+        payload: &[u8],
+    ) -> Result<String, PublishError> {
+        let id = headers::new_message_id();
+        let mut table = FieldTable::default();
+        headers::set_str(&mut table, headers::TASK, task);
+        let kind =
+            ShortString::try_new(task).map_err(|e| PublishError::InvalidName(e.to_string()))?;
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from(id.clone()))
+            .with_type(kind)
+            .with_delivery_mode(2)
+            .with_headers(table);
+        self.publish(exchange, routing_key, payload, props).await?;
+        Ok(id)
+    }
+
+    /// Closes the publisher's channel and connection.
+    pub async fn close(&self) {
+        let taken = self.channel.lock().await.take();
+        if let Some(ch) = taken
+            && matches!(self.opener, ChannelSource::Own)
+        {
+            let _ = ch.close(200, ShortString::from("bye")).await;
+        }
+        if let Some(conn) = &self.connection {
+            let _ = conn.close(200, ShortString::from("bye")).await;
+        }
+    }
+}
+
+/// A sent message whose confirmation has not been awaited yet.
+#[derive(Debug)]
+pub struct PendingConfirm {
+    confirm: PublisherConfirm,
+    exchange: String,
+    routing_key: String,
+}
+
+/// Awaits a confirmation: `Ok` only for `Ack` without a returned message.
+///
+/// # Errors
+/// Nack, returned, or the channel failed before confirming.
+pub async fn confirmed(pending: PendingConfirm) -> Result<(), PublishError> {
+    let PendingConfirm {
+        confirm,
+        exchange,
+        routing_key,
+    } = pending;
+    match confirm.await {
+        Ok(Confirmation::Ack(None)) => Ok(()),
+        Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
+            Err(PublishError::Returned {
+                exchange,
+                routing_key,
+                reply: format!("{} {}", returned.reply_code, returned.reply_text),
+            })
+        }
+        Ok(Confirmation::Nack(None) | Confirmation::NotRequested) => {
+            Err(PublishError::Nacked { exchange })
+        }
+        Err(source) => Err(PublishError::Channel { exchange, source }),
+    }
+}
