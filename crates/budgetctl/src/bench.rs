@@ -36,8 +36,12 @@ struct BenchReport {
 
 /// Runs the command.
 pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
-    let dependency = Dependency::new(&args.dependency)
-        .map_err(|e| usage(format!("--dependency {:?}: a dependency name {e}", args.dependency)))?;
+    let dependency = Dependency::new(&args.dependency).map_err(|e| {
+        usage(format!(
+            "--dependency {:?}: a dependency name {e}",
+            args.dependency
+        ))
+    })?;
     let policy = config.policy(&dependency);
     let shown = config.redis_display();
     let timeout = redis_conn::cli_timeout(config).max(Duration::from_secs(2));
@@ -46,7 +50,14 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
 
     if args.successes > 0 {
         store
-            .deposit(&dependency, &policy, Deposits { successes: args.successes, first_attempts: 0 })
+            .deposit(
+                &dependency,
+                &policy,
+                Deposits {
+                    successes: args.successes,
+                    first_attempts: 0,
+                },
+            )
             .await
             .map_err(|e| fail(&e))?;
     }
@@ -90,7 +101,9 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     }
     let elapsed = started.elapsed();
 
-    let pings = ping_reference(&store, args.retries.clamp(100, 10_000), args.concurrency).await.map_err(|e| fail(&e))?;
+    let pings = ping_reference(&store, args.retries.clamp(100, 10_000), args.concurrency)
+        .await
+        .map_err(|e| fail(&e))?;
     latencies.sort_unstable();
     let report = BenchReport {
         dependency: dependency.to_string(),
@@ -100,7 +113,11 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
         granted,
         denied,
         #[allow(clippy::cast_precision_loss)]
-        decisions_per_sec: if elapsed.is_zero() { 0.0 } else { (granted + denied) as f64 / elapsed.as_secs_f64() },
+        decisions_per_sec: if elapsed.is_zero() {
+            0.0
+        } else {
+            (granted + denied) as f64 / elapsed.as_secs_f64()
+        },
         p50_us: percentile(&latencies, 50),
         p99_us: percentile(&latencies, 99),
         ping_p50_us: percentile(&pings, 50),
@@ -113,19 +130,33 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     println!("dependency          {}", report.dependency);
     println!("successes recorded  {}", report.successes_recorded);
     println!("retries requested   {}", report.retries_requested);
-    println!("granted / denied    {} / {} (allowance {})", report.granted, report.denied, report.allowance);
+    println!(
+        "granted / denied    {} / {} (allowance {})",
+        report.granted, report.denied, report.allowance
+    );
     println!("decisions per sec   {:.0}", report.decisions_per_sec);
-    println!("decision p50 / p99  {} µs / {} µs", report.p50_us, report.p99_us);
-    println!("PING p50 / p99      {} µs / {} µs (same connection, same run)", report.ping_p50_us, report.ping_p99_us);
+    println!(
+        "decision p50 / p99  {} µs / {} µs",
+        report.p50_us, report.p99_us
+    );
+    println!(
+        "PING p50 / p99      {} µs / {} µs (same connection, same run)",
+        report.ping_p50_us, report.ping_p99_us
+    );
     Ok(())
 }
 
 /// Takes one request from the shared count; false when none are left.
 fn take(left: &AtomicU64) -> bool {
-    left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok()
 }
 
-async fn ping_reference(store: &Arc<RedisStore>, count: u64, concurrency: u32) -> Result<Vec<u64>, fleet_budget::StoreError> {
+async fn ping_reference(
+    store: &Arc<RedisStore>,
+    count: u64,
+    concurrency: u32,
+) -> Result<Vec<u64>, fleet_budget::StoreError> {
     let left = Arc::new(AtomicU64::new(count));
     let mut tasks = Vec::new();
     for _ in 0..concurrency {

@@ -10,7 +10,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// Exit codes: 0 success; 1 runtime failure (a service unreachable, a broker error); 2 usage or
 /// configuration error.
 #[derive(Debug, Parser)]
-#[command(name = "budgetctl", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "budgetctl",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: GlobalArgs,
@@ -25,10 +30,22 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
     /// Redis URL (overrides `redis.url` of the configuration).
-    #[arg(long, global = true, value_name = "URL", env = "FLEET_BUDGET_REDIS_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "FLEET_BUDGET_REDIS_URL",
+        hide_env_values = true
+    )]
     pub(crate) redis_url: Option<String>,
     /// RabbitMQ URL (overrides `amqp.url` of the configuration).
-    #[arg(long, global = true, value_name = "URL", env = "FLEET_BUDGET_AMQP_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "FLEET_BUDGET_AMQP_URL",
+        hide_env_values = true
+    )]
     pub(crate) amqp_url: Option<String>,
     /// Prefix of the budget keys in Redis (overrides `redis.key_prefix`, default `fb`).
     #[arg(long, global = true, value_name = "P")]
@@ -92,28 +109,28 @@ impl DepositArg {
 #[derive(Debug, Args)]
 pub(crate) struct BrownoutArgs {
     /// Client requests (jobs).
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub(crate) requests: u64,
     /// Executions per request at most, including the first.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) attempts: u32,
     /// Probability that one attempt fails, from 0 to 1.
-    #[arg(long, value_parser = probability)]
+    #[arg(long, allow_negative_numbers = true, value_parser = probability)]
     pub(crate) failure_rate: f64,
     /// Retries allowed per deposit; without it, no budget.
-    #[arg(long, value_parser = ratio)]
+    #[arg(long, allow_negative_numbers = true, value_parser = ratio)]
     pub(crate) budget_ratio: Option<f64>,
     /// What earns allowance.
     #[arg(long, value_enum, default_value_t = DepositArg::Success)]
     pub(crate) deposit: DepositArg,
     /// Retries always allowed in the window.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub(crate) min_allowance: u64,
     /// Random seed (of the first run).
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
     /// Runs with seeds `seed`, `seed + 1`, ...; the numbers printed are their means.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) runs: u32,
     /// Print one JSON object on stdout.
     #[arg(long)]
@@ -124,16 +141,16 @@ pub(crate) struct BrownoutArgs {
 #[derive(Debug, Args)]
 pub(crate) struct CapacityArgs {
     /// New jobs per tick.
-    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    #[arg(long, default_value_t = 900, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub(crate) incoming: u64,
     /// Ticks to simulate.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) ticks: u32,
     /// Calls the dependency serves per tick when healthy.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub(crate) capacity: u64,
     /// Calls it serves per tick while degraded.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     pub(crate) degraded_capacity: u64,
     /// First degraded tick (ticks count from 0).
     #[arg(long, default_value_t = 5)]
@@ -142,19 +159,19 @@ pub(crate) struct CapacityArgs {
     #[arg(long, default_value_t = 3)]
     pub(crate) degraded_ticks: u32,
     /// Executions per job at most, including the first.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) attempts: u32,
     /// Retries allowed per deposit; without it, no budget.
-    #[arg(long, value_parser = ratio)]
+    #[arg(long, allow_negative_numbers = true, value_parser = ratio)]
     pub(crate) budget_ratio: Option<f64>,
     /// What earns allowance.
     #[arg(long, value_enum, default_value_t = DepositArg::Success)]
     pub(crate) deposit: DepositArg,
     /// Length of the budget's sliding window, in ticks.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=86_400))]
     pub(crate) window_ticks: u32,
     /// Retries always allowed per window.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub(crate) min_allowance: u64,
     /// Random seed.
     #[arg(long, default_value_t = 1)]
@@ -188,13 +205,13 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) dependency: String,
     /// Successes recorded first (one deposit).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     pub(crate) successes: u64,
     /// Retry requests made afterwards.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub(crate) retries: u64,
     /// Concurrent tasks making them.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(crate) concurrency: u32,
     /// Print one JSON object on stdout.
     #[arg(long)]
@@ -214,10 +231,10 @@ pub(crate) struct ReplayArgs {
     #[arg(long, value_name = "T")]
     pub(crate) since: Option<String>,
     /// Messages moved per second at most.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) rate: u32,
     /// Move at most this many messages.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) limit: Option<u64>,
     /// Count what would move, move nothing.
     #[arg(long)]
@@ -274,13 +291,13 @@ pub(crate) struct ConfigCheckArgs {
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
     /// Concurrent workers.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) workers: u32,
     /// Length of each phase (healthy, degraded, recovered) of one run, in seconds.
-    #[arg(long, default_value_t = 6.0, value_parser = phase_secs)]
+    #[arg(long, default_value_t = 6.0, allow_negative_numbers = true, value_parser = phase_secs)]
     pub(crate) phase_secs: f64,
     /// Jobs submitted per second.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
     pub(crate) rate: u32,
     /// Use the in-process store and an in-memory queue without trying Redis or RabbitMQ.
     #[arg(long)]
@@ -304,7 +321,10 @@ fn ratio(s: &str) -> Result<f64, String> {
     if v.is_finite() && (0.0..=fleet_budget::config::MAX_RATIO).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("`{s}` must be a number from 0 to {} (retries per deposit)", fleet_budget::config::MAX_RATIO))
+        Err(format!(
+            "`{s}` must be a number from 0 to {} (retries per deposit)",
+            fleet_budget::config::MAX_RATIO
+        ))
     }
 }
 

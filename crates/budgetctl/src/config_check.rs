@@ -86,7 +86,11 @@ pub(crate) fn run(args: &ConfigCheckArgs) -> anyhow::Result<()> {
         Ok(c) => c,
         Err(e) => {
             if args.json {
-                print_json(&CheckErrors { file: file.clone(), valid: false, errors: error_views(&e) })?;
+                print_json(&CheckErrors {
+                    file,
+                    valid: false,
+                    errors: error_views(&e),
+                })?;
             }
             return Err(usage(e.to_string()));
         }
@@ -101,11 +105,19 @@ pub(crate) fn run(args: &ConfigCheckArgs) -> anyhow::Result<()> {
 
 fn error_views(e: &ConfigError) -> Vec<ErrorView> {
     if e.problems().is_empty() {
-        return vec![ErrorView { key: None, value: None, message: e.to_string() }];
+        return vec![ErrorView {
+            key: None,
+            value: None,
+            message: e.to_string(),
+        }];
     }
     e.problems()
         .iter()
-        .map(|p| ErrorView { key: Some(p.key.clone()), value: Some(p.value.clone()), message: p.allowed.clone() })
+        .map(|p| ErrorView {
+            key: Some(p.key.clone()),
+            value: Some(p.value.clone()),
+            message: p.allowed.clone(),
+        })
         .collect()
 }
 
@@ -113,18 +125,31 @@ fn resolve(file: &str, config: &Config) -> CheckReport {
     let mut dependencies: Vec<DependencyView> = config
         .policies
         .iter()
-        .map(|(d, p)| DependencyView { dependency: d.to_string(), policy: p.into(), tasks: Vec::new() })
+        .map(|(d, p)| DependencyView {
+            dependency: d.to_string(),
+            policy: p.into(),
+            tasks: Vec::new(),
+        })
         .collect();
     let mut tasks = Vec::new();
-    let mut names: BTreeSet<String> = config.map.entries().iter().map(|(t, _)| (*t).to_owned()).collect();
+    let mut names: BTreeSet<String> = config
+        .map
+        .entries()
+        .iter()
+        .map(|(t, _)| (*t).to_owned())
+        .collect();
     names.extend(config.ceilings.tasks.keys().cloned());
     for task in names {
         let mapped = config.map.is_mapped(&task);
-        let dependency = config.map.resolve(&task).map_or_else(|_| "(invalid name)".to_owned(), |d| d.to_string());
-        if mapped {
-            if let Some(view) = dependencies.iter_mut().find(|v| v.dependency == dependency) {
-                view.tasks.push(task.clone());
-            }
+        let dependency = config
+            .map
+            .resolve(&task)
+            .map_or_else(|_| "(invalid name)".to_owned(), |d| d.to_string());
+        if let Some(view) = dependencies
+            .iter_mut()
+            .find(|v| mapped && v.dependency == dependency)
+        {
+            view.tasks.push(task.clone());
         }
         let ceiling = config.ceilings.for_task(&task);
         tasks.push(TaskView {
@@ -163,11 +188,26 @@ fn policy_cells(p: &PolicyView) -> Vec<String> {
 
 fn print_report(r: &CheckReport) {
     println!("{}: valid", r.file);
-    println!("redis: {} (keys under `{}`, fallback {})", r.redis_url, r.redis_key_prefix, r.redis_fallback);
+    println!(
+        "redis: {} (keys under `{}`, fallback {})",
+        r.redis_url, r.redis_key_prefix, r.redis_fallback
+    );
     println!("amqp:  {} (names under `{}`)", r.amqp_url, r.amqp_prefix);
     println!();
     println!("policies:");
-    let mut rows = vec![["dependency", "window", "ratio", "min_allowance", "deposit", "mode", "tasks"].map(str::to_owned).to_vec()];
+    let mut rows = vec![
+        [
+            "dependency",
+            "window",
+            "ratio",
+            "min_allowance",
+            "deposit",
+            "mode",
+            "tasks",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
     let mut defaults = vec!["(defaults)".to_owned()];
     defaults.extend(policy_cells(&r.defaults));
     defaults.push(format!("max_attempts {}", r.default_max_attempts));
@@ -175,17 +215,29 @@ fn print_report(r: &CheckReport) {
     for d in &r.dependencies {
         let mut row = vec![d.dependency.clone()];
         row.extend(policy_cells(&d.policy));
-        row.push(if d.tasks.is_empty() { "-".to_owned() } else { d.tasks.join(", ") });
+        row.push(if d.tasks.is_empty() {
+            "-".to_owned()
+        } else {
+            d.tasks.join(", ")
+        });
         rows.push(row);
     }
     print!("{}", table_aligned(&rows, &[0, 4, 5, 6]));
     println!();
     println!("task -> dependency (unlisted tasks are their own dependency, with the defaults):");
-    let mut rows = vec![["task", "dependency", "max_attempts", "backoff"].map(str::to_owned).to_vec()];
+    let mut rows = vec![
+        ["task", "dependency", "max_attempts", "backoff"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
     for t in &r.tasks {
         rows.push(vec![
             t.task.clone(),
-            if t.mapped { t.dependency.clone() } else { format!("{} (own)", t.dependency) },
+            if t.mapped {
+                t.dependency.clone()
+            } else {
+                format!("{} (own)", t.dependency)
+            },
             t.max_attempts.to_string(),
             format!("{} ms .. {} ms", t.backoff_base_ms, t.backoff_cap_ms),
         ]);

@@ -35,7 +35,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let usage = e.downcast_ref::<UsageError>().is_some();
-            eprintln!("error: {}", fleet_budget::redact::redact_text(&format!("{e:#}")));
+            eprintln!(
+                "error: {}",
+                fleet_budget::redact::redact_text(&format!("{e:#}"))
+            );
             ExitCode::from(if usage { exit::USAGE } else { exit::FAILURE })
         }
     }
@@ -44,7 +47,10 @@ fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init();
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -81,5 +87,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }

@@ -23,7 +23,13 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
 pub(crate) fn table_aligned(rows: &[Vec<String>], left: &[usize]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for row in rows {
@@ -47,7 +53,7 @@ pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -69,7 +75,10 @@ mod tests {
 
     #[test]
     fn table_aligns() {
-        let t = table(&[vec!["a".into(), "1".into()], vec!["long".into(), "200".into()]]);
+        let t = table(&[
+            vec!["a".into(), "1".into()],
+            vec!["long".into(), "200".into()],
+        ]);
         assert_eq!(t, "a       1\nlong  200\n");
     }
 }

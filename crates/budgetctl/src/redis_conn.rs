@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_budget::Config;
+use fleet_budget::Dependency;
 use fleet_budget::keys::{budget_key_pattern, dependency_of_key};
 use fleet_budget::store::{RedisStore, RedisTarget};
-use fleet_budget::Dependency;
 
 /// How long the CLI waits for one Redis call: the configured deadline, but at least a second
 /// (an operator's command is not a worker's hot path).
@@ -48,12 +48,16 @@ pub(crate) fn unreachable(shown: &str, e: &dyn std::fmt::Display) -> anyhow::Err
 
 /// Dependencies with a budget key under the configured prefix (`SCAN` on the key pattern).
 /// Only on a single server; on a cluster the configured dependencies are all that is listed.
-pub(crate) async fn scan_dependencies(config: &Config, timeout: Duration) -> anyhow::Result<Vec<Dependency>> {
+pub(crate) async fn scan_dependencies(
+    config: &Config,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Dependency>> {
     if !config.redis.cluster_urls.is_empty() {
         return Ok(Vec::new());
     }
     let shown = fleet_budget::redact::redact_url(&config.redis.url);
-    let client = redis::Client::open(config.redis.url.as_str()).with_context(|| format!("redis URL {shown}"))?;
+    let client = redis::Client::open(config.redis.url.as_str())
+        .with_context(|| format!("redis URL {shown}"))?;
     let prefix = config.redis.key_prefix.clone();
     let scan = async move {
         let mut conn = client.get_multiplexed_async_connection().await?;

@@ -40,7 +40,9 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<Config> {
     if let Some(prefix) = &global.key_prefix {
         if prefix.is_empty()
             || prefix.len() > 64
-            || prefix.chars().any(|c| c == '{' || c == '}' || c.is_control() || c.is_whitespace())
+            || prefix
+                .chars()
+                .any(|c| c == '{' || c == '}' || c.is_control() || c.is_whitespace())
         {
             return Err(usage(format!(
                 "--key-prefix {prefix:?}: must be 1 to 64 characters without `{{`, `}}`, spaces or control characters"
@@ -60,5 +62,9 @@ pub(crate) fn config_error(e: &ConfigError, flag: &str) -> anyhow::Error {
 }
 
 fn has_scheme(url: &str, schemes: &[&str]) -> bool {
-    schemes.iter().any(|s| url.strip_prefix(s).and_then(|r| r.strip_prefix("://")).is_some_and(|r| !r.is_empty()))
+    schemes.iter().any(|s| {
+        url.strip_prefix(s)
+            .and_then(|r| r.strip_prefix("://"))
+            .is_some_and(|r| !r.is_empty())
+    })
 }

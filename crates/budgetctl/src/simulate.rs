@@ -16,7 +16,9 @@ use std::time::Duration;
 use anyhow::Context;
 use fleet_budget::clock::ManualClock;
 use fleet_budget::store::LocalStore;
-use fleet_budget::{BudgetPolicy, Config, Decision, DepositBasis, Failure, FleetBudget, WindowMode};
+use fleet_budget::{
+    BudgetPolicy, Config, Decision, DepositBasis, Failure, FleetBudget, WindowMode,
+};
 use futures::executor::block_on;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -42,14 +44,22 @@ pub(crate) struct BudgetParams {
 
 /// A [`FleetBudget`] kept in this process on a manual clock, with `max_attempts` executions per
 /// job and one policy for every dependency.
-fn model_budget(params: BudgetParams, window: Duration, max_attempts: u32, clock: &ManualClock, seed: u64) -> FleetBudget {
-    let mut config = Config::default();
-    config.defaults = BudgetPolicy {
-        window,
-        ratio: params.ratio,
-        min_allowance: params.min_allowance,
-        deposit: params.deposit,
-        mode: WindowMode::Sliding,
+fn model_budget(
+    params: BudgetParams,
+    window: Duration,
+    max_attempts: u32,
+    clock: &ManualClock,
+    seed: u64,
+) -> FleetBudget {
+    let mut config = Config {
+        defaults: BudgetPolicy {
+            window,
+            ratio: params.ratio,
+            min_allowance: params.min_allowance,
+            deposit: params.deposit,
+            mode: WindowMode::Sliding,
+        },
+        ..Config::default()
     };
     config.ceilings.default.max_attempts = max_attempts;
     FleetBudget::builder(&config)
@@ -66,16 +76,29 @@ enum RetryVerdict {
 }
 
 /// Asks `budget` (or, without one, only the attempt ceiling) whether a failed attempt retries.
-fn ask(budget: Option<&FleetBudget>, attempt: u32, max_attempts: u32) -> anyhow::Result<RetryVerdict> {
+fn ask(
+    budget: Option<&FleetBudget>,
+    attempt: u32,
+    max_attempts: u32,
+) -> anyhow::Result<RetryVerdict> {
     let Some(budget) = budget else {
-        return Ok(if attempt >= max_attempts { RetryVerdict::Exhausted } else { RetryVerdict::Granted });
+        return Ok(if attempt >= max_attempts {
+            RetryVerdict::Exhausted
+        } else {
+            RetryVerdict::Granted
+        });
     };
     let failure = Failure::retryable("simulated failure");
-    Ok(match block_on(budget.on_failure(TASK, attempt, &failure))? {
-        Decision::Retry { .. } => RetryVerdict::Granted,
-        Decision::DeadLetter { reason: fleet_budget::DeadLetterReason::BudgetExhausted, .. } => RetryVerdict::Denied,
-        Decision::DeadLetter { .. } => RetryVerdict::Exhausted,
-    })
+    Ok(
+        match block_on(budget.on_failure(TASK, attempt, &failure))? {
+            Decision::Retry { .. } => RetryVerdict::Granted,
+            Decision::DeadLetter {
+                reason: fleet_budget::DeadLetterReason::BudgetExhausted,
+                ..
+            } => RetryVerdict::Denied,
+            Decision::DeadLetter { .. } => RetryVerdict::Exhausted,
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -107,9 +130,14 @@ pub(crate) fn brownout(p: &BrownoutParams) -> anyhow::Result<BrownoutReport> {
     let clock = ManualClock::new(0);
     // One window covering the run: the longest window the configuration accepts.
     let window = Duration::from_secs(86_400);
-    let budget = p.budget.map(|b| model_budget(b, window, p.attempts, &clock, p.seed));
+    let budget = p
+        .budget
+        .map(|b| model_budget(b, window, p.attempts, &clock, p.seed));
     let mut rng = SmallRng::seed_from_u64(p.seed);
-    let mut r = BrownoutReport { client_requests: p.requests, ..BrownoutReport::default() };
+    let mut r = BrownoutReport {
+        client_requests: p.requests,
+        ..BrownoutReport::default()
+    };
     for _ in 0..p.requests {
         let mut attempt = 1u32;
         loop {
@@ -169,7 +197,11 @@ fn mean(reports: &[BrownoutReport]) -> BrownoutMean {
         runs: u32::try_from(reports.len()).unwrap_or(u32::MAX),
         amplification: 0.0,
     };
-    m.amplification = if m.client_requests > 0.0 { m.upstream_calls / m.client_requests } else { 0.0 };
+    m.amplification = if m.client_requests > 0.0 {
+        m.upstream_calls / m.client_requests
+    } else {
+        0.0
+    };
     m
 }
 
@@ -218,15 +250,35 @@ pub(crate) fn brownout_command(args: &BrownoutArgs) -> anyhow::Result<()> {
     );
     let m = mean(&reports);
     let rows = vec![
-        vec!["client requests".to_owned(), format!("{:.0}", m.client_requests)],
-        vec!["upstream calls".to_owned(), format!("{:.1}", m.upstream_calls)],
-        vec!["amplification".to_owned(), format!("{:.3}x", m.amplification)],
+        vec![
+            "client requests".to_owned(),
+            format!("{:.0}", m.client_requests),
+        ],
+        vec![
+            "upstream calls".to_owned(),
+            format!("{:.1}", m.upstream_calls),
+        ],
+        vec![
+            "amplification".to_owned(),
+            format!("{:.3}x", m.amplification),
+        ],
         vec!["successes".to_owned(), format!("{:.1}", m.successes)],
-        vec!["retries granted".to_owned(), format!("{:.1}", m.retries_granted)],
-        vec!["retries denied".to_owned(), format!("{:.1}", m.retries_denied)],
+        vec![
+            "retries granted".to_owned(),
+            format!("{:.1}", m.retries_granted),
+        ],
+        vec![
+            "retries denied".to_owned(),
+            format!("{:.1}", m.retries_denied),
+        ],
     ];
     if args.runs > 1 {
-        println!("mean of {} runs (seeds {}..={})", args.runs, args.seed, args.seed.wrapping_add(u64::from(args.runs) - 1));
+        println!(
+            "mean of {} runs (seeds {}..={})",
+            args.runs,
+            args.seed,
+            args.seed.wrapping_add(u64::from(args.runs) - 1)
+        );
     }
     print!("{}", table(&rows));
     Ok(())
@@ -277,7 +329,9 @@ const TICK_MS: u64 = 1000;
 pub(crate) fn capacity(p: &CapacityParams) -> anyhow::Result<CapacityReport> {
     let clock = ManualClock::new(0);
     let window = Duration::from_millis(TICK_MS.saturating_mul(u64::from(p.window_ticks.max(1))));
-    let budget = p.budget.map(|b| model_budget(b, window, p.attempts, &clock, p.seed));
+    let budget = p
+        .budget
+        .map(|b| model_budget(b, window, p.attempts, &clock, p.seed));
     let mut rng = SmallRng::seed_from_u64(p.seed);
     let mut report = CapacityReport::default();
     // Attempt numbers of the retries that run next tick.
@@ -288,9 +342,18 @@ pub(crate) fn capacity(p: &CapacityParams) -> anyhow::Result<CapacityReport> {
         // window by the part of it still inside the last W ticks.
         clock.set_ms(u64::from(t) * TICK_MS + TICK_MS / 2);
         let mut offered: Vec<u32> = std::mem::take(&mut scheduled);
-        offered.extend(std::iter::repeat_n(1, usize::try_from(p.incoming).unwrap_or(usize::MAX)));
-        let capacity = if degraded.contains(&t) { p.degraded_capacity } else { p.capacity };
-        let served = usize::try_from(capacity).unwrap_or(usize::MAX).min(offered.len());
+        offered.extend(std::iter::repeat_n(
+            1,
+            usize::try_from(p.incoming).unwrap_or(usize::MAX),
+        ));
+        let capacity = if degraded.contains(&t) {
+            p.degraded_capacity
+        } else {
+            p.capacity
+        };
+        let served = usize::try_from(capacity)
+            .unwrap_or(usize::MAX)
+            .min(offered.len());
         let (served_jobs, failed_jobs) = {
             let (chosen, rest) = offered.partial_shuffle(&mut rng, served);
             (chosen.to_vec(), rest.to_vec())
@@ -342,7 +405,11 @@ const CHART_DEFAULT_RATIO: f64 = 0.1;
 
 /// `budgetctl simulate capacity`.
 pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
-    let budget_of = |ratio| BudgetParams { ratio, deposit: args.deposit.basis(), min_allowance: args.min_allowance };
+    let budget_of = |ratio| BudgetParams {
+        ratio,
+        deposit: args.deposit.basis(),
+        min_allowance: args.min_allowance,
+    };
     let params = |budget| CapacityParams {
         incoming: args.incoming,
         ticks: args.ticks,
@@ -356,7 +423,9 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     let without = capacity(&params(None))?;
-    let with_ratio = args.budget_ratio.or(args.svg.as_ref().map(|_| CHART_DEFAULT_RATIO));
+    let with_ratio = args
+        .budget_ratio
+        .or(args.svg.as_ref().map(|_| CHART_DEFAULT_RATIO));
     let with = match with_ratio {
         Some(r) => Some(capacity(&params(Some(budget_of(r))))?),
         None => None,
@@ -370,8 +439,14 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
     }
     if args.json {
         let output = match (args.budget_ratio, with) {
-            (Some(_), Some(with)) => CapacityOutput { run: with, without_budget: Some(without) },
-            _ => CapacityOutput { run: without, without_budget: None },
+            (Some(_), Some(with)) => CapacityOutput {
+                run: with,
+                without_budget: Some(without),
+            },
+            _ => CapacityOutput {
+                run: without,
+                without_budget: None,
+            },
         };
         return print_json(&output);
     }
@@ -385,7 +460,15 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
         args.attempts
     );
     let shown = args.budget_ratio.and(with.as_ref());
-    let header = ["tick", "offered", "served", "failed", "retried", "dead-lettered"].map(str::to_owned);
+    let header = [
+        "tick",
+        "offered",
+        "served",
+        "failed",
+        "retried",
+        "dead-lettered",
+    ]
+    .map(str::to_owned);
     let mut rows = Vec::new();
     if shown.is_some() {
         let mut title = vec![String::new(); header.len()];
@@ -393,7 +476,10 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
             *c = "no budget:".to_owned();
         }
         title.push("|".to_owned());
-        title.push(format!("{:.0}% budget:", args.budget_ratio.unwrap_or(0.0) * 100.0));
+        title.push(format!(
+            "{:.0}% budget:",
+            args.budget_ratio.unwrap_or(0.0) * 100.0
+        ));
         rows.push(title);
         let mut h = header.to_vec();
         h.push("|".to_owned());
@@ -449,14 +535,24 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
 }
 
 /// Draws offered load per tick, with and without the budget, as an SVG line chart.
-fn draw_svg(path: &Path, without: &CapacityReport, with: &CapacityReport, ratio: f64, args: &CapacityArgs) -> anyhow::Result<()> {
+fn draw_svg(
+    path: &Path,
+    without: &CapacityReport,
+    with: &CapacityReport,
+    ratio: f64,
+    args: &CapacityArgs,
+) -> anyhow::Result<()> {
     use plotters::prelude::*;
 
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let ticks = i64::from(args.ticks.max(1));
-    let peak = without.peak_offered.max(with.peak_offered).max(args.capacity).max(1);
+    let peak = without
+        .peak_offered
+        .max(with.peak_offered)
+        .max(args.capacity)
+        .max(1);
     #[allow(clippy::cast_precision_loss)]
     let y_max = peak as f64 * 1.1;
     let caption = format!(
@@ -478,14 +574,24 @@ fn draw_svg(path: &Path, without: &CapacityReport, with: &CapacityReport, ratio:
         .map_err(|e| err(&e))?;
     #[allow(clippy::cast_precision_loss)]
     let series = |r: &CapacityReport| -> Vec<(i64, f64)> {
-        r.ticks.iter().map(|t| (i64::from(t.tick), t.offered as f64)).collect()
+        r.ticks
+            .iter()
+            .map(|t| (i64::from(t.tick), t.offered as f64))
+            .collect()
     };
     #[allow(clippy::cast_precision_loss)]
     let capacity_line: Vec<(i64, f64)> = (0..ticks)
         .map(|t| {
             let degraded = t >= i64::from(args.degraded_from)
                 && t < i64::from(args.degraded_from) + i64::from(args.degraded_ticks);
-            (t, if degraded { args.degraded_capacity } else { args.capacity } as f64)
+            (
+                t,
+                if degraded {
+                    args.degraded_capacity
+                } else {
+                    args.capacity
+                } as f64,
+            )
         })
         .collect();
     chart
@@ -520,7 +626,14 @@ mod tests {
     fn brownout_mean(p: f64, budget: Option<BudgetParams>, runs: u64) -> BrownoutMean {
         let reports: Vec<_> = (1..=runs)
             .map(|seed| {
-                brownout(&BrownoutParams { requests: 2000, attempts: 3, failure_rate: p, budget, seed }).unwrap()
+                brownout(&BrownoutParams {
+                    requests: 2000,
+                    attempts: 3,
+                    failure_rate: p,
+                    budget,
+                    seed,
+                })
+                .unwrap()
             })
             .collect();
         mean(&reports)
@@ -532,12 +645,19 @@ mod tests {
         assert!((healthy.amplification - 1.05).abs() < 0.01, "{healthy:?}");
         let brownout = brownout_mean(0.9, None, 10);
         assert!((brownout.amplification - 2.71).abs() < 0.03, "{brownout:?}");
-        let budget = BudgetParams { ratio: 0.1, deposit: DepositBasis::Request, min_allowance: 10 };
+        let budget = BudgetParams {
+            ratio: 0.1,
+            deposit: DepositBasis::Request,
+            min_allowance: 10,
+        };
         let with = brownout_mean(0.9, Some(budget), 10);
         assert!((with.amplification - 1.10).abs() < 0.015, "{with:?}");
         assert!((with.successes - 220.0).abs() < 25.0, "{with:?}");
         let healthy_with = brownout_mean(0.05, Some(budget), 10);
-        assert!((healthy_with.amplification - healthy.amplification).abs() < 0.005, "{healthy_with:?}");
+        assert!(
+            (healthy_with.amplification - healthy.amplification).abs() < 0.005,
+            "{healthy_with:?}"
+        );
     }
 
     fn reference(budget: Option<BudgetParams>) -> CapacityReport {
@@ -559,17 +679,34 @@ mod tests {
     #[test]
     fn capacity_reproduces_the_published_reference_numbers() {
         let without = reference(None);
-        assert!((2300..=2450).contains(&without.peak_offered), "{}", without.peak_offered);
-        let budget = BudgetParams { ratio: 0.1, deposit: DepositBasis::Success, min_allowance: 10 };
+        assert!(
+            (2300..=2450).contains(&without.peak_offered),
+            "{}",
+            without.peak_offered
+        );
+        let budget = BudgetParams {
+            ratio: 0.1,
+            deposit: DepositBasis::Success,
+            min_allowance: 10,
+        };
         let with = reference(Some(budget));
         #[allow(clippy::cast_precision_loss)]
         let cut = 1.0 - with.peak_offered as f64 / without.peak_offered as f64;
-        assert!((0.4..=0.6).contains(&cut), "peak {} vs {}", with.peak_offered, without.peak_offered);
+        assert!(
+            (0.4..=0.6).contains(&cut),
+            "peak {} vs {}",
+            with.peak_offered,
+            without.peak_offered
+        );
     }
 
     #[test]
     fn capacity_accounts_for_every_attempt() {
-        let r = reference(Some(BudgetParams { ratio: 0.1, deposit: DepositBasis::Request, min_allowance: 10 }));
+        let r = reference(Some(BudgetParams {
+            ratio: 0.1,
+            deposit: DepositBasis::Request,
+            min_allowance: 10,
+        }));
         for t in &r.ticks {
             assert_eq!(t.offered, t.served + t.failed);
             assert_eq!(t.failed, t.retries_granted + t.dead_lettered);

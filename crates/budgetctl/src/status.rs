@@ -33,7 +33,11 @@ pub(crate) struct DependencyStatus {
     pub(crate) amplification: Option<f64>,
 }
 
-#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+#[allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
 fn estimate(s: &BudgetSnapshot, current: u64, previous: u64) -> u64 {
     let window = s.window_ms.max(1) as f64;
     let est = (current as f64 * window + previous as f64 * s.previous_weight_ms as f64) / window;
@@ -84,7 +88,10 @@ struct StatusReport {
 /// Runs the command.
 pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()> {
     let only = match &args.dependency {
-        Some(d) => Some(Dependency::new(d).map_err(|e| usage(format!("--dependency {d:?}: a dependency name {e}")))?),
+        Some(d) => Some(
+            Dependency::new(d)
+                .map_err(|e| usage(format!("--dependency {d:?}: a dependency name {e}")))?,
+        ),
         None => None,
     };
     let timeout = redis_conn::cli_timeout(config);
@@ -117,7 +124,12 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
     }
 }
 
-async fn collect(config: &Config, store: &dyn BudgetStore, only: Option<&Dependency>, timeout: Duration) -> anyhow::Result<StatusReport> {
+async fn collect(
+    config: &Config,
+    store: &dyn BudgetStore,
+    only: Option<&Dependency>,
+    timeout: Duration,
+) -> anyhow::Result<StatusReport> {
     let shown = config.redis_display();
     let dependencies: Vec<Dependency> = match only {
         Some(d) => vec![d.clone()],
@@ -132,10 +144,17 @@ async fn collect(config: &Config, store: &dyn BudgetStore, only: Option<&Depende
     let mut rows = Vec::new();
     for dependency in &dependencies {
         let policy = config.policy(dependency);
-        let snapshot = store.status(dependency, &policy).await.map_err(|e| redis_conn::unreachable(&shown, &e))?;
+        let snapshot = store
+            .status(dependency, &policy)
+            .await
+            .map_err(|e| redis_conn::unreachable(&shown, &e))?;
         rows.push(DependencyStatus::new(dependency, &snapshot));
     }
-    Ok(StatusReport { redis: shown, key_prefix: config.redis.key_prefix.clone(), dependencies: rows })
+    Ok(StatusReport {
+        redis: shown,
+        key_prefix: config.redis.key_prefix.clone(),
+        dependencies: rows,
+    })
 }
 
 fn render(report: &StatusReport) -> String {
@@ -149,8 +168,17 @@ fn render(report: &StatusReport) -> String {
     }
     let mut rows = vec![
         [
-            "dependency", "window", "rolls in", "successes", "first", "retries", "denied", "allowance",
-            "remaining", "amplif.", "alert",
+            "dependency",
+            "window",
+            "rolls in",
+            "successes",
+            "first",
+            "retries",
+            "denied",
+            "allowance",
+            "remaining",
+            "amplif.",
+            "alert",
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -166,7 +194,8 @@ fn render(report: &StatusReport) -> String {
             d.denied.to_string(),
             d.allowance.to_string(),
             d.remaining.to_string(),
-            d.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x")),
+            d.amplification
+                .map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x")),
             d.alert().to_owned(),
         ]);
     }

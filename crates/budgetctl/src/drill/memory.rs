@@ -40,7 +40,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl MemoryBroker {
     /// Publishes a new job.
     pub(crate) fn submit(&self, id: u64, bad_input: bool) {
-        self.push(Job { id, bad_input, attempt: 1, replays: 0 });
+        self.push(Job {
+            id,
+            bad_input,
+            attempt: 1,
+            replays: 0,
+        });
     }
 
     fn push(&self, job: Job) {
@@ -78,7 +83,9 @@ impl MemoryBroker {
     /// Whether nothing is queued, delayed or being processed.
     pub(crate) fn idle(&self) -> bool {
         let work = lock(&self.work);
-        work.is_empty() && self.delayed.load(Ordering::Acquire) == 0 && self.busy.load(Ordering::Acquire) == 0
+        work.is_empty()
+            && self.delayed.load(Ordering::Acquire) == 0
+            && self.busy.load(Ordering::Acquire) == 0
     }
 
     fn schedule(self: &Arc<Self>, job: Job, delay: Duration) {
@@ -106,7 +113,11 @@ impl MemoryBroker {
                 parked += 1;
                 continue;
             }
-            self.push(Job { attempt: 1, replays: job.replays + 1, ..job });
+            self.push(Job {
+                attempt: 1,
+                replays: job.replays + 1,
+                ..job
+            });
             moved += 1;
             tokio::time::sleep(pause).await;
         }
@@ -146,7 +157,9 @@ pub(crate) async fn run_workers(
                     if stop.load(Ordering::Acquire) && broker.idle() {
                         return;
                     }
-                    let _ = tokio::time::timeout(Duration::from_millis(20), broker.ready.notified()).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(20), broker.ready.notified())
+                            .await;
                     continue;
                 };
                 handle(&broker, &budget, &upstream, &outcomes, job).await;
@@ -159,7 +172,13 @@ pub(crate) async fn run_workers(
     }
 }
 
-async fn handle(broker: &Arc<MemoryBroker>, budget: &FleetBudget, upstream: &Upstream, outcomes: &JobOutcomes, job: Job) {
+async fn handle(
+    broker: &Arc<MemoryBroker>,
+    budget: &FleetBudget,
+    upstream: &Upstream,
+    outcomes: &JobOutcomes,
+    job: Job,
+) {
     // A task name that is a valid dependency name never fails to resolve.
     let _ = budget.on_attempt(TASK, job.attempt).await;
     match upstream.call(job.bad_input).await {
@@ -168,8 +187,18 @@ async fn handle(broker: &Arc<MemoryBroker>, budget: &FleetBudget, upstream: &Ups
             outcomes.succeeded(job.id, job.replays > 0);
         }
         Err(e) => match budget.on_failure(TASK, job.attempt, &job_failure(e)).await {
-            Ok(Decision::Retry { delay, next_attempt, .. }) => {
-                broker.schedule(Job { attempt: next_attempt, ..job }, delay);
+            Ok(Decision::Retry {
+                delay,
+                next_attempt,
+                ..
+            }) => {
+                broker.schedule(
+                    Job {
+                        attempt: next_attempt,
+                        ..job
+                    },
+                    delay,
+                );
             }
             Ok(Decision::DeadLetter { reason, .. }) => {
                 lock(&broker.dead).push((job, reason));

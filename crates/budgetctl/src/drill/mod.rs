@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use fleet_budget::store::RedisStore;
-use fleet_budget::{Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, WindowMode};
+use fleet_budget::{
+    Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, WindowMode,
+};
 use serde::Serialize;
 
 use self::memory::MemoryBroker;
@@ -49,8 +51,12 @@ const BAD_INPUT_EVERY: u64 = 200;
 /// Which failure a failed call is, for the budget's decision.
 pub(crate) fn job_failure(e: CallError) -> Failure {
     match e {
-        CallError::Overloaded => Failure::retryable("search answered 503: over capacity").with_class("http_503"),
-        CallError::BadInput => Failure::non_retryable("search answered 400: malformed document").with_class("http_400"),
+        CallError::Overloaded => {
+            Failure::retryable("search answered 503: over capacity").with_class("http_503")
+        }
+        CallError::BadInput => {
+            Failure::non_retryable("search answered 400: malformed document").with_class("http_400")
+        }
     }
 }
 
@@ -68,25 +74,40 @@ impl JobOutcomes {
     /// A job succeeded; `replayed` when it came back from the dead-letter queue.
     pub(crate) fn succeeded(&self, id: u64, replayed: bool) {
         self.successes.fetch_add(1, Ordering::Relaxed);
-        let set = if replayed { &self.replay_succeeded } else { &self.succeeded };
-        set.lock().unwrap_or_else(PoisonError::into_inner).insert(id);
+        let set = if replayed {
+            &self.replay_succeeded
+        } else {
+            &self.succeeded
+        };
+        set.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id);
     }
 
     /// A job was dead-lettered; counted by reason unless it was a replayed one.
     pub(crate) fn dead_lettered(&self, reason: DeadLetterReason, replayed: bool) {
         if !replayed {
             self.dead_total.fetch_add(1, Ordering::Relaxed);
-            let mut by = self.dead_lettered.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut by = self
+                .dead_lettered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             *by.entry(reason.as_str().to_owned()).or_insert(0) += 1;
         }
     }
 
     fn succeeded_ids(&self) -> HashSet<u64> {
-        self.succeeded.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.succeeded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn replay_succeeded_ids(&self) -> HashSet<u64> {
-        self.replay_succeeded.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.replay_succeeded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Successful executions so far.
@@ -192,7 +213,11 @@ struct DemoReport {
 }
 
 /// `budgetctl demo`.
-pub(crate) async fn demo_command(config: &Config, _global: &GlobalArgs, args: &DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn demo_command(
+    config: &Config,
+    _global: &GlobalArgs,
+    args: &DemoArgs,
+) -> anyhow::Result<()> {
     let mode = choose_mode(config, args).await;
     let started = Instant::now();
     let capacity = u64::from(args.rate) * 5 / 4;
@@ -227,7 +252,11 @@ pub(crate) async fn demo_command(config: &Config, _global: &GlobalArgs, args: &D
             rate: args.rate,
             phase: Duration::from_secs_f64(args.phase_secs),
             schedule,
-            key_prefix: format!("{}-demo-{run_id}-{}", config.redis.key_prefix, if budget { "b" } else { "n" }),
+            key_prefix: format!(
+                "{}-demo-{run_id}-{}",
+                config.redis.key_prefix,
+                if budget { "b" } else { "n" }
+            ),
         };
         let budget_handle = drill_budget(config, &mode, &settings).await?;
         let report = run_in_memory(&settings, &budget_handle).await;
@@ -278,9 +307,16 @@ fn mode_queue_line(mode: &Mode) -> String {
 /// Checks which services answer; says which URL failed and how to start it.
 async fn choose_mode(config: &Config, args: &DemoArgs) -> Mode {
     let redis_shown = config.redis_display();
-    let mut mode = Mode { budget_store: "in_process", redis: None, queue: "in_memory", rabbitmq: None, notes: Vec::new() };
+    let mut mode = Mode {
+        budget_store: "in_process",
+        redis: None,
+        queue: "in_memory",
+        rabbitmq: None,
+        notes: Vec::new(),
+    };
     if args.in_process {
-        mode.notes.push("--in-process: Redis and RabbitMQ were not tried".to_owned());
+        mode.notes
+            .push("--in-process: Redis and RabbitMQ were not tried".to_owned());
         return mode;
     }
     let timeout = Duration::from_millis(500);
@@ -306,19 +342,39 @@ async fn choose_mode(config: &Config, args: &DemoArgs) -> Mode {
 
 /// The budget of one run: the drill's policy (or an unlimited one for the run without a
 /// budget, so both runs go through the same code), in Redis when it answers.
-async fn drill_budget(config: &Config, mode: &Mode, settings: &RunSettings) -> anyhow::Result<FleetBudget> {
+async fn drill_budget(
+    config: &Config,
+    mode: &Mode,
+    settings: &RunSettings,
+) -> anyhow::Result<FleetBudget> {
     let mut c = config.clone();
     let policy = if settings.budget {
-        BudgetPolicy { window: WINDOW, ratio: RATIO, min_allowance: MIN_ALLOWANCE, deposit: DepositBasis::Success, mode: WindowMode::Sliding }
+        BudgetPolicy {
+            window: WINDOW,
+            ratio: RATIO,
+            min_allowance: MIN_ALLOWANCE,
+            deposit: DepositBasis::Success,
+            mode: WindowMode::Sliding,
+        }
     } else {
-        BudgetPolicy { window: WINDOW, ratio: 0.0, min_allowance: 1_000_000_000, deposit: DepositBasis::Success, mode: WindowMode::Sliding }
+        BudgetPolicy {
+            window: WINDOW,
+            ratio: 0.0,
+            min_allowance: 1_000_000_000,
+            deposit: DepositBasis::Success,
+            mode: WindowMode::Sliding,
+        }
     };
     let dependency = fleet_budget::Dependency::new(DEPENDENCY)?;
     c.defaults = policy;
     c.policies.insert(dependency.clone(), policy);
     c.map.insert(TASK, dependency);
     c.ceilings.default.max_attempts = MAX_ATTEMPTS;
-    c.ceilings.default.backoff = Backoff { base: Duration::from_millis(100), factor: 2.0, cap: Duration::from_secs(1) };
+    c.ceilings.default.backoff = Backoff {
+        base: Duration::from_millis(100),
+        factor: 2.0,
+        cap: Duration::from_secs(1),
+    };
     c.ceilings.tasks.clear();
     c.redis.key_prefix.clone_from(&settings.key_prefix);
     c.redis.timeout = c.redis.timeout.max(Duration::from_millis(250));
@@ -346,13 +402,27 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     let stop = Arc::new(AtomicBool::new(false));
     let jobs = s.jobs();
     let submitted = Arc::new(AtomicU64::new(0));
-    let progress = Progress::start(s.label, Arc::clone(&upstream), Arc::clone(&broker), Arc::clone(&outcomes), Arc::clone(&submitted), jobs);
+    let progress = Progress::start(
+        s.label,
+        Arc::clone(&upstream),
+        Arc::clone(&broker),
+        Arc::clone(&outcomes),
+        Arc::clone(&submitted),
+        jobs,
+    );
 
     let workers = {
-        let (broker, budget, upstream, outcomes, stop) =
-            (Arc::clone(&broker), budget.clone(), Arc::clone(&upstream), Arc::clone(&outcomes), Arc::clone(&stop));
+        let (broker, budget, upstream, outcomes, stop) = (
+            Arc::clone(&broker),
+            budget.clone(),
+            Arc::clone(&upstream),
+            Arc::clone(&outcomes),
+            Arc::clone(&stop),
+        );
         let n = s.workers;
-        tokio::spawn(async move { memory::run_workers(&broker, n, &budget, &upstream, &outcomes, &stop).await })
+        tokio::spawn(async move {
+            memory::run_workers(&broker, n, &budget, &upstream, &outcomes, &stop).await;
+        })
     };
 
     // Submit `rate` jobs per second, evenly, for three phases.
@@ -376,7 +446,11 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     let per_second = upstream.per_second();
     let peak = upstream.peak_per_second();
     let successes = outcomes.successes();
-    let dead_lettered = outcomes.dead_lettered.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let dead_lettered = outcomes
+        .dead_lettered
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     let dead_lettered_total = outcomes.dead_total();
     let metrics = budget.metrics();
     let retries_granted = metrics.counter("retries_granted", DEPENDENCY);
@@ -385,7 +459,9 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     // After recovery: replay the dead-letter queue until it is empty (bad input comes back and
     // is parked on the next pass).
     progress.set_stage("replay");
-    let replay_rate = u32::try_from(s.schedule.capacity * 4 / 5).unwrap_or(u32::MAX).max(1);
+    let replay_rate = u32::try_from(s.schedule.capacity * 4 / 5)
+        .unwrap_or(u32::MAX)
+        .max(1);
     let (mut replayed, mut parked) = (0, 0);
     for _ in 0..=MAX_REPLAYS + 1 {
         if broker.dead_depth() == 0 {
@@ -401,8 +477,16 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     progress.finish().await;
 
     let succeeded = outcomes.succeeded_ids();
-    let replay_ok: HashSet<u64> = outcomes.replay_succeeded_ids().difference(&succeeded).copied().collect();
-    let parked_ids: HashSet<u64> = broker.parked_ids().difference(&succeeded).copied().collect();
+    let replay_ok: HashSet<u64> = outcomes
+        .replay_succeeded_ids()
+        .difference(&succeeded)
+        .copied()
+        .collect();
+    let parked_ids: HashSet<u64> = broker
+        .parked_ids()
+        .difference(&succeeded)
+        .copied()
+        .collect();
     let still_dead = broker.dead_ids();
     let accounted = succeeded.len() + replay_ok.len() + parked_ids.len() + still_dead.len();
     let accounting = Accounting {
@@ -419,7 +503,11 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
         jobs_submitted: jobs,
         upstream_calls: first_pass_calls,
         #[allow(clippy::cast_precision_loss)]
-        amplification: if jobs == 0 { 0.0 } else { first_pass_calls as f64 / jobs as f64 },
+        amplification: if jobs == 0 {
+            0.0
+        } else {
+            first_pass_calls as f64 / jobs as f64
+        },
         peak_upstream_calls_per_sec: peak,
         successes,
         retries_granted,
@@ -441,7 +529,12 @@ fn print_comparison(r: &DemoReport) {
     println!();
     println!(
         "Incident drill: {} workers, {} jobs/s; `{DEPENDENCY}` capacity {}/s -> {}/s for {:.0}s -> {}/s",
-        r.workers, r.jobs_per_sec, r.capacity_per_sec, r.degraded_capacity_per_sec, r.phase_secs, r.capacity_per_sec
+        r.workers,
+        r.jobs_per_sec,
+        r.capacity_per_sec,
+        r.degraded_capacity_per_sec,
+        r.phase_secs,
+        r.capacity_per_sec
     );
     println!("budget store: {}", mode_store_line(&r.mode));
     println!("queue:        {}", mode_queue_line(&r.mode));
@@ -456,21 +549,69 @@ fn print_comparison(r: &DemoReport) {
     let n = |v: u64| thousands(v);
     let reason = |run: &RunReport, key: &str| n(run.dead_lettered.get(key).copied().unwrap_or(0));
     let mut rows = vec![
-        vec![String::new(), "without budget".to_owned(), "with budget".to_owned()],
-        vec!["jobs submitted".to_owned(), n(a.jobs_submitted), n(b.jobs_submitted)],
-        vec!["upstream calls".to_owned(), n(a.upstream_calls), n(b.upstream_calls)],
-        vec!["amplification (calls/job)".to_owned(), format!("{:.2}x", a.amplification), format!("{:.2}x", b.amplification)],
-        vec!["peak upstream calls/s".to_owned(), n(a.peak_upstream_calls_per_sec), n(b.peak_upstream_calls_per_sec)],
-        vec!["successes (before replay)".to_owned(), n(a.successes), n(b.successes)],
-        vec!["retries granted".to_owned(), n(a.retries_granted), n(b.retries_granted)],
-        vec!["retries denied".to_owned(), n(a.retries_denied), n(b.retries_denied)],
-        vec!["dead-lettered".to_owned(), n(a.dead_lettered_total), n(b.dead_lettered_total)],
+        vec![
+            String::new(),
+            "without budget".to_owned(),
+            "with budget".to_owned(),
+        ],
+        vec![
+            "jobs submitted".to_owned(),
+            n(a.jobs_submitted),
+            n(b.jobs_submitted),
+        ],
+        vec![
+            "upstream calls".to_owned(),
+            n(a.upstream_calls),
+            n(b.upstream_calls),
+        ],
+        vec![
+            "amplification (calls/job)".to_owned(),
+            format!("{:.2}x", a.amplification),
+            format!("{:.2}x", b.amplification),
+        ],
+        vec![
+            "peak upstream calls/s".to_owned(),
+            n(a.peak_upstream_calls_per_sec),
+            n(b.peak_upstream_calls_per_sec),
+        ],
+        vec![
+            "successes (before replay)".to_owned(),
+            n(a.successes),
+            n(b.successes),
+        ],
+        vec![
+            "retries granted".to_owned(),
+            n(a.retries_granted),
+            n(b.retries_granted),
+        ],
+        vec![
+            "retries denied".to_owned(),
+            n(a.retries_denied),
+            n(b.retries_denied),
+        ],
+        vec![
+            "dead-lettered".to_owned(),
+            n(a.dead_lettered_total),
+            n(b.dead_lettered_total),
+        ],
     ];
     for reason_name in DeadLetterReason::ALL.map(DeadLetterReason::as_str) {
-        rows.push(vec![format!("  {reason_name}"), reason(a, reason_name), reason(b, reason_name)]);
+        rows.push(vec![
+            format!("  {reason_name}"),
+            reason(a, reason_name),
+            reason(b, reason_name),
+        ]);
     }
-    rows.push(vec!["after recovery: replayed".to_owned(), n(a.replayed), n(b.replayed)]);
-    rows.push(vec!["  parked (came back again)".to_owned(), n(a.parked), n(b.parked)]);
+    rows.push(vec![
+        "after recovery: replayed".to_owned(),
+        n(a.replayed),
+        n(b.replayed),
+    ]);
+    rows.push(vec![
+        "  parked (came back again)".to_owned(),
+        n(a.parked),
+        n(b.parked),
+    ]);
     print!("{}", table(&rows));
     println!();
     println!("every job accounted for:");
@@ -486,7 +627,10 @@ fn print_comparison(r: &DemoReport) {
             acc.lost
         );
         if acc.still_dead_lettered > 0 {
-            line.push_str(&format!(" (still dead-lettered: {})", acc.still_dead_lettered));
+            line.push_str(&format!(
+                " (still dead-lettered: {})",
+                acc.still_dead_lettered
+            ));
         }
         println!("{line}");
     }

@@ -34,7 +34,11 @@ impl Progress {
         let task = {
             let (stage, done) = (Arc::clone(&stage), Arc::clone(&done));
             tokio::spawn(async move {
-                let every = if terminal { Duration::from_millis(250) } else { Duration::from_secs(2) };
+                let every = if terminal {
+                    Duration::from_millis(250)
+                } else {
+                    Duration::from_secs(2)
+                };
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
                 loop {

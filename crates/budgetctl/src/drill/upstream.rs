@@ -99,8 +99,13 @@ impl Upstream {
         let elapsed = self.elapsed();
         self.calls.fetch_add(1, Ordering::Relaxed);
         {
-            let second = usize::try_from(elapsed.as_secs()).unwrap_or(usize::MAX).min(100_000);
-            let mut per_second = self.per_second.lock().unwrap_or_else(PoisonError::into_inner);
+            let second = usize::try_from(elapsed.as_secs())
+                .unwrap_or(usize::MAX)
+                .min(100_000);
+            let mut per_second = self
+                .per_second
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             if per_second.len() <= second {
                 per_second.resize(second + 1, 0);
             }
@@ -135,18 +140,30 @@ impl Upstream {
     /// Calls in the last whole second (for progress).
     pub(crate) fn last_second(&self) -> u64 {
         let second = usize::try_from(self.elapsed().as_secs()).unwrap_or(0);
-        let per_second = self.per_second.lock().unwrap_or_else(PoisonError::into_inner);
-        second.checked_sub(1).and_then(|s| per_second.get(s).copied()).unwrap_or(0)
+        let per_second = self
+            .per_second
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        second
+            .checked_sub(1)
+            .and_then(|s| per_second.get(s).copied())
+            .unwrap_or(0)
     }
 
     /// The busiest second's calls.
     pub(crate) fn peak_per_second(&self) -> u64 {
-        let per_second = self.per_second.lock().unwrap_or_else(PoisonError::into_inner);
+        let per_second = self
+            .per_second
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         per_second.iter().copied().max().unwrap_or(0)
     }
 
     /// Calls per second of the run.
     pub(crate) fn per_second(&self) -> Vec<u64> {
-        self.per_second.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.per_second
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
