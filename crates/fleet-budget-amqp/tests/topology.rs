@@ -1,0 +1,179 @@
+//! Migrations against the real broker: dry-run plan, idempotent apply, and the error for a queue
+//! declared with other arguments.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod common;
+
+use common::Env;
+use fleet_budget_amqp::{AmqpError, Migrations, StepState, migrate};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+#[tokio::test]
+async fn migrations_plan_apply_and_reapply_idempotently() {
+    let mut env = Env::new("migrate", "", "", "").await;
+    // A second prefix that nothing has declared yet.
+    let mut settings = env.config.amqp.clone();
+    settings.prefix = format!("{}.fresh", settings.prefix);
+    let fresh = fleet_budget_amqp::Topology::new(&settings);
+    env.extra_queues.extend(fresh.queues());
+    let migrations = Migrations::embedded().unwrap();
+
+    let plan = migrate(&env.url, &settings, &migrations, true)
+        .await
+        .unwrap();
+    assert!(plan.dry_run);
+    assert!(
+        plan.steps
+            .iter()
+            .all(|(_, s)| matches!(s, StepState::WouldCreate | StepState::WouldBind)),
+        "{plan}"
+    );
+    assert!(plan.to_string().contains("would create"), "{plan}");
+    // The dry run created nothing.
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    assert!(
+        ch.queue_declare(
+            ShortString::from(fresh.work_queue.as_str()),
+            passive,
+            FieldTable::default()
+        )
+        .await
+        .is_err()
+    );
+
+    let applied = migrate(&env.url, &settings, &migrations, false)
+        .await
+        .unwrap();
+    assert_eq!(applied.created(), plan.created(), "{applied}");
+    let versions: Vec<u32> = applied.steps.iter().map(|(op, _)| op.version).collect();
+    assert!(
+        versions.windows(2).all(|w| w[0] <= w[1]),
+        "applied in version order"
+    );
+
+    let again = migrate(&env.url, &settings, &migrations, false)
+        .await
+        .unwrap();
+    assert_eq!(again.created(), 0, "{again}");
+    assert!(
+        again
+            .steps
+            .iter()
+            .all(|(_, s)| matches!(s, StepState::Unchanged | StepState::Bound)),
+        "{again}"
+    );
+    let replan = migrate(&env.url, &settings, &migrations, true)
+        .await
+        .unwrap();
+    assert!(
+        replan
+            .steps
+            .iter()
+            .all(|(_, s)| matches!(s, StepState::Unchanged | StepState::WouldBind)),
+        "{replan}"
+    );
+
+    // Clean up the fresh exchanges too.
+    for e in fresh.exchanges() {
+        let ch = conn.create_channel().await.unwrap();
+        let _ = ch
+            .exchange_delete(
+                ShortString::from(e),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    let _ = conn.close(200, ShortString::from("bye")).await;
+}
+
+#[tokio::test]
+async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() {
+    let mut env = Env::new("conflict", "", "", "").await;
+    let mut settings = env.config.amqp.clone();
+    settings.prefix = format!("{}.other", settings.prefix);
+    let other = fleet_budget_amqp::Topology::new(&settings);
+    env.extra_queues.extend(other.queues());
+    // Someone declared the work queue by hand: quorum, a delivery limit of 5, no dead-letter exchange.
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    args.insert(
+        ShortString::from("x-delivery-limit"),
+        AMQPValue::LongLongInt(5),
+    );
+    ch.queue_declare(
+        ShortString::from(other.work_queue.as_str()),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+
+    let err = migrate(&env.url, &settings, &Migrations::embedded().unwrap(), false)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    match &err {
+        AmqpError::ArgumentsDiffer {
+            kind,
+            name,
+            differences,
+        } => {
+            assert_eq!(
+                (*kind, name.as_str()),
+                ("queue", other.work_queue.as_str()),
+                "{text}"
+            );
+            let names: Vec<&str> = differences.iter().map(|d| d.argument.as_str()).collect();
+            assert!(names.contains(&"x-delivery-limit"), "{text}");
+            assert!(names.contains(&"x-dead-letter-exchange"), "{text}");
+            let limit = differences
+                .iter()
+                .find(|d| d.argument == "x-delivery-limit")
+                .unwrap();
+            assert!(
+                limit.declared.starts_with("50") && limit.existing.starts_with('5'),
+                "{text}"
+            );
+        }
+        other => panic!("expected ArgumentsDiffer, got {other:?}"),
+    }
+    assert!(
+        !text.contains("PRECONDITION_FAILED"),
+        "a bare broker error leaked: {text}"
+    );
+    // The dry run reports the same conflict without changing anything.
+    let err = migrate(&env.url, &settings, &Migrations::embedded().unwrap(), true)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AmqpError::ArgumentsDiffer { .. }), "{err}");
+    for e in other.exchanges() {
+        let ch = conn.create_channel().await.unwrap();
+        let _ = ch
+            .exchange_delete(
+                ShortString::from(e),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    let _ = conn.close(200, ShortString::from("bye")).await;
+}
