@@ -92,9 +92,9 @@ async fn twenty_four_dependencies_on_three_masters_grant_exactly_the_allowance_u
         if i % 3 == 0 {
             deposited[i] = 60 + 4 * i as u64;
             // Several calls through different connections: batches add up.
-            for part in 0..3 {
+            for (part, store) in stores.iter().take(3).enumerate() {
                 let n = deposited[i] / 3 + u64::from(part == 0) * (deposited[i] % 3);
-                stores[part]
+                store
                     .deposit(
                         d,
                         &policies[i],
@@ -134,7 +134,7 @@ async fn twenty_four_dependencies_on_three_masters_grant_exactly_the_allowance_u
     let mut work: Vec<usize> = demand
         .iter()
         .enumerate()
-        .flat_map(|(i, n)| std::iter::repeat_n(i, *n as usize))
+        .flat_map(|(i, n)| std::iter::repeat_n(i, usize::try_from(*n).unwrap()))
         .collect();
     // Interleave the dependencies deterministically so every connection hits every master.
     work.sort_by_key(|i| (i * 7919) % 101);
