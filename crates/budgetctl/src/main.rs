@@ -44,9 +44,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs go to stderr, `warn` and up unless `RUST_LOG` says otherwise. lapin's own log is off by
+/// default: it reports expected outcomes (a passive declare of a missing queue) as errors, and
+/// the libraries return every real failure anyway.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)

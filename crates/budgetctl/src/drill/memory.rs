@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use fleet_budget::{DeadLetterReason, Decision, FleetBudget};
 
+use super::progress::QueueGauge;
 use super::upstream::Upstream;
 use super::{JobOutcomes, TASK, job_failure};
 
@@ -132,6 +133,20 @@ impl MemoryBroker {
     /// Ids of the jobs in the dead-letter queue.
     pub(crate) fn dead_ids(&self) -> HashSet<u64> {
         lock(&self.dead).iter().map(|(j, _)| j.id).collect()
+    }
+}
+
+impl QueueGauge for MemoryBroker {
+    fn waiting(&self) -> u64 {
+        self.ready_depth() + self.delayed()
+    }
+
+    fn dead(&self) -> u64 {
+        self.dead_depth()
+    }
+
+    fn parked(&self) -> u64 {
+        self.parked_depth()
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod memory;
 mod progress;
+mod rabbit;
 mod upstream;
 
 use std::collections::{BTreeMap, HashSet};
@@ -259,9 +260,19 @@ pub(crate) async fn demo_command(
             ),
         };
         let budget_handle = drill_budget(config, &mode, &settings).await?;
-        let report = run_in_memory(&settings, &budget_handle).await;
+        let report = if mode.rabbitmq.is_some() {
+            rabbit::run(&settings, config, &budget_handle).await
+        } else {
+            Ok(run_in_memory(&settings, &budget_handle).await)
+        };
         let _ = budget_handle.shutdown().await;
-        runs.push(report);
+        runs.push(report.map_err(|e| {
+            anyhow::anyhow!(
+                "the drill on RabbitMQ at {} failed: {}",
+                fleet_budget::redact::redact_url(&config.amqp.url),
+                fleet_budget::redact::redact_text(&format!("{e:#}"))
+            )
+        })?);
     }
     let report = DemoReport {
         mode,
@@ -333,10 +344,26 @@ async fn choose_mode(config: &Config, args: &DemoArgs) -> Mode {
         },
         Err(e) => mode.notes.push(format!("Redis URL {redis_shown} cannot be used ({e}); using the in-process budget store")),
     }
-    mode.notes.push(format!(
-        "RabbitMQ ({}) is not used yet: this build of the drill queues jobs in memory",
-        fleet_budget::redact::redact_url(&config.amqp.url)
-    ));
+    let amqp_shown = fleet_budget::redact::redact_url(&config.amqp.url);
+    let probe = tokio::time::timeout(
+        Duration::from_secs(5),
+        fleet_budget_amqp::connect(&config.amqp.url, "budgetctl demo probe"),
+    )
+    .await;
+    match probe {
+        Ok(Ok(conn)) => {
+            let _ = conn.close(200, lapin::types::ShortString::from("probe")).await;
+            mode.queue = "rabbitmq";
+            mode.rabbitmq = Some(amqp_shown);
+        }
+        Ok(Err(e)) => mode.notes.push(format!(
+            "RabbitMQ at {amqp_shown} does not answer ({}); start Redis and RabbitMQ with `docker compose up -d`. Running the drill with an in-memory queue instead",
+            fleet_budget::redact::redact_text(&e.to_string())
+        )),
+        Err(_) => mode.notes.push(format!(
+            "RabbitMQ at {amqp_shown} does not answer within 5s; start Redis and RabbitMQ with `docker compose up -d`. Running the drill with an in-memory queue instead"
+        )),
+    }
     mode
 }
 
@@ -405,8 +432,9 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     let progress = Progress::start(
         s.label,
         Arc::clone(&upstream),
-        Arc::clone(&broker),
+        Arc::clone(&broker) as Arc<dyn progress::QueueGauge>,
         Arc::clone(&outcomes),
+        budget.clone(),
         Arc::clone(&submitted),
         jobs,
     );

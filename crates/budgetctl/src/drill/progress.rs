@@ -6,9 +6,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::JobOutcomes;
-use super::memory::MemoryBroker;
+use fleet_budget::{DeadLetterReason, FleetBudget};
+
 use super::upstream::Upstream;
+use super::{DEPENDENCY, JobOutcomes};
+
+/// Queue depths for the progress line, whatever the queue.
+pub(super) trait QueueGauge: Send + Sync {
+    /// Jobs waiting for a worker or for their retry delay.
+    fn waiting(&self) -> u64;
+    /// Jobs in the dead-letter queue.
+    fn dead(&self) -> u64;
+    /// Parked jobs.
+    fn parked(&self) -> u64;
+}
 use crate::output::thousands;
 
 /// A running progress display.
@@ -23,8 +34,9 @@ impl Progress {
     pub(super) fn start(
         label: &'static str,
         upstream: Arc<Upstream>,
-        broker: Arc<MemoryBroker>,
+        broker: Arc<dyn QueueGauge>,
         outcomes: Arc<JobOutcomes>,
+        budget: FleetBudget,
         submitted: Arc<AtomicU64>,
         jobs: u64,
     ) -> Self {
@@ -56,16 +68,16 @@ impl Progress {
                         )
                     };
                     let line = format!(
-                        "[{label}] {:>5.1}s {phase:<27} calls {:>5}/s | submitted {}/{} | succeeded {} | retrying {} | dead-lettered {} (in DLQ {}, parked {})",
+                        "[{label}] {:>5.1}s {phase:<27} calls {:>5}/s | submitted {}/{} | succeeded {} | waiting {} | dead-lettered {} (in DLQ {}, parked {})",
                         elapsed.as_secs_f64(),
                         upstream.last_second(),
                         thousands(submitted.load(Ordering::Relaxed)),
                         thousands(jobs),
                         thousands(outcomes.successes()),
-                        thousands(broker.delayed() + broker.ready_depth()),
-                        thousands(outcomes.dead_total()),
-                        thousands(broker.dead_depth()),
-                        thousands(broker.parked_depth()),
+                        thousands(broker.waiting()),
+                        thousands(dead_lettered(&budget)),
+                        thousands(broker.dead()),
+                        thousands(broker.parked()),
                     );
                     let mut err = std::io::stderr().lock();
                     if terminal {
@@ -96,4 +108,12 @@ impl Progress {
         self.done.store(true, Ordering::Release);
         let _ = self.task.await;
     }
+}
+
+/// Dead-letter decisions so far (first pass and replays).
+fn dead_lettered(budget: &FleetBudget) -> u64 {
+    DeadLetterReason::ALL
+        .iter()
+        .map(|r| budget.metrics().dead_letters(DEPENDENCY, *r))
+        .sum()
 }
