@@ -7,9 +7,10 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use fleet_budget::allowance::BudgetState;
 use fleet_budget::store::{Deposits, LocalStore};
 use fleet_budget::{BudgetPolicy, Dependency};
 use tower::retry::budget::{Budget, TpsBudget};
@@ -58,6 +59,19 @@ fn decisions(c: &mut Criterion) {
     let tower = TpsBudget::new(Duration::from_secs(10), 0, 0.0);
     group.bench_function("tower::TpsBudget::withdraw", |b| {
         b.iter(|| black_box(tower.withdraw()))
+    });
+    group.finish();
+
+    // Where the local store's time goes: the same decision as pure arithmetic on one budget
+    // (no clock read, no lock, no map lookup), and the wall-clock read it makes per call.
+    let mut group = c.benchmark_group("withdraw_parts");
+    let now = 1_800_000_000_000u64;
+    let mut state = BudgetState::empty(now, generous.window_ms());
+    group.bench_function("allowance::BudgetState::try_spend (math only)", |b| {
+        b.iter(|| black_box(state.try_spend(black_box(now), black_box(&generous)).0));
+    });
+    group.bench_function("SystemTime::now (the store's clock read)", |b| {
+        b.iter(|| black_box(SystemTime::now()))
     });
     group.finish();
 

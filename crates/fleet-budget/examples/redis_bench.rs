@@ -129,6 +129,21 @@ fn round_trips(server: &RedisServer) -> u64 {
         .sum()
 }
 
+/// Server CPU time per call of `command` since the last `CONFIG RESETSTAT` (`usec_per_call`).
+fn usec_per_call(server: &RedisServer, command: &str) -> f64 {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix("usec_per_call="))?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
 fn reset_stats(server: &RedisServer) {
     let _: String = server.cmd(&["CONFIG", "RESETSTAT"]);
 }
@@ -280,6 +295,11 @@ async fn coalescing(
     let achieved = done as f64 / started.elapsed().as_secs_f64();
     budget.shutdown().await.unwrap();
     let trips = round_trips(server);
+    let calls: BTreeMap<String, u64> = command_calls(server)
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("config"))
+        .collect();
+    println!("    commands seen by the server: {calls:?}");
     (achieved, trips as f64 / done as f64, trips)
 }
 
@@ -296,9 +316,15 @@ async fn main() {
         .trim()
         .to_owned();
     println!(
-        "redis_bench: redis-server {version} on 127.0.0.1:{} (private), {} cores, decisions={} latency_calls={}{}",
+        "redis_bench: redis-server {version} on 127.0.0.1:{} (private), {} cores, load average {}, decisions={} latency_calls={}{}",
         server.port(),
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
         args.decisions,
         args.latency_calls,
         if args.smoke { " (smoke)" } else { "" }
@@ -395,6 +421,7 @@ async fn main() {
     ));
 
     // 2. Throughput: 32 tasks on one store against redis-benchmark calling the same script.
+    reset_stats(&server);
     let ours = throughput(
         store.clone(),
         std::slice::from_ref(&bench),
@@ -402,6 +429,7 @@ async fn main() {
         args.decisions,
     )
     .await;
+    let server_usec = usec_per_call(&server, "evalsha");
     let sha = SPEND_SCRIPT.get_hash().to_owned();
     let loaded: String = server.cmd(&["SCRIPT", "LOAD", include_str!("../../../lua/spend.lua")]);
     assert_eq!(loaded, sha);
@@ -427,6 +455,10 @@ async fn main() {
     println!("redis-benchmark -c 32 -P 1         {rb:>10.0} /s   `{rb_cmd}`");
     println!(
         "redis-benchmark -c 32 -P 16        {rb_p16:>10.0} /s   (server ceiling with pipelining) `{rb_p16_cmd}`"
+    );
+    println!(
+        "server CPU per decision (INFO commandstats usec_per_call of EVALSHA): {server_usec:.2} µs -> at most {:.0} decisions/s per Redis core",
+        1e6 / server_usec.max(0.01)
     );
     summary.push(format!(
         "decisions/s, 32 tasks = {ours_best:.0} (target >= 100000: {})",
