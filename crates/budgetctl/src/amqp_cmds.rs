@@ -330,11 +330,6 @@ pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result
             args.dependency
         ))
     })?;
-    if args.limit.is_some() {
-        return Err(usage(
-            "--limit: not supported yet (fleet-budget-amqp's ReplayOptions has no limit); replay is bounded to the messages present at its start",
-        ));
-    }
     let since_ms = match &args.since {
         Some(s) => {
             Some(parse_since(s, headers::now_ms()).map_err(|e| usage(format!("--since {e}")))?)
@@ -349,6 +344,7 @@ pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result
         ..ReplayFilter::default()
     };
     options.rate = Some(f64::from(args.rate));
+    options.limit = args.limit;
     let topology = Topology::new(&config.amqp);
     if args.dry_run {
         let r = Replayer::new(config.amqp.url.clone(), topology, None)

@@ -83,6 +83,9 @@ pub struct ReplayOptions {
     pub idle_timeout: Duration,
     /// Copies awaiting their confirmation at a time.
     pub window: usize,
+    /// Move at most this many messages; further matching ones are left in the dead-letter
+    /// queue and counted as skipped (`None`: no limit).
+    pub limit: Option<u64>,
 }
 
 impl ReplayOptions {
@@ -97,6 +100,7 @@ impl ReplayOptions {
             budget_cache: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(3),
             window: 256,
+            limit: None,
         }
     }
 }
@@ -292,6 +296,9 @@ impl Replayer {
                             .entry((r.dependency, r.reason.to_string()))
                             .or_default() += 1;
                     }
+                    Class::Replay(_) if options.limit.is_some_and(|l| report.would_move >= l) => {
+                        report.skipped += 1;
+                    }
                     Class::Replay(r) => {
                         report.would_move += 1;
                         *report
@@ -356,6 +363,7 @@ impl Replayer {
         let mut exchanges: HashMap<String, bool> = HashMap::new();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
+        let mut moves = 0u64;
         while p.seen < total {
             let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
                 Err(_) => break,
@@ -401,8 +409,15 @@ impl Replayer {
                         headers::park_headers(&table, &reason),
                     )
                 }
+                Class::Replay(_) if options.limit.is_some_and(|l| moves >= l) => {
+                    p.skipped += 1;
+                    held.push(d.acker);
+                    progress(&p);
+                    continue;
+                }
                 Class::Replay(r) => {
                     report.matched += 1;
+                    moves += 1;
                     if !self
                         .exchange_exists(&publisher, &r.original_exchange, &mut exchanges)
                         .await
