@@ -292,7 +292,10 @@ async fn client_pause_and_debug_sleep_fire_the_deadline() {
     );
     assert!(budget.metrics().fallback_is_active());
     let _: String = server.cmd(&["CLIENT", "UNPAUSE"]);
-    until_fleet(&budget, RESUME_WITHIN).await;
+    let resumed = until_fleet(&budget, RESUME_WITHIN).await;
+    eprintln!(
+        "pause: CLIENT PAUSE decision took {took:?} (deadline {DEADLINE:?}); fleet budget again {resumed:?} after UNPAUSE"
+    );
     assert!(!budget.metrics().fallback_is_active());
 
     // DEBUG SLEEP: the server itself is busy (like a slow script or a fork stall).
@@ -317,7 +320,10 @@ async fn client_pause_and_debug_sleep_fire_the_deadline() {
     );
     assert!(budget.metrics().store_errors("timeout") > timeouts);
     sleeper.await.unwrap();
-    until_fleet(&budget, RESUME_WITHIN).await;
+    let resumed = until_fleet(&budget, RESUME_WITHIN).await;
+    eprintln!(
+        "pause: DEBUG SLEEP decision took {took:?} (deadline {DEADLINE:?}); fleet budget again {resumed:?} after it ended"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
