@@ -80,20 +80,20 @@ pub(crate) async fn migrate(config: &Config, args: &MigrateArgs) -> anyhow::Resu
     if args.json {
         return print_json(&out);
     }
-    println!("RabbitMQ at {} (names under `{}`)", out.amqp, out.prefix);
-    print!("{report}");
+    outln!("RabbitMQ at {} (names under `{}`)", out.amqp, out.prefix);
+    out!("{report}");
     let unchanged = report
         .steps
         .iter()
         .filter(|(_, s)| matches!(s, StepState::Unchanged))
         .count();
     if report.dry_run {
-        println!(
+        outln!(
             "{} objects would be created, {unchanged} exist already",
             out.created
         );
     } else {
-        println!(
+        outln!(
             "{} objects created, {unchanged} existed already",
             out.created
         );
@@ -148,10 +148,10 @@ pub(crate) async fn dlq_stats(config: &Config, json: bool) -> anyhow::Result<()>
     if json {
         return print_json(&stats);
     }
-    println!("RabbitMQ at {}", stats.amqp);
+    outln!("RabbitMQ at {}", stats.amqp);
     for q in [&stats.dead_letter, &stats.parked] {
         let age = q.oldest_age_secs.map_or_else(|| "-".to_owned(), human_age);
-        println!("{}: {} messages, oldest {age}", q.queue, thousands(q.depth));
+        outln!("{}: {} messages, oldest {age}", q.queue, thousands(q.depth));
         if !q.by_dependency_reason.is_empty() {
             let mut rows = vec![vec![
                 "  dependency".to_owned(),
@@ -165,10 +165,10 @@ pub(crate) async fn dlq_stats(config: &Config, json: bool) -> anyhow::Result<()>
                     thousands(d.count),
                 ]);
             }
-            print!("{}", crate::output::table_aligned(&rows, &[0, 1]));
+            out!("{}", crate::output::table_aligned(&rows, &[0, 1]));
         }
         if q.malformed > 0 {
-            println!("  malformed (no dead-letter headers): {}", q.malformed);
+            outln!("  malformed (no dead-letter headers): {}", q.malformed);
         }
     }
     Ok(())
@@ -365,7 +365,7 @@ pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result
         if args.json {
             return print_json(&out);
         }
-        println!(
+        outln!(
             "dry run: {} dead letters in the queue, nothing moved",
             thousands(r.total)
         );
@@ -378,7 +378,7 @@ pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result
             rows.push(vec![d.clone(), reason.clone(), thousands(*n)]);
         }
         if rows.len() > 1 {
-            print!("{}", crate::output::table_aligned(&rows, &[0, 1]));
+            out!("{}", crate::output::table_aligned(&rows, &[0, 1]));
         }
         print_replay(&out);
         return Ok(());
@@ -454,9 +454,9 @@ fn print_replay(out: &ReplayOutput) {
         vec!["skipped (filter)".to_owned(), thousands(out.skipped)],
         vec!["failed (not confirmed)".to_owned(), thousands(out.failed)],
     ];
-    print!("{}", table(&rows));
+    out!("{}", table(&rows));
     if out.paused_secs > 0.0 {
-        println!(
+        outln!(
             "paused {:.1}s while the budget was exhausted",
             out.paused_secs
         );

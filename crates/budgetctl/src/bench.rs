@@ -127,21 +127,25 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     if args.json {
         return print_json(&report);
     }
-    println!("dependency          {}", report.dependency);
-    println!("successes recorded  {}", report.successes_recorded);
-    println!("retries requested   {}", report.retries_requested);
-    println!(
+    outln!("dependency          {}", report.dependency);
+    outln!("successes recorded  {}", report.successes_recorded);
+    outln!("retries requested   {}", report.retries_requested);
+    outln!(
         "granted / denied    {} / {} (allowance {})",
-        report.granted, report.denied, report.allowance
+        report.granted,
+        report.denied,
+        report.allowance
     );
-    println!("decisions per sec   {:.0}", report.decisions_per_sec);
-    println!(
+    outln!("decisions per sec   {:.0}", report.decisions_per_sec);
+    outln!(
         "decision p50 / p99  {} µs / {} µs",
-        report.p50_us, report.p99_us
+        report.p50_us,
+        report.p99_us
     );
-    println!(
+    outln!(
         "PING p50 / p99      {} µs / {} µs (same connection, same run)",
-        report.ping_p50_us, report.ping_p99_us
+        report.ping_p50_us,
+        report.ping_p99_us
     );
     Ok(())
 }

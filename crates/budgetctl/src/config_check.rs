@@ -187,14 +187,16 @@ fn policy_cells(p: &PolicyView) -> Vec<String> {
 }
 
 fn print_report(r: &CheckReport) {
-    println!("{}: valid", r.file);
-    println!(
+    outln!("{}: valid", r.file);
+    outln!(
         "redis: {} (keys under `{}`, fallback {})",
-        r.redis_url, r.redis_key_prefix, r.redis_fallback
+        r.redis_url,
+        r.redis_key_prefix,
+        r.redis_fallback
     );
-    println!("amqp:  {} (names under `{}`)", r.amqp_url, r.amqp_prefix);
-    println!();
-    println!("policies:");
+    outln!("amqp:  {} (names under `{}`)", r.amqp_url, r.amqp_prefix);
+    outln!();
+    outln!("policies:");
     let mut rows = vec![
         [
             "dependency",
@@ -222,9 +224,9 @@ fn print_report(r: &CheckReport) {
         });
         rows.push(row);
     }
-    print!("{}", table_aligned(&rows, &[0, 4, 5, 6]));
-    println!();
-    println!("task -> dependency (unlisted tasks are their own dependency, with the defaults):");
+    out!("{}", table_aligned(&rows, &[0, 4, 5, 6]));
+    outln!();
+    outln!("task -> dependency (unlisted tasks are their own dependency, with the defaults):");
     let mut rows = vec![
         ["task", "dependency", "max_attempts", "backoff"]
             .map(str::to_owned)
@@ -243,8 +245,8 @@ fn print_report(r: &CheckReport) {
         ]);
     }
     if r.tasks.is_empty() {
-        println!("  (no tasks listed)");
+        outln!("  (no tasks listed)");
     } else {
-        print!("{}", table_aligned(&rows, &[0, 1, 3]));
+        out!("{}", table_aligned(&rows, &[0, 1, 3]));
     }
 }

@@ -5,13 +5,14 @@
 //! service unreachable, a broker error), 2 usage or configuration error. With `--json` exactly
 //! one JSON object goes to stdout; logs and progress go to stderr.
 
+#[macro_use]
+mod output;
 mod amqp_cmds;
 mod bench;
 mod cli;
 mod config_check;
 mod drill;
 mod exit;
-mod output;
 mod redis_conn;
 mod settings;
 mod simulate;

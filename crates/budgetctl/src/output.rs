@@ -1,4 +1,27 @@
 //! Printing: one JSON object on stdout, aligned tables for people.
+//!
+//! Everything on stdout goes through [`out!`] / [`outln!`], which ignore write errors instead of
+//! panicking like `print!` does when stdout is closed (`budgetctl status | head -1`).
+
+/// `print!` that never panics.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics.
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 use std::io::Write;
 

@@ -21,7 +21,7 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<Config> {
     if let Some(url) = &global.redis_url {
         if !has_scheme(url, &["redis", "rediss", "redis+unix", "unix"]) {
             return Err(usage(format!(
-                "--redis-url {}: must be a URL of the form redis://host:port (or rediss://)",
+                "--redis-url (or FLEET_BUDGET_REDIS_URL) {}: must be a URL of the form redis://host:port (or rediss://)",
                 redact_url(url)
             )));
         }
@@ -31,7 +31,7 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<Config> {
     if let Some(url) = &global.amqp_url {
         if !has_scheme(url, &["amqp", "amqps"]) {
             return Err(usage(format!(
-                "--amqp-url {}: must be a URL of the form amqp://user:password@host:port/vhost",
+                "--amqp-url (or FLEET_BUDGET_AMQP_URL) {}: must be a URL of the form amqp://user:password@host:port/vhost",
                 redact_url(url)
             )));
         }

@@ -28,6 +28,9 @@ use serde::Serialize;
 use crate::cli::{BrownoutArgs, CapacityArgs};
 use crate::output::{print_json, table, thousands};
 
+/// The most jobs one `simulate` command models, so that no input makes it run for hours.
+const MAX_MODEL_JOBS: u64 = 20_000_000;
+
 /// The task every simulated job runs, and so the dependency whose budget it spends.
 const TASK: &str = "upstream";
 
@@ -207,6 +210,12 @@ fn mean(reports: &[BrownoutReport]) -> BrownoutMean {
 
 /// `budgetctl simulate brownout`.
 pub(crate) fn brownout_command(args: &BrownoutArgs) -> anyhow::Result<()> {
+    if args.requests.saturating_mul(u64::from(args.runs)) > MAX_MODEL_JOBS {
+        return Err(crate::exit::usage(format!(
+            "--requests × --runs must be at most {} (the model runs in this process)",
+            thousands(MAX_MODEL_JOBS)
+        )));
+    }
     let budget = args.budget_ratio.map(|ratio| BudgetParams {
         ratio,
         deposit: args.deposit.basis(),
@@ -242,7 +251,7 @@ pub(crate) fn brownout_command(args: &BrownoutArgs) -> anyhow::Result<()> {
         ),
         None => "no budget".to_owned(),
     };
-    println!(
+    outln!(
         "brownout: {} requests, up to {} attempts, {:.1}% of attempts fail, {budget_text}",
         thousands(args.requests),
         args.attempts,
@@ -273,14 +282,14 @@ pub(crate) fn brownout_command(args: &BrownoutArgs) -> anyhow::Result<()> {
         ],
     ];
     if args.runs > 1 {
-        println!(
+        outln!(
             "mean of {} runs (seeds {}..={})",
             args.runs,
             args.seed,
             args.seed.wrapping_add(u64::from(args.runs) - 1)
         );
     }
-    print!("{}", table(&rows));
+    out!("{}", table(&rows));
     Ok(())
 }
 
@@ -405,6 +414,12 @@ const CHART_DEFAULT_RATIO: f64 = 0.1;
 
 /// `budgetctl simulate capacity`.
 pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
+    if args.incoming.saturating_mul(u64::from(args.ticks)) > MAX_MODEL_JOBS {
+        return Err(crate::exit::usage(format!(
+            "--incoming × --ticks must be at most {} (the model runs in this process)",
+            thousands(MAX_MODEL_JOBS)
+        )));
+    }
     let budget_of = |ratio| BudgetParams {
         ratio,
         deposit: args.deposit.basis(),
@@ -450,7 +465,7 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
         };
         return print_json(&output);
     }
-    println!(
+    outln!(
         "capacity: {} jobs/tick, capacity {} dropping to {} for {} ticks from tick {}, up to {} attempts",
         thousands(args.incoming),
         thousands(args.capacity),
@@ -509,8 +524,8 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
         }
         rows.push(row);
     }
-    print!("{}", table(&rows));
-    println!(
+    out!("{}", table(&rows));
+    outln!(
         "no budget:   peak offered {} per tick, served {}, dead-lettered {}",
         thousands(without.peak_offered),
         thousands(without.served_total),
@@ -523,7 +538,7 @@ pub(crate) fn capacity_command(args: &CapacityArgs) -> anyhow::Result<()> {
         } else {
             100.0 * (1.0 - w.peak_offered as f64 / without.peak_offered as f64)
         };
-        println!(
+        outln!(
             "budget {:.0}%: peak offered {} per tick ({cut:.0}% lower), served {}, dead-lettered {}",
             ratio * 100.0,
             thousands(w.peak_offered),

@@ -116,6 +116,24 @@ fn unknown_flags_and_commands_exit_2_naming_them() {
 #[test]
 fn bad_values_exit_2_naming_the_flag() {
     assert_exit(
+        &run(&[
+            "simulate",
+            "capacity",
+            "--incoming",
+            "1000000",
+            "--ticks",
+            "10000",
+        ]),
+        2,
+        "--incoming",
+    );
+    let o = budgetctl()
+        .env("FLEET_BUDGET_REDIS_URL", "http://u:pw@h")
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_exit(&o, 2, "FLEET_BUDGET_REDIS_URL");
+    assert_exit(
         &run(&["simulate", "brownout", "--failure-rate", "1.5"]),
         2,
         "--failure-rate",

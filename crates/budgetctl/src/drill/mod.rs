@@ -554,8 +554,8 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
 fn print_comparison(r: &DemoReport) {
     let [a, b] = [r.runs.first(), r.runs.get(1)];
     let (Some(a), Some(b)) = (a, b) else { return };
-    println!();
-    println!(
+    outln!();
+    outln!(
         "Incident drill: {} workers, {} jobs/s; `{DEPENDENCY}` capacity {}/s -> {}/s for {:.0}s -> {}/s",
         r.workers,
         r.jobs_per_sec,
@@ -564,16 +564,16 @@ fn print_comparison(r: &DemoReport) {
         r.phase_secs,
         r.capacity_per_sec
     );
-    println!("budget store: {}", mode_store_line(&r.mode));
-    println!("queue:        {}", mode_queue_line(&r.mode));
-    println!(
+    outln!("budget store: {}", mode_store_line(&r.mode));
+    outln!("queue:        {}", mode_queue_line(&r.mode));
+    outln!(
         "budget: {:.0}% of successes per {}s sliding window (at least {}); up to {} attempts per job",
         r.budget_ratio * 100.0,
         r.budget_window_secs,
         r.budget_min_allowance,
         r.max_attempts
     );
-    println!();
+    outln!();
     let n = |v: u64| thousands(v);
     let reason = |run: &RunReport, key: &str| n(run.dead_lettered.get(key).copied().unwrap_or(0));
     let mut rows = vec![
@@ -640,9 +640,9 @@ fn print_comparison(r: &DemoReport) {
         n(a.parked),
         n(b.parked),
     ]);
-    print!("{}", table(&rows));
-    println!();
-    println!("every job accounted for:");
+    out!("{}", table(&rows));
+    outln!();
+    outln!("every job accounted for:");
     for run in [a, b] {
         let acc = &run.accounting;
         let mut line = format!(
@@ -660,6 +660,6 @@ fn print_comparison(r: &DemoReport) {
                 acc.still_dead_lettered
             ));
         }
-        println!("{line}");
+        outln!("{line}");
     }
 }
