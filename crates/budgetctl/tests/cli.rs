@@ -770,6 +770,8 @@ fn demo_against_redis_json() {
     let o = run(&[
         "--redis-url",
         &redis.url(),
+        "--amqp-url",
+        &broker::url(),
         "--key-prefix",
         &unique("demo"),
         "demo",
@@ -833,7 +835,13 @@ mod broker {
     };
     use lapin::types::{FieldTable, ShortString};
 
-    pub(crate) const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// The shared broker: `FLEET_BUDGET_AMQP_URL`, or guest on 127.0.0.1:5672.
+    pub(crate) fn url() -> String {
+        std::env::var("FLEET_BUDGET_AMQP_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    }
 
     /// A topology of the test's own on the shared broker, deleted on drop.
     pub(crate) struct TestBroker {
@@ -857,7 +865,7 @@ mod broker {
         }
 
         async fn channel() -> (lapin::Connection, lapin::Channel) {
-            let conn = fleet_budget_amqp::connect(URL, "budgetctl cli test")
+            let conn = fleet_budget_amqp::connect(&url(), "budgetctl cli test")
                 .await
                 .expect("RabbitMQ on 127.0.0.1:5672 (.ci/run starts it)");
             let ch = conn.create_channel().await.unwrap();
@@ -938,7 +946,8 @@ mod broker {
         fn drop(&mut self) {
             let topology = self.topology.clone();
             self.rt.block_on(async move {
-                let Ok(conn) = fleet_budget_amqp::connect(URL, "budgetctl cli test cleanup").await
+                let Ok(conn) =
+                    fleet_budget_amqp::connect(&url(), "budgetctl cli test cleanup").await
                 else {
                     return;
                 };
@@ -970,7 +979,10 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     let broker = broker::TestBroker::new(&prefix);
     let config = temp_file(
         &format!("{prefix}.toml"),
-        &format!("[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n", broker::URL),
+        &format!(
+            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n",
+            broker::url()
+        ),
     );
     let cfg = config.to_str().unwrap();
     let redis_prefix = unique("replay");
