@@ -73,7 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(drill::demo_command(&config, global, &args))
+            runtime()?.block_on(drill::demo_command(&config, &args))
         }
         Command::Replay(args) => {
             let config = settings::resolve(global)?;

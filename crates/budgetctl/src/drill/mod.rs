@@ -6,8 +6,10 @@
 //! replays each run's dead-letter queue and accounts for every job:
 //! `succeeded + dead-lettered-then-replayed + parked = submitted`, `lost = 0`.
 //!
-//! When Redis does not answer, the budget is kept in this process; the queue is in memory
-//! (see [`memory`]). Either way the output says which was used.
+//! Jobs go through RabbitMQ ([`rabbit`]: the library's `Worker`s and `Replayer` on a topology of
+//! the drill's own). When Redis does not answer, the budget is kept in this process; when
+//! RabbitMQ does not answer, the queue is in memory ([`memory`], same decision order). The
+//! output says which URL failed, how to start the services, and which mode ran.
 
 mod memory;
 mod progress;
@@ -28,7 +30,7 @@ use serde::Serialize;
 use self::memory::MemoryBroker;
 use self::progress::Progress;
 use self::upstream::{CallError, Schedule, Upstream};
-use crate::cli::{DemoArgs, GlobalArgs};
+use crate::cli::DemoArgs;
 use crate::output::{print_json, table, thousands};
 use crate::redis_conn;
 
@@ -214,11 +216,7 @@ struct DemoReport {
 }
 
 /// `budgetctl demo`.
-pub(crate) async fn demo_command(
-    config: &Config,
-    _global: &GlobalArgs,
-    args: &DemoArgs,
-) -> anyhow::Result<()> {
+pub(crate) async fn demo_command(config: &Config, args: &DemoArgs) -> anyhow::Result<()> {
     let mode = choose_mode(config, args).await;
     let started = Instant::now();
     let capacity = u64::from(args.rate) * 5 / 4;
