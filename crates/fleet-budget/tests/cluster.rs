@@ -391,3 +391,32 @@ async fn a_live_budget_survives_moved_after_its_slot_is_resharded() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_budget_on_the_cluster_connects_even_when_connecting_takes_longer_than_the_deadline()
+ {
+    use fleet_budget::{BudgetSource, Config, Decision, Failure, FleetBudget};
+    let cluster = RedisCluster::start(3);
+    let mut config = Config::default();
+    config.redis.cluster_urls = cluster.urls();
+    config.redis.key_prefix = "fbd".to_owned();
+    // Shorter than making a cluster connection (seed, CLUSTER SLOTS, one connection per
+    // master): the first calls fall back, but the connection must still get made.
+    config.redis.timeout = Duration::from_millis(1);
+    let budget = FleetBudget::from_config(&config).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut fleet = 0;
+    while fleet < 20 {
+        let d = budget
+            .on_failure("search", 1, &Failure::retryable("503"))
+            .await
+            .unwrap();
+        let (Decision::Retry { source, .. } | Decision::DeadLetter { source, .. }) = d;
+        fleet += u32::from(source == BudgetSource::Fleet);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the cluster budget never answered within its deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

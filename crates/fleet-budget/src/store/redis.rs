@@ -5,9 +5,11 @@
 //! (`docs/BENCHMARKS.md`). Scripts go through [`redis::Script`]: `EVALSHA`, and on `NOSCRIPT`
 //! (after a restart or `SCRIPT FLUSH`) `SCRIPT LOAD` and again.
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -23,11 +25,14 @@ use crate::policy::BudgetPolicy;
 use crate::redact::redact_url;
 
 /// `lua/spend.lua`: try to spend one retry.
-pub static SPEND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
+pub static SPEND_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
 /// `lua/deposit.lua`: record deposits.
-pub static DEPOSIT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
+pub static DEPOSIT_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
 /// `lua/status.lua`: read a budget.
-pub static STATUS_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
+pub static STATUS_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
 
 /// Where the fleet budgets live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +70,12 @@ pub struct RedisStore {
     timeout: Duration,
     cluster_client: Option<ClusterClient>,
     connection: OnceCell<Connection>,
+    /// The cluster connection being made, when it is (see `RedisStore::connection`).
+    connecting: Mutex<Option<Connecting>>,
 }
+
+/// A cluster connection being made in a task of its own, awaited by any number of callers.
+type Connecting = Shared<BoxFuture<'static, redis::RedisResult<ClusterConnection>>>;
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,7 +119,14 @@ impl RedisStore {
                 (OnceCell::new(), Some(client))
             }
         };
-        Ok(Self { target, prefix: prefix.to_owned(), timeout, cluster_client, connection })
+        Ok(Self {
+            target,
+            prefix: prefix.to_owned(),
+            timeout,
+            cluster_client,
+            connection,
+            connecting: Mutex::new(None),
+        })
     }
 
     /// Connects now and checks the server answers (`PING`), within the store's deadline × 20.
@@ -152,19 +169,70 @@ impl RedisStore {
     }
 
     async fn connection(&self) -> Result<Connection, StoreError> {
-        let connection = self
-            .connection
-            .get_or_try_init(|| async {
-                match &self.cluster_client {
-                    Some(client) => Ok::<_, StoreError>(Connection::Cluster(client.get_async_connection().await?)),
-                    None => Err(StoreError::BadReply { script: "connect", detail: "no connection configured".to_owned() }),
+        if let Some(connection) = self.connection.get() {
+            return Ok(connection.clone());
+        }
+        let Some(client) = &self.cluster_client else {
+            return Err(StoreError::BadReply {
+                script: "connect",
+                detail: "no connection configured".to_owned(),
+            });
+        };
+        // Making a cluster connection (seed node, CLUSTER SLOTS, one connection per master) can
+        // take longer than one call's deadline. It runs in a task of its own, shared by the
+        // callers, so a caller that gives up does not cancel it: the next caller finds it done.
+        // (Awaited inside the caller's deadline, it was cancelled every time and a cluster
+        // slower to connect than the deadline was never used.)
+        let connecting = {
+            let mut slot = self
+                .connecting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            slot.get_or_insert_with(|| {
+                let client = client.clone();
+                let task = tokio::spawn(async move { client.get_async_connection().await });
+                async move {
+                    match task.await {
+                        Ok(result) => result,
+                        Err(join) => Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "cluster connection task failed",
+                            join.to_string(),
+                        ))),
+                    }
                 }
+                .boxed()
+                .shared()
             })
-            .await?;
-        Ok(connection.clone())
+            .clone()
+        };
+        let result = connecting.clone().await;
+        {
+            let mut slot = self
+                .connecting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if slot
+                .as_ref()
+                .is_some_and(|current| current.ptr_eq(&connecting))
+            {
+                // Done: after a failure the next caller starts afresh.
+                *slot = None;
+            }
+        }
+        let cluster = result?;
+        Ok(self
+            .connection
+            .get_or_init(|| async { Connection::Cluster(cluster) })
+            .await
+            .clone())
     }
 
-    async fn invoke(&self, script: &'static str, invocation: ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
+    async fn invoke(
+        &self,
+        script: &'static str,
+        invocation: ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
         let call = async {
             let reply: Vec<i64> = match self.connection().await? {
                 Connection::Single(mut c) => invocation.invoke_async(&mut c).await?,
@@ -192,16 +260,37 @@ fn policy_args<'a>(invocation: &mut ScriptInvocation<'a>, policy: &BudgetPolicy)
 
 /// Decodes the 14-integer reply shared by the scripts: `granted` (1, 0, or -1 when not a
 /// withdrawal) and the snapshot.
-pub fn parse_reply(script: &'static str, reply: &[i64]) -> Result<(i64, BudgetSnapshot), StoreError> {
+pub fn parse_reply(
+    script: &'static str,
+    reply: &[i64],
+) -> Result<(i64, BudgetSnapshot), StoreError> {
     let bad = |detail: String| StoreError::BadReply { script, detail };
     if reply.len() < 14 {
-        return Err(bad(format!("expected at least 14 integers, got {}", reply.len())));
+        return Err(bad(format!(
+            "expected at least 14 integers, got {}",
+            reply.len()
+        )));
     }
     let mut fields = [0u64; 13];
     for (i, (slot, value)) in fields.iter_mut().zip(reply.iter().skip(1)).enumerate() {
-        *slot = u64::try_from(*value).map_err(|_| bad(format!("field {} is negative: {value}", i + 2)))?;
+        *slot = u64::try_from(*value)
+            .map_err(|_| bad(format!("field {} is negative: {value}", i + 2)))?;
     }
-    let [allowance, window_index, window_ms, elapsed_ms, previous_weight_ms, cs, ca, cr, cd, ps, pa, pr, pd] = fields;
+    let [
+        allowance,
+        window_index,
+        window_ms,
+        elapsed_ms,
+        previous_weight_ms,
+        cs,
+        ca,
+        cr,
+        cd,
+        ps,
+        pa,
+        pr,
+        pd,
+    ] = fields;
     if window_ms == 0 {
         return Err(bad("window_ms is 0".to_owned()));
     }
@@ -213,25 +302,47 @@ pub fn parse_reply(script: &'static str, reply: &[i64]) -> Result<(i64, BudgetSn
             window_index,
             elapsed_ms,
             previous_weight_ms,
-            current: WindowCounters { successes: cs, first_attempts: ca, retries: cr, denied: cd },
-            previous: WindowCounters { successes: ps, first_attempts: pa, retries: pr, denied: pd },
+            current: WindowCounters {
+                successes: cs,
+                first_attempts: ca,
+                retries: cr,
+                denied: cd,
+            },
+            previous: WindowCounters {
+                successes: ps,
+                first_attempts: pa,
+                retries: pr,
+                denied: pd,
+            },
             allowance,
         },
     ))
 }
 
 impl BudgetStore for RedisStore {
-    fn deposit<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy, deposits: Deposits) -> StoreFuture<'a, BudgetSnapshot> {
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
             let mut invocation = DEPOSIT_SCRIPT.key(self.key(dependency));
-            invocation.arg(policy.window_ms()).arg(deposits.successes).arg(deposits.first_attempts);
+            invocation
+                .arg(policy.window_ms())
+                .arg(deposits.successes)
+                .arg(deposits.first_attempts);
             policy_args(&mut invocation, policy);
             let reply = self.invoke("deposit", invocation).await?;
             Ok(parse_reply("deposit", &reply)?.1)
         })
     }
 
-    fn withdraw<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, Withdrawal> {
+    fn withdraw<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal> {
         Box::pin(async move {
             let mut invocation = SPEND_SCRIPT.key(self.key(dependency));
             invocation.arg(policy.window_ms());
@@ -239,13 +350,23 @@ impl BudgetStore for RedisStore {
             let reply = self.invoke("spend", invocation).await?;
             let (granted, snapshot) = parse_reply("spend", &reply)?;
             match granted {
-                0 | 1 => Ok(Withdrawal { granted: granted == 1, snapshot }),
-                other => Err(StoreError::BadReply { script: "spend", detail: format!("granted is {other}, expected 0 or 1") }),
+                0 | 1 => Ok(Withdrawal {
+                    granted: granted == 1,
+                    snapshot,
+                }),
+                other => Err(StoreError::BadReply {
+                    script: "spend",
+                    detail: format!("granted is {other}, expected 0 or 1"),
+                }),
             }
         })
     }
 
-    fn status<'a>(&'a self, dependency: &'a Dependency, policy: &'a BudgetPolicy) -> StoreFuture<'a, BudgetSnapshot> {
+    fn status<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
             let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
             invocation.arg(policy.window_ms());
@@ -273,7 +394,8 @@ mod tests {
         assert!(parse_reply("spend", &[1; 13]).is_err());
         assert!(parse_reply("spend", &[1, -5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
         assert!(parse_reply("spend", &[1, 5, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
-        let (g, s) = parse_reply("spend", &[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let (g, s) =
+            parse_reply("spend", &[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
         assert_eq!(g, 1);
         assert_eq!(s.allowance, 10);
         assert_eq!(s.previous.denied, 8);
