@@ -564,7 +564,14 @@ async fn flush_pending(inner: &Inner, force: bool) -> Result<(), StoreError> {
     let Some(fleet) = &inner.fleet else {
         return Ok(());
     };
-    if !force && !inner.health.should_try() {
+    let nothing_pending = {
+        let pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.values().all(|p| p.deposits.is_empty())
+    };
+    // Check before taking a probe slot: with nothing to send, the flusher would spend the slot
+    // without calling the store. Its 100 ms ticks fall exactly when a 200 ms slot reopens, so it
+    // took every slot and the fleet budget never came back while nothing succeeded.
+    if nothing_pending || (!force && !inner.health.should_try()) {
         return Ok(());
     }
     let batch: Vec<(Dependency, Pending)> = {
