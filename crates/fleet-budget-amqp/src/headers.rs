@@ -428,7 +428,7 @@ impl DeadLetterRecord {
 /// counter starts again at 1), the replay count incremented, the replay time stamped.
 #[must_use]
 pub fn replay_headers(dead: &FieldTable, replays: u32) -> FieldTable {
-    let mut out = dead.clone();
+    let mut out = without_broker_headers(dead);
     for name in DEAD_LETTER_HEADERS.iter().chain([ATTEMPT].iter()) {
         remove(&mut out, name);
     }
@@ -443,6 +443,31 @@ pub fn park_headers(original: &FieldTable, reason: &str) -> FieldTable {
     let mut out = original.clone();
     set_str(&mut out, PARK_REASON, &error_text(reason));
     set_u64(&mut out, PARKED_MS, now_ms());
+    out
+}
+
+/// Headers the broker adds to a delivery (`x-delivery-count`, `x-death`, `x-first-death-*`,
+/// `x-last-death-*`): they describe that delivery, not the message, so copies drop them.
+pub const BROKER_DELIVERY_HEADERS: [&str; 8] = [
+    "x-delivery-count",
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+];
+
+/// `table` without [`BROKER_DELIVERY_HEADERS`]: the headers of a copy the worker publishes.
+#[must_use]
+pub fn without_broker_headers(table: &FieldTable) -> FieldTable {
+    let mut out = FieldTable::default();
+    for (k, v) in table.inner() {
+        if !BROKER_DELIVERY_HEADERS.contains(&k.as_str()) {
+            out.insert(k.clone(), v.clone());
+        }
+    }
     out
 }
 

@@ -461,7 +461,7 @@ impl Replayer {
                 .await
             {
                 Ok(pending) => {
-                    inflight.push(async move { (acker, kind, confirmed(pending).await) })
+                    inflight.push(async move { (acker, kind, confirmed(pending).await) });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");

@@ -399,7 +399,7 @@ where
     F: Future<Output = Result<(), Failure>> + Send + 'static,
 {
     bump(&ctx.stats.deliveries);
-    let table = headers::table(&delivery.properties);
+    let table = headers::without_broker_headers(&headers::table(&delivery.properties));
     let parsed = JobHeaders::parse(&table);
     let task = delivery
         .properties

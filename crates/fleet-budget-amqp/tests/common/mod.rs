@@ -41,8 +41,13 @@ pub fn config_text(
     defaults: &str,
     rest: &str,
 ) -> String {
+    let flush = if redis.contains("deposit_flush_ms") {
+        ""
+    } else {
+        "deposit_flush_ms = 0\n"
+    };
     format!(
-        "[redis]\nurl = \"{redis_url}\"\ntimeout_ms = 2000\ndeposit_flush_ms = 0\n{redis}\n\
+        "[redis]\nurl = \"{redis_url}\"\ntimeout_ms = 2000\n{flush}{redis}\n\
          [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\nprefetch = 16\nretry_tiers_secs = [0.2, 0.5, 1.0, 2.0]\n\
          [defaults]\nbackoff_base_ms = 100\nbackoff_cap_ms = 1000\n{defaults}\n{rest}\n",
         amqp_url()
