@@ -406,7 +406,7 @@ async fn a_fleet_budget_on_the_cluster_connects_even_when_connecting_takes_longe
     let budget = FleetBudget::from_config(&config).await.unwrap();
     let started = std::time::Instant::now();
     let mut fleet = 0;
-    while fleet < 20 {
+    while fleet < 5 {
         let d = budget
             .on_failure("search", 1, &Failure::retryable("503"))
             .await
