@@ -22,8 +22,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -473,6 +473,10 @@ impl Replayer {
                 if let Some(done) = inflight.next().await {
                     settle(done, &mut p, &mut held).await;
                 }
+            }
+            // Settle the confirms that have already arrived, so progress is current.
+            while let Some(Some(done)) = inflight.next().now_or_never() {
+                settle(done, &mut p, &mut held).await;
             }
             progress(&p);
         }
