@@ -428,9 +428,15 @@ impl DeadLetterRecord {
 /// counter starts again at 1), the replay count incremented, the replay time stamped.
 #[must_use]
 pub fn replay_headers(dead: &FieldTable, replays: u32) -> FieldTable {
-    let mut out = without_broker_headers(dead);
-    for name in DEAD_LETTER_HEADERS.iter().chain([ATTEMPT].iter()) {
-        remove(&mut out, name);
+    let mut out = FieldTable::default();
+    for (k, v) in dead.inner() {
+        let name = k.as_str();
+        if !(DEAD_LETTER_HEADERS.contains(&name)
+            || BROKER_DELIVERY_HEADERS.contains(&name)
+            || name == ATTEMPT)
+        {
+            out.insert(k.clone(), v.clone());
+        }
     }
     set_u64(&mut out, REPLAYS, u64::from(replays.saturating_add(1)));
     set_u64(&mut out, REPLAYED_MS, now_ms());

@@ -360,6 +360,7 @@ impl Replayer {
         let mut pacer = Pacer::new(options.rate);
         let mut held: Vec<Acker> = Vec::new();
         let mut inflight = FuturesUnordered::new();
+        let mut acks = FuturesUnordered::new();
         let mut exchanges: HashMap<String, bool> = HashMap::new();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
@@ -470,19 +471,27 @@ impl Replayer {
                 }
             }
             while inflight.len() >= options.window.max(1) {
-                if let Some(done) = inflight.next().await {
-                    settle(done, &mut p, &mut held).await;
+                if let Some(done) = inflight.next().await
+                    && let Some(acker) = settle(done, &mut p, &mut held)
+                {
+                    acks.push(ack(acker));
                 }
             }
             // Settle the confirms that have already arrived, so progress is current.
             while let Some(Some(done)) = inflight.next().now_or_never() {
-                settle(done, &mut p, &mut held).await;
+                if let Some(acker) = settle(done, &mut p, &mut held) {
+                    acks.push(ack(acker));
+                }
             }
+            while let Some(Some(())) = acks.next().now_or_never() {}
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            settle(done, &mut p, &mut held).await;
+            if let Some(acker) = settle(done, &mut p, &mut held) {
+                acks.push(ack(acker));
+            }
         }
+        while acks.next().await.is_some() {}
         let _ = ch
             .basic_cancel(sstr(&tag)?, BasicCancelOptions::default())
             .await;
@@ -591,27 +600,35 @@ impl Replayer {
     }
 }
 
-async fn settle(
+/// Counts a finished copy; returns the ack to send when it was confirmed.
+fn settle(
     done: (Acker, Kind, Result<(), crate::publish::PublishError>),
     p: &mut ReplayProgress,
     held: &mut Vec<Acker>,
-) {
+) -> Option<Acker> {
     let (acker, kind, result) = done;
     match result {
         Ok(()) => {
-            if let Err(e) = acker.ack(BasicAckOptions::default()).await {
-                tracing::warn!(error = %e, "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)");
-            }
             match kind {
                 Kind::Move => p.moved += 1,
                 Kind::Park => p.parked += 1,
             }
+            Some(acker)
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
             p.failed += 1;
             held.push(acker);
+            None
         }
+    }
+}
+
+/// Acks a dead-letter whose copy was confirmed. Acks are pipelined rather than awaited one by
+/// one; a failed ack leaves the message in the dead-letter queue (a possible duplicate later).
+async fn ack(acker: Acker) {
+    if let Err(e) = acker.ack(BasicAckOptions::default()).await {
+        tracing::warn!(error = %e, "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)");
     }
 }
 

@@ -1,0 +1,302 @@
+//! Throughput of the RabbitMQ paths, each beside raw `lapin` publish-with-confirms measured in
+//! the same run (docs/BENCHMARKS.md, "RabbitMQ (issue 4)").
+//!
+//! ```sh
+//! cargo run --release -p fleet-budget-amqp --example amqp_bench -- [messages] [window]
+//! ```
+//!
+//! 1. raw: `basic_publish` + confirm, `window` confirms outstanding, to a quorum queue;
+//! 2. dead-letter publish: the worker's dead-letter copy (headers built, error redacted) through
+//!    [`Publisher`] with confirms, same window, to the dead-letter quorum queue;
+//! 3. worker dead-lettering end to end: consume, handler fails non-retryably, dead-letter copy
+//!    confirmed, original acked (prefetch = window);
+//! 4. unpaced replay of the dead-letter queue back to the work exchange (confirm, then ack).
+//!
+//! Uses `FLEET_BUDGET_AMQP_URL` or 127.0.0.1:5672, a unique prefix, and deletes what it declared.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+use std::time::{Duration, Instant};
+
+use fleet_budget::{Config, DeadLetterReason, Failure, FleetBudget};
+use fleet_budget_amqp::headers::{self, DeadLetterRecord};
+use fleet_budget_amqp::publish::confirmed;
+use fleet_budget_amqp::{
+    Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerOptions, connect,
+    migrate,
+};
+use futures::stream::{FuturesUnordered, StreamExt};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Confirmation};
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn record(topology: &Topology, i: usize) -> DeadLetterRecord {
+    DeadLetterRecord {
+        task: "index_document".into(),
+        dependency: "search".into(),
+        reason: DeadLetterReason::BudgetExhausted,
+        original_exchange: topology.work_exchange.clone(),
+        original_routing_key: "index_document".into(),
+        original_queue: topology.work_queue.clone(),
+        attempts: 2,
+        first_failure_ms: headers::now_ms(),
+        dead_lettered_ms: headers::now_ms(),
+        error_class: "http_503".into(),
+        error: format!("search returned 503 for doc {i} (token=abc)"),
+        budget: None,
+        budget_source: None,
+        replays: 0,
+    }
+}
+
+async fn count(ch: &lapin::Channel, queue: &str) -> u32 {
+    let opts = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    ch.queue_declare(ShortString::from(queue), opts, FieldTable::default())
+        .await
+        .unwrap()
+        .message_count()
+}
+
+/// Raw lapin: publish with confirms to the parked queue (quorum, same headers), then purge.
+async fn raw_publish(
+    ch: &lapin::Channel,
+    topology: &Topology,
+    template: &FieldTable,
+    body: &[u8],
+    n: usize,
+    window: usize,
+) -> f64 {
+    let start = Instant::now();
+    let mut inflight = FuturesUnordered::new();
+    for i in 0..n {
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from(format!("raw-{i}")))
+            .with_delivery_mode(2)
+            .with_headers(template.clone());
+        let confirm = ch
+            .basic_publish(
+                ShortString::from(topology.parked_exchange.as_str()),
+                ShortString::from("k"),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .unwrap();
+        inflight.push(confirm);
+        while inflight.len() >= window {
+            assert!(matches!(
+                inflight.next().await,
+                Some(Ok(Confirmation::Ack(None)))
+            ));
+        }
+    }
+    while let Some(c) = inflight.next().await {
+        assert!(matches!(c, Ok(Confirmation::Ack(None))));
+    }
+    let r = rate(n, start.elapsed());
+    ch.queue_purge(
+        ShortString::from(topology.parked_queue.as_str()),
+        QueuePurgeOptions::default(),
+    )
+    .await
+    .unwrap();
+    r
+}
+
+/// The worker's dead-letter copy (record built, error redacted) through [`Publisher`].
+async fn dead_letter_publish(
+    publisher: &Publisher,
+    topology: &Topology,
+    body: &[u8],
+    n: usize,
+    window: usize,
+) -> f64 {
+    let start = Instant::now();
+    let mut inflight = FuturesUnordered::new();
+    for i in 0..n {
+        let mut t = FieldTable::default();
+        record(topology, i).write(&mut t);
+        let props = headers::with_message_id(BasicProperties::default())
+            .with_delivery_mode(2)
+            .with_headers(t);
+        let pending = publisher
+            .send(&topology.dead_exchange, "index_document", body, props)
+            .await
+            .unwrap();
+        inflight.push(confirmed(pending));
+        while inflight.len() >= window {
+            inflight.next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(c) = inflight.next().await {
+        c.unwrap();
+    }
+    rate(n, start.elapsed())
+}
+
+/// Replays the dead-letter queue (n messages) to the work queue, unpaced.
+async fn unpaced_replay(
+    url: &str,
+    topology: &Topology,
+    config: &Config,
+    n: usize,
+    window: usize,
+) -> f64 {
+    let replayer = Replayer::new(url.to_owned(), topology.clone(), None);
+    let mut options = ReplayOptions::new(config);
+    options.window = window;
+    let report = replayer.run(&options, |_| {}).await.unwrap();
+    assert_eq!(usize::try_from(report.moved).unwrap(), n, "{report:?}");
+    rate(n, report.elapsed)
+}
+
+/// A worker consuming the work queue (n jobs), failing each non-retryably: dead-letter copy
+/// confirmed, original acked.
+async fn worker_dead_lettering(url: &str, topology: &Topology, config: &Config, n: usize) -> f64 {
+    let budget = FleetBudget::local(config);
+    let worker = Worker::new(
+        budget,
+        topology.clone(),
+        WorkerOptions {
+            url: url.to_owned(),
+            ..WorkerOptions::new(config, topology)
+        },
+    );
+    let handle = worker.handle();
+    let start = Instant::now();
+    let join = tokio::spawn(worker.run(|_job| async { Err(Failure::non_retryable("bench")) }));
+    while handle.counts().dead_lettered < n as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = rate(n, start.elapsed());
+    handle.shutdown();
+    join.await.unwrap().unwrap();
+    r
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let window: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(256);
+    let rounds: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
+    let url = std::env::var("FLEET_BUDGET_AMQP_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let prefix = format!("fbbench.{}", &headers::new_message_id()[..8]);
+    let config = Config::from_toml(
+        &format!(
+            "[amqp]\nprefix = \"{prefix}\"\nprefetch = {}\n",
+            window.min(65_535)
+        ),
+        "bench",
+    )
+    .unwrap();
+    let topology = Topology::new(&config.amqp);
+    migrate(&url, &config.amqp, &Migrations::embedded().unwrap(), false)
+        .await
+        .unwrap();
+    let body = vec![b'x'; 256];
+    println!(
+        "messages per path: {n}, window (confirms outstanding / prefetch): {window}, body: {} bytes, rounds: {rounds}",
+        body.len()
+    );
+
+    // A template of dead-letter headers, for the raw publish (same bytes on the wire).
+    let mut template = FieldTable::default();
+    record(&topology, 0).write(&mut template);
+    let conn = connect(&url, "bench raw").await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let publisher = Publisher::connect(&url).await.unwrap();
+
+    let mut rows: Vec<[f64; 5]> = Vec::new();
+    for round in 1..=rounds {
+        for q in [
+            &topology.parked_queue,
+            &topology.dead_queue,
+            &topology.work_queue,
+        ] {
+            ch.queue_purge(ShortString::from(q.as_str()), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        }
+        let raw_a = raw_publish(&ch, &topology, &template, &body, n, window).await;
+        let dl = dead_letter_publish(&publisher, &topology, &body, n, window).await;
+        let replay = unpaced_replay(&url, &topology, &config, n, window).await;
+        let worker = worker_dead_lettering(&url, &topology, &config, n).await;
+        assert_eq!(count(&ch, &topology.dead_queue).await as usize, n);
+        let raw_b = raw_publish(&ch, &topology, &template, &body, n, window).await;
+        let raw = raw_a.max(raw_b);
+        println!(
+            "round {round}: raw {:.0} / {:.0} msg/s | dead-letter publish {:.0} ({:.0}%) | unpaced replay {:.0} ({:.0}%) | worker consume+dead-letter+ack {:.0} ({:.0}%)",
+            raw_a,
+            raw_b,
+            dl,
+            100.0 * dl / raw,
+            replay,
+            100.0 * replay / raw,
+            worker,
+            100.0 * worker / raw
+        );
+        rows.push([raw, dl, replay, worker, 0.0]);
+    }
+    let median = |i: usize| {
+        let mut v: Vec<f64> = rows.iter().map(|r| r[i]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let raw = median(0);
+    println!("median of {rounds} rounds (raw = the faster of the two raw runs of a round):");
+    println!("  raw lapin publish+confirm        {:>8.0} msg/s", raw);
+    println!(
+        "  dead-letter publish+confirm      {:>8.0} msg/s  {:>4.0}% of raw",
+        median(1),
+        100.0 * median(1) / raw
+    );
+    println!(
+        "  unpaced replay (confirm, ack)    {:>8.0} msg/s  {:>4.0}% of raw",
+        median(2),
+        100.0 * median(2) / raw
+    );
+    println!(
+        "  worker consume+dead-letter+ack   {:>8.0} msg/s  {:>4.0}% of raw",
+        median(3),
+        100.0 * median(3) / raw
+    );
+
+    publisher.close().await;
+    for q in topology.queues() {
+        let _ = ch
+            .queue_delete(ShortString::from(q), QueueDeleteOptions::default())
+            .await;
+    }
+    for e in topology.exchanges() {
+        let _ = ch
+            .exchange_delete(ShortString::from(e), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, ShortString::from("bench done")).await;
+}
