@@ -52,7 +52,7 @@ pub use replay::{
     DryRunReport, ReplayFilter, ReplayOptions, ReplayProgress, ReplayReport, Replayer,
 };
 pub use topology::{
-    Migration, MigrationReport, Migrations, Object, Operation, RetryTier, StepState, Topology,
-    migrate,
+    Migration, MigrationReport, Migrations, Object, Operation, QueueDepths, RetryTier, StepState,
+    Topology, migrate, queue_depths,
 };
 pub use worker::{Job, Worker, WorkerCounts, WorkerHandle, WorkerOptions};

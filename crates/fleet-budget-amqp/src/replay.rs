@@ -167,6 +167,8 @@ pub struct DryRunReport {
     pub malformed: u64,
     /// Not matching the filter.
     pub skipped: u64,
+    /// The earliest dead-letter time among the messages read (Unix ms), for "oldest age".
+    pub oldest_dead_lettered_ms: Option<u64>,
 }
 
 /// Replays dead-lettered messages (see the module documentation).
@@ -286,6 +288,14 @@ impl Replayer {
                     break;
                 };
                 report.seen += 1;
+                let at =
+                    headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
+                        .ok()
+                        .flatten();
+                if let Some(at) = at {
+                    report.oldest_dead_lettered_ms =
+                        Some(report.oldest_dead_lettered_ms.map_or(at, |o| o.min(at)));
+                }
                 match Self::classify(&d, options) {
                     Class::Malformed(_) => report.malformed += 1,
                     Class::Skip => report.skipped += 1,

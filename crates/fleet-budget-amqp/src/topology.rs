@@ -131,6 +131,56 @@ impl Topology {
     }
 }
 
+/// Ready messages in each queue of a topology (`budgetctl dlq stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueDepths {
+    /// The work queue.
+    pub work: u32,
+    /// The dead-letter queue.
+    pub dead: u32,
+    /// The parked queue.
+    pub parked: u32,
+    /// Each retry tier queue, shortest first.
+    pub retry: Vec<(String, u32)>,
+}
+
+/// Reads the depth (ready messages) of every queue of `topology`.
+///
+/// # Errors
+/// The broker cannot be reached or a queue does not exist (run [`migrate`]).
+pub async fn queue_depths(url: &str, topology: &Topology) -> Result<QueueDepths, AmqpError> {
+    let conn = connect(url, "fleet-budget queue depths").await?;
+    let result = async {
+        let ch = conn
+            .create_channel()
+            .await
+            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let depth = async |name: &str| -> Result<u32, AmqpError> {
+            ch.queue_declare(sstr(name)?, passive, FieldTable::default())
+                .await
+                .map(|q| q.message_count())
+                .map_err(|e| AmqpError::broker(format!("inspect queue {name}"), e))
+        };
+        let mut d = QueueDepths {
+            work: depth(&topology.work_queue).await?,
+            dead: depth(&topology.dead_queue).await?,
+            parked: depth(&topology.parked_queue).await?,
+            retry: Vec::new(),
+        };
+        for t in &topology.retry_tiers {
+            d.retry.push((t.queue.clone(), depth(&t.queue).await?));
+        }
+        Ok(d)
+    }
+    .await;
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    result
+}
+
 /// One migration file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Migration {

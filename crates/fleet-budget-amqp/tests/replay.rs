@@ -474,6 +474,15 @@ async fn dry_run_counts_and_filters_select() {
         9,
         "a dry run changes nothing"
     );
+    assert_eq!(dry.oldest_dead_lettered_ms, Some(hour_ago));
+    let depths = fleet_budget_amqp::queue_depths(&env.url, &env.topology)
+        .await
+        .unwrap();
+    assert_eq!(
+        (depths.dead, depths.parked, depths.work, depths.retry.len()),
+        (9, 0, 0, 4),
+        "{depths:?}"
+    );
 
     let mut only = options.clone();
     only.filter = ReplayFilter {
