@@ -383,6 +383,48 @@ async fn main() {
         "decision p50 / PING p50 = {ratio:.2} (target <= 1.30: {})",
         met(ratio <= 1.3)
     ));
+    // The same on a current-thread runtime: the caller and the connection's driver share one
+    // thread, so no cross-thread wake-up is paid (how much of the gap is the runtime's).
+    let (url, calls) = (server.url(), args.latency_calls);
+    let (ping_ct, decision_ct) = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let store =
+                RedisStore::new(RedisTarget::Single(url), "fbb", Duration::from_secs(2)).unwrap();
+            let (mut pings, mut decisions) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+            for i in 0..calls + 500 {
+                let t = Instant::now();
+                store.ping().await.unwrap();
+                let p = t.elapsed();
+                let t = Instant::now();
+                store
+                    .withdraw(&Dependency::new("bench").unwrap(), &policy)
+                    .await
+                    .unwrap();
+                if i >= 500 {
+                    pings.push(p);
+                    decisions.push(t.elapsed());
+                }
+            }
+            (latency(pings), latency(decisions))
+        })
+    })
+    .await
+    .unwrap();
+    println!("same, on a current-thread runtime:");
+    println!(
+        "PING (RedisStore::ping)            p50 {:>7.1} µs  p99 {:>7.1} µs",
+        ping_ct.p50, ping_ct.p99
+    );
+    println!(
+        "decision (RedisStore::withdraw)    p50 {:>7.1} µs  p99 {:>7.1} µs   ratio {:.2}",
+        decision_ct.p50,
+        decision_ct.p99,
+        decision_ct.p50 / ping_ct.p50
+    );
 
     // 3. The naive GET / INCR / EXPIRE budget on the same kind of connection.
     let mut naive_conn = ConnectionManager::new(redis::Client::open(server.url()).unwrap())
