@@ -39,7 +39,7 @@ fn decisions(c: &mut Criterion) {
     // A minimum of 2^30 retries per second over a 10 s TTL: never exhausted during the run.
     let tower = TpsBudget::new(Duration::from_secs(10), 1 << 30, 0.2);
     group.bench_function("tower::TpsBudget::withdraw", |b| {
-        b.iter(|| black_box(tower.withdraw()))
+        b.iter(|| black_box(tower.withdraw()));
     });
     group.finish();
 
@@ -61,7 +61,7 @@ fn decisions(c: &mut Criterion) {
     });
     let tower = TpsBudget::new(Duration::from_secs(10), 0, 0.0);
     group.bench_function("tower::TpsBudget::withdraw", |b| {
-        b.iter(|| black_box(tower.withdraw()))
+        b.iter(|| black_box(tower.withdraw()));
     });
     group.finish();
 
@@ -74,7 +74,7 @@ fn decisions(c: &mut Criterion) {
         b.iter(|| black_box(state.try_spend(black_box(now), black_box(&generous)).0));
     });
     group.bench_function("SystemTime::now (the store's clock read)", |b| {
-        b.iter(|| black_box(SystemTime::now()))
+        b.iter(|| black_box(SystemTime::now()));
     });
     // What a leaner local store could cost: the same clock read, lock and arithmetic, but the
     // map looked up with `get_mut` (no `Arc` clone of the key) and hashed with FNV-1a instead of

@@ -60,7 +60,7 @@ fn args() -> Args {
                 a.decisions = it
                     .next()
                     .and_then(|v| v.parse().ok())
-                    .expect("--decisions N")
+                    .expect("--decisions N");
             }
             "--smoke" => {
                 a = Args {

@@ -116,7 +116,7 @@ impl BudgetState {
         self.roll(now_ms, window_ms);
         match kind {
             DepositKind::Success => {
-                self.current.successes = self.current.successes.saturating_add(n)
+                self.current.successes = self.current.successes.saturating_add(n);
             }
             DepositKind::FirstAttempt => {
                 self.current.first_attempts = self.current.first_attempts.saturating_add(n);
