@@ -1,3 +1,4 @@
+//! The Redis store against real, private `redis-server` processes (never the shared 6379).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -6,13 +7,6 @@
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     clippy::cast_precision_loss,
-    missing_docs
-)]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
     missing_docs
 )]
 
