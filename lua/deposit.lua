@@ -19,11 +19,11 @@ local mode = ARGV[7]
 if not window or window < 1 or window ~= math.floor(window) then
   return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer')
 end
-if not successes or successes < 0 or successes ~= math.floor(successes) then
-  return redis.error_reply('fleet-budget: ARGV[2] successes must be an integer >= 0')
+if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 15 then
+  return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 10^15')
 end
-if not first_attempts or first_attempts < 0 or first_attempts ~= math.floor(first_attempts) then
-  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be an integer >= 0')
+if not string.match(ARGV[3] or '', '^%d+$') or #ARGV[3] > 15 then
+  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be a plain integer from 0 to 10^15')
 end
 if not ratio or ratio ~= ratio or ratio < 0 then
   return redis.error_reply('fleet-budget: ARGV[4] ratio must be a number >= 0')
@@ -46,12 +46,15 @@ local h = redis.call('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa',
 local i = tonumber(h[2])
 local c = { tonumber(h[3]) or 0, tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0 }
 local p = { tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0, tonumber(h[10]) or 0 }
+local rolled = true
 if tonumber(h[1]) ~= window or not i then
   i = idx; c = { 0, 0, 0, 0 }; p = { 0, 0, 0, 0 }
 elseif idx == i + 1 then
   p = c; c = { 0, 0, 0, 0 }; i = idx
 elseif idx > i then
   i = idx; c = { 0, 0, 0, 0 }; p = { 0, 0, 0, 0 }
+else
+  rolled = false
 end
 
 c[1] = c[1] + successes
@@ -68,7 +71,15 @@ local deposits_sc = c[d] * window + p[d] * pw
 local allowance = math.floor(ratio * deposits_sc / window)
 if allowance < min_allowance then allowance = min_allowance end
 
-redis.call('HSET', key, 'w', window, 'i', i, 'cs', c[1], 'ca', c[2], 'cr', c[3], 'cd', c[4],
-  'ps', p[1], 'pa', p[2], 'pr', p[3], 'pd', p[4])
-redis.call('PEXPIRE', key, 2 * window)
+-- Write: the whole hash when the window rolled (or the key is new), with an expiry at the end of
+-- the next window, when these counters stop counting (at most two windows of inactivity);
+-- otherwise only the counters that changed (ARGV strings, checked to be plain integers above).
+if rolled then
+  redis.call('HSET', key, 'w', window, 'i', i, 'cs', c[1], 'ca', c[2], 'cr', c[3], 'cd', c[4],
+    'ps', p[1], 'pa', p[2], 'pr', p[3], 'pd', p[4])
+  redis.call('PEXPIREAT', key, (i + 2) * window)
+else
+  if successes > 0 then redis.call('HINCRBY', key, 'cs', ARGV[2]) end
+  if first_attempts > 0 then redis.call('HINCRBY', key, 'ca', ARGV[3]) end
+end
 return { -1, allowance, i, window, elapsed, pw, c[1], c[2], c[3], c[4], p[1], p[2], p[3], p[4] }

@@ -39,12 +39,15 @@ local h = redis.call('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa',
 local i = tonumber(h[2])
 local c = { tonumber(h[3]) or 0, tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0 }
 local p = { tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0, tonumber(h[10]) or 0 }
+local rolled = true
 if tonumber(h[1]) ~= window or not i then
   i = idx; c = { 0, 0, 0, 0 }; p = { 0, 0, 0, 0 }
 elseif idx == i + 1 then
   p = c; c = { 0, 0, 0, 0 }; i = idx
 elseif idx > i then
   i = idx; c = { 0, 0, 0, 0 }; p = { 0, 0, 0, 0 }
+else
+  rolled = false
 end
 
 -- Estimates scaled by window_ms (exact integers), then the allowance.
@@ -68,7 +71,16 @@ else
   c[4] = c[4] + 1
 end
 
-redis.call('HSET', key, 'w', window, 'i', i, 'cs', c[1], 'ca', c[2], 'cr', c[3], 'cd', c[4],
-  'ps', p[1], 'pa', p[2], 'pr', p[3], 'pd', p[4])
-redis.call('PEXPIRE', key, 2 * window)
+-- Write: the whole hash when the window rolled (or the key is new), with an expiry at the end of
+-- the next window, when these counters stop counting (at most two windows of inactivity);
+-- otherwise only the counter that changed.
+if rolled then
+  redis.call('HSET', key, 'w', window, 'i', i, 'cs', c[1], 'ca', c[2], 'cr', c[3], 'cd', c[4],
+    'ps', p[1], 'pa', p[2], 'pr', p[3], 'pd', p[4])
+  redis.call('PEXPIREAT', key, (i + 2) * window)
+elseif granted == 1 then
+  redis.call('HINCRBY', key, 'cr', 1)
+else
+  redis.call('HINCRBY', key, 'cd', 1)
+end
 return { granted, allowance, i, window, elapsed, pw, c[1], c[2], c[3], c[4], p[1], p[2], p[3], p[4] }
