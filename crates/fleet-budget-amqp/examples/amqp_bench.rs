@@ -10,7 +10,8 @@
 //!    [`Publisher`] with confirms, same window, to the dead-letter quorum queue;
 //! 3. worker dead-lettering end to end: consume, handler fails non-retryably, dead-letter copy
 //!    confirmed, original acked (prefetch = window);
-//! 4. unpaced replay of the dead-letter queue back to the work exchange (confirm, then ack).
+//! 4. unpaced replay of the dead-letter queue back to the work exchange (confirm, then ack),
+//!    also beside a raw lapin "move" (consume, publish with confirm, ack) of the same messages.
 //!
 //! Uses `FLEET_BUDGET_AMQP_URL` or 127.0.0.1:5672, a unique prefix, and deletes what it declared.
 #![allow(
@@ -30,10 +31,12 @@ use fleet_budget_amqp::{
     Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerOptions, connect,
     migrate,
 };
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-    QueueDeleteOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
+    ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
 };
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};
@@ -122,6 +125,77 @@ async fn raw_publish(
     r
 }
 
+/// Raw lapin "move": consume n messages from `from`, publish each to `to` with confirms, ack
+/// after the confirm (pipelined like the replayer): the minimal equivalent of a replay.
+async fn raw_ack(acker: lapin::Acker) {
+    acker.ack(BasicAckOptions::default()).await.unwrap();
+}
+
+async fn raw_move(url: &str, from: &str, to: &str, n: usize, window: usize) -> f64 {
+    let conn = connect(url, "bench raw move").await.unwrap();
+    let consume = conn.create_channel().await.unwrap();
+    let publish = conn.create_channel().await.unwrap();
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut consumer = consume
+        .basic_consume(
+            ShortString::from(from),
+            ShortString::from("bench-raw-move"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut inflight = FuturesUnordered::new();
+    let mut acks = FuturesUnordered::new();
+    for _ in 0..n {
+        let d = consumer.next().await.unwrap().unwrap();
+        let confirm = publish
+            .basic_publish(
+                ShortString::from(to),
+                d.routing_key.clone(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &d.data,
+                d.properties.clone(),
+            )
+            .await
+            .unwrap();
+        let acker = d.acker;
+        inflight.push(async move { (acker, confirm.await) });
+        while inflight.len() >= window {
+            let (acker, c) = inflight.next().await.unwrap();
+            assert!(matches!(c, Ok(Confirmation::Ack(None))));
+            acks.push(raw_ack(acker));
+        }
+        while let Some(Some(_)) = acks.next().now_or_never() {}
+    }
+    while let Some((acker, c)) = inflight.next().await {
+        assert!(matches!(c, Ok(Confirmation::Ack(None))));
+        acks.push(raw_ack(acker));
+    }
+    while acks.next().await.is_some() {}
+    let r = rate(n, start.elapsed());
+    // Cancel (a round trip on the consuming channel, answered after the acks before it) and
+    // close the channels before the connection: a connection close can overtake queued acks.
+    consume
+        .basic_cancel(
+            ShortString::from("bench-raw-move"),
+            BasicCancelOptions::default(),
+        )
+        .await
+        .unwrap();
+    let _ = consume.close(200, ShortString::from("bye")).await;
+    let _ = publish.close(200, ShortString::from("bye")).await;
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    r
+}
+
 /// The worker's dead-letter copy (record built, error redacted) through [`Publisher`].
 async fn dead_letter_publish(
     publisher: &Publisher,
@@ -189,13 +263,30 @@ async fn worker_dead_lettering(url: &str, topology: &Topology, config: &Config, 
     }
     let r = rate(n, start.elapsed());
     handle.shutdown();
-    join.await.unwrap().unwrap();
+    let counts = join.await.unwrap().unwrap();
+    assert_eq!(
+        (counts.dead_lettered, counts.requeued, counts.ack_failed),
+        (n as u64, 0, 0),
+        "{counts:?}"
+    );
     r
 }
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("cleanup") {
+        let url = std::env::var("FLEET_BUDGET_AMQP_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        for prefix in args.iter().skip(2) {
+            let config =
+                Config::from_toml(&format!("[amqp]\nprefix = \"{prefix}\"\n"), "cleanup").unwrap();
+            delete_topology(&url, &Topology::new(&config.amqp)).await;
+        }
+        return;
+    }
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let window: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(256);
     let rounds: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
@@ -245,23 +336,32 @@ async fn main() {
         }
         let raw_a = raw_publish(&ch, &topology, &template, &body, n, window).await;
         let dl = dead_letter_publish(&publisher, &topology, &body, n, window).await;
-        let replay = unpaced_replay(&url, &topology, &config, n, window).await;
+        let moved = raw_move(
+            &url,
+            &topology.dead_queue,
+            &topology.work_exchange,
+            n,
+            window,
+        )
+        .await;
         let worker = worker_dead_lettering(&url, &topology, &config, n).await;
-        assert_eq!(count(&ch, &topology.dead_queue).await as usize, n);
+        let in_dead = count(&ch, &topology.dead_queue).await as usize;
+        let in_work = count(&ch, &topology.work_queue).await as usize;
+        assert_eq!(
+            (in_dead, in_work),
+            (n, 0),
+            "dead-letter and work queue depths after the worker"
+        );
+        let replay = unpaced_replay(&url, &topology, &config, n, window).await;
         let raw_b = raw_publish(&ch, &topology, &template, &body, n, window).await;
         let raw = raw_a.max(raw_b);
         println!(
-            "round {round}: raw {:.0} / {:.0} msg/s | dead-letter publish {:.0} ({:.0}%) | unpaced replay {:.0} ({:.0}%) | worker consume+dead-letter+ack {:.0} ({:.0}%)",
-            raw_a,
-            raw_b,
-            dl,
+            "round {round}: raw {raw_a:.0} / {raw_b:.0} msg/s | dead-letter publish {dl:.0} ({:.0}%) | unpaced replay {replay:.0} ({:.0}%; raw move {moved:.0}) | worker consume+dead-letter+ack {worker:.0} ({:.0}%)",
             100.0 * dl / raw,
-            replay,
             100.0 * replay / raw,
-            worker,
             100.0 * worker / raw
         );
-        rows.push([raw, dl, replay, worker, 0.0]);
+        rows.push([raw, dl, replay, worker, moved]);
     }
     let median = |i: usize| {
         let mut v: Vec<f64> = rows.iter().map(|r| r[i]).collect();
@@ -287,16 +387,31 @@ async fn main() {
         100.0 * median(3) / raw
     );
 
+    println!(
+        "  raw lapin move (consume, publish+confirm, ack) {:>8.0} msg/s: the replay's minimal equivalent; replay is {:.0}% of it",
+        median(4),
+        100.0 * median(2) / median(4)
+    );
+
     publisher.close().await;
+    let _ = conn.close(200, ShortString::from("bench done")).await;
+    delete_topology(&url, &topology).await;
+}
+
+/// Deletes what the bench declared (also `amqp_bench cleanup PREFIX...` after an aborted run).
+async fn delete_topology(url: &str, topology: &Topology) {
+    let conn = connect(url, "bench cleanup").await.unwrap();
     for q in topology.queues() {
+        let ch = conn.create_channel().await.unwrap();
         let _ = ch
             .queue_delete(ShortString::from(q), QueueDeleteOptions::default())
             .await;
     }
     for e in topology.exchanges() {
+        let ch = conn.create_channel().await.unwrap();
         let _ = ch
             .exchange_delete(ShortString::from(e), ExchangeDeleteOptions::default())
             .await;
     }
-    let _ = conn.close(200, ShortString::from("bench done")).await;
+    let _ = conn.close(200, ShortString::from("cleaned")).await;
 }

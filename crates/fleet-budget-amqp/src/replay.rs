@@ -502,6 +502,8 @@ impl Replayer {
             }
         }
         while acks.next().await.is_some() {}
+        // The cancel is a round trip behind the acks: lapin sends a channel close ahead of
+        // frames still queued, and an ack overtaken by it would become a duplicate replay.
         let _ = ch
             .basic_cancel(sstr(&tag)?, BasicCancelOptions::default())
             .await;

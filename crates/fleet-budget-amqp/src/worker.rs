@@ -360,6 +360,11 @@ impl Worker {
                     .basic_cancel(tag, BasicCancelOptions::default())
                     .await;
                 while tasks.join_next().await.is_some() {}
+                // A round trip behind the last acks before closing: lapin sends the close ahead
+                // of frames still queued, and an ack overtaken by it becomes a redelivery.
+                let _ = channel
+                    .basic_qos(o.prefetch, BasicQosOptions::default())
+                    .await;
                 let _ = channel
                     .close(200, ShortString::from("worker shutdown"))
                     .await;
