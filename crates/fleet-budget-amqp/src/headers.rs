@@ -58,6 +58,9 @@ pub const BUDGET_SOURCE: &str = "fb-budget-source";
 pub const RETRY_DELAY_MS: &str = "fb-retry-delay-ms";
 /// The delay tier the retry waited in (milliseconds).
 pub const RETRY_TIER_MS: &str = "fb-retry-tier-ms";
+/// When a retry whose delay exceeds the longest tier may run (Unix ms): it arrives early and
+/// waits in a tier again, without running or spending budget. Set only in that case.
+pub const NOT_BEFORE_MS: &str = "fb-not-before-ms";
 /// When the message was last replayed (Unix milliseconds).
 pub const REPLAYED_MS: &str = "fb-replayed-ms";
 /// Why the replayer parked the message instead of replaying it.
@@ -66,7 +69,7 @@ pub const PARK_REASON: &str = "fb-park-reason";
 pub const PARKED_MS: &str = "fb-parked-ms";
 
 /// Headers that describe one dead-lettering; removed when the message is replayed.
-pub const DEAD_LETTER_HEADERS: [&str; 14] = [
+pub const DEAD_LETTER_HEADERS: [&str; 15] = [
     REASON,
     DEPENDENCY,
     ATTEMPTS,
@@ -81,6 +84,7 @@ pub const DEAD_LETTER_HEADERS: [&str; 14] = [
     BUDGET_SOURCE,
     RETRY_DELAY_MS,
     RETRY_TIER_MS,
+    NOT_BEFORE_MS,
 ];
 
 /// Longest error text carried in [`ERROR`], in bytes.
@@ -265,6 +269,8 @@ pub struct JobHeaders {
     pub original_routing_key: Option<String>,
     /// The first failure of this life of the job.
     pub first_failure_ms: Option<u64>,
+    /// The retry may not run before this time (delays longer than the longest tier).
+    pub not_before_ms: Option<u64>,
 }
 
 impl JobHeaders {
@@ -284,6 +290,7 @@ impl JobHeaders {
             original_exchange: get_str(table, ORIGINAL_EXCHANGE)?,
             original_routing_key: get_str(table, ORIGINAL_ROUTING_KEY)?,
             first_failure_ms: get_u64(table, FIRST_FAILURE_MS)?,
+            not_before_ms: get_u64(table, NOT_BEFORE_MS)?,
         })
     }
 }
@@ -487,7 +494,7 @@ pub fn is_application_header(name: &str) -> bool {
 mod tests {
     use super::*;
 
-    const ALL: [&str; 24] = [
+    const ALL: [&str; 25] = [
         ATTEMPT,
         REPLAYS,
         TASK,
@@ -508,6 +515,7 @@ mod tests {
         BUDGET_SOURCE,
         RETRY_DELAY_MS,
         RETRY_TIER_MS,
+        NOT_BEFORE_MS,
         REPLAYED_MS,
         PARK_REASON,
         PARKED_MS,

@@ -97,7 +97,8 @@ impl Topology {
 
     /// The tier a retry with backoff `delay` waits in: the shortest tier at or above `delay`,
     /// so a retry never comes back before its backoff (the jittered delay picks the tier); the
-    /// longest tier when `delay` exceeds them all. `None` only without tiers.
+    /// longest tier when `delay` exceeds them all (the worker then sends it to wait again when
+    /// it comes back early, see [`crate::headers::NOT_BEFORE_MS`]). `None` only without tiers.
     #[must_use]
     pub fn tier_for(&self, delay: Duration) -> Option<&RetryTier> {
         self.retry_tiers

@@ -136,6 +136,9 @@ pub struct WorkerCounts {
     pub ack_failed: u64,
     /// Connections established.
     pub connections: u64,
+    /// Retries that arrived before their delay (longer than the longest tier) and were sent to
+    /// wait in a tier again, without running.
+    pub waited_again: u64,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +150,7 @@ struct Stats {
     requeued: AtomicU64,
     ack_failed: AtomicU64,
     connections: AtomicU64,
+    waited_again: AtomicU64,
 }
 
 impl Stats {
@@ -160,6 +164,7 @@ impl Stats {
             requeued: l(&self.requeued),
             ack_failed: l(&self.ack_failed),
             connections: l(&self.connections),
+            waited_again: l(&self.waited_again),
         }
     }
 }
@@ -415,6 +420,24 @@ where
         .or_else(|| parsed.as_ref().ok().and_then(|h| h.task.clone()))
         .unwrap_or_else(|| delivery.routing_key.as_str().to_owned());
     let attempt = parsed.as_ref().map_or(1, |h| h.attempt);
+    // A retry whose delay is longer than the longest tier comes back early: it waits again.
+    if let Ok(JobHeaders {
+        not_before_ms: Some(not_before),
+        ..
+    }) = &parsed
+    {
+        let now = headers::now_ms();
+        if *not_before > now {
+            wait_again(
+                &ctx,
+                &delivery,
+                &table,
+                Duration::from_millis(not_before - now),
+            )
+            .await;
+            return;
+        }
+    }
     let outcome = match &parsed {
         Err(e) => Outcome::DeadLetter {
             reason: DeadLetterReason::NonRetryable,
@@ -573,6 +596,12 @@ async fn settle<H>(
                 headers::RETRY_TIER_MS,
                 u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
             );
+            if tier.delay < delay {
+                let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                headers::set_u64(&mut t, headers::NOT_BEFORE_MS, now.saturating_add(delay_ms));
+            } else {
+                headers::remove(&mut t, headers::NOT_BEFORE_MS);
+            }
             headers::set_str(&mut t, headers::ORIGINAL_EXCHANGE, &original_exchange);
             headers::set_str(&mut t, headers::ORIGINAL_ROUTING_KEY, &original_routing_key);
             headers::set_str(&mut t, headers::ORIGINAL_QUEUE, &ctx.queue);
@@ -635,6 +664,40 @@ async fn settle<H>(
     match published {
         Ok(counter) => match delivery.acker.ack(BasicAckOptions::default()).await {
             Ok(_) => bump(counter),
+            Err(e) => {
+                bump(&ctx.stats.ack_failed);
+                tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "copy not confirmed; the original is requeued, not acked");
+            requeue(ctx, delivery).await;
+        }
+    }
+}
+
+/// Sends an early retry to wait in a tier again (no handler, no budget), confirm then ack.
+async fn wait_again<H>(ctx: &Ctx<H>, delivery: &Delivery, table: &FieldTable, remaining: Duration) {
+    let Some(tier) = ctx.topology.tier_for(remaining) else {
+        requeue(ctx, delivery).await;
+        return;
+    };
+    let mut t = table.clone();
+    headers::set_u64(
+        &mut t,
+        headers::RETRY_TIER_MS,
+        u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
+    );
+    let properties = headers::with_message_id(delivery.properties.clone())
+        .with_delivery_mode(2)
+        .with_headers(t);
+    match ctx
+        .publisher
+        .publish(&tier.exchange, &ctx.queue, &delivery.data, properties)
+        .await
+    {
+        Ok(()) => match delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(_) => bump(&ctx.stats.waited_again),
             Err(e) => {
                 bump(&ctx.stats.ack_failed);
                 tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");

@@ -845,3 +845,61 @@ async fn a_dropped_connection_is_reestablished_and_consuming_resumes() {
     assert!(done.lock().unwrap().contains(&first));
     assert_eq!(env.count(&env.topology.work_queue).await, 0);
 }
+
+/// (attempt, started, retry delay)
+type Run = (u32, Instant, Option<Duration>);
+
+/// A backoff delay longer than the longest tier: the retry comes back early, waits in a tier
+/// again without running (or spending budget), and runs no sooner than its delay.
+#[tokio::test]
+async fn a_delay_longer_than_every_tier_is_waited_out() {
+    let env = Env::with_tiers(
+        "longdelay",
+        "[0.1, 0.2]",
+        "",
+        "",
+        "[tasks.t]\nbackoff_base_ms = 600\nbackoff_cap_ms = 600\n",
+    )
+    .await;
+    let runs: Arc<Mutex<Vec<Run>>> = Arc::default();
+    let runner = {
+        let runs = Arc::clone(&runs);
+        start(env.budget().await, &env, move |job| {
+            runs.lock()
+                .unwrap()
+                .push((job.attempt, Instant::now(), job.retry_delay()));
+            let ok = job.attempt > 1;
+            async move {
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Failure::retryable("timeout"))
+                }
+            }
+        })
+    };
+    env.publisher()
+        .await
+        .publish_job(&env.topology.work_exchange, "t", "t", b"x")
+        .await
+        .unwrap();
+    wait_until(LONG, "the retry to succeed", || async {
+        runner.0.counts().succeeded == 1
+    })
+    .await;
+    let counts = stop(runner).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 2, "the handler runs once per attempt: {runs:?}");
+    let delay = runs[1].2.unwrap();
+    assert!(
+        delay > Duration::from_millis(200),
+        "jitter keeps the delay in [300, 600] ms: {delay:?}"
+    );
+    assert!(
+        runs[1].1 - runs[0].1 >= delay,
+        "ran after {:?}, before its delay {delay:?}",
+        runs[1].1 - runs[0].1
+    );
+    assert!(counts.waited_again >= 1, "{counts:?}");
+    assert_eq!(counts.retried, 1, "{counts:?}");
+}
