@@ -158,14 +158,16 @@ impl BudgetState {
     /// denial. Returns whether it was granted and the snapshot after counting.
     pub fn try_spend(&mut self, now_ms: u64, policy: &BudgetPolicy) -> (bool, BudgetSnapshot) {
         self.roll(now_ms, policy.window_ms());
-        let before = self.snapshot(now_ms, policy);
-        let granted = grants(&before);
+        let mut snapshot = self.snapshot(now_ms, policy);
+        let granted = grants(&snapshot);
         if granted {
             self.current.retries = self.current.retries.saturating_add(1);
         } else {
             self.current.denied = self.current.denied.saturating_add(1);
         }
-        (granted, self.snapshot(now_ms, policy))
+        // The allowance depends on deposits only: the counters are all that changed.
+        snapshot.current = self.current;
+        (granted, snapshot)
     }
 }
 
@@ -173,8 +175,14 @@ impl BudgetState {
 /// floating-point operations as the Lua scripts so both give the same integer.
 #[must_use]
 pub fn allowance(ratio: f64, min_allowance: u64, deposits_scaled: u128, window_ms: u64) -> u64 {
+    // u128 → f64 is a software routine; through u64 it is one instruction, same rounding.
     #[allow(clippy::cast_precision_loss)]
-    let earned = (ratio * deposits_scaled as f64 / window_ms.max(1) as f64).floor();
+    let deposits = match u64::try_from(deposits_scaled) {
+        Ok(small) => small as f64,
+        Err(_) => deposits_scaled as f64,
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let earned = (ratio * deposits / window_ms.max(1) as f64).floor();
     max_u64(min_allowance, f64_to_u64(earned))
 }
 

@@ -1,12 +1,12 @@
 //! The in-process store: same arithmetic as the Lua scripts, time from a [`Clock`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
-use crate::allowance::{BudgetSnapshot, BudgetState, DepositKind};
-use crate::clock::{Clock, SystemClock};
+use crate::allowance::{BudgetSnapshot, BudgetState};
+use crate::clock::{Clock, CoarseClock};
 use crate::dependency::Dependency;
 use crate::policy::BudgetPolicy;
 
@@ -15,9 +15,41 @@ use crate::policy::BudgetPolicy;
 /// Entries idle for two windows are dropped, like the Redis keys' expiry.
 #[derive(Debug, Clone)]
 pub struct LocalStore {
-    budgets: Arc<Mutex<HashMap<Dependency, BudgetState>>>,
+    budgets: Arc<Mutex<Budgets>>,
     clock: Arc<dyn Clock>,
-    operations: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Default)]
+struct Budgets {
+    by_dependency: HashMap<Dependency, BudgetState, BuildHasherDefault<Fnv1a>>,
+    next_sweep_ms: u64,
+}
+
+/// Idle entries are looked for at most this often (clock time).
+const SWEEP_INTERVAL_MS: u64 = 1000;
+
+/// FNV-1a: dependency names are short, and SipHash's DoS resistance buys nothing for a map
+/// whose keys come from the operator's configuration and task names.
+#[derive(Debug, Default)]
+struct Fnv1a(u64);
+
+impl Hasher for Fnv1a {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for byte in bytes {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
 }
 
 impl Default for LocalStore {
@@ -26,23 +58,19 @@ impl Default for LocalStore {
     }
 }
 
-/// Sweep idle entries once per this many operations.
-const SWEEP_EVERY: u64 = 4096;
-
 impl LocalStore {
-    /// A store on the system clock.
+    /// A store on the wall clock ([`CoarseClock`]: read from memory, a few ms of resolution).
     #[must_use]
     pub fn new() -> Self {
-        Self::with_clock(Arc::new(SystemClock))
+        Self::with_clock(Arc::new(CoarseClock))
     }
 
     /// A store on `clock` (a [`crate::clock::ManualClock`] in tests and the simulator).
     #[must_use]
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            budgets: Arc::new(Mutex::new(HashMap::new())),
+            budgets: Arc::new(Mutex::new(Budgets::default())),
             clock,
-            operations: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -53,11 +81,19 @@ impl LocalStore {
         f: impl FnOnce(&mut BudgetState, u64) -> T,
     ) -> T {
         let now = self.clock.now_ms();
-        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.operations.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            budgets.retain(|_, s| now / s.window_ms.max(1) <= s.index.saturating_add(1));
+        let mut guard = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        let budgets = &mut *guard;
+        if now >= budgets.next_sweep_ms {
+            budgets.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
+            budgets
+                .by_dependency
+                .retain(|_, s| now / s.window_ms.max(1) <= s.index.saturating_add(1));
+        }
+        if let Some(state) = budgets.by_dependency.get_mut(dependency) {
+            return f(state, now);
         }
         let state = budgets
+            .by_dependency
             .entry(dependency.clone())
             .or_insert_with(|| BudgetState::empty(now, window_ms));
         f(state, now)
@@ -72,13 +108,12 @@ impl LocalStore {
     ) -> BudgetSnapshot {
         let window_ms = policy.window_ms();
         self.with_state(dependency, window_ms, |state, now| {
-            state.deposit(now, window_ms, DepositKind::Success, deposits.successes);
-            state.deposit(
-                now,
-                window_ms,
-                DepositKind::FirstAttempt,
-                deposits.first_attempts,
-            );
+            state.roll(now, window_ms);
+            let current = &mut state.current;
+            current.successes = current.successes.saturating_add(deposits.successes);
+            current.first_attempts = current
+                .first_attempts
+                .saturating_add(deposits.first_attempts);
             state.snapshot(now, policy)
         })
     }
@@ -98,6 +133,7 @@ impl LocalStore {
         let window_ms = policy.window_ms();
         let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
         let mut state = budgets
+            .by_dependency
             .get(dependency)
             .copied()
             .unwrap_or_else(|| BudgetState::empty(now, window_ms));
@@ -109,7 +145,7 @@ impl LocalStore {
     #[must_use]
     pub fn dependencies(&self) -> Vec<Dependency> {
         let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut deps: Vec<_> = budgets.keys().cloned().collect();
+        let mut deps: Vec<_> = budgets.by_dependency.keys().cloned().collect();
         deps.sort();
         deps
     }
@@ -202,9 +238,11 @@ mod tests {
         );
         clock.advance(Duration::from_secs(3));
         let other = Dependency::new("other").unwrap();
-        for _ in 0..SWEEP_EVERY {
-            store.deposit_now(&other, &policy, Deposits::default());
-        }
-        assert_eq!(store.dependencies(), vec![other]);
+        store.deposit_now(&other, &policy, Deposits::default());
+        assert_eq!(store.dependencies(), vec![other.clone()]);
+        // Entries still inside their two windows are kept.
+        clock.advance(Duration::from_millis(1500));
+        store.deposit_now(&dep(), &policy, Deposits::default());
+        assert_eq!(store.dependencies(), vec![other, dep()]);
     }
 }
