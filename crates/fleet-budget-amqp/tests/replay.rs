@@ -11,7 +11,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -177,7 +176,8 @@ async fn replay_pauses_while_the_budget_is_exhausted_and_resumes() {
         "pause",
         "",
         "",
-        "[dependencies.search]\nwindow_secs = 1\nmin_allowance = 1\nratio = 0.0\n",
+        // No floor, so with no successes the allowance is 0: exhausted until work succeeds.
+        "[dependencies.search]\nwindow_secs = 60\nmin_allowance = 0\nratio = 1.0\n",
     )
     .await;
     let publisher = env.publisher().await;
@@ -192,22 +192,7 @@ async fn replay_pauses_while_the_budget_is_exhausted_and_resumes() {
     .await;
     let budget = env.budget().await;
     let dep = Dependency::new("search").unwrap();
-    let policy = budget.policy(&dep);
-    // Keep the budget exhausted until told to stop, as failing workers would.
-    let exhausting = Arc::new(AtomicBool::new(true));
-    let exhauster = {
-        let (budget, dep, exhausting) = (budget.clone(), dep.clone(), Arc::clone(&exhausting));
-        tokio::spawn(async move {
-            while exhausting.load(Ordering::SeqCst) {
-                let _ = budget.withdraw(&dep, &policy).await;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
-    wait_until(LONG, "the budget to be exhausted", || async {
-        budget.status(&dep).await.0.remaining() == 0
-    })
-    .await;
+    assert_eq!(budget.status(&dep).await.0.remaining(), 0);
     let events: Arc<Mutex<Vec<ReplayProgress>>> = Arc::default();
     let run = {
         let (events, r, mut options) = (
@@ -236,8 +221,10 @@ async fn replay_pauses_while_the_budget_is_exhausted_and_resumes() {
         "nothing moves while the budget is exhausted"
     );
     assert_eq!(env.count(&env.topology.work_queue).await, 0);
-    exhausting.store(false, Ordering::SeqCst);
-    exhauster.await.unwrap();
+    // The dependency recovers: successes earn allowance (ratio 1.0), the replay resumes.
+    for _ in 0..3 {
+        budget.on_success("search").await.unwrap();
+    }
     let report = tokio::time::timeout(LONG, run)
         .await
         .expect("the replay resumes and ends")
