@@ -472,6 +472,10 @@ pub const BROKER_DELIVERY_HEADERS: [&str; 8] = [
     "x-last-death-reason",
 ];
 
+/// Set by the broker on a message it dead-lettered itself (`delivery_limit`, `expired`,
+/// `rejected`, `maxlen`): read to explain why such a message has no `fb-` headers.
+pub const BROKER_FIRST_DEATH_REASON: &str = "x-first-death-reason";
+
 /// `table` without [`BROKER_DELIVERY_HEADERS`]: the headers of a copy the worker publishes.
 #[must_use]
 pub fn without_broker_headers(table: &FieldTable) -> FieldTable {

@@ -218,7 +218,7 @@ impl Replayer {
         let table = headers::table(&delivery.properties);
         match DeadLetterRecord::parse(&table) {
             Err(e) => {
-                let broker = headers::get_str(&table, "x-first-death-reason")
+                let broker = headers::get_str(&table, headers::BROKER_FIRST_DEATH_REASON)
                     .ok()
                     .flatten();
                 Class::Malformed(match broker {

@@ -356,6 +356,13 @@ async fn malformed_messages_are_parked_with_the_reason() {
     valid(&mut t);
     headers::remove(&mut t, headers::ORIGINAL_EXCHANGE);
     send("no-origin", b"x", Some(t)).await;
+    // What the broker dead-letters itself (the work queue's delivery limit) has no fb- headers.
+    let mut t = FieldTable::default();
+    t.insert(
+        ShortString::from(headers::BROKER_FIRST_DEATH_REASON),
+        AMQPValue::LongString(LongString::from("delivery_limit")),
+    );
+    send("by-broker", b"x", Some(t)).await;
 
     let dry = replayer(&env)
         .dry_run(&ReplayOptions::new(&env.config))
@@ -363,7 +370,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
         .unwrap();
     assert_eq!(
         (dry.total, dry.malformed, dry.would_move),
-        (5, 5, 0),
+        (6, 6, 0),
         "{dry:?}"
     );
     let report = replayer(&env)
@@ -372,7 +379,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
         .unwrap();
     assert_eq!(
         (report.parked, report.malformed, report.moved, report.failed),
-        (5, 5, 0, 0),
+        (6, 6, 0, 0),
         "{report:?}"
     );
     let parked = env.drain(&env.topology.parked_queue).await;
@@ -390,6 +397,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
             "bad-reason" => "gremlins",
             "bad-time" => headers::DEAD_LETTERED_MS,
             "bad-replays" => headers::REPLAYS,
+            "by-broker" => "dead-lettered by the broker, reason delivery_limit",
             _ => headers::ORIGINAL_EXCHANGE,
         };
         assert!(reason.contains(expected), "{}: {reason}", message_id(props));
