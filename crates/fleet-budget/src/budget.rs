@@ -247,7 +247,7 @@ impl FleetBudget {
     /// Whether the fallback is deciding because the fleet store failed.
     #[must_use]
     pub fn in_fallback(&self) -> bool {
-        self.inner.health.degraded.load(Ordering::Acquire)
+        self.inner.health.any_degraded()
     }
 
     /// Reports the start of an execution. `attempt` is 1 for the first execution. First
@@ -370,13 +370,15 @@ impl FleetBudget {
                 BudgetSource::Local,
             );
         };
-        if inner.health.should_try() {
+        if inner.health.should_try(dependency) {
             match fleet.withdraw(dependency, policy).await {
                 Ok(w) => {
-                    inner.health.ok(&inner.metrics);
+                    inner.health.ok(dependency, &inner.metrics);
                     return (w, BudgetSource::Fleet);
                 }
-                Err(e) => inner.health.failed(&e, &inner.metrics, inner.fallback),
+                Err(e) => inner
+                    .health
+                    .failed(dependency, &e, &inner.metrics, inner.fallback),
             }
         }
         inner.metrics.fallback_decision(inner.fallback.as_str());
@@ -414,8 +416,13 @@ impl FleetBudget {
         let policy = self.policy(dependency);
         if let Some(fleet) = &inner.fleet {
             match fleet.status(dependency, &policy).await {
-                Ok(s) => return (s, BudgetSource::Fleet),
-                Err(e) => inner.health.failed(&e, &inner.metrics, inner.fallback),
+                Ok(s) => {
+                    inner.health.ok(dependency, &inner.metrics);
+                    return (s, BudgetSource::Fleet);
+                }
+                Err(e) => inner
+                    .health
+                    .failed(dependency, &e, &inner.metrics, inner.fallback),
             }
             return (
                 inner.local.status_now(dependency, &policy),
@@ -482,15 +489,17 @@ impl FleetBudget {
         inner.local.deposit_now(&dependency, &policy, deposits);
         let Some(fleet) = &inner.fleet else { return };
         if inner.flush_interval.is_zero() {
-            if inner.health.should_try() {
+            if inner.health.should_try(&dependency) {
                 match fleet.deposit(&dependency, &policy, deposits).await {
                     Ok(s) => {
-                        inner.health.ok(&inner.metrics);
+                        inner.health.ok(&dependency, &inner.metrics);
                         inner.metrics.snapshot(&dependency, &s);
                         return;
                     }
                     Err(e) => {
-                        inner.health.failed(&e, &inner.metrics, inner.fallback);
+                        inner
+                            .health
+                            .failed(&dependency, &e, &inner.metrics, inner.fallback);
                         if e.is_timeout() {
                             // Most likely applied late (see the module docs): never sent twice.
                             return;
@@ -568,17 +577,24 @@ async fn flush_pending(inner: &Inner, force: bool) -> Result<(), StoreError> {
         let pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.values().all(|p| p.deposits.is_empty())
     };
-    // Check before taking a probe slot: with nothing to send, the flusher would spend the slot
-    // without calling the store. Its 100 ms ticks fall exactly when a 200 ms slot reopens, so it
-    // took every slot and the fleet budget never came back while nothing succeeded.
-    if nothing_pending || (!force && !inner.health.should_try()) {
+    if nothing_pending {
         return Ok(());
     }
+    // Take a dependency's probe slot only when it has deposits to send: with nothing to send,
+    // the flusher would spend the slot without calling the store (its 100 ms ticks fall exactly
+    // when a 200 ms slot reopens, so it took every slot and the fleet budget never came back
+    // while nothing succeeded). A dependency whose store is failing keeps its deposits pending.
     let batch: Vec<(Dependency, Pending)> = {
         let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending
-            .drain()
-            .filter(|(d, p)| !p.deposits.is_empty() && p.since.elapsed() < window_of(inner, d))
+        pending.retain(|d, p| !p.deposits.is_empty() && p.since.elapsed() < window_of(inner, d));
+        let ready: Vec<Dependency> = pending
+            .keys()
+            .filter(|d| force || inner.health.should_try(d))
+            .cloned()
+            .collect();
+        ready
+            .into_iter()
+            .filter_map(|d| pending.remove(&d).map(|p| (d, p)))
             .collect()
     };
     if batch.is_empty() {
@@ -598,11 +614,13 @@ async fn flush_pending(inner: &Inner, force: bool) -> Result<(), StoreError> {
     for (dependency, pending, result) in futures::future::join_all(calls).await {
         match result {
             Ok(s) => {
-                inner.health.ok(&inner.metrics);
+                inner.health.ok(&dependency, &inner.metrics);
                 inner.metrics.snapshot(&dependency, &s);
             }
             Err(e) => {
-                inner.health.failed(&e, &inner.metrics, inner.fallback);
+                inner
+                    .health
+                    .failed(&dependency, &e, &inner.metrics, inner.fallback);
                 // A timed-out call most likely reached Redis and runs (or ran) there: sending it
                 // again would count it twice, in the unsafe direction. Other failures (refused,
                 // reset, broken pipe) did not count: keep the deposits for a later flush.
@@ -642,20 +660,27 @@ async fn flusher(inner: Weak<Inner>, interval: Duration) {
     }
 }
 
-/// Whether the fleet store is answering, with one log line on each change.
+/// Whether the fleet store answers, per dependency: on Redis Cluster one master can fail while
+/// the others serve, so only the dependencies whose slots fail go to the fallback.
+///
+/// Logs one line when the first dependency enters the fallback and one when the last leaves
+/// (per-dependency changes at debug level), so an outage of a single Redis is two lines, not one
+/// per dependency or per call.
 #[derive(Debug)]
 struct Health {
-    degraded: AtomicBool,
     started: Instant,
-    next_probe_ms: AtomicU64,
+    /// Dependencies in fallback; read without the lock on the hot path.
+    degraded_count: AtomicU64,
+    /// Degraded dependencies → when the store may next be probed for them (ms since `started`).
+    degraded: Mutex<HashMap<Dependency, u64>>,
 }
 
 impl Health {
     fn new() -> Self {
         Self {
-            degraded: AtomicBool::new(false),
             started: Instant::now(),
-            next_probe_ms: AtomicU64::new(0),
+            degraded_count: AtomicU64::new(0),
+            degraded: Mutex::new(HashMap::new()),
         }
     }
 
@@ -663,40 +688,65 @@ impl Health {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whether to call the fleet store: always when healthy; when degraded, one caller per
-    /// probe interval.
-    fn should_try(&self) -> bool {
-        if !self.degraded.load(Ordering::Acquire) {
+    fn any_degraded(&self) -> bool {
+        self.degraded_count.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether to call the fleet store for `dependency`: always when it is healthy; when it is
+    /// degraded, one caller per probe interval.
+    fn should_try(&self, dependency: &Dependency) -> bool {
+        if !self.any_degraded() {
             return true;
         }
         let now = self.now_ms();
-        let next = self.next_probe_ms.load(Ordering::Acquire);
-        now >= next
-            && self
-                .next_probe_ms
-                .compare_exchange(
-                    next,
-                    now + ms(PROBE_INTERVAL),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-    }
-
-    fn ok(&self, metrics: &Metrics) {
-        if self.degraded.swap(false, Ordering::AcqRel) {
-            metrics.fallback(false);
-            tracing::info!("fleet budget store answers again; leaving fallback");
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        match degraded.get_mut(dependency) {
+            None => true,
+            Some(next_probe) if now >= *next_probe => {
+                *next_probe = now + ms(PROBE_INTERVAL);
+                true
+            }
+            Some(_) => false,
         }
     }
 
-    fn failed(&self, error: &StoreError, metrics: &Metrics, mode: FallbackMode) {
+    fn ok(&self, dependency: &Dependency, metrics: &Metrics) {
+        if !self.any_degraded() {
+            return;
+        }
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        if degraded.remove(dependency).is_some() {
+            let left = degraded.len() as u64;
+            self.degraded_count.store(left, Ordering::Release);
+            metrics.fallback_dependencies(left);
+            tracing::debug!(%dependency, "fleet budget store answers for this dependency again");
+            if left == 0 {
+                metrics.fallback(false);
+                tracing::info!("fleet budget store answers again; leaving fallback");
+            }
+        }
+    }
+
+    fn failed(
+        &self,
+        dependency: &Dependency,
+        error: &StoreError,
+        metrics: &Metrics,
+        mode: FallbackMode,
+    ) {
         metrics.store_error(error.kind_label());
-        self.next_probe_ms
-            .store(self.now_ms() + ms(PROBE_INTERVAL), Ordering::Release);
-        if !self.degraded.swap(true, Ordering::AcqRel) {
-            metrics.fallback(true);
-            tracing::warn!(%error, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+        let next_probe = self.now_ms() + ms(PROBE_INTERVAL);
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        if degraded.insert(dependency.clone(), next_probe).is_none() {
+            let now_degraded = degraded.len() as u64;
+            self.degraded_count.store(now_degraded, Ordering::Release);
+            metrics.fallback_dependencies(now_degraded);
+            if now_degraded == 1 {
+                metrics.fallback(true);
+                tracing::warn!(%error, %dependency, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+            } else {
+                tracing::debug!(%error, %dependency, "fleet budget store failed for this dependency too");
+            }
         }
     }
 }

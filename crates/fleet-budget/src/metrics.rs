@@ -11,6 +11,7 @@
 //! | `fleet_budget_allowance` | gauge | dependency | allowance at the last decision |
 //! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at the last decision |
 //! | `fleet_budget_fallback_active` | gauge | — | 1 while the fleet store is unreachable and the fallback decides |
+//! | `fleet_budget_fallback_dependencies` | gauge | — | dependencies whose store calls fail now (on a Redis Cluster, those on a failed master) |
 //! | `fleet_budget_store_errors_total` | counter | kind | store calls that failed (`timeout`, `connection`, `server`, `bad_reply`) |
 //! | `fleet_budget_fallback_decisions_total` | counter | mode | retry decisions taken by the fallback |
 //! | `fleet_budget_deposits_pending` | gauge | — | deposits counted locally, not yet flushed |
@@ -37,6 +38,7 @@ pub struct Metrics {
     allowance: IntGaugeVec,
     headroom: IntGaugeVec,
     fallback_active: IntGauge,
+    fallback_dependencies: IntGauge,
     store_errors: IntCounterVec,
     fallback_decisions: IntCounterVec,
     deposits_pending: IntGauge,
@@ -71,6 +73,7 @@ impl Metrics {
             registry.register(Box::new(g.clone()))?;
         }
         registry.register(Box::new(m.fallback_active.clone()))?;
+        registry.register(Box::new(m.fallback_dependencies.clone()))?;
         registry.register(Box::new(m.deposits_pending.clone()))?;
         Ok(m)
     }
@@ -124,6 +127,10 @@ impl Metrics {
             fallback_active: IntGauge::new(
                 "fleet_budget_fallback_active",
                 "1 while the fleet store is unreachable and the fallback budget decides.",
+            )?,
+            fallback_dependencies: IntGauge::new(
+                "fleet_budget_fallback_dependencies",
+                "Dependencies whose fleet store calls fail now and are decided by the fallback.",
             )?,
             store_errors: counter(
                 "fleet_budget_store_errors_total",
@@ -199,6 +206,11 @@ impl Metrics {
 
     pub(crate) fn store_error(&self, kind: &str) {
         self.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    pub(crate) fn fallback_dependencies(&self, n: u64) {
+        self.fallback_dependencies
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn fallback_decision(&self, mode: &str) {

@@ -420,3 +420,66 @@ async fn a_fleet_budget_on_the_cluster_connects_even_when_connecting_takes_longe
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Regression: health was tracked for the whole budget, so one failed master sent every
+/// dependency to the fallback (26 of 2,664 decisions from the fleet with 2 of 3 masters up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failed_master_sends_only_its_dependencies_to_the_fallback() {
+    use fleet_budget::{BudgetSource, Config, FleetBudget};
+    let mut cluster = RedisCluster::start(3);
+    let mut config = Config::default();
+    config.redis.cluster_urls = cluster.urls();
+    config.redis.key_prefix = "fbp".to_owned();
+    config.redis.timeout = Duration::from_millis(200);
+    config.redis.deposit_flush = Duration::ZERO;
+    let budget = FleetBudget::from_config(&config).await.unwrap();
+    let deps: Vec<Dependency> = (0..24)
+        .map(|i| Dependency::new(&format!("part-{i:02}")).unwrap())
+        .collect();
+    let probe = store(&cluster, "fbp");
+    let master_of = |d: &Dependency| {
+        cluster
+            .node_of_slot(slot_of(&cluster, &probe.key(d)))
+            .unwrap()
+    };
+    let owners: Vec<usize> = deps.iter().map(master_of).collect();
+    let victim = owners[0];
+    assert!(owners.iter().any(|o| *o != victim));
+    // All healthy first: every decision comes from the fleet.
+    for d in &deps {
+        let (_, source) = budget.withdraw(d, &budget.policy(d)).await;
+        assert_eq!(source, BudgetSource::Fleet, "{d}");
+    }
+    cluster.nodes[victim].stop();
+    let mut from_fleet_on_healthy = 0;
+    let mut healthy_calls = 0;
+    for round in 0..10 {
+        for (d, owner) in deps.iter().zip(&owners) {
+            let (_, source) = budget.withdraw(d, &budget.policy(d)).await;
+            if *owner == victim {
+                assert_ne!(
+                    source,
+                    BudgetSource::Fleet,
+                    "round {round}: {d} lives on the failed master"
+                );
+            } else {
+                healthy_calls += 1;
+                from_fleet_on_healthy += u32::from(source == BudgetSource::Fleet);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(budget.in_fallback());
+    // The cluster client may need a moment to stop routing through the dead node; after that,
+    // dependencies on healthy masters keep their fleet budget.
+    assert!(
+        from_fleet_on_healthy * 10 >= healthy_calls * 8,
+        "{from_fleet_on_healthy} of {healthy_calls} decisions on healthy masters came from the fleet"
+    );
+    let text = budget.metrics().render();
+    let victims = owners.iter().filter(|o| **o == victim).count();
+    assert!(
+        text.contains(&format!("fleet_budget_fallback_dependencies {victims}")),
+        "{victims} dependencies in fallback: {text}"
+    );
+}
