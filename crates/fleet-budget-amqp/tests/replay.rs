@@ -18,6 +18,7 @@ use common::{Env, header_str, header_u64, message_id, wait_until};
 use fleet_budget::{DeadLetterReason, Dependency};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer};
+use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -520,4 +521,58 @@ async fn dry_run_counts_and_filters_select() {
         left.iter()
             .all(|(p, _)| header_str(p, headers::DEPENDENCY).as_deref() == Some("mail"))
     );
+}
+
+/// The work queue's delivery limit (a broker-side net): a message requeued past it is
+/// dead-lettered by the broker, without fb- headers; the replayer parks it with that reason.
+#[tokio::test]
+async fn the_broker_delivery_limit_dead_letters_and_replay_parks_with_the_reason() {
+    let env = Env::with_amqp("limit", "delivery_limit = 2", "", "", "").await;
+    let publisher = env.publisher().await;
+    let id = publisher
+        .publish_job(&env.topology.work_exchange, "t", "t", b"crashes its worker")
+        .await
+        .unwrap();
+    // A consumer that gives the message back every time, as a crashing worker would.
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            ShortString::from(env.topology.work_queue.as_str()),
+            ShortString::from("crasher"),
+            lapin::options::BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut deliveries = 0;
+    while env.count(&env.topology.dead_queue).await == 0 {
+        let next = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await;
+        if let Ok(Some(Ok(d))) = next {
+            deliveries += 1;
+            d.acker
+                .nack(lapin::options::BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        assert!(deliveries <= 10, "the delivery limit did not stop the loop");
+    }
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    let report = replayer(&env)
+        .run(&ReplayOptions::new(&env.config), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.parked, report.malformed, report.moved),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let parked = env.drain(&env.topology.parked_queue).await;
+    assert_eq!(message_id(&parked[0].0), id);
+    let reason = header_str(&parked[0].0, headers::PARK_REASON).unwrap();
+    assert!(reason.contains("reason delivery_limit"), "{reason}");
 }

@@ -853,9 +853,9 @@ type Run = (u32, Instant, Option<Duration>);
 /// again without running (or spending budget), and runs no sooner than its delay.
 #[tokio::test]
 async fn a_delay_longer_than_every_tier_is_waited_out() {
-    let env = Env::with_tiers(
+    let env = Env::with_amqp(
         "longdelay",
-        "[0.1, 0.2]",
+        "retry_tiers_secs = [0.1, 0.2]",
         "",
         "",
         "[tasks.t]\nbackoff_base_ms = 600\nbackoff_cap_ms = 600\n",

@@ -40,8 +40,13 @@ pub fn config_text(
     redis: &str,
     defaults: &str,
     rest: &str,
-    tiers: &str,
+    amqp: &str,
 ) -> String {
+    let tiers = if amqp.contains("retry_tiers_secs") {
+        ""
+    } else {
+        "retry_tiers_secs = [0.2, 0.5, 1.0, 2.0]\n"
+    };
     let flush = if redis.contains("deposit_flush_ms") {
         ""
     } else {
@@ -49,7 +54,7 @@ pub fn config_text(
     };
     format!(
         "[redis]\nurl = \"{redis_url}\"\ntimeout_ms = 2000\n{flush}{redis}\n\
-         [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\nprefetch = 16\nretry_tiers_secs = {tiers}\n\
+         [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\nprefetch = 16\n{tiers}{amqp}\n\
          [defaults]\nbackoff_base_ms = 100\nbackoff_cap_ms = 1000\n{defaults}\n{rest}\n",
         amqp_url()
     )
@@ -58,20 +63,20 @@ pub fn config_text(
 impl Env {
     /// A private Redis, a unique prefix, the configuration, and the migrated topology.
     pub async fn new(name: &str, redis: &str, defaults: &str, rest: &str) -> Self {
-        Self::with_tiers(name, "[0.2, 0.5, 1.0, 2.0]", redis, defaults, rest).await
+        Self::with_amqp(name, "", redis, defaults, rest).await
     }
 
-    /// [`Env::new`] with other retry tiers (`[0.2, 0.5]`).
-    pub async fn with_tiers(
+    /// [`Env::new`] with more `[amqp]` lines (`retry_tiers_secs = [0.2, 0.5]`).
+    pub async fn with_amqp(
         name: &str,
-        tiers: &str,
+        amqp: &str,
         redis: &str,
         defaults: &str,
         rest: &str,
     ) -> Self {
         let server = RedisServer::start();
         let prefix = format!("fbt.{name}.{}", &headers::new_message_id()[..10]);
-        let toml = config_text(&prefix, &server.url(), redis, defaults, rest, tiers);
+        let toml = config_text(&prefix, &server.url(), redis, defaults, rest, amqp);
         let config = Config::from_toml(&toml, "test").unwrap();
         let topology = Topology::new(&config.amqp);
         let env = Self {
