@@ -958,7 +958,11 @@ fn parse_side(side: &str) -> Existing {
         _ => {}
     }
     let Some((value, ty)) = side_parts(s) else {
-        return Existing::Unknown;
+        // Numbers are printed bare: `received '50' but current is '5'`. The broker compares
+        // integers by value across widths, so a long stands for any of them.
+        return s.trim_matches('\'').parse().map_or(Existing::Unknown, |i| {
+            Existing::Value(AMQPValue::LongLongInt(i))
+        });
     };
     let v = match ty {
         "longstr" => AMQPValue::LongString(LongString::from(value)),
@@ -1114,5 +1118,8 @@ mod tests {
         let (d, e) = parse_inequivalent("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': received 'true' but current is 'false'").unwrap();
         assert_eq!((d.argument.as_str(), e), ("durable", Existing::Flag(false)));
         assert!(parse_inequivalent("PRECONDITION_FAILED - something else").is_none());
+        let (d, e) = parse_inequivalent("PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost '/': received '50' but current is '5'").unwrap();
+        assert_eq!((d.declared.as_str(), d.existing.as_str()), ("50", "5"));
+        assert_eq!(e, Existing::Value(AMQPValue::LongLongInt(5)));
     }
 }

@@ -117,6 +117,10 @@ async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() 
         ShortString::from("x-delivery-limit"),
         AMQPValue::LongLongInt(5),
     );
+    args.insert(
+        ShortString::from("x-max-length"),
+        AMQPValue::LongLongInt(100),
+    );
     ch.queue_declare(
         ShortString::from(other.work_queue.as_str()),
         QueueDeclareOptions {
@@ -132,6 +136,7 @@ async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() 
         .await
         .unwrap_err();
     let text = err.to_string();
+    eprintln!("{text}");
     match &err {
         AmqpError::ArgumentsDiffer {
             kind,
@@ -146,6 +151,8 @@ async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() 
             let names: Vec<&str> = differences.iter().map(|d| d.argument.as_str()).collect();
             assert!(names.contains(&"x-delivery-limit"), "{text}");
             assert!(names.contains(&"x-dead-letter-exchange"), "{text}");
+            assert!(names.contains(&"x-max-length"), "{text}");
+            assert_eq!(differences.len(), 3, "{text}");
             let limit = differences
                 .iter()
                 .find(|d| d.argument == "x-delivery-limit")
