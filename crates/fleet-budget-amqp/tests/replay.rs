@@ -576,3 +576,31 @@ async fn the_broker_delivery_limit_dead_letters_and_replay_parks_with_the_reason
     let reason = header_str(&parked[0].0, headers::PARK_REASON).unwrap();
     assert!(reason.contains("reason delivery_limit"), "{reason}");
 }
+
+/// `limit` moves at most that many; further matching messages stay and count as skipped.
+#[tokio::test]
+async fn a_limit_moves_at_most_that_many() {
+    let env = Env::new("limit-n", "", "", "").await;
+    let publisher = env.publisher().await;
+    env.seed_dead_letters(
+        &publisher,
+        5,
+        "search",
+        DeadLetterReason::BudgetExhausted,
+        0,
+        headers::now_ms(),
+    )
+    .await;
+    let mut options = ReplayOptions::new(&env.config);
+    options.limit = Some(2);
+    let dry = replayer(&env).dry_run(&options).await.unwrap();
+    assert_eq!((dry.would_move, dry.skipped), (2, 3), "{dry:?}");
+    let report = replayer(&env).run(&options, |_| {}).await.unwrap();
+    assert_eq!(
+        (report.moved, report.skipped, report.matched),
+        (2, 3, 2),
+        "{report:?}"
+    );
+    assert_eq!(env.count(&env.topology.dead_queue).await, 3);
+    assert_eq!(env.count(&env.topology.work_queue).await, 2);
+}
