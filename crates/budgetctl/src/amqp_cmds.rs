@@ -1,21 +1,15 @@
 //! The RabbitMQ commands over `fleet-budget-amqp`: `replay`, `dlq stats` and `migrate`.
 
-use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use fleet_budget::redact::{redact_text, redact_url};
 use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
-use fleet_budget_amqp::headers::{self, DeadLetterRecord};
+use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{
     AmqpError, Migrations, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, StepState,
     Topology,
 };
-use futures::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, QueueDeclareOptions,
-};
-use lapin::types::{FieldTable, ShortString};
 use serde::Serialize;
 
 use crate::cli::{MigrateArgs, ReplayArgs};
@@ -112,7 +106,7 @@ struct QueueStats {
     by_dependency_reason: Vec<DependencyReason>,
     /// Messages without readable dead-letter headers.
     malformed: u64,
-    /// Age of the oldest message, by its dead-letter (or park) time.
+    /// Age of the oldest message, by its dead-letter time.
     oldest_age_secs: Option<f64>,
 }
 
@@ -134,12 +128,10 @@ struct DlqStats {
 /// of the dead-letter and parked queues. Messages are read and put back (nack with requeue).
 pub(crate) async fn dlq_stats(config: &Config, json: bool) -> anyhow::Result<()> {
     let topology = Topology::new(&config.amqp);
-    let conn = fleet_budget_amqp::connect(&config.amqp.url, "budgetctl dlq stats")
-        .await
-        .map_err(|e| broker_error(config, &e))?;
-    let dead = queue_stats(&conn, &topology.dead_queue, headers::DEAD_LETTERED_MS).await;
-    let parked = queue_stats(&conn, &topology.parked_queue, headers::PARKED_MS).await;
-    let _ = conn.close(200, ShortString::from("done")).await;
+    // The replayer's dry run reads every message once, counts it, and puts it back.
+    let options = ReplayOptions::new(config);
+    let dead = queue_stats(config, &topology, &topology.dead_queue, &options).await;
+    let parked = queue_stats(config, &topology, &topology.parked_queue, &options).await;
     let stats = DlqStats {
         amqp: redact_url(&config.amqp.url),
         dead_letter: dead.map_err(|e| broker_error(config, &e))?,
@@ -185,102 +177,36 @@ fn human_age(secs: f64) -> String {
 }
 
 async fn queue_stats(
-    conn: &lapin::Connection,
+    config: &Config,
+    topology: &Topology,
     queue: &str,
-    time_header: &str,
+    options: &ReplayOptions,
 ) -> Result<QueueStats, AmqpError> {
-    let broker = |operation: String| {
-        move |e| AmqpError::Broker {
-            operation,
-            source: e,
-        }
-    };
-    let ch = conn
-        .create_channel()
-        .await
-        .map_err(broker("open a channel".to_owned()))?;
-    let name = ShortString::try_new(queue).map_err(|e| AmqpError::InvalidName {
-        what: "queue",
-        name: queue.to_owned(),
-        reason: e.to_string(),
-    })?;
-    let declared = ch
-        .queue_declare(
-            name.clone(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(broker(format!(
-            "inspect queue {queue} (run `budgetctl migrate` first?)"
-        )))?;
-    let mut stats = QueueStats {
-        queue: queue.to_owned(),
-        depth: u64::from(declared.message_count()),
-        ..QueueStats::default()
-    };
-    if stats.depth == 0 {
-        let _ = ch.close(200, ShortString::from("done")).await;
-        return Ok(stats);
-    }
-    let tag = ShortString::from(format!("budgetctl-dlq-stats-{}", headers::new_message_id()));
-    let mut consumer = ch
-        .basic_consume(
-            name,
-            tag.clone(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(broker(format!("consume {queue}")))?;
+    let report = Replayer::new(config.amqp.url.clone(), topology.clone(), None)
+        .source_queue(queue)
+        .dry_run(options)
+        .await?;
     let now = headers::now_ms();
-    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
-    let mut oldest: Option<u64> = None;
-    let mut last = None;
-    while stats.read < stats.depth {
-        let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await
-        else {
-            break;
-        };
-        stats.read += 1;
-        let table = headers::table(&d.properties);
-        if let Ok(r) = DeadLetterRecord::parse(&table) {
-            *counts
-                .entry((r.dependency, r.reason.to_string()))
-                .or_default() += 1;
-        } else {
-            stats.malformed += 1;
-        }
-        if let Ok(Some(t)) = headers::get_u64(&table, time_header) {
-            oldest = Some(oldest.map_or(t, |o| o.min(t)));
-        }
-        last = Some(d.acker);
-    }
-    let _ = ch.basic_cancel(tag, BasicCancelOptions::default()).await;
-    if let Some(acker) = last {
-        let _ = acker
-            .nack(BasicNackOptions {
-                multiple: true,
-                requeue: true,
-            })
-            .await;
-    }
-    let _ = ch.close(200, ShortString::from("done")).await;
     #[allow(clippy::cast_precision_loss)]
-    let age = oldest.map(|t| now.saturating_sub(t) as f64 / 1000.0);
-    stats.oldest_age_secs = age;
-    stats.by_dependency_reason = counts
-        .into_iter()
-        .map(|((dependency, reason), count)| DependencyReason {
-            dependency,
-            reason,
-            count,
-        })
-        .collect();
-    Ok(stats)
+    let oldest_age_secs = report
+        .oldest_dead_lettered_ms
+        .map(|t| now.saturating_sub(t) as f64 / 1000.0);
+    Ok(QueueStats {
+        queue: queue.to_owned(),
+        depth: report.total,
+        read: report.seen,
+        by_dependency_reason: report
+            .by_dependency_reason
+            .into_iter()
+            .map(|((dependency, reason), count)| DependencyReason {
+                dependency,
+                reason,
+                count,
+            })
+            .collect(),
+        malformed: report.malformed,
+        oldest_age_secs,
+    })
 }
 
 // --- replay -------------------------------------------------------------------------------------
