@@ -97,36 +97,10 @@ fn latency(mut samples: Vec<Duration>) -> Latency {
     }
 }
 
-/// `INFO commandstats` as command → calls (subcommands as `script|load`).
-fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    let info: String = server.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
-/// Client round trips since the last `CONFIG RESETSTAT`: every command but those a script runs
-/// inside the server and the bench's own `INFO` / `CONFIG`.
+/// Client round trips since the last `CONFIG RESETSTAT` (see
+/// [`RedisServer::client_round_trips`]).
 fn round_trips(server: &RedisServer) -> u64 {
-    const INSIDE_OR_OURS: [&str; 9] =
-        ["time", "hmget", "hset", "hincrby", "pexpire", "pexpireat", "pttl", "info", "config"];
-    command_calls(server)
-        .iter()
-        .filter(|(name, _)| {
-            !INSIDE_OR_OURS
-                .iter()
-                .any(|n| name.split('|').next() == Some(*n))
-        })
-        .map(|(_, n)| n)
-        .sum()
+    RedisServer::client_round_trips(&server.command_calls())
 }
 
 /// Server CPU time per call of `command` since the last `CONFIG RESETSTAT` (`usec_per_call`).
@@ -295,7 +269,8 @@ async fn coalescing(
     let achieved = done as f64 / started.elapsed().as_secs_f64();
     budget.shutdown().await.unwrap();
     let trips = round_trips(server);
-    let calls: BTreeMap<String, u64> = command_calls(server)
+    let calls: BTreeMap<String, u64> = server
+        .command_calls()
         .into_iter()
         .filter(|(n, _)| !n.starts_with("config"))
         .collect();
@@ -362,7 +337,7 @@ async fn main() {
         store.withdraw(&bench, &policy).await.unwrap();
         decisions.push(t.elapsed());
     }
-    let calls = command_calls(&server);
+    let calls = server.command_calls();
     let ours_trips =
         (calls.get("evalsha").copied().unwrap_or(0)) as f64 / args.latency_calls as f64;
     let (ping, decision) = (latency(pings), latency(decisions));

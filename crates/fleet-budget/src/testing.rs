@@ -4,7 +4,12 @@
 //! killed when dropped, and prints its log if the test is failing. Tests can run in parallel and
 //! never touch the shared server on 6379. [`RedisCluster`] makes a Redis Cluster of such servers
 //! with `redis-cli --cluster create`.
-#![allow(clippy::missing_panics_doc, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+#![allow(
+    clippy::missing_panics_doc,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used
+)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -48,13 +53,19 @@ impl RedisServer {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         for _ in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir().join(format!("fleet-budget-redis-{}-{id}-{port}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!(
+                "fleet-budget-redis-{}-{id}-{port}",
+                std::process::id()
+            ));
             std::fs::create_dir_all(&dir).expect("create the server's directory");
             let mut server = Self {
                 port,
                 dir,
                 args: args.iter().map(|s| (*s).to_owned()).collect(),
-                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
                 child: None,
             };
             server.spawn();
@@ -69,10 +80,13 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.arg("--port").arg(self.port.to_string())
+        cmd.arg("--port")
+            .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir").arg(&self.dir)
-            .arg("--logfile").arg(self.dir.join("redis.log"))
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -80,7 +94,10 @@ impl RedisServer {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        self.child = Some(cmd.spawn().expect("spawn redis-server (is it installed? .ci/run installs it)"));
+        self.child = Some(
+            cmd.spawn()
+                .expect("spawn redis-server (is it installed? .ci/run installs it)"),
+        );
     }
 
     fn wait_ready(&mut self, within: Duration) -> bool {
@@ -129,7 +146,8 @@ impl RedisServer {
         for a in args.iter().skip(1) {
             cmd.arg(*a);
         }
-        cmd.query(&mut c).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        cmd.query(&mut c)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
     /// Kills the server (SIGKILL): an outage.
@@ -144,7 +162,55 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
-        assert!(self.wait_ready(Duration::from_secs(10)), "redis-server did not come back on port {}", self.port);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not come back on port {}",
+            self.port
+        );
+    }
+
+    /// `INFO commandstats` as command → calls since start or `CONFIG RESETSTAT` (subcommands
+    /// as `script|load`). Commands a script runs count too.
+    #[must_use]
+    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// Round trips clients made, from [`RedisServer::command_calls`]: every command except
+    /// those the fleet-budget scripts run inside one `EVALSHA` and the harness's own `INFO` /
+    /// `CONFIG`.
+    #[must_use]
+    pub fn client_round_trips(calls: &std::collections::BTreeMap<String, u64>) -> u64 {
+        const INSIDE_SCRIPTS_OR_OURS: [&str; 9] = [
+            "time",
+            "hmget",
+            "hset",
+            "hincrby",
+            "pexpire",
+            "pexpireat",
+            "pttl",
+            "info",
+            "config",
+        ];
+        calls
+            .iter()
+            .filter(|(name, _)| {
+                let base = name.split('|').next().unwrap_or("");
+                !INSIDE_SCRIPTS_OR_OURS.contains(&base)
+            })
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// The server's log so far.
@@ -158,7 +224,11 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
         if std::thread::panicking() {
-            eprintln!("---- redis-server log (port {}) ----\n{}\n---- end of log ----", self.port, self.log());
+            eprintln!(
+                "---- redis-server log (port {}) ----\n{}\n---- end of log ----",
+                self.port,
+                self.log()
+            );
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -177,17 +247,37 @@ impl RedisCluster {
     #[must_use]
     pub fn start(masters: usize) -> Self {
         let nodes: Vec<RedisServer> = (0..masters)
-            .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"], &[]))
+            .map(|_| {
+                RedisServer::start_with(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                    &[],
+                )
+            })
             .collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
         let output = Command::new("redis-cli")
-            .arg("--cluster").arg("create")
+            .arg("--cluster")
+            .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
-        assert!(output.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&output.stdout));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
         let cluster = Self { nodes };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
@@ -198,14 +288,25 @@ impl RedisCluster {
         let deadline = Instant::now() + within;
         loop {
             let ok = self.nodes.iter().all(|n| {
-                n.connection().ok().and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c).ok()).is_some_and(|info| {
-                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-                })
+                n.connection()
+                    .ok()
+                    .and_then(|mut c| {
+                        redis::cmd("CLUSTER")
+                            .arg("INFO")
+                            .query::<String>(&mut c)
+                            .ok()
+                    })
+                    .is_some_and(|info| {
+                        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                    })
             });
             if ok {
                 return;
             }
-            assert!(Instant::now() < deadline, "cluster did not become ok within {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not become ok within {within:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -221,12 +322,25 @@ impl RedisCluster {
     pub fn node_of_slot(&self, slot: u16) -> Option<usize> {
         let first = self.nodes.first()?;
         let slots: redis::Value = first.cmd(&["CLUSTER", "SLOTS"]);
-        let redis::Value::Array(ranges) = slots else { return None };
+        let redis::Value::Array(ranges) = slots else {
+            return None;
+        };
         for range in ranges {
-            let redis::Value::Array(items) = range else { continue };
-            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(node))) = (items.first(), items.get(1), items.get(2)) else { continue };
+            let redis::Value::Array(items) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(node)),
+            ) = (items.first(), items.get(1), items.get(2))
+            else {
+                continue;
+            };
             if i64::from(slot) >= *lo && i64::from(slot) <= *hi {
-                let Some(redis::Value::Int(port)) = node.get(1) else { return None };
+                let Some(redis::Value::Int(port)) = node.get(1) else {
+                    return None;
+                };
                 return self.nodes.iter().position(|n| i64::from(n.port()) == *port);
             }
         }

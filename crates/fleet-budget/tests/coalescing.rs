@@ -10,7 +10,6 @@
     missing_docs
 )]
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
@@ -45,41 +44,6 @@ fn totals(s: &BudgetSnapshot) -> (u64, u64) {
         s.current.successes + s.previous.successes,
         s.current.first_attempts + s.previous.first_attempts,
     )
-}
-
-/// `INFO commandstats` as command → calls.
-fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    let info: String = server.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
-/// Commands that reached Redis from a client: everything but what the scripts call inside the
-/// server (`TIME`, `HMGET`, `HSET`, `PEXPIRE`, `PTTL`) and the test's own `INFO` / `CONFIG`.
-/// Subcommands appear as `script|load`: each is a round trip of its own.
-fn round_trips(calls: &BTreeMap<String, u64>) -> u64 {
-    // Commands the scripts run inside one EVALSHA, and the test's own bookkeeping.
-    const NOT_ROUND_TRIPS: [&str; 9] = [
-        "time", "hmget", "hset", "hincrby", "pexpire", "pexpireat", "pttl", "info", "config",
-    ];
-    calls
-        .iter()
-        .filter(|(name, _)| {
-            !NOT_ROUND_TRIPS
-                .iter()
-                .any(|n| name.split('|').next() == Some(*n))
-        })
-        .map(|(_, n)| n)
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,8 +88,8 @@ async fn after_a_flush_the_totals_in_redis_are_exact() {
         );
         assert_eq!(budget.metrics().counter("successes", dependency), 8000);
     }
-    let calls = command_calls(&server);
-    let trips = round_trips(&calls);
+    let calls = server.command_calls();
+    let trips = RedisServer::client_round_trips(&calls);
     assert!(
         trips * 50 < 64_000,
         "64,000 deposits in {trips} round trips: {calls:?}"
@@ -221,8 +185,8 @@ async fn at_over_1000_jobs_per_second_a_job_costs_at_most_a_hundredth_of_a_round
     budget.shutdown().await.unwrap();
     #[allow(clippy::cast_precision_loss)]
     let rate = jobs as f64 / elapsed.as_secs_f64();
-    let calls = command_calls(&server);
-    let trips = round_trips(&calls);
+    let calls = server.command_calls();
+    let trips = RedisServer::client_round_trips(&calls);
     #[allow(clippy::cast_precision_loss)]
     let per_job = trips as f64 / jobs as f64;
     eprintln!(
