@@ -21,7 +21,11 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
@@ -47,11 +51,21 @@ fn total_commands(server: &RedisServer) -> u64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let calls: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let calls: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20_000);
     let server = RedisServer::start();
-    let policy = BudgetPolicy { min_allowance: u64::MAX / 4, ..BudgetPolicy::default() };
+    let policy = BudgetPolicy {
+        min_allowance: u64::MAX / 4,
+        ..BudgetPolicy::default()
+    };
     let dependency = Dependency::new("bench")?;
-    let store = Arc::new(RedisStore::new(RedisTarget::Single(server.url()), "fb", Duration::from_secs(1))?);
+    let store = Arc::new(RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fb",
+        Duration::from_secs(1),
+    )?);
     let pool = PoolConfig::from_url(server.url()).create_pool(Some(Runtime::Tokio1))?;
     let key = store.key(&dependency);
     // Warm up both paths (connect, load the script).
@@ -60,17 +74,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut c = pool.get().await?;
         let _: String = redis::cmd("PING").query_async(&mut c).await?;
     }
-    println!("{calls} sequential calls each, private redis-server on 127.0.0.1:{}", server.port());
+    println!(
+        "{calls} sequential calls each, private redis-server on 127.0.0.1:{}",
+        server.port()
+    );
 
     let mut samples = Vec::with_capacity(calls);
     let before = total_commands(&server);
-    let mut conn = redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
+    let mut conn = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
     for _ in 0..calls {
         let t = Instant::now();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         samples.push(t.elapsed());
     }
-    report("PING, multiplexed connection", std::mem::take(&mut samples), before, total_commands(&server));
+    report(
+        "PING, multiplexed connection",
+        std::mem::take(&mut samples),
+        before,
+        total_commands(&server),
+    );
 
     let before = total_commands(&server);
     for _ in 0..calls {
@@ -78,7 +102,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         store.withdraw(&dependency, &policy).await?;
         samples.push(t.elapsed());
     }
-    report("decision, RedisStore (multiplexed)", std::mem::take(&mut samples), before, total_commands(&server));
+    report(
+        "decision, RedisStore (multiplexed)",
+        std::mem::take(&mut samples),
+        before,
+        total_commands(&server),
+    );
 
     let before = total_commands(&server);
     for _ in 0..calls {
@@ -87,17 +116,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _: String = redis::cmd("PING").query_async(&mut c).await?;
         samples.push(t.elapsed());
     }
-    report("PING, deadpool checkout per call", std::mem::take(&mut samples), before, total_commands(&server));
+    report(
+        "PING, deadpool checkout per call",
+        std::mem::take(&mut samples),
+        before,
+        total_commands(&server),
+    );
 
     let before = total_commands(&server);
     for _ in 0..calls {
         let t = Instant::now();
         let mut c = pool.get().await?;
         let mut invocation = SPEND_SCRIPT.key(&key);
-        invocation.arg(policy.window_ms()).arg(policy.ratio.to_string()).arg(policy.min_allowance).arg("s").arg("sliding");
+        invocation
+            .arg(policy.window_ms())
+            .arg(policy.ratio.to_string())
+            .arg(policy.min_allowance)
+            .arg("s")
+            .arg("sliding");
         let _: Vec<i64> = invocation.invoke_async(&mut *c).await?;
         samples.push(t.elapsed());
     }
-    report("decision, deadpool checkout per call", std::mem::take(&mut samples), before, total_commands(&server));
+    report(
+        "decision, deadpool checkout per call",
+        std::mem::take(&mut samples),
+        before,
+        total_commands(&server),
+    );
     Ok(())
 }

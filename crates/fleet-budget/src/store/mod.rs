@@ -16,7 +16,9 @@ mod local;
 mod redis;
 
 pub use local::LocalStore;
-pub use redis::{DEPOSIT_SCRIPT, RedisStore, RedisTarget, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply};
+pub use redis::{
+    DEPOSIT_SCRIPT, RedisStore, RedisTarget, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply,
+};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
