@@ -402,16 +402,7 @@ impl DeadLetterRecord {
             }),
             None => None,
         };
-        let budget_source = get_str(table, BUDGET_SOURCE)?.and_then(|s| {
-            [
-                BudgetSource::Fleet,
-                BudgetSource::LocalFallback,
-                BudgetSource::Blind,
-                BudgetSource::Local,
-            ]
-            .into_iter()
-            .find(|b| b.as_str() == s)
-        });
+        let budget_source = get_str(table, BUDGET_SOURCE)?.and_then(|s| BudgetSource::parse(&s));
         Ok(Self {
             task: req_str(TASK)?,
             dependency,

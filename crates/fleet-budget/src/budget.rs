@@ -312,7 +312,7 @@ impl FleetBudget {
                 dependency,
                 DeadLetterReason::NonRetryable,
                 None,
-                BudgetSource::Fleet,
+                BudgetSource::NotConsulted,
             ));
         }
         let ceiling = self.ceiling(task);
@@ -321,7 +321,7 @@ impl FleetBudget {
                 dependency,
                 DeadLetterReason::AttemptsExhausted,
                 None,
-                BudgetSource::Fleet,
+                BudgetSource::NotConsulted,
             ));
         }
         let policy = self.policy(&dependency);

@@ -152,6 +152,8 @@ pub enum BudgetSource {
     Blind,
     /// A local-only budget by configuration (no Redis).
     Local,
+    /// No budget was asked: the failure was not retryable or the attempts were exhausted.
+    NotConsulted,
 }
 
 impl BudgetSource {
@@ -163,7 +165,23 @@ impl BudgetSource {
             Self::LocalFallback => "local_fallback",
             Self::Blind => "blind",
             Self::Local => "local",
+            Self::NotConsulted => "not_consulted",
         }
+    }
+
+    /// Every source.
+    pub const ALL: [Self; 5] = [
+        Self::Fleet,
+        Self::LocalFallback,
+        Self::Blind,
+        Self::Local,
+        Self::NotConsulted,
+    ];
+
+    /// Parses a wire name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|b| b.as_str() == s)
     }
 }
 
@@ -191,7 +209,7 @@ pub enum Decision {
         reason: DeadLetterReason,
         /// The budget as seen when it refused (only for `budget_exhausted`).
         snapshot: Option<BudgetSnapshot>,
-        /// Which budget refused (only meaningful for `budget_exhausted`).
+        /// Which budget refused (`NotConsulted` unless the reason is `budget_exhausted`).
         source: BudgetSource,
     },
 }

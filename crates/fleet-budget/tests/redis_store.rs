@@ -358,6 +358,17 @@ async fn decision_order_non_retryable_then_attempts_then_budget_then_delay() {
         d.dead_letter_reason(),
         Some(DeadLetterReason::AttemptsExhausted)
     );
+    let Decision::DeadLetter {
+        source, snapshot, ..
+    } = &d
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        (*source, *snapshot),
+        (BudgetSource::NotConsulted, None),
+        "no budget is asked before step 3"
+    );
     let c = retries_counted().await;
     assert_eq!(
         (c.retries, c.denied),
