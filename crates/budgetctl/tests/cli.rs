@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use fleet_budget::testing::RedisServer;
+use fleet_budget::testing::{RedisCluster, RedisServer};
 use serde_json::Value;
 
 fn budgetctl() -> Command {
@@ -1143,5 +1143,50 @@ fn rabbitmq_unreachable_is_a_runtime_failure_naming_the_redacted_url() {
             "{}",
             stderr(&o)
         );
+    }
+}
+
+#[test]
+fn status_on_a_cluster_lists_budgets_found_on_every_master() {
+    let cluster = RedisCluster::start(3);
+    let prefix = unique("cluster");
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let config = temp_file(
+        &format!("{prefix}.toml"),
+        &format!(
+            "[redis]\ncluster_urls = [{}]\nkey_prefix = \"{prefix}\"\n",
+            urls.join(", ")
+        ),
+    );
+    let config = config.to_str().unwrap();
+    // Budgets that no configuration names (unmapped tasks are their own dependencies), spread
+    // over the masters by their hash tags.
+    let deps: Vec<String> = (0..12).map(|i| format!("unmapped-{i}")).collect();
+    for d in &deps {
+        let o = run(&[
+            "--config",
+            config,
+            "bench",
+            "--dependency",
+            d,
+            "--successes",
+            "10",
+            "--retries",
+            "1",
+            "--concurrency",
+            "1",
+            "--json",
+        ]);
+        json(&o);
+    }
+    let v = json(&run(&["--config", config, "status", "--json"]));
+    let listed: Vec<&str> = v["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["dependency"].as_str().unwrap())
+        .collect();
+    for d in &deps {
+        assert!(listed.contains(&d.as_str()), "{d} missing from {v}");
     }
 }
