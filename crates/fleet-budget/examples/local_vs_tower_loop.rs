@@ -35,9 +35,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for round in 1..=2 {
         let local = LocalStore::new();
-        let granted = per_call(|| local.withdraw_now(black_box(&dependency), &generous).granted);
+        let granted = per_call(|| {
+            local
+                .withdraw_now(black_box(&dependency), &generous)
+                .granted
+        });
         let local = LocalStore::new();
-        let denied = per_call(|| local.withdraw_now(black_box(&dependency), &exhausted).granted);
+        let denied = per_call(|| {
+            local
+                .withdraw_now(black_box(&dependency), &exhausted)
+                .granted
+        });
         let tower_ok = TpsBudget::new(Duration::from_secs(10), 1 << 30, 0.2);
         let tower_granted = per_call(|| tower_ok.withdraw());
         let tower_none = TpsBudget::new(Duration::from_secs(10), 0, 0.0);
