@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fleet_budget::{Config, DeadLetterReason, Decision, Failure, FleetBudget};
+use fleet_budget::{BudgetSource, Config, DeadLetterReason, Decision, Failure, FleetBudget};
 use futures::{FutureExt, StreamExt};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
@@ -448,7 +448,7 @@ where
                 .ok()
                 .map(|d| d.as_str().to_owned()),
             budget: None,
-            source: None,
+            source: Some(BudgetSource::NotConsulted),
         },
         Ok(h) => match ctx.budget.on_attempt(&task, h.attempt).await {
             Err(e) => invalid_task(&e),
@@ -503,7 +503,7 @@ fn invalid_task(e: &fleet_budget::Error) -> Outcome {
         failure: Failure::non_retryable(e).with_class("invalid_task"),
         dependency: None,
         budget: None,
-        source: None,
+        source: Some(BudgetSource::NotConsulted),
     }
 }
 
@@ -528,7 +528,7 @@ async fn decide<H>(ctx: &Ctx<H>, task: &str, attempt: u32, failure: Failure) -> 
             failure,
             dependency: Some(dependency.as_str().to_owned()),
             budget: snapshot.as_ref().map(BudgetHeaders::from),
-            source: snapshot.map(|_| source),
+            source: Some(source),
         },
         Err(e) => invalid_task(&e),
     }

@@ -236,6 +236,12 @@ async fn end_to_end_jobs_succeed_or_dead_letter_with_reason_and_headers() {
                 header_str(props, headers::BUDGET_SOURCE).as_deref(),
                 Some("fleet")
             );
+        } else {
+            assert_eq!(
+                header_str(props, headers::BUDGET_SOURCE).as_deref(),
+                Some("not_consulted"),
+                "{reason}: no budget was asked"
+            );
         }
         for (key, value) in props.headers().as_ref().unwrap().inner() {
             // The broker may stamp its own delivery headers on the way to us; ours are all fb-.
