@@ -176,6 +176,33 @@ struct Accounting {
     lost: u64,
 }
 
+impl Accounting {
+    /// Jobs that succeeded on the first pass, the replayed ones that succeeded afterwards (and
+    /// not before), `parked` and `still_dead_lettered` as counted by the queue; the rest is lost.
+    fn tally(
+        submitted: u64,
+        outcomes: &JobOutcomes,
+        parked: u64,
+        still_dead_lettered: u64,
+    ) -> Self {
+        let succeeded = outcomes.succeeded_ids();
+        let replayed = outcomes
+            .replay_succeeded_ids()
+            .difference(&succeeded)
+            .count() as u64;
+        let succeeded = succeeded.len() as u64;
+        let accounted = succeeded + replayed + parked + still_dead_lettered;
+        Self {
+            submitted,
+            succeeded,
+            dead_lettered_then_replayed: replayed,
+            parked,
+            still_dead_lettered,
+            lost: submitted.saturating_sub(accounted),
+        }
+    }
+}
+
 /// The result of one run.
 #[derive(Debug, Clone, Default, Serialize)]
 struct RunReport {
@@ -502,27 +529,11 @@ async fn run_in_memory(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     let _ = workers.await;
     progress.finish().await;
 
-    let succeeded = outcomes.succeeded_ids();
-    let replay_ok: HashSet<u64> = outcomes
-        .replay_succeeded_ids()
-        .difference(&succeeded)
-        .copied()
-        .collect();
-    let parked_ids: HashSet<u64> = broker
+    let parked_ids = broker
         .parked_ids()
-        .difference(&succeeded)
-        .copied()
-        .collect();
-    let still_dead = broker.dead_ids();
-    let accounted = succeeded.len() + replay_ok.len() + parked_ids.len() + still_dead.len();
-    let accounting = Accounting {
-        submitted: jobs,
-        succeeded: succeeded.len() as u64,
-        dead_lettered_then_replayed: replay_ok.len() as u64,
-        parked: parked_ids.len() as u64,
-        still_dead_lettered: still_dead.len() as u64,
-        lost: jobs.saturating_sub(accounted as u64),
-    };
+        .difference(&outcomes.succeeded_ids())
+        .count() as u64;
+    let accounting = Accounting::tally(jobs, &outcomes, parked_ids, broker.dead_ids().len() as u64);
     RunReport {
         label: s.label.to_owned(),
         budget: s.budget,

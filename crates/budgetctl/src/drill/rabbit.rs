@@ -2,7 +2,6 @@
 //! `fleet_budget_amqp::Worker`s consuming the work queue, jobs published with confirms, and the
 //! library `Replayer` after recovery.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -324,15 +323,8 @@ async fn drill(
     let _ = poller.await;
     progress.finish().await;
 
-    let succeeded = outcomes.succeeded_ids();
-    let replay_ok: HashSet<u64> = outcomes
-        .replay_succeeded_ids()
-        .difference(&succeeded)
-        .copied()
-        .collect();
     let parked_now = depths.parked().await?;
     let still_dead = depths.dead().await?;
-    let accounted = succeeded.len() as u64 + replay_ok.len() as u64 + parked_now + still_dead;
     Ok(RunReport {
         label: s.label.to_owned(),
         budget: s.budget,
@@ -353,14 +345,7 @@ async fn drill(
         replayed,
         replay_upstream_calls: upstream.calls() - first_pass_calls,
         parked,
-        accounting: Accounting {
-            submitted: jobs,
-            succeeded: succeeded.len() as u64,
-            dead_lettered_then_replayed: replay_ok.len() as u64,
-            parked: parked_now,
-            still_dead_lettered: still_dead,
-            lost: jobs.saturating_sub(accounted),
-        },
+        accounting: Accounting::tally(jobs, &outcomes, parked_now, still_dead),
         upstream_calls_per_second: upstream.per_second(),
         seconds,
     })
