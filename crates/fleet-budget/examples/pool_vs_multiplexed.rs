@@ -6,8 +6,9 @@
 //! `cargo run --release -p fleet-budget --features test-harness --example pool_vs_multiplexed -- [calls]`
 //!
 //! "server commands/call" is the growth of `total_commands_processed`: an `EVALSHA` counts
-//! itself plus the 4 commands the script runs (TIME, HMGET, HSET, PEXPIRE) in one round trip;
-//! a pool checkout adds `UNWATCH` and `PING` (one more round trip) before every call.
+//! itself plus the commands the script runs in that one round trip (TIME, HMGET, HINCRBY; HSET
+//! and PEXPIREAT instead of HINCRBY when the window rolls); a pool checkout adds `UNWATCH` and
+//! `PING` (one more round trip) before every call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,53 +80,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         server.port()
     );
 
-    let mut samples = Vec::with_capacity(calls);
-    let before = total_commands(&server);
+    // Times `calls` runs of `$call` and reports them with the server commands they caused.
+    macro_rules! measure {
+        ($name:expr, $call:expr) => {{
+            let mut samples = Vec::with_capacity(calls);
+            let before = total_commands(&server);
+            for _ in 0..calls {
+                let t = Instant::now();
+                $call;
+                samples.push(t.elapsed());
+            }
+            report($name, samples, before, total_commands(&server));
+        }};
+    }
+
     let mut conn = redis::Client::open(server.url())?
         .get_multiplexed_async_connection()
         .await?;
-    for _ in 0..calls {
-        let t = Instant::now();
+    measure!("PING, multiplexed connection", {
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
-        samples.push(t.elapsed());
-    }
-    report(
-        "PING, multiplexed connection",
-        std::mem::take(&mut samples),
-        before,
-        total_commands(&server),
-    );
-
-    let before = total_commands(&server);
-    for _ in 0..calls {
-        let t = Instant::now();
+    });
+    measure!("decision, RedisStore (multiplexed)", {
         store.withdraw(&dependency, &policy).await?;
-        samples.push(t.elapsed());
-    }
-    report(
-        "decision, RedisStore (multiplexed)",
-        std::mem::take(&mut samples),
-        before,
-        total_commands(&server),
-    );
-
-    let before = total_commands(&server);
-    for _ in 0..calls {
-        let t = Instant::now();
+    });
+    measure!("PING, deadpool checkout per call", {
         let mut c = pool.get().await?;
         let _: String = redis::cmd("PING").query_async(&mut c).await?;
-        samples.push(t.elapsed());
-    }
-    report(
-        "PING, deadpool checkout per call",
-        std::mem::take(&mut samples),
-        before,
-        total_commands(&server),
-    );
-
-    let before = total_commands(&server);
-    for _ in 0..calls {
-        let t = Instant::now();
+    });
+    measure!("decision, deadpool checkout per call", {
         let mut c = pool.get().await?;
         let mut invocation = SPEND_SCRIPT.key(&key);
         invocation
@@ -135,13 +117,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .arg("s")
             .arg("sliding");
         let _: Vec<i64> = invocation.invoke_async(&mut *c).await?;
-        samples.push(t.elapsed());
-    }
-    report(
-        "decision, deadpool checkout per call",
-        std::mem::take(&mut samples),
-        before,
-        total_commands(&server),
-    );
+    });
     Ok(())
 }
