@@ -213,11 +213,7 @@ impl FleetBudget {
     /// The policy of `dependency`.
     #[must_use]
     pub fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
-        self.inner
-            .policies
-            .get(dependency)
-            .copied()
-            .unwrap_or(self.inner.defaults)
+        self.inner.policy(dependency)
     }
 
     /// The attempt ceiling and backoff of `task`.
@@ -525,12 +521,18 @@ struct Pending {
     since: Instant,
 }
 
+impl Inner {
+    fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
+        self.policies
+            .get(dependency)
+            .copied()
+            .unwrap_or(self.defaults)
+    }
+}
+
 /// The policy window of `dependency`: pending deposits older than this are dropped.
 fn window_of(inner: &Inner, dependency: &Dependency) -> Duration {
-    inner
-        .policies
-        .get(dependency)
-        .map_or(inner.defaults.window, |p| p.window)
+    inner.policy(dependency).window
 }
 
 /// Adds deposits counted at `since` to the pending ones; returns the dependency's pending total.
@@ -602,11 +604,7 @@ async fn flush_pending(inner: &Inner, force: bool) -> Result<(), StoreError> {
         return Ok(());
     }
     let calls = batch.into_iter().map(|(dependency, pending)| async move {
-        let policy = inner
-            .policies
-            .get(&dependency)
-            .copied()
-            .unwrap_or(inner.defaults);
+        let policy = inner.policy(&dependency);
         let result = fleet.deposit(&dependency, &policy, pending.deposits).await;
         (dependency, pending, result)
     });
