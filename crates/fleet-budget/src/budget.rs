@@ -486,24 +486,34 @@ impl FleetBudget {
         let Some(fleet) = &inner.fleet else { return };
         if inner.flush_interval.is_zero() {
             if inner.health.should_try(&dependency) {
-                match fleet.deposit(&dependency, &policy, deposits).await {
+                // Carry along what an earlier failed call kept back: with no flusher, this is
+                // the next chance to send it.
+                let mut batch = Pending {
+                    deposits,
+                    since: Instant::now(),
+                };
+                if let Some(kept) = take_pending(inner, &dependency) {
+                    batch.deposits.add(kept.deposits);
+                    batch.since = kept.since;
+                }
+                match fleet.deposit(&dependency, &policy, batch.deposits).await {
                     Ok(s) => {
                         inner.health.ok(&dependency, &inner.metrics);
                         inner.metrics.snapshot(&dependency, &s);
-                        return;
                     }
                     Err(e) => {
                         inner
                             .health
                             .failed(&dependency, &e, &inner.metrics, inner.fallback);
-                        if e.is_timeout() {
-                            // Most likely applied late (see the module docs): never sent twice.
-                            return;
+                        // A timed-out call most likely ran late (see the module docs): never
+                        // sent twice. Otherwise keep it rather than lose it.
+                        if !e.is_timeout() {
+                            add_pending(inner, dependency, batch.deposits, batch.since);
                         }
                     }
                 }
+                return;
             }
-            // Keep it for a later flush rather than lose it.
             add_pending(inner, dependency, deposits, Instant::now());
             return;
         }
@@ -533,6 +543,21 @@ impl Inner {
 /// The policy window of `dependency`: pending deposits older than this are dropped.
 fn window_of(inner: &Inner, dependency: &Dependency) -> Duration {
     inner.policy(dependency).window
+}
+
+/// Takes `dependency`'s pending deposits (none when they are older than a window) and when the
+/// oldest of them was counted.
+fn take_pending(inner: &Inner, dependency: &Dependency) -> Option<Pending> {
+    let window = window_of(inner, dependency);
+    let taken = {
+        let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = pending.remove(dependency);
+        inner
+            .metrics
+            .pending(pending.values().map(|p| p.deposits.total()).sum());
+        taken
+    };
+    taken.filter(|p| !p.deposits.is_empty() && p.since.elapsed() < window)
 }
 
 /// Adds deposits counted at `since` to the pending ones; returns the dependency's pending total.

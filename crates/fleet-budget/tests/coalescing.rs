@@ -280,3 +280,45 @@ async fn deposits_pending_for_longer_than_a_window_are_dropped_not_credited_to_t
     }
     assert_eq!(totals(&status(&server, &budget, "search").await).0, 200);
 }
+
+/// Regression: without coalescing (`deposit_flush_ms = 0`) there is no flusher, so deposits kept
+/// back while Redis was down waited for an explicit `flush()`. The next deposit that reaches
+/// Redis now carries them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_coalescing_deposits_kept_during_an_outage_ride_with_the_next_one() {
+    let mut server = RedisServer::start();
+    let budget = FleetBudget::from_config(&config(&server, Duration::ZERO, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    budget.on_success("search").await.unwrap();
+    server.stop();
+    for _ in 0..5 {
+        budget.on_success("search").await.unwrap();
+    }
+    assert_eq!(budget.pending_deposits(), 5, "kept while Redis is down");
+    let mut server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    // Past the probe interval, the next success reaches Redis and takes the kept ones along.
+    // (The restarted server is empty: the one success from before the outage is gone with it.)
+    let started = Instant::now();
+    let mut after = 0;
+    while budget.pending_deposits() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "kept deposits never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        budget.on_success("search").await.unwrap();
+        after += 1;
+    }
+    assert_eq!(
+        totals(&status(&server, &budget, "search").await).0,
+        5 + after,
+        "the 5 kept deposits arrived with the later ones, each once"
+    );
+    server.stop();
+}
