@@ -22,7 +22,8 @@
 //!
 //! When a flush fails:
 //! - **Redis unreachable** (refused, reset, broken pipe): the deposits stay pending and are sent
-//!   by a later flush once Redis answers, so they are not lost while the process lives (they
+//!   by a later flush once Redis answers (without coalescing, `deposit_flush_ms = 0`, by the next
+//!   deposit that reaches Redis), so they are not lost while the process lives (they
 //!   are lost with the process if [`FleetBudget::shutdown`] cannot flush).
 //! - **Deadline passed**: the request most likely reached Redis and runs there late (a paused or
 //!   busy server runs it when it wakes up), so it is *not* sent again; counting it twice would
