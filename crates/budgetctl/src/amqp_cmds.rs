@@ -4,11 +4,11 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use fleet_budget::redact::{redact_text, redact_url};
-use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{
     AmqpError, Migrations, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, StepState,
-    Topology,
+    Topology, WorkerConfig,
 };
 use serde::Serialize;
 
@@ -18,7 +18,7 @@ use crate::output::{print_json, table, thousands};
 
 /// A broker failure as a runtime error (exit 1) that names the URL, password redacted, and
 /// how to start a broker when it is a connection failure.
-pub(crate) fn broker_error(config: &Config, e: &AmqpError) -> anyhow::Error {
+pub(crate) fn broker_error(config: &WorkerConfig, e: &AmqpError) -> anyhow::Error {
     let text = redact_text(&e.to_string());
     if e.is_connection_error() {
         anyhow::anyhow!(
@@ -49,7 +49,7 @@ struct MigrateReport {
 }
 
 /// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently).
-pub(crate) async fn migrate(config: &Config, args: &MigrateArgs) -> anyhow::Result<()> {
+pub(crate) async fn migrate(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Result<()> {
     let migrations =
         Migrations::embedded().map_err(|e| anyhow::anyhow!("embedded migrations: {e}"))?;
     let report =
@@ -126,7 +126,7 @@ struct DlqStats {
 
 /// `budgetctl dlq stats`: depth, counts by dependency × reason, and the oldest message's age,
 /// of the dead-letter and parked queues. Messages are read and put back (nack with requeue).
-pub(crate) async fn dlq_stats(config: &Config, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn dlq_stats(config: &WorkerConfig, json: bool) -> anyhow::Result<()> {
     let topology = Topology::new(&config.amqp);
     // The replayer's dry run reads every message once, counts it, and puts it back.
     let options = ReplayOptions::new(config);
@@ -177,7 +177,7 @@ fn human_age(secs: f64) -> String {
 }
 
 async fn queue_stats(
-    config: &Config,
+    config: &WorkerConfig,
     topology: &Topology,
     queue: &str,
     options: &ReplayOptions,
@@ -249,7 +249,7 @@ pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
 }
 
 /// `budgetctl replay`: the library replayer, with a progress display.
-pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+pub(crate) async fn replay(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Result<()> {
     let dependency = Dependency::new(&args.dependency).map_err(|e| {
         usage(format!(
             "--dependency {:?}: a dependency name {e}",
@@ -310,7 +310,7 @@ pub(crate) async fn replay(config: &Config, args: &ReplayArgs) -> anyhow::Result
         return Ok(());
     }
     // The budget lets the replayer pause while the dependency's budget is exhausted again.
-    let budget = FleetBudget::from_config(config).await?;
+    let budget = FleetBudget::from_config(&config.budget).await?;
     let replayer = Replayer::new(config.amqp.url.clone(), topology, Some(budget.clone()));
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();

@@ -65,11 +65,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Config(ConfigCommand::Check(args)) => config_check::run(&args),
         Command::Status(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(status::run(&config, &args))
+            runtime()?.block_on(status::run(&config.budget, &args))
         }
         Command::Bench(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(bench::run(&config, &args))
+            runtime()?.block_on(bench::run(&config.budget, &args))
         }
         Command::Demo(args) => {
             let config = settings::resolve(global)?;

@@ -1,54 +1,43 @@
 //! The configuration a command runs with: the file of `--config` (or the defaults), then the
 //! environment, then the global flags.
 
-use fleet_budget::Config;
 use fleet_budget::config::ConfigError;
-use fleet_budget::redact::redact_url;
+use fleet_budget_amqp::WorkerConfig;
 
 use crate::cli::GlobalArgs;
 use crate::exit::usage;
 
 /// Resolves the configuration; every problem is a usage error naming the flag or key.
-pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<Config> {
+pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
     let mut config = match &global.config {
-        Some(path) => Config::from_path(path).map_err(|e| config_error(&e, "--config"))?,
+        Some(path) => WorkerConfig::from_path(path).map_err(|e| config_error(&e, "--config"))?,
         None => {
-            let mut c = Config::default();
+            let mut c = WorkerConfig::default();
             c.apply_env(|name| std::env::var(name).ok());
             c
         }
     };
     if let Some(url) = &global.redis_url {
-        if !has_scheme(url, &["redis", "rediss", "redis+unix", "unix"]) {
-            return Err(usage(format!(
-                "--redis-url (or FLEET_BUDGET_REDIS_URL) {}: must be a URL of the form redis://host:port (or rediss://)",
-                redact_url(url)
-            )));
-        }
-        config.redis.url.clone_from(url);
-        config.redis.cluster_urls.clear();
+        config.budget.set_redis_url(url).map_err(|p| {
+            usage(format!(
+                "--redis-url (or FLEET_BUDGET_REDIS_URL) {}: {}",
+                p.value, p.allowed
+            ))
+        })?;
     }
     if let Some(url) = &global.amqp_url {
-        if !has_scheme(url, &["amqp", "amqps"]) {
-            return Err(usage(format!(
-                "--amqp-url (or FLEET_BUDGET_AMQP_URL) {}: must be a URL of the form amqp://user:password@host:port/vhost",
-                redact_url(url)
-            )));
-        }
-        config.amqp.url.clone_from(url);
+        config.amqp.set_url(url).map_err(|p| {
+            usage(format!(
+                "--amqp-url (or FLEET_BUDGET_AMQP_URL) {}: {}",
+                p.value, p.allowed
+            ))
+        })?;
     }
     if let Some(prefix) = &global.key_prefix {
-        if prefix.is_empty()
-            || prefix.len() > 64
-            || prefix
-                .chars()
-                .any(|c| c == '{' || c == '}' || c.is_control() || c.is_whitespace())
-        {
-            return Err(usage(format!(
-                "--key-prefix {prefix:?}: must be 1 to 64 characters without `{{`, `}}`, spaces or control characters"
-            )));
-        }
-        config.redis.key_prefix.clone_from(prefix);
+        config
+            .budget
+            .set_key_prefix(prefix)
+            .map_err(|p| usage(format!("--key-prefix {}: {}", p.value, p.allowed)))?;
     }
     Ok(config)
 }
@@ -59,12 +48,4 @@ pub(crate) fn config_error(e: &ConfigError, flag: &str) -> anyhow::Error {
         ConfigError::Read { .. } => usage(format!("{flag}: {e}")),
         _ => usage(format!("invalid configuration ({flag}): {e}")),
     }
-}
-
-fn has_scheme(url: &str, schemes: &[&str]) -> bool {
-    schemes.iter().any(|s| {
-        url.strip_prefix(s)
-            .and_then(|r| r.strip_prefix("://"))
-            .is_some_and(|r| !r.is_empty())
-    })
 }

@@ -826,7 +826,7 @@ fn demo_falls_back_to_the_in_process_mode_when_services_do_not_answer() {
 
 mod broker {
     use fleet_budget::DeadLetterReason;
-    use fleet_budget::config::AmqpSettings;
+    use fleet_budget_amqp::AmqpSettings;
     use fleet_budget_amqp::Topology;
     use fleet_budget_amqp::headers::{self, DeadLetterRecord};
     use lapin::options::{

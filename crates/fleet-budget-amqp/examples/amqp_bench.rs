@@ -24,12 +24,12 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_budget::{Config, DeadLetterReason, Failure, FleetBudget};
+use fleet_budget::{DeadLetterReason, Failure, FleetBudget};
 use fleet_budget_amqp::headers::{self, DeadLetterRecord};
 use fleet_budget_amqp::publish::confirmed;
 use fleet_budget_amqp::{
-    Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerOptions, connect,
-    migrate,
+    Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig, WorkerOptions,
+    connect, migrate,
 };
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -231,7 +231,7 @@ async fn dead_letter_publish(
 async fn unpaced_replay(
     url: &str,
     topology: &Topology,
-    config: &Config,
+    config: &WorkerConfig,
     n: usize,
     window: usize,
 ) -> f64 {
@@ -245,8 +245,13 @@ async fn unpaced_replay(
 
 /// A worker consuming the work queue (n jobs), failing each non-retryably: dead-letter copy
 /// confirmed, original acked.
-async fn worker_dead_lettering(url: &str, topology: &Topology, config: &Config, n: usize) -> f64 {
-    let budget = FleetBudget::local(config);
+async fn worker_dead_lettering(
+    url: &str,
+    topology: &Topology,
+    config: &WorkerConfig,
+    n: usize,
+) -> f64 {
+    let budget = FleetBudget::local(&config.budget);
     let worker = Worker::new(
         budget,
         topology.clone(),
@@ -282,7 +287,8 @@ async fn main() {
             .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
         for prefix in args.iter().skip(2) {
             let config =
-                Config::from_toml(&format!("[amqp]\nprefix = \"{prefix}\"\n"), "cleanup").unwrap();
+                WorkerConfig::from_toml(&format!("[amqp]\nprefix = \"{prefix}\"\n"), "cleanup")
+                    .unwrap();
             delete_topology(&url, &Topology::new(&config.amqp)).await;
         }
         return;
@@ -295,7 +301,7 @@ async fn main() {
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let prefix = format!("fbbench.{}", &headers::new_message_id()[..8]);
-    let config = Config::from_toml(
+    let config = WorkerConfig::from_toml(
         &format!(
             "[amqp]\nprefix = \"{prefix}\"\nprefetch = {}\n",
             window.min(65_535)

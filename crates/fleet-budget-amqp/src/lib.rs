@@ -15,14 +15,14 @@
 //! * [`publish`]: a [`Publisher`] with publisher confirms (also for producers).
 //!
 //! ```no_run
-//! use fleet_budget::{Config, Failure, FleetBudget};
-//! use fleet_budget_amqp::{migrate, Migrations, Topology, Worker, WorkerOptions};
+//! use fleet_budget::{Failure, FleetBudget};
+//! use fleet_budget_amqp::{migrate, Migrations, Topology, Worker, WorkerConfig, WorkerOptions};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let config = Config::from_toml("[dependencies.search]\ntasks = [\"index\"]\n", "inline")?;
+//! let config = WorkerConfig::from_toml("[dependencies.search]\ntasks = [\"index\"]\n", "inline")?;
 //! let topology = Topology::new(&config.amqp);
 //! migrate(&config.amqp.url, &config.amqp, &Migrations::embedded()?, false).await?;
-//! let budget = FleetBudget::from_config(&config).await?;
+//! let budget = FleetBudget::from_config(&config.budget).await?;
 //! let worker = Worker::new(budget, topology.clone(), WorkerOptions::new(&config, &topology));
 //! let handle = worker.handle(); // handle.shutdown() from a signal handler
 //! worker
@@ -36,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod config;
 pub mod connection;
 pub mod error;
 pub mod headers;
@@ -44,6 +45,7 @@ pub mod replay;
 pub mod topology;
 pub mod worker;
 
+pub use config::{AmqpSettings, WorkerConfig};
 pub use connection::connect;
 pub use error::{AmqpError, ArgumentDifference};
 pub use headers::{DeadLetterRecord, HeaderError, JobHeaders};

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -33,6 +33,7 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{Acker, Channel, ExchangeKind};
 use tokio::time::Instant;
 
+use crate::config::WorkerConfig;
 use crate::connection::connect;
 use crate::error::AmqpError;
 use crate::headers::{self, DeadLetterRecord};
@@ -91,7 +92,7 @@ pub struct ReplayOptions {
 impl ReplayOptions {
     /// Unfiltered, unpaced, with `config.amqp.max_replays`.
     #[must_use]
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &WorkerConfig) -> Self {
         Self {
             filter: ReplayFilter::default(),
             rate: None,

@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use fleet_budget::config::AmqpSettings;
+use crate::config::AmqpSettings;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fleet_budget::{BudgetSource, Config, DeadLetterReason, Decision, Failure, FleetBudget};
+use fleet_budget::{BudgetSource, DeadLetterReason, Decision, Failure, FleetBudget};
 use futures::{FutureExt, StreamExt};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
@@ -42,6 +42,7 @@ use rand::Rng;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::config::WorkerConfig;
 use crate::connection::connect;
 use crate::error::AmqpError;
 use crate::headers::{self, BudgetHeaders, DeadLetterRecord, JobHeaders};
@@ -71,7 +72,7 @@ pub struct WorkerOptions {
 impl WorkerOptions {
     /// Options from `config.amqp`, consuming `topology`'s work queue.
     #[must_use]
-    pub fn new(config: &Config, topology: &Topology) -> Self {
+    pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
         Self {
             url: config.amqp.url.clone(),
             queue: topology.work_queue.clone(),

@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Env, header_str, header_u64, message_id, wait_until};
-use fleet_budget::{Config, Dependency, Failure, FleetBudget};
+use fleet_budget::{Dependency, Failure, FleetBudget};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{
-    Migrations, ReplayOptions, Replayer, Worker, WorkerHandle, WorkerOptions, migrate,
+    Migrations, ReplayOptions, Replayer, Worker, WorkerConfig, WorkerHandle, WorkerOptions, migrate,
 };
 use lapin::BasicProperties;
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
@@ -610,9 +610,9 @@ fn child_worker_process() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
-        let config = Config::from_toml(&toml, "child").unwrap();
+        let config = WorkerConfig::from_toml(&toml, "child").unwrap();
         let topology = fleet_budget_amqp::Topology::new(&config.amqp);
-        let budget = FleetBudget::from_config(&config).await.unwrap();
+        let budget = FleetBudget::from_config(&config.budget).await.unwrap();
         let worker = Worker::new(
             budget,
             topology.clone(),

@@ -4,10 +4,33 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::InvalidName;
+use thiserror::Error;
 
 /// Longest dependency name accepted, in bytes.
 pub const MAX_DEPENDENCY_LEN: usize = 200;
+
+/// Why a name cannot be a dependency name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidName {
+    /// The name is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// The name is longer than allowed.
+    #[error("is {len} bytes long; at most {max} bytes are allowed")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The longest allowed.
+        max: usize,
+    },
+    /// The name holds a character that would break the Redis hash tag or a log line.
+    #[error("contains {found:?}; `{{`, `}}` and control characters are not allowed")]
+    ForbiddenChar {
+        /// The first offending character.
+        found: char,
+    },
+}
 
 /// The name of a protected system (`search`, `mail`, ...). Budgets are keyed by dependency.
 ///

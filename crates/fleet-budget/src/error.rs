@@ -4,28 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-/// Why a name cannot be a dependency name.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum InvalidName {
-    /// The name is empty.
-    #[error("must not be empty")]
-    Empty,
-    /// The name is longer than allowed.
-    #[error("is {len} bytes long; at most {max} bytes are allowed")]
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-        /// The longest allowed.
-        max: usize,
-    },
-    /// The name holds a character that would break the Redis hash tag or a log line.
-    #[error("contains {found:?}; `{{`, `}}` and control characters are not allowed")]
-    ForbiddenChar {
-        /// The first offending character.
-        found: char,
-    },
-}
+use crate::dependency::InvalidName;
 
 /// A failure of a budget store (Redis or local).
 #[derive(Debug, Error)]

@@ -25,6 +25,7 @@ use fleet_budget::store::RedisStore;
 use fleet_budget::{
     Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, WindowMode,
 };
+use fleet_budget_amqp::WorkerConfig;
 use serde::Serialize;
 
 use self::memory::MemoryBroker;
@@ -243,7 +244,7 @@ struct DemoReport {
 }
 
 /// `budgetctl demo`.
-pub(crate) async fn demo_command(config: &Config, args: &DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn demo_command(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Result<()> {
     let mode = choose_mode(config, args).await;
     let started = Instant::now();
     let capacity = u64::from(args.rate) * 5 / 4;
@@ -280,11 +281,11 @@ pub(crate) async fn demo_command(config: &Config, args: &DemoArgs) -> anyhow::Re
             schedule,
             key_prefix: format!(
                 "{}-demo-{run_id}-{}",
-                config.redis.key_prefix,
+                config.budget.redis.key_prefix,
                 if budget { "b" } else { "n" }
             ),
         };
-        let budget_handle = drill_budget(config, &mode, &settings).await?;
+        let budget_handle = drill_budget(&config.budget, &mode, &settings).await?;
         let report = if mode.rabbitmq.is_some() {
             rabbit::run(&settings, config, &budget_handle).await
         } else {
@@ -341,8 +342,8 @@ fn mode_queue_line(mode: &Mode) -> String {
 }
 
 /// Checks which services answer; says which URL failed and how to start it.
-async fn choose_mode(config: &Config, args: &DemoArgs) -> Mode {
-    let redis_shown = config.redis_display();
+async fn choose_mode(config: &WorkerConfig, args: &DemoArgs) -> Mode {
+    let redis_shown = config.budget.redis_display();
     let mut mode = Mode {
         budget_store: "in_process",
         redis: None,
@@ -356,7 +357,11 @@ async fn choose_mode(config: &Config, args: &DemoArgs) -> Mode {
         return mode;
     }
     let timeout = Duration::from_millis(500);
-    match RedisStore::new(redis_conn::target(config), &config.redis.key_prefix, timeout) {
+    match RedisStore::new(
+        redis_conn::target(&config.budget),
+        &config.budget.redis.key_prefix,
+        timeout,
+    ) {
         Ok(store) => match store.ping().await {
             Ok(_) => {
                 mode.budget_store = "redis";

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fleet_budget::{Config, DeadLetterReason, FleetBudget};
+use fleet_budget::{DeadLetterReason, FleetBudget};
 use fleet_budget_amqp::{
-    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerHandle,
-    WorkerOptions,
+    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig,
+    WorkerHandle, WorkerOptions,
 };
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
@@ -138,7 +138,7 @@ fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
 #[allow(clippy::too_many_lines)]
 pub(super) async fn run(
     s: &RunSettings,
-    config: &Config,
+    config: &WorkerConfig,
     budget: &FleetBudget,
 ) -> anyhow::Result<RunReport> {
     let mut c = config.clone();
@@ -164,7 +164,7 @@ pub(super) async fn run(
 #[allow(clippy::too_many_lines)]
 async fn drill(
     s: &RunSettings,
-    c: &Config,
+    c: &WorkerConfig,
     budget: &FleetBudget,
     topology: &Topology,
     depths: &Depths,

@@ -6,9 +6,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{Config, DeadLetterReason, FleetBudget};
+use fleet_budget::{DeadLetterReason, FleetBudget};
 use fleet_budget_amqp::headers::{self, DeadLetterRecord};
-use fleet_budget_amqp::{Migrations, Publisher, Topology, migrate};
+use fleet_budget_amqp::{Migrations, Publisher, Topology, WorkerConfig, migrate};
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -25,7 +25,7 @@ pub fn amqp_url() -> String {
 
 pub struct Env {
     pub redis: Option<RedisServer>,
-    pub config: Config,
+    pub config: WorkerConfig,
     pub topology: Topology,
     pub url: String,
     pub toml: String,
@@ -77,7 +77,7 @@ impl Env {
         let server = RedisServer::start();
         let prefix = format!("fbt.{name}.{}", &headers::new_message_id()[..10]);
         let toml = config_text(&prefix, &server.url(), redis, defaults, rest, amqp);
-        let config = Config::from_toml(&toml, "test").unwrap();
+        let config = WorkerConfig::from_toml(&toml, "test").unwrap();
         let topology = Topology::new(&config.amqp);
         let env = Self {
             redis: Some(server),
@@ -99,7 +99,7 @@ impl Env {
     }
 
     pub async fn budget(&self) -> FleetBudget {
-        FleetBudget::from_config(&self.config).await.unwrap()
+        FleetBudget::from_config(&self.config.budget).await.unwrap()
     }
 
     pub async fn publisher(&self) -> Publisher {

@@ -1,0 +1,320 @@
+//! The `[amqp]` section and the configuration of a worker: the budget's sections (read by
+//! `fleet-budget`, which names no broker) and this crate's `[amqp]`, from one file.
+//!
+//! Problems of all sections are reported together in one [`ConfigError`], worded like the
+//! core's ([`fleet_budget::config::Checker`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use fleet_budget::Config;
+use fleet_budget::config::{Checker, ConfigError, Problem, check_url};
+use serde::Deserialize;
+
+/// Environment variable that overrides `amqp.url`.
+pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
+
+/// The URL schemes of a broker.
+pub const AMQP_SCHEMES: [&str; 2] = ["amqp", "amqps"];
+
+/// The section of the file this crate reads.
+const SECTION: &str = "amqp";
+
+/// RabbitMQ settings, used by the worker, the replayer, the migrations and `budgetctl`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AmqpSettings {
+    /// Broker URL. Overridden by `FLEET_BUDGET_AMQP_URL`.
+    pub url: String,
+    /// Prefix of exchange and queue names (default `fleet`).
+    pub prefix: String,
+    /// Unacknowledged deliveries per consumer (default 32).
+    pub prefetch: u16,
+    /// The broker's delivery limit on work queues, a safety net above every ceiling (default 50).
+    pub delivery_limit: u32,
+    /// Retry delay tiers (default 1 s, 5 s, 30 s, 2 min, 10 min).
+    pub retry_tiers: Vec<Duration>,
+    /// Replays after which a message is parked instead of replayed again (default 3).
+    pub max_replays: u32,
+}
+
+impl Default for AmqpSettings {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            prefix: "fleet".to_owned(),
+            prefetch: 32,
+            delivery_limit: 50,
+            retry_tiers: [1, 5, 30, 120, 600]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            max_replays: 3,
+        }
+    }
+}
+
+impl AmqpSettings {
+    /// Points at the broker `url`, as a command-line override does.
+    ///
+    /// # Errors
+    /// Not an `amqp://` or `amqps://` URL (the problem shows it with its password redacted);
+    /// nothing changes then.
+    pub fn set_url(&mut self, url: &str) -> Result<(), Problem> {
+        check_url("amqp.url", url, &AMQP_SCHEMES)?;
+        url.clone_into(&mut self.url);
+        Ok(())
+    }
+
+    /// The `[amqp]` section of `text`, every other section left to its owner.
+    fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let file: AmqpFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut c = Checker::new();
+        let settings = file.amqp.resolve(&mut c);
+        let problems = c.into_problems();
+        if problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError::invalid(origin, problems))
+        }
+    }
+}
+
+/// The configuration of a worker: the budget and the broker.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerConfig {
+    /// The budget's sections (`[redis]`, `[defaults]`, `[dependencies.*]`, `[tasks.*]`).
+    pub budget: Config,
+    /// The `[amqp]` section.
+    pub amqp: AmqpSettings,
+}
+
+impl WorkerConfig {
+    /// Reads and validates a file, then applies the environment overrides.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not TOML of this shape, or holds invalid values.
+    pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
+        let text = fleet_budget::config::read_file(path)?;
+        let mut config = Self::from_toml(&text, &path.display().to_string())?;
+        config.apply_env(|name| std::env::var(name).ok());
+        Ok(config)
+    }
+
+    /// Parses and validates TOML text; `origin` names it in errors (a path, or `<inline>`).
+    ///
+    /// # Errors
+    /// Not TOML of this shape (an unknown section or key included), or invalid values: the
+    /// problems of every section together.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let budget = Config::from_toml_ignoring(text, origin, &[SECTION]);
+        let amqp = AmqpSettings::from_toml(text, origin);
+        match (budget, amqp) {
+            (Ok(budget), Ok(amqp)) => Ok(Self { budget, amqp }),
+            (budget, amqp) => {
+                // A file that does not parse says so first; otherwise all problems together.
+                let mut problems = Vec::new();
+                for error in [budget.err(), amqp.err()].into_iter().flatten() {
+                    problems.extend(error.into_problems()?);
+                }
+                Err(ConfigError::invalid(origin, problems))
+            }
+        }
+    }
+
+    /// Applies `FLEET_BUDGET_REDIS_URL` and `FLEET_BUDGET_AMQP_URL` as found by `lookup` (an
+    /// empty value is no override).
+    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) {
+        self.budget.apply_env(&lookup);
+        if let Some(url) = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty()) {
+            self.amqp.url = url;
+        }
+    }
+}
+
+/// A file as this crate reads it: `[amqp]` only (no `deny_unknown_fields` here, the other
+/// sections belong to `fleet-budget`, which refuses unknown ones).
+#[derive(Debug, Default, Deserialize)]
+struct AmqpFile {
+    #[serde(default)]
+    amqp: RawAmqp,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAmqp {
+    url: Option<String>,
+    prefix: Option<String>,
+    prefetch: Option<i64>,
+    delivery_limit: Option<i64>,
+    retry_tiers_secs: Option<Vec<f64>>,
+    max_replays: Option<i64>,
+}
+
+impl RawAmqp {
+    /// The settings, every invalid value recorded in `c` and replaced by its default.
+    fn resolve(self, c: &mut Checker) -> AmqpSettings {
+        let mut amqp = AmqpSettings::default();
+        if let Some(url) = self.url {
+            c.passed(check_url("amqp.url", &url, &AMQP_SCHEMES));
+            amqp.url = url;
+        }
+        if let Some(prefix) = self.prefix {
+            if prefix.is_empty()
+                || prefix.len() > 100
+                || prefix.starts_with("amq.")
+                || prefix
+                    .chars()
+                    .any(|ch| ch.is_control() || ch.is_whitespace())
+            {
+                c.problem(
+                    "amqp.prefix",
+                    format!("{prefix:?}"),
+                    "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`",
+                );
+            } else {
+                amqp.prefix = prefix;
+            }
+        }
+        let prefetch = c.int_in("amqp.prefetch", self.prefetch, 1, 65_535, 32);
+        amqp.prefetch = u16::try_from(prefetch).unwrap_or(32);
+        let limit = c.int_in("amqp.delivery_limit", self.delivery_limit, 1, 1_000_000, 50);
+        amqp.delivery_limit = u32::try_from(limit).unwrap_or(50);
+        if let Some(tiers) = self.retry_tiers_secs.and_then(|t| retry_tiers(c, &t)) {
+            amqp.retry_tiers = tiers;
+        }
+        let replays = c.int_in("amqp.max_replays", self.max_replays, 0, 1000, 3);
+        amqp.max_replays = u32::try_from(replays).unwrap_or(3);
+        amqp
+    }
+}
+
+/// The delay tiers, when each is from 1 ms to a day and they strictly increase.
+fn retry_tiers(c: &mut Checker, tiers: &[f64]) -> Option<Vec<Duration>> {
+    let mut ok = Vec::new();
+    for (i, t) in tiers.iter().enumerate() {
+        if t.is_finite() && *t >= 0.001 && *t <= 86_400.0 {
+            ok.push(Duration::from_secs_f64(*t));
+        } else {
+            c.problem(
+                &format!("amqp.retry_tiers_secs[{i}]"),
+                t,
+                "must be a number of seconds from 0.001 to 86400",
+            );
+        }
+    }
+    if ok.is_empty() {
+        c.problem(
+            "amqp.retry_tiers_secs",
+            "[]",
+            "must list at least one delay",
+        );
+        None
+    } else if ok.windows(2).any(|w| w.first() >= w.get(1)) {
+        c.problem(
+            "amqp.retry_tiers_secs",
+            format!("{tiers:?}"),
+            "must be strictly increasing",
+        );
+        None
+    } else {
+        Some(ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<Problem> {
+        match WorkerConfig::from_toml(text, "test.toml") {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected invalid values, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn both_sections_from_one_file() {
+        let c = WorkerConfig::from_toml(
+            "[amqp]\nprefix = \"shop\"\nprefetch = 4\nretry_tiers_secs = [0.5, 2]\n[dependencies.search]\ntasks = [\"index\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.amqp.prefix, "shop");
+        assert_eq!(c.amqp.prefetch, 4);
+        assert_eq!(
+            c.amqp.retry_tiers,
+            [Duration::from_millis(500), Duration::from_secs(2)]
+        );
+        assert_eq!(c.budget.map.resolve("index").unwrap().as_str(), "search");
+        let d = WorkerConfig::from_toml("", "t").unwrap();
+        assert_eq!(d.amqp, AmqpSettings::default());
+    }
+
+    #[test]
+    fn problems_of_every_section_are_reported_together() {
+        let p = problems(
+            "[amqp]\nprefetch = 0\nprefix = \"amq.x\"\nretry_tiers_secs = [5, 1]\n[defaults]\nratio = -1.0\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "defaults.ratio",
+                "amqp.prefix",
+                "amqp.prefetch",
+                "amqp.retry_tiers_secs"
+            ]
+        );
+        let p = problems(
+            "[amqp]\nretry_tiers_secs = [-1, \"nan\"]\n"
+                .replace("\"nan\"", "nan")
+                .as_str(),
+        );
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!(p[2].allowed, "must list at least one delay");
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_says_so_before_any_value_problem() {
+        for text in [
+            "[amqp]\nprefecth = 3\n[defaults]\nratio = -1.0\n",
+            "[amqp]\nprefetch = 0\n[defaults]\nratoi = 1.0\n",
+            "[amqp]\nprefetch = \"many\"\n",
+            "[amqp\n",
+        ] {
+            let e = WorkerConfig::from_toml(text, "t").unwrap_err();
+            assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {e}");
+            assert!(e.to_string().contains("line "), "{e}");
+        }
+        let e = WorkerConfig::from_toml("[amqp]\nprefecth = 3\n", "t").unwrap_err();
+        assert!(e.to_string().contains("prefetch"), "{e}");
+    }
+
+    #[test]
+    fn bad_amqp_urls_are_named_with_passwords_redacted() {
+        let p = problems("[amqp]\nurl = \"http://u:hunter2@h\"\n");
+        assert_eq!(p[0].key, "amqp.url");
+        assert!(!p[0].value.contains("hunter2"), "{}", p[0]);
+        let mut settings = AmqpSettings::default();
+        let p = settings.set_url("redis://u:hunter2@h").unwrap_err();
+        assert!(!p.to_string().contains("hunter2"), "{p}");
+        assert_eq!(settings.url, AmqpSettings::default().url);
+        settings.set_url("amqps://h/v").unwrap();
+        assert_eq!(settings.url, "amqps://h/v");
+    }
+
+    #[test]
+    fn environment_overrides_urls() {
+        let mut c = WorkerConfig::from_toml("[redis]\nurl = \"redis://file:6379\"\n", "t").unwrap();
+        c.apply_env(|k| match k {
+            fleet_budget::config::ENV_REDIS_URL => Some("redis://env:1".to_owned()),
+            ENV_AMQP_URL => Some("amqp://u:secret@env:5672/%2f".to_owned()),
+            _ => None,
+        });
+        assert_eq!(c.budget.redis.url, "redis://env:1");
+        assert_eq!(c.amqp.url, "amqp://u:secret@env:5672/%2f");
+    }
+}

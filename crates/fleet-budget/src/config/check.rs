@@ -1,0 +1,159 @@
+//! The checks every section's values go through. Each check records a [`Problem`] and carries on
+//! with the default, so that all problems of a file are reported together.
+//!
+//! Public so that crates owning other sections of the same file (`fleet-budget-amqp`'s
+//! `[amqp]`) and the CLI's overrides check values the same way and word problems alike.
+
+use std::fmt;
+
+use super::Problem;
+use crate::dependency::validate_name;
+use crate::redact::redact_url;
+
+/// Longest key prefix accepted.
+pub const MAX_KEY_PREFIX_LEN: usize = 64;
+
+/// Checks that `url` is `<scheme>://<something>` for one of `schemes`; `key` names the setting.
+/// The problem shows the URL with its password redacted.
+///
+/// # Errors
+/// The problem, when the URL has none of the schemes or nothing after `://`.
+pub fn check_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> {
+    let ok = schemes.iter().any(|s| {
+        url.strip_prefix(s)
+            .and_then(|r| r.strip_prefix("://"))
+            .is_some_and(|r| !r.is_empty())
+    });
+    if ok {
+        return Ok(());
+    }
+    let allowed: Vec<String> = schemes.iter().map(|s| format!("{s}://...")).collect();
+    Err(Problem::new(
+        key,
+        redact_url(url),
+        format!("must be a URL of the form {}", allowed.join(" or ")),
+    ))
+}
+
+/// Checks a Redis key prefix: 1 to [`MAX_KEY_PREFIX_LEN`] characters without `{`, `}` (they
+/// would change the Cluster hash tag), spaces or control characters; `key` names the setting.
+///
+/// # Errors
+/// The problem, when the prefix is not allowed.
+pub fn check_key_prefix(key: &str, prefix: &str) -> Result<(), Problem> {
+    let forbidden = |ch: char| ch == '{' || ch == '}' || ch.is_control() || ch.is_whitespace();
+    if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX_LEN || prefix.chars().any(forbidden) {
+        return Err(Problem::new(
+            key,
+            format!("{prefix:?}"),
+            "must be 1 to 64 characters without `{`, `}`, spaces or control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Collects the problems of a configuration while its sections are resolved.
+#[derive(Debug, Default)]
+pub struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    /// No problems yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The problems found, in the order they were found.
+    #[must_use]
+    pub fn into_problems(self) -> Vec<Problem> {
+        self.problems
+    }
+
+    /// Records a problem.
+    pub fn push(&mut self, problem: Problem) {
+        self.problems.push(problem);
+    }
+
+    /// Records that `value` of `key` is not allowed; `allowed` says what is.
+    pub fn problem(&mut self, key: &str, value: impl fmt::Display, allowed: impl Into<String>) {
+        self.push(Problem::new(key, value, allowed));
+    }
+
+    /// The outcome of a check: `true` when it passed, otherwise the problem is recorded.
+    pub fn passed(&mut self, check: Result<(), Problem>) -> bool {
+        match check {
+            Ok(()) => true,
+            Err(problem) => {
+                self.push(problem);
+                false
+            }
+        }
+    }
+
+    /// `value` if it lies in `lo..=hi`, `default` if it is absent or (with a problem) out of range.
+    pub fn int_in(&mut self, key: &str, value: Option<i64>, lo: i64, hi: i64, default: i64) -> i64 {
+        match value {
+            None => default,
+            Some(v) if (lo..=hi).contains(&v) => v,
+            Some(v) => {
+                self.problem(key, v, format!("must be an integer from {lo} to {hi}"));
+                default
+            }
+        }
+    }
+
+    /// Whether `name` is a valid dependency name (a problem says why not).
+    pub(super) fn dependency_name(&mut self, key: &str, name: &str) -> bool {
+        match validate_name(name) {
+            Ok(()) => true,
+            Err(e) => {
+                self.problem(key, format!("{name:?}"), format!("dependency name {e}"));
+                false
+            }
+        }
+    }
+}
+
+/// A key as TOML would need it written in a dotted path.
+pub(super) fn toml_key(name: &str) -> String {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+    {
+        name.to_owned()
+    } else {
+        format!("{name:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_need_one_of_the_schemes_and_a_rest() {
+        assert!(check_url("k", "redis://h:1", &["redis", "rediss"]).is_ok());
+        assert!(check_url("k", "rediss://h", &["redis", "rediss"]).is_ok());
+        for bad in ["redis://", "http://h", "redis:/h", ""] {
+            let p = check_url("k", bad, &["redis", "rediss"]).unwrap_err();
+            assert_eq!(p.key, "k");
+            assert_eq!(
+                p.allowed,
+                "must be a URL of the form redis://... or rediss://..."
+            );
+        }
+    }
+
+    #[test]
+    fn key_prefixes_without_braces_spaces_or_control_characters() {
+        assert!(check_key_prefix("k", "fb").is_ok());
+        assert!(check_key_prefix("k", &"p".repeat(64)).is_ok());
+        for bad in ["", "a{b", "a}b", "a b", "a\nb", &"p".repeat(65)] {
+            let p = check_key_prefix("k", bad).unwrap_err();
+            assert_eq!(p.value, format!("{bad:?}"));
+        }
+    }
+}

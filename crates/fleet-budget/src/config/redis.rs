@@ -1,0 +1,141 @@
+//! The `[redis]` section: where the fleet store is, its deadline, and what to do without it.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::{Checker, check_key_prefix, check_url};
+
+/// Environment variable that overrides `redis.url`.
+pub const ENV_REDIS_URL: &str = "FLEET_BUDGET_REDIS_URL";
+
+/// The URL schemes of a single Redis server.
+pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+/// The URL schemes of Redis Cluster seed nodes.
+pub const CLUSTER_SCHEMES: [&str; 2] = ["redis", "rediss"];
+
+/// What to do when the fleet store (Redis) cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackMode {
+    /// A per-process budget with the same policy (the default).
+    #[default]
+    Local,
+    /// No retries while the fleet budget is unknown.
+    Deny,
+    /// Every retry is granted while the fleet budget is unknown.
+    Allow,
+}
+
+impl FallbackMode {
+    /// The configuration name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Deny => "deny",
+            Self::Allow => "allow",
+        }
+    }
+}
+
+/// Redis settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisSettings {
+    /// A single server, e.g. `redis://127.0.0.1:6379`. Overridden by `FLEET_BUDGET_REDIS_URL`.
+    pub url: String,
+    /// Redis Cluster seed nodes; when non-empty they are used instead of `url`.
+    pub cluster_urls: Vec<String>,
+    /// Deadline of every store call (default 50 ms).
+    pub timeout: Duration,
+    /// Prefix of every key (default `fb`): keys are `<prefix>:v1:{<dependency>}`.
+    pub key_prefix: String,
+    /// What to do when Redis cannot answer in time.
+    pub fallback: FallbackMode,
+    /// Successes and first attempts are flushed to Redis at least this often (default 100 ms;
+    /// 0 records each deposit with its own round trip).
+    pub deposit_flush: Duration,
+    /// ... or as soon as this many deposits are pending for one dependency (default 1000).
+    pub deposit_flush_count: u64,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            cluster_urls: Vec::new(),
+            timeout: Duration::from_millis(50),
+            key_prefix: "fb".to_owned(),
+            fallback: FallbackMode::Local,
+            deposit_flush: Duration::from_millis(100),
+            deposit_flush_count: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    url: Option<String>,
+    cluster_urls: Option<Vec<String>>,
+    timeout_ms: Option<i64>,
+    key_prefix: Option<String>,
+    fallback: Option<FallbackMode>,
+    deposit_flush_ms: Option<i64>,
+    deposit_flush_count: Option<i64>,
+}
+
+impl RawRedis {
+    /// The settings, every invalid value recorded in `c` and replaced by its default.
+    pub(super) fn resolve(self, c: &mut Checker) -> RedisSettings {
+        let mut redis = RedisSettings::default();
+        if let Some(url) = self.url {
+            c.passed(check_url("redis.url", &url, &REDIS_SCHEMES));
+            redis.url = url;
+        }
+        if let Some(urls) = self.cluster_urls {
+            for (i, url) in urls.iter().enumerate() {
+                let key = format!("redis.cluster_urls[{i}]");
+                c.passed(check_url(&key, url, &CLUSTER_SCHEMES));
+            }
+            redis.cluster_urls = urls;
+        }
+        let timeout = c.int_in("redis.timeout_ms", self.timeout_ms, 1, 60_000, 50);
+        redis.timeout = Duration::from_millis(u64::try_from(timeout).unwrap_or(50));
+        if let Some(prefix) = self.key_prefix
+            && c.passed(check_key_prefix("redis.key_prefix", &prefix))
+        {
+            redis.key_prefix = prefix;
+        }
+        redis.fallback = self.fallback.unwrap_or_default();
+        let flush = c.int_in(
+            "redis.deposit_flush_ms",
+            self.deposit_flush_ms,
+            0,
+            10_000,
+            100,
+        );
+        redis.deposit_flush = Duration::from_millis(u64::try_from(flush).unwrap_or(100));
+        let count = c.int_in(
+            "redis.deposit_flush_count",
+            self.deposit_flush_count,
+            1,
+            1_000_000_000,
+            1000,
+        );
+        redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
+        redis
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::problems;
+
+    #[test]
+    fn bad_urls_are_named_with_passwords_redacted() {
+        let p = problems("[redis]\nurl = \"http://u:hunter2@h\"\n");
+        assert_eq!(p[0].key, "redis.url");
+        assert!(!p[0].value.contains("hunter2"), "{}", p[0]);
+    }
+}
