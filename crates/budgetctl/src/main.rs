@@ -7,22 +7,21 @@
 
 #[macro_use]
 mod output;
-mod amqp_cmds;
-mod bench;
+mod amqp_conn;
 mod cli;
-mod config_check;
-mod drill;
+mod commands;
 mod exit;
 mod redis_conn;
 mod settings;
-mod simulate;
-mod status;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, ConfigCommand, DlqCommand, SimulateCommand};
+use crate::cli::{Cli, Command};
+use crate::commands::config::ConfigCommand;
+use crate::commands::dlq::DlqCommand;
+use crate::commands::{bench, demo, dlq, migrate, replay, simulate, status};
 use crate::exit::UsageError;
 
 fn main() -> ExitCode {
@@ -60,9 +59,8 @@ fn init_logging() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;
     match cli.command {
-        Command::Simulate(SimulateCommand::Brownout(args)) => simulate::brownout_command(&args),
-        Command::Simulate(SimulateCommand::Capacity(args)) => simulate::capacity_command(&args),
-        Command::Config(ConfigCommand::Check(args)) => config_check::run(&args),
+        Command::Simulate(command) => simulate::run(&command),
+        Command::Config(ConfigCommand::Check(args)) => commands::config::check(&args),
         Command::Status(args) => {
             let config = settings::resolve(global)?;
             runtime()?.block_on(status::run(&config.budget, &args))
@@ -73,19 +71,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(drill::demo_command(&config, &args))
+            runtime()?.block_on(demo::run(&config, &args))
         }
         Command::Replay(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(amqp_cmds::replay(&config, &args))
+            runtime()?.block_on(replay::run(&config, &args))
         }
         Command::Dlq(DlqCommand::Stats(args)) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(amqp_cmds::dlq_stats(&config, args.json))
+            runtime()?.block_on(dlq::stats(&config, args.json))
         }
         Command::Migrate(args) => {
             let config = settings::resolve(global)?;
-            runtime()?.block_on(amqp_cmds::migrate(&config, &args))
+            runtime()?.block_on(migrate::run(&config, &args))
         }
     }
 }

@@ -2,23 +2,21 @@
 //! `succeeded + dead-lettered-then-replayed + parked + still dead-lettered = submitted`, the rest
 //! lost (which must be none).
 //!
-//! Deliveries are at least once (a worker that dies mid-job, an unconfirmed copy), so outcomes
-//! are recorded by job id and a job counts once, however often it ran.
+//! Deliveries are at least once (a worker that dies mid-job, an unconfirmed copy), so successes
+//! are recorded by job id and a job counts once, however often it ran. Dead letters are counted
+//! by the queue that holds them, and by the budget's metrics.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use fleet_budget::DeadLetterReason;
 use serde::Serialize;
 
-/// What happened to each job, recorded by concurrent workers.
+/// Which jobs succeeded, recorded by concurrent workers.
 #[derive(Debug, Default)]
 pub struct JobOutcomes {
     succeeded: Mutex<HashSet<u64>>,
     replay_succeeded: Mutex<HashSet<u64>>,
-    dead_lettered: Mutex<BTreeMap<String, u64>>,
-    dead_total: AtomicU64,
     successes: AtomicU64,
 }
 
@@ -38,17 +36,6 @@ impl JobOutcomes {
         lock(set).insert(id);
     }
 
-    /// A job was dead-lettered for `reason`; counted unless it was a replayed one (the first
-    /// pass's dead letters are what a budget changes).
-    pub fn dead_lettered(&self, reason: DeadLetterReason, replayed: bool) {
-        if !replayed {
-            self.dead_total.fetch_add(1, Ordering::Relaxed);
-            *lock(&self.dead_lettered)
-                .entry(reason.as_str().to_owned())
-                .or_insert(0) += 1;
-        }
-    }
-
     /// Ids of the jobs that succeeded on the first pass.
     #[must_use]
     pub fn succeeded_ids(&self) -> HashSet<u64> {
@@ -65,18 +52,6 @@ impl JobOutcomes {
     #[must_use]
     pub fn successes(&self) -> u64 {
         self.successes.load(Ordering::Relaxed)
-    }
-
-    /// First-pass dead letters so far.
-    #[must_use]
-    pub fn dead_total(&self) -> u64 {
-        self.dead_total.load(Ordering::Relaxed)
-    }
-
-    /// First-pass dead letters by reason (`budget_exhausted`, ...).
-    #[must_use]
-    pub fn dead_lettered_by_reason(&self) -> BTreeMap<String, u64> {
-        lock(&self.dead_lettered).clone()
     }
 }
 
@@ -134,16 +109,9 @@ mod tests {
         let o = JobOutcomes::default();
         o.succeeded(1, false);
         o.succeeded(1, false); // redelivered
-        o.dead_lettered(DeadLetterReason::BudgetExhausted, false);
         o.succeeded(2, true);
         o.succeeded(1, true); // succeeded first, replayed as a duplicate: counted once
-        o.dead_lettered(DeadLetterReason::NonRetryable, true);
         assert_eq!(o.successes(), 4);
-        assert_eq!(o.dead_total(), 1);
-        assert_eq!(
-            o.dead_lettered_by_reason(),
-            BTreeMap::from([("budget_exhausted".to_owned(), 1)])
-        );
         let a = Accounting::tally(5, &o, 1, 0);
         assert_eq!(
             a,

@@ -110,14 +110,16 @@ impl ModelBudget {
             });
         };
         let failure = Failure::retryable("simulated failure");
-        Ok(match block_on(budget.on_failure(TASK, attempt, &failure))? {
-            Decision::Retry { .. } => RetryVerdict::Granted,
-            Decision::DeadLetter {
-                reason: DeadLetterReason::BudgetExhausted,
-                ..
-            } => RetryVerdict::Denied,
-            Decision::DeadLetter { .. } => RetryVerdict::Exhausted,
-        })
+        Ok(
+            match block_on(budget.on_failure(TASK, attempt, &failure))? {
+                Decision::Retry { .. } => RetryVerdict::Granted,
+                Decision::DeadLetter {
+                    reason: DeadLetterReason::BudgetExhausted,
+                    ..
+                } => RetryVerdict::Denied,
+                Decision::DeadLetter { .. } => RetryVerdict::Exhausted,
+            },
+        )
     }
 }
 

@@ -37,8 +37,8 @@
 //! ```
 
 pub mod accounting;
-mod budget;
 pub mod brownout;
+mod budget;
 pub mod capacity;
 pub mod queue;
 pub mod upstream;

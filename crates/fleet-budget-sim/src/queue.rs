@@ -182,9 +182,9 @@ impl MemoryQueue {
                 pass.parked += 1;
                 continue;
             }
-            let due = now.saturating_add(pause.saturating_mul(
-                u32::try_from(pass.moved).unwrap_or(u32::MAX),
-            ));
+            let due = now.saturating_add(
+                pause.saturating_mul(u32::try_from(pass.moved).unwrap_or(u32::MAX)),
+            );
             state.schedule(
                 Job {
                     attempt: 1,
@@ -225,7 +225,10 @@ mod tests {
         let q = MemoryQueue::default();
         q.submit(7, false);
         let job = q.take(Duration::ZERO).unwrap();
-        assert!(!q.idle(), "a job taken and not settled keeps the queue busy");
+        assert!(
+            !q.idle(),
+            "a job taken and not settled keeps the queue busy"
+        );
         q.settle(
             job,
             Settle::Retry {

@@ -230,12 +230,10 @@ mod tests {
     fn phases_follow_the_schedule() {
         let s = schedule();
         let at = |ms| s.phase_at(Duration::from_millis(ms)).as_str();
-        assert_eq!([at(999), at(1000), at(1999), at(2000)], [
-            "healthy",
-            "DEGRADED",
-            "DEGRADED",
-            "recovered"
-        ]);
+        assert_eq!(
+            [at(999), at(1000), at(1999), at(2000)],
+            ["healthy", "DEGRADED", "DEGRADED", "recovered"]
+        );
         assert_eq!(s.capacity_at(Duration::from_millis(1500)), 20);
     }
 

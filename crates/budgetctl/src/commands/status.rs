@@ -3,14 +3,28 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
+use clap::Args;
 use fleet_budget::store::BudgetStore;
 use fleet_budget::{BudgetSnapshot, Config, Dependency};
 use serde::Serialize;
 
-use crate::cli::StatusArgs;
 use crate::exit::usage;
 use crate::output::{print_json, table_aligned};
 use crate::redis_conn;
+
+/// `status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Only this dependency.
+    #[arg(long)]
+    dependency: Option<String>,
+    /// Print one JSON object on stdout.
+    #[arg(long, conflicts_with = "watch")]
+    json: bool,
+    /// Redraw every second until interrupted.
+    #[arg(long)]
+    watch: bool,
+}
 
 /// Amplification above this, sustained, deserves an alert (docs/semantics: "Observability").
 pub(crate) const AMPLIFICATION_ALERT: f64 = 1.5;

@@ -8,14 +8,34 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use fleet_budget::store::{BudgetStore, Deposits, RedisStore};
 use fleet_budget::{Config, Dependency};
 use serde::Serialize;
 
-use crate::cli::BenchArgs;
 use crate::exit::usage;
 use crate::output::print_json;
 use crate::redis_conn;
+
+/// `bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// The dependency whose budget is exercised.
+    #[arg(long)]
+    dependency: String,
+    /// Successes recorded first (one deposit).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    successes: u64,
+    /// Retry requests made afterwards.
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    retries: u64,
+    /// Concurrent tasks making them.
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency: u32,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
 
 #[derive(Debug, Serialize)]
 struct BenchReport {

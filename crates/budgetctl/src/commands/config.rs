@@ -1,15 +1,32 @@
 //! `budgetctl config check FILE`: validate a configuration and show what it resolves to.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
-use fleet_budget::BudgetPolicy;
+use clap::{Args, Subcommand};
 use fleet_budget::config::ConfigError;
-use fleet_budget_amqp::WorkerConfig;
+use fleet_budget::{BudgetPolicy, Config};
 use serde::Serialize;
 
-use crate::cli::ConfigCheckArgs;
 use crate::exit::usage;
 use crate::output::{print_json, table_aligned};
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Validate a configuration file and print the resolved task → dependency map and policies.
+    Check(ConfigCheckArgs),
+}
+
+/// `config check`.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigCheckArgs {
+    /// The file to check.
+    file: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
 
 #[derive(Debug, Serialize)]
 struct PolicyView {
@@ -80,10 +97,10 @@ struct ErrorView {
     message: String,
 }
 
-/// Runs the command: prints the resolved configuration, or the errors and exits 2.
-pub(crate) fn run(args: &ConfigCheckArgs) -> anyhow::Result<()> {
+/// `config check`: prints the resolved configuration, or the errors and exits 2.
+pub(crate) fn check(args: &ConfigCheckArgs) -> anyhow::Result<()> {
     let file = args.file.display().to_string();
-    let config = match WorkerConfig::from_path(&args.file) {
+    let config = match Config::from_path(&args.file) {
         Ok(c) => c,
         Err(e) => {
             if args.json {
@@ -122,8 +139,7 @@ fn error_views(e: &ConfigError) -> Vec<ErrorView> {
         .collect()
 }
 
-fn resolve(file: &str, worker: &WorkerConfig) -> CheckReport {
-    let config = &worker.budget;
+fn resolve(file: &str, config: &Config) -> CheckReport {
     let mut dependencies: Vec<DependencyView> = config
         .policies
         .iter()
@@ -169,8 +185,8 @@ fn resolve(file: &str, worker: &WorkerConfig) -> CheckReport {
         redis_url: config.redis_display(),
         redis_key_prefix: config.redis.key_prefix.clone(),
         redis_fallback: config.redis.fallback.as_str(),
-        amqp_url: fleet_budget::redact::redact_url(&worker.amqp.url),
-        amqp_prefix: worker.amqp.prefix.clone(),
+        amqp_url: fleet_budget::redact::redact_url(&config.amqp.url),
+        amqp_prefix: config.amqp.prefix.clone(),
         defaults: (&config.defaults).into(),
         default_max_attempts: config.ceilings.default.max_attempts,
         dependencies,

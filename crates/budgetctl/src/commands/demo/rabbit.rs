@@ -7,19 +7,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fleet_budget::{DeadLetterReason, FleetBudget};
+use fleet_budget::{Config, FleetBudget};
 use fleet_budget_amqp::{
-    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig,
-    WorkerHandle, WorkerOptions,
+    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerHandle,
+    WorkerOptions,
 };
+use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
+use fleet_budget_sim::upstream::Upstream;
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
 
-use super::progress::{Progress, QueueGauge};
-use super::upstream::Upstream;
+use super::progress::{Progress, QueueGauge, Watched};
 use super::{
-    Accounting, BAD_INPUT_EVERY, DEPENDENCY, JobOutcomes, MAX_REPLAYS, RunReport, RunSettings,
-    TASK, job_failure,
+    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, bad_input, call,
+    dead_letters, job_failure,
 };
 
 /// Retry delay tiers of the drill's topology: short, so that the drill is quick.
@@ -124,8 +125,7 @@ async fn wait_settled(
 }
 
 fn payload(id: u64) -> Vec<u8> {
-    let bad = id % BAD_INPUT_EVERY == BAD_INPUT_EVERY - 1;
-    format!("{{\"document\":{id},\"malformed\":{bad}}}").into_bytes()
+    format!("{{\"document\":{id},\"malformed\":{}}}", bad_input(id)).into_bytes()
 }
 
 /// (id, bad input) of a drill payload; `None` for anything else (dead-lettered as non-retryable).
@@ -135,10 +135,9 @@ fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
 }
 
 /// One run of the drill on RabbitMQ.
-#[allow(clippy::too_many_lines)]
 pub(super) async fn run(
     s: &RunSettings,
-    config: &WorkerConfig,
+    config: &Config,
     budget: &FleetBudget,
 ) -> anyhow::Result<RunReport> {
     let mut c = config.clone();
@@ -161,56 +160,39 @@ pub(super) async fn run(
     result
 }
 
-#[allow(clippy::too_many_lines)]
-async fn drill(
+/// Polls the queue depths for the progress line until `polling` is cleared.
+fn poll_depths(
+    gauge: Arc<RabbitGauge>,
+    polling: Arc<AtomicBool>,
+    depths: Depths,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while polling.load(Ordering::Acquire) {
+            if let (Ok(w), Ok(d), Ok(p)) = (
+                depths.waiting().await,
+                depths.dead().await,
+                depths.parked().await,
+            ) {
+                gauge.waiting.store(w, Ordering::Relaxed);
+                gauge.dead.store(d, Ordering::Relaxed);
+                gauge.parked.store(p, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    })
+}
+
+/// Starts `s.workers` library workers, each with a connection of its own, running the drill's
+/// job: call the dependency.
+fn start_workers(
     s: &RunSettings,
-    c: &WorkerConfig,
+    c: &Config,
     budget: &FleetBudget,
     topology: &Topology,
-    depths: &Depths,
-) -> anyhow::Result<RunReport> {
-    let url = c.amqp.url.clone();
-    let upstream = Arc::new(Upstream::new(s.schedule));
-    let outcomes = Arc::new(JobOutcomes::default());
-    let gauge = Arc::new(RabbitGauge::default());
-    let jobs = s.jobs();
-    let submitted = Arc::new(AtomicU64::new(0));
-    let progress = Progress::start(
-        s.label,
-        Arc::clone(&upstream),
-        Arc::clone(&gauge) as Arc<dyn QueueGauge>,
-        Arc::clone(&outcomes),
-        budget.clone(),
-        Arc::clone(&submitted),
-        jobs,
-    );
-    // Poll queue depths for the progress line.
-    let polling = Arc::new(AtomicBool::new(true));
-    let poller = {
-        let (gauge, polling, channel, topology) = (
-            Arc::clone(&gauge),
-            Arc::clone(&polling),
-            depths.channel.clone(),
-            topology.clone(),
-        );
-        tokio::spawn(async move {
-            let depths = Depths { channel, topology };
-            while polling.load(Ordering::Acquire) {
-                if let (Ok(w), Ok(d), Ok(p)) = (
-                    depths.waiting().await,
-                    depths.dead().await,
-                    depths.parked().await,
-                ) {
-                    gauge.waiting.store(w, Ordering::Relaxed);
-                    gauge.dead.store(d, Ordering::Relaxed);
-                    gauge.parked.store(p, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(400)).await;
-            }
-        })
-    };
-
-    // N workers, each with a connection of its own.
+    upstream: &Arc<Upstream>,
+    outcomes: &Arc<JobOutcomes>,
+    started: Instant,
+) -> (Vec<WorkerHandle>, Vec<tokio::task::JoinHandle<()>>) {
     let mut options = WorkerOptions::new(c, topology);
     options.name = "budgetctl demo worker".to_owned();
     let mut handles = Vec::new();
@@ -218,35 +200,71 @@ async fn drill(
     for _ in 0..s.workers {
         let worker = Worker::new(budget.clone(), topology.clone(), options.clone());
         handles.push(worker.handle());
-        let (upstream, outcomes) = (Arc::clone(&upstream), Arc::clone(&outcomes));
-        joins.push(tokio::spawn(worker.run(move |job: Job| {
-            let (upstream, outcomes) = (Arc::clone(&upstream), Arc::clone(&outcomes));
-            async move {
-                let Some((id, bad)) = parse_payload(&job.payload) else {
-                    return Err(fleet_budget::Failure::poison("not a drill job"));
-                };
-                match upstream.call(bad).await {
-                    Ok(()) => {
-                        outcomes.succeeded(id, job.replays > 0);
-                        Ok(())
+        let (upstream, outcomes) = (Arc::clone(upstream), Arc::clone(outcomes));
+        joins.push(tokio::spawn(async move {
+            let _ = worker
+                .run(move |job: Job| {
+                    let (upstream, outcomes) = (Arc::clone(&upstream), Arc::clone(&outcomes));
+                    async move {
+                        let Some((id, bad)) = parse_payload(&job.payload) else {
+                            return Err(fleet_budget::Failure::poison("not a drill job"));
+                        };
+                        match call(&upstream, started, bad).await {
+                            Ok(()) => {
+                                outcomes.succeeded(id, job.replays > 0);
+                                Ok(())
+                            }
+                            Err(e) => Err(job_failure(e)),
+                        }
                     }
-                    Err(e) => Err(job_failure(e)),
-                }
-            }
-        })));
+                })
+                .await;
+        }));
     }
+    (handles, joins)
+}
+
+async fn drill(
+    s: &RunSettings,
+    c: &Config,
+    budget: &FleetBudget,
+    topology: &Topology,
+    depths: &Depths,
+) -> anyhow::Result<RunReport> {
+    let url = c.amqp.url.clone();
+    let started = Instant::now();
+    let upstream = Arc::new(Upstream::new(s.schedule));
+    let outcomes = Arc::new(JobOutcomes::default());
+    let gauge = Arc::new(RabbitGauge::default());
+    let jobs = s.jobs();
+    let submitted = Arc::new(AtomicU64::new(0));
+    let progress = Progress::start(Watched {
+        label: s.label,
+        started,
+        upstream: Arc::clone(&upstream),
+        queue: Arc::clone(&gauge) as Arc<dyn QueueGauge>,
+        outcomes: Arc::clone(&outcomes),
+        budget: budget.clone(),
+        submitted: Arc::clone(&submitted),
+        jobs,
+    });
+    let polling = Arc::new(AtomicBool::new(true));
+    let poller = poll_depths(
+        Arc::clone(&gauge),
+        Arc::clone(&polling),
+        Depths {
+            channel: depths.channel.clone(),
+            topology: topology.clone(),
+        },
+    );
+    let (handles, joins) = start_workers(s, c, budget, topology, &upstream, &outcomes, started);
 
     // Submit `rate` jobs per second, evenly, with publisher confirms.
     let publisher = Publisher::connect(&url).await?;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let started = Instant::now();
-    let mut next_id = 0u64;
-    while next_id < jobs {
-        tick.tick().await;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let due = ((started.elapsed().as_secs_f64() * f64::from(s.rate)) as u64).min(jobs);
+    let publisher = &publisher;
+    s.submit_paced(&submitted, async |ids| {
         let mut pending = Vec::new();
-        while next_id < due {
+        for id in ids {
             let mut props =
                 fleet_budget_amqp::headers::with_message_id(lapin::BasicProperties::default());
             let mut table = FieldTable::default();
@@ -257,59 +275,45 @@ async fn drill(
                 .with_headers(table);
             pending.push(
                 publisher
-                    .send(&topology.work_exchange, TASK, &payload(next_id), props)
+                    .send(&topology.work_exchange, TASK, &payload(id), props)
                     .await?,
             );
-            next_id += 1;
         }
         for p in pending {
             fleet_budget_amqp::publish::confirmed(p).await?;
         }
-        submitted.store(next_id, Ordering::Relaxed);
-    }
+        Ok(())
+    })
+    .await?;
     publisher.close().await;
 
     // First pass done: every job succeeded or was dead-lettered, and the queues are quiet.
     let metrics = budget.metrics();
-    let dead_total = || {
-        DeadLetterReason::ALL
-            .iter()
-            .map(|r| metrics.dead_letters(DEPENDENCY, *r))
-            .sum::<u64>()
-    };
     let deadline = Instant::now() + s.phase.max(Duration::from_secs(10));
-    while (outcomes.succeeded_ids().len() as u64) + dead_total() < jobs && Instant::now() < deadline
+    while (outcomes.succeeded_ids().len() as u64) + dead_letters(metrics).values().sum::<u64>()
+        < jobs
+        && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_settled(depths, &handles, Duration::from_secs(5)).await?;
-    let first_pass_calls = upstream.calls();
-    let seconds = upstream.elapsed().as_secs_f64();
-    let dead_lettered: std::collections::BTreeMap<String, u64> = DeadLetterReason::ALL
-        .iter()
-        .map(|r| (r.as_str().to_owned(), metrics.dead_letters(DEPENDENCY, *r)))
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    let dead_lettered_total = dead_lettered.values().sum();
-    let successes = outcomes.successes();
-    let retries_granted = metrics.counter("retries_granted", DEPENDENCY);
-    let retries_denied = metrics.counter("retries_denied", DEPENDENCY);
+    let first = FirstPass::measure(&upstream, started, budget, &outcomes);
 
     // After recovery: the library replayer, until the dead-letter queue is empty.
-    progress.set_stage("replay");
+    progress.replaying();
     let mut replay_options = ReplayOptions::new(c);
-    replay_options.rate = Some(s.schedule.capacity as f64 * 0.8);
+    replay_options.rate = Some(f64::from(s.replay_rate()));
     replay_options.max_replays = MAX_REPLAYS;
     replay_options.idle_timeout = Duration::from_secs(2);
     let replayer = Replayer::new(url.clone(), topology.clone(), Some(budget.clone()));
-    let (mut replayed, mut parked) = (0, 0);
+    let mut replay = ReplayTotals::default();
     for _ in 0..=MAX_REPLAYS + 1 {
         if depths.dead().await? == 0 {
             break;
         }
         let r = replayer.run(&replay_options, |_| {}).await?;
-        replayed += r.moved;
-        parked += r.parked;
+        replay.moved += r.moved;
+        replay.parked += r.parked;
         wait_settled(depths, &handles, Duration::from_secs(10)).await?;
     }
 
@@ -323,32 +327,13 @@ async fn drill(
     let _ = poller.await;
     progress.finish().await;
 
-    let parked_now = depths.parked().await?;
-    let still_dead = depths.dead().await?;
-    Ok(RunReport {
-        label: s.label.to_owned(),
-        budget: s.budget,
-        jobs_submitted: jobs,
-        upstream_calls: first_pass_calls,
-        #[allow(clippy::cast_precision_loss)]
-        amplification: if jobs == 0 {
-            0.0
-        } else {
-            first_pass_calls as f64 / jobs as f64
-        },
-        peak_upstream_calls_per_sec: upstream.peak_per_second(),
-        successes,
-        retries_granted,
-        retries_denied,
-        dead_lettered,
-        dead_lettered_total,
-        replayed,
-        replay_upstream_calls: upstream.calls() - first_pass_calls,
-        parked,
-        accounting: Accounting::tally(jobs, &outcomes, parked_now, still_dead),
-        upstream_calls_per_second: upstream.per_second(),
-        seconds,
-    })
+    let accounting = Accounting::tally(
+        jobs,
+        &outcomes,
+        depths.parked().await?,
+        depths.dead().await?,
+    );
+    Ok(RunReport::new(s, first, &upstream, &replay, accounting))
 }
 
 /// Deletes the drill's queues and exchanges.

@@ -1,0 +1,19 @@
+//! Errors of the RabbitMQ commands that say which URL failed, and how to start a broker.
+
+use fleet_budget::Config;
+use fleet_budget::redact::{redact_text, redact_url};
+use fleet_budget_amqp::AmqpError;
+
+/// A broker failure as a runtime error (exit 1) that names the URL, password redacted, and
+/// how to start a broker when it is a connection failure.
+pub(crate) fn broker_error(config: &Config, e: &AmqpError) -> anyhow::Error {
+    let text = redact_text(&e.to_string());
+    if e.is_connection_error() {
+        anyhow::anyhow!(
+            "RabbitMQ at {} does not answer: {text}. Start one with `docker compose up -d` (repository root) or point --amqp-url / FLEET_BUDGET_AMQP_URL at yours",
+            redact_url(&config.amqp.url)
+        )
+    } else {
+        anyhow::anyhow!("RabbitMQ at {}: {text}", redact_url(&config.amqp.url))
+    }
+}

@@ -1,0 +1,414 @@
+//! `budgetctl demo`: the incident drill.
+//!
+//! Workers consume jobs; each job calls a simulated dependency whose capacity drops to a fifth
+//! for a while and then recovers. The drill runs twice — without a budget and with one, budgets
+//! in Redis on a short window — and prints the two side by side; then, after recovery, it
+//! replays each run's dead-letter queue and accounts for every job:
+//! `succeeded + dead-lettered-then-replayed + parked = submitted`, `lost = 0`.
+//!
+//! Jobs go through RabbitMQ ([`rabbit`]: the library's `Worker`s and `Replayer` on a topology of
+//! the drill's own). When Redis does not answer, the budget is kept in this process; when
+//! RabbitMQ does not answer, the queue is `fleet-budget-sim`'s in-memory one ([`memory`], jobs
+//! settled by the worker's own outcome mapping). [`mode`] says which URL failed, how to start
+//! the services, and which mode ran. The dependency, the queue and the tally are the models of
+//! `fleet-budget-sim`; this module runs them on real time and prints.
+
+mod memory;
+mod mode;
+mod progress;
+mod rabbit;
+mod report;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use fleet_budget::clock::{Clock, SystemClock};
+use fleet_budget::{
+    Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, Metrics,
+    WindowMode,
+};
+use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
+use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
+use serde::Serialize;
+
+use self::mode::Mode;
+use crate::output::print_json;
+
+/// `demo`.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Concurrent workers.
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=256))]
+    workers: u32,
+    /// Length of each phase (healthy, degraded, recovered) of one run, in seconds.
+    #[arg(long, default_value_t = 6.0, allow_negative_numbers = true, value_parser = phase_secs)]
+    phase_secs: f64,
+    /// Jobs submitted per second.
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    rate: u32,
+    /// Use the in-process store and an in-memory queue without trying Redis or RabbitMQ.
+    #[arg(long)]
+    in_process: bool,
+    /// Print the comparison as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn phase_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_finite() && (0.5..=600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` must be a number of seconds from 0.5 to 600"))
+    }
+}
+
+/// The task every drill job runs.
+const TASK: &str = "index_document";
+/// The dependency it calls (the task is mapped to it).
+const DEPENDENCY: &str = "search";
+
+/// The budget the "with budget" run uses: 10% of successes over a 2-second sliding window,
+/// at least 5 retries per window.
+const RATIO: f64 = 0.1;
+const WINDOW: Duration = Duration::from_secs(2);
+const MIN_ALLOWANCE: u64 = 5;
+/// Executions per job at most, including the first.
+const MAX_ATTEMPTS: u32 = 4;
+/// Replays before a message is parked.
+const MAX_REPLAYS: u32 = 1;
+/// One job in this many has bad input: the dependency answers 400 whatever its load.
+const BAD_INPUT_EVERY: u64 = 200;
+/// What one call to the dependency costs a worker, as a real call would.
+const CALL_COST: Duration = Duration::from_millis(1);
+
+/// Whether job `id` has bad input.
+fn bad_input(id: u64) -> bool {
+    id % BAD_INPUT_EVERY == BAD_INPUT_EVERY - 1
+}
+
+/// Which failure a failed call is, for the budget's decision.
+fn job_failure(e: CallError) -> Failure {
+    match e {
+        CallError::Overloaded => {
+            Failure::retryable("search answered 503: over capacity").with_class("http_503")
+        }
+        CallError::BadInput => {
+            Failure::non_retryable("search answered 400: malformed document").with_class("http_400")
+        }
+    }
+}
+
+/// One call to the dependency, now in the run that started at `started`.
+async fn call(upstream: &Upstream, started: Instant, bad_input: bool) -> Result<(), CallError> {
+    let answer = upstream.call(started.elapsed(), bad_input);
+    tokio::time::sleep(CALL_COST).await;
+    answer
+}
+
+/// Dead-letter decisions of the drill's dependency so far, by reason (the reasons seen).
+fn dead_letters(metrics: &Metrics) -> BTreeMap<String, u64> {
+    DeadLetterReason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_owned(), metrics.dead_letters(DEPENDENCY, *r)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+struct RunSettings {
+    label: &'static str,
+    budget: bool,
+    workers: u32,
+    rate: u32,
+    phase: Duration,
+    schedule: Schedule,
+    key_prefix: String,
+}
+
+impl RunSettings {
+    fn submit_for(&self) -> Duration {
+        self.phase.saturating_mul(3)
+    }
+
+    fn jobs(&self) -> u64 {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = (self.submit_for().as_secs_f64() * f64::from(self.rate)).round() as u64;
+        n
+    }
+
+    /// Messages replayed per second: a little under the dependency's healthy capacity.
+    fn replay_rate(&self) -> u32 {
+        u32::try_from(self.schedule.capacity * 4 / 5)
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
+
+    /// Submits the run's jobs at `rate` per second, evenly: every 10 ms, the ids due by then go
+    /// to `submit`; `submitted` counts them for the progress line.
+    async fn submit_paced(
+        &self,
+        submitted: &AtomicU64,
+        mut submit: impl AsyncFnMut(Range<u64>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let jobs = self.jobs();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let started = Instant::now();
+        let mut next_id = 0u64;
+        while next_id < jobs {
+            tick.tick().await;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let due = ((started.elapsed().as_secs_f64() * f64::from(self.rate)) as u64).min(jobs);
+            submit(next_id..due).await?;
+            next_id = next_id.max(due);
+            submitted.store(next_id, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// What a run measured by the end of its first pass, before the replay.
+#[derive(Debug)]
+struct FirstPass {
+    calls: u64,
+    seconds: f64,
+    per_second: Vec<u64>,
+    successes: u64,
+    retries_granted: u64,
+    retries_denied: u64,
+    dead_lettered: BTreeMap<String, u64>,
+}
+
+impl FirstPass {
+    fn measure(
+        upstream: &Upstream,
+        started: Instant,
+        budget: &FleetBudget,
+        outcomes: &JobOutcomes,
+    ) -> Self {
+        let metrics = budget.metrics();
+        Self {
+            calls: upstream.calls(),
+            seconds: started.elapsed().as_secs_f64(),
+            per_second: upstream.per_second(),
+            successes: outcomes.successes(),
+            retries_granted: metrics.counter("retries_granted", DEPENDENCY),
+            retries_denied: metrics.counter("retries_denied", DEPENDENCY),
+            dead_lettered: dead_letters(metrics),
+        }
+    }
+}
+
+/// What the replay after recovery did.
+#[derive(Debug, Default)]
+struct ReplayTotals {
+    moved: u64,
+    parked: u64,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, Default, Serialize)]
+struct RunReport {
+    label: String,
+    budget: bool,
+    jobs_submitted: u64,
+    upstream_calls: u64,
+    amplification: f64,
+    peak_upstream_calls_per_sec: u64,
+    successes: u64,
+    retries_granted: u64,
+    retries_denied: u64,
+    dead_lettered: BTreeMap<String, u64>,
+    dead_lettered_total: u64,
+    replayed: u64,
+    replay_upstream_calls: u64,
+    parked: u64,
+    accounting: Accounting,
+    /// Upstream calls in each second of the run (before the replay).
+    upstream_calls_per_second: Vec<u64>,
+    seconds: f64,
+}
+
+impl RunReport {
+    fn new(
+        s: &RunSettings,
+        first: FirstPass,
+        upstream: &Upstream,
+        replay: &ReplayTotals,
+        accounting: Accounting,
+    ) -> Self {
+        let jobs = s.jobs();
+        Self {
+            label: s.label.to_owned(),
+            budget: s.budget,
+            jobs_submitted: jobs,
+            upstream_calls: first.calls,
+            #[allow(clippy::cast_precision_loss)]
+            amplification: if jobs == 0 {
+                0.0
+            } else {
+                first.calls as f64 / jobs as f64
+            },
+            peak_upstream_calls_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
+            successes: first.successes,
+            retries_granted: first.retries_granted,
+            retries_denied: first.retries_denied,
+            dead_lettered_total: first.dead_lettered.values().sum(),
+            dead_lettered: first.dead_lettered,
+            replayed: replay.moved,
+            replay_upstream_calls: upstream.calls().saturating_sub(first.calls),
+            parked: replay.parked,
+            accounting,
+            upstream_calls_per_second: first.per_second,
+            seconds: first.seconds,
+        }
+    }
+}
+
+/// The whole drill's output.
+#[derive(Debug, Serialize)]
+struct DemoReport {
+    mode: Mode,
+    workers: u32,
+    jobs_per_sec: u32,
+    capacity_per_sec: u64,
+    degraded_capacity_per_sec: u64,
+    phase_secs: f64,
+    budget_ratio: f64,
+    budget_window_secs: f64,
+    budget_min_allowance: u64,
+    max_attempts: u32,
+    runs: Vec<RunReport>,
+}
+
+/// Runs the command.
+pub(crate) async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<()> {
+    let mode = mode::choose(config, args.in_process).await;
+    let started = Instant::now();
+    let capacity = u64::from(args.rate) * 5 / 4;
+    let schedule = Schedule {
+        capacity,
+        degraded_capacity: (capacity / 5).max(1),
+        degraded_from: Duration::from_secs_f64(args.phase_secs),
+        degraded_until: Duration::from_secs_f64(args.phase_secs * 2.0),
+    };
+    let run_id = format!(
+        "{}-{}",
+        std::process::id(),
+        SystemClock.now_ms() % 1_000_000
+    );
+    eprintln!(
+        "drill: {} workers, {} jobs/s for {:.0}s; dependency `{DEPENDENCY}` serves {}/s, drops to {}/s from {:.0}s to {:.0}s, then recovers",
+        args.workers,
+        args.rate,
+        args.phase_secs * 3.0,
+        capacity,
+        schedule.degraded_capacity,
+        args.phase_secs,
+        args.phase_secs * 2.0
+    );
+    eprintln!("budget store: {}", mode.store_line());
+    eprintln!("queue:        {}", mode.queue_line());
+    for note in &mode.notes {
+        eprintln!("note: {note}");
+    }
+    let mut runs = Vec::new();
+    for (label, budget) in [("without budget", false), ("with budget", true)] {
+        let settings = RunSettings {
+            label,
+            budget,
+            workers: args.workers,
+            rate: args.rate,
+            phase: Duration::from_secs_f64(args.phase_secs),
+            schedule,
+            key_prefix: format!(
+                "{}-demo-{run_id}-{}",
+                config.redis.key_prefix,
+                if budget { "b" } else { "n" }
+            ),
+        };
+        let budget_handle = drill_budget(config, &mode, &settings).await?;
+        let report = if mode.rabbitmq.is_some() {
+            rabbit::run(&settings, config, &budget_handle).await
+        } else {
+            Ok(memory::run(&settings, &budget_handle).await)
+        };
+        let _ = budget_handle.shutdown().await;
+        runs.push(report.map_err(|e| {
+            anyhow::anyhow!(
+                "the drill on RabbitMQ at {} failed: {}",
+                fleet_budget::redact::redact_url(&config.amqp.url),
+                fleet_budget::redact::redact_text(&format!("{e:#}"))
+            )
+        })?);
+    }
+    let report = DemoReport {
+        mode,
+        workers: args.workers,
+        jobs_per_sec: args.rate,
+        capacity_per_sec: capacity,
+        degraded_capacity_per_sec: schedule.degraded_capacity,
+        phase_secs: args.phase_secs,
+        budget_ratio: RATIO,
+        budget_window_secs: WINDOW.as_secs_f64(),
+        budget_min_allowance: MIN_ALLOWANCE,
+        max_attempts: MAX_ATTEMPTS,
+        runs,
+    };
+    eprintln!("drill finished in {:.0}s", started.elapsed().as_secs_f64());
+    if args.json {
+        return print_json(&report);
+    }
+    report::print_comparison(&report);
+    Ok(())
+}
+
+/// The budget of one run: the drill's policy (or an unlimited one for the run without a
+/// budget, so both runs go through the same code), in Redis when it answers.
+async fn drill_budget(
+    config: &Config,
+    mode: &Mode,
+    settings: &RunSettings,
+) -> anyhow::Result<FleetBudget> {
+    let mut c = config.clone();
+    let policy = if settings.budget {
+        BudgetPolicy {
+            window: WINDOW,
+            ratio: RATIO,
+            min_allowance: MIN_ALLOWANCE,
+            deposit: DepositBasis::Success,
+            mode: WindowMode::Sliding,
+        }
+    } else {
+        BudgetPolicy {
+            window: WINDOW,
+            ratio: 0.0,
+            min_allowance: 1_000_000_000,
+            deposit: DepositBasis::Success,
+            mode: WindowMode::Sliding,
+        }
+    };
+    let dependency = fleet_budget::Dependency::new(DEPENDENCY)?;
+    c.defaults = policy;
+    c.policies.insert(dependency.clone(), policy);
+    c.map.insert(TASK, dependency);
+    c.ceilings.default.max_attempts = MAX_ATTEMPTS;
+    c.ceilings.default.backoff = Backoff {
+        base: Duration::from_millis(100),
+        factor: 2.0,
+        cap: Duration::from_secs(1),
+    };
+    c.ceilings.tasks.clear();
+    c.redis.key_prefix.clone_from(&settings.key_prefix);
+    c.redis.timeout = c.redis.timeout.max(Duration::from_millis(250));
+    c.redis.deposit_flush = Duration::from_millis(50);
+    if mode.redis.is_some() {
+        Ok(FleetBudget::from_config(&c).await?)
+    } else {
+        Ok(FleetBudget::local(&c))
+    }
+}

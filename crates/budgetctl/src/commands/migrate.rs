@@ -1,0 +1,84 @@
+//! `budgetctl migrate`: declares or upgrades the broker topology of `migrations/`.
+
+use clap::Args;
+use fleet_budget::Config;
+use fleet_budget::redact::redact_url;
+use fleet_budget_amqp::{Migrations, StepState};
+use serde::Serialize;
+
+use crate::amqp_conn::broker_error;
+use crate::output::print_json;
+
+/// `migrate`.
+#[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    /// Show what would be declared, declare nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct MigrateStep {
+    version: u32,
+    object: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+struct MigrateReport {
+    amqp: String,
+    prefix: String,
+    dry_run: bool,
+    created: usize,
+    steps: Vec<MigrateStep>,
+}
+
+/// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently).
+pub(crate) async fn run(config: &Config, args: &MigrateArgs) -> anyhow::Result<()> {
+    let migrations =
+        Migrations::embedded().map_err(|e| anyhow::anyhow!("embedded migrations: {e}"))?;
+    let report =
+        fleet_budget_amqp::migrate(&config.amqp.url, &config.amqp, &migrations, args.dry_run)
+            .await
+            .map_err(|e| broker_error(config, &e))?;
+    let out = MigrateReport {
+        amqp: redact_url(&config.amqp.url),
+        prefix: config.amqp.prefix.clone(),
+        dry_run: report.dry_run,
+        created: report.created(),
+        steps: report
+            .steps
+            .iter()
+            .map(|(op, state)| MigrateStep {
+                version: op.version,
+                object: op.object.to_string(),
+                state: state.as_str(),
+            })
+            .collect(),
+    };
+    if args.json {
+        return print_json(&out);
+    }
+    outln!("RabbitMQ at {} (names under `{}`)", out.amqp, out.prefix);
+    out!("{report}");
+    let unchanged = report
+        .steps
+        .iter()
+        .filter(|(_, s)| matches!(s, StepState::Unchanged))
+        .count();
+    if report.dry_run {
+        outln!(
+            "{} objects would be created, {unchanged} exist already",
+            out.created
+        );
+    } else {
+        outln!(
+            "{} objects created, {unchanged} existed already",
+            out.created
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! One module per command, named after it: its arguments, what it calls in the libraries, and
+//! how it prints.
+
+pub(crate) mod bench;
+pub(crate) mod config;
+pub(crate) mod demo;
+pub(crate) mod dlq;
+pub(crate) mod migrate;
+pub(crate) mod replay;
+pub(crate) mod simulate;
+pub(crate) mod status;

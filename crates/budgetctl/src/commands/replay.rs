@@ -1,0 +1,244 @@
+//! `budgetctl replay`: the library replayer, with a progress display.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology};
+use serde::Serialize;
+
+use crate::amqp_conn::broker_error;
+use crate::exit::usage;
+use crate::output::{print_json, table, table_aligned, thousands};
+
+/// `replay`.
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// Replay the dead letters of this dependency.
+    #[arg(long)]
+    dependency: String,
+    /// Only this reason (`budget_exhausted`, `attempts_exhausted`, `non_retryable`).
+    #[arg(long, value_parser = reason)]
+    reason: Option<String>,
+    /// Only messages dead-lettered at or after this time (Unix seconds, or an age like `30m`).
+    #[arg(long, value_name = "T")]
+    since: Option<String>,
+    /// Messages moved per second at most.
+    #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate: u32,
+    /// Move at most this many messages.
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+    /// Count what would move, move nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn reason(s: &str) -> Result<String, String> {
+    match DeadLetterReason::parse(s) {
+        Some(r) => Ok(r.as_str().to_owned()),
+        None => Err(format!(
+            "`{s}` is not a dead-letter reason (budget_exhausted, attempts_exhausted, non_retryable)"
+        )),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ReplayOutput {
+    matched: u64,
+    moved: u64,
+    parked: u64,
+    skipped: u64,
+    failed: u64,
+    dry_run: bool,
+    /// Messages in the dead-letter queue when the run started (the bound).
+    total: u64,
+    /// Of the parked, those without readable dead-letter headers.
+    malformed: u64,
+    paused_secs: f64,
+}
+
+/// Parses `--since`: Unix seconds, or an age like `90s`, `30m`, `2h`, `1d`. Returns Unix ms.
+fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+    let t = text.trim();
+    let unit = |suffix: char, ms: u64| -> Option<Result<u64, String>> {
+        t.strip_suffix(suffix).map(|n| {
+            n.parse::<u64>()
+                .map_err(|_| format!("`{text}` is not a number of {suffix}"))
+                .map(|n| now_ms.saturating_sub(n.saturating_mul(ms)))
+        })
+    };
+    if let Some(r) = unit('s', 1000)
+        .or_else(|| unit('m', 60_000))
+        .or_else(|| unit('h', 3_600_000))
+        .or_else(|| unit('d', 86_400_000))
+    {
+        return r;
+    }
+    t.parse::<u64>()
+        .map(|secs| secs.saturating_mul(1000))
+        .map_err(|_| format!("`{text}` is neither Unix seconds nor an age like 90s, 30m, 2h, 1d"))
+}
+
+/// `budgetctl replay`: the library replayer, with a progress display.
+pub(crate) async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+    let dependency = Dependency::new(&args.dependency).map_err(|e| {
+        usage(format!(
+            "--dependency {:?}: a dependency name {e}",
+            args.dependency
+        ))
+    })?;
+    let since_ms = match &args.since {
+        Some(s) => {
+            Some(parse_since(s, headers::now_ms()).map_err(|e| usage(format!("--since {e}")))?)
+        }
+        None => None,
+    };
+    let mut options = ReplayOptions::new(config);
+    options.filter = ReplayFilter {
+        dependency: Some(dependency.to_string()),
+        reason: args.reason.as_deref().and_then(DeadLetterReason::parse),
+        since_ms,
+        ..ReplayFilter::default()
+    };
+    options.rate = Some(f64::from(args.rate));
+    options.limit = args.limit;
+    let topology = Topology::new(&config.amqp);
+    if args.dry_run {
+        let r = Replayer::new(config.amqp.url.clone(), topology, None)
+            .dry_run(&options)
+            .await
+            .map_err(|e| broker_error(config, &e))?;
+        let out = ReplayOutput {
+            matched: r.would_move + r.would_park_looping,
+            moved: r.would_move,
+            parked: r.would_park_looping + r.malformed,
+            skipped: r.skipped,
+            failed: 0,
+            dry_run: true,
+            total: r.total,
+            malformed: r.malformed,
+            paused_secs: 0.0,
+        };
+        if args.json {
+            return print_json(&out);
+        }
+        outln!(
+            "dry run: {} dead letters in the queue, nothing moved",
+            thousands(r.total)
+        );
+        let mut rows = vec![vec![
+            "dependency".to_owned(),
+            "reason".to_owned(),
+            "matching".to_owned(),
+        ]];
+        for ((d, reason), n) in &r.by_dependency_reason {
+            rows.push(vec![d.clone(), reason.clone(), thousands(*n)]);
+        }
+        if rows.len() > 1 {
+            out!("{}", table_aligned(&rows, &[0, 1]));
+        }
+        print_replay(&out);
+        return Ok(());
+    }
+    // The budget lets the replayer pause while the dependency's budget is exhausted again.
+    let budget = FleetBudget::from_config(config).await?;
+    let replayer = Replayer::new(config.amqp.url.clone(), topology, Some(budget.clone()));
+    let terminal = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut last_line = Instant::now();
+    let report = replayer
+        .run(&options, |p: &ReplayProgress| {
+            let due = if terminal { Duration::from_millis(100) } else { Duration::from_secs(2) };
+            if last_line.elapsed() < due && p.seen < p.total {
+                return;
+            }
+            last_line = Instant::now();
+            let paused = p.paused_on.as_ref().map(|d| format!(" | PAUSED: budget of {d} exhausted")).unwrap_or_default();
+            let line = format!(
+                "replay {:>5.1}s: read {}/{} | moved {} | parked {} | skipped {} | failed {}{paused}",
+                started.elapsed().as_secs_f64(),
+                thousands(p.seen),
+                thousands(p.total),
+                thousands(p.moved),
+                thousands(p.parked),
+                thousands(p.skipped),
+                thousands(p.failed)
+            );
+            let mut err = std::io::stderr().lock();
+            let _ = if terminal { write!(err, "\r\x1b[2K{line}") } else { writeln!(err, "{line}") };
+            let _ = err.flush();
+        })
+        .await;
+    if terminal {
+        eprintln!();
+    }
+    let _ = budget.shutdown().await;
+    let r = report.map_err(|e| broker_error(config, &e))?;
+    let out = ReplayOutput {
+        matched: r.matched,
+        moved: r.moved,
+        parked: r.parked,
+        skipped: r.skipped,
+        failed: r.failed,
+        dry_run: false,
+        total: r.total,
+        malformed: r.malformed,
+        paused_secs: r.paused.as_secs_f64(),
+    };
+    if args.json {
+        return print_json(&out);
+    }
+    print_replay(&out);
+    if out.failed > 0 {
+        anyhow::bail!(
+            "{} copies were not confirmed by the broker; they stay in the dead-letter queue",
+            out.failed
+        );
+    }
+    Ok(())
+}
+
+fn print_replay(out: &ReplayOutput) {
+    let verb = if out.dry_run { "would be " } else { "" };
+    let rows = vec![
+        vec!["in the dead-letter queue".to_owned(), thousands(out.total)],
+        vec!["matched".to_owned(), thousands(out.matched)],
+        vec![format!("{verb}moved back"), thousands(out.moved)],
+        vec![
+            format!("{verb}parked (looping or malformed)"),
+            thousands(out.parked),
+        ],
+        vec!["skipped (filter)".to_owned(), thousands(out.skipped)],
+        vec!["failed (not confirmed)".to_owned(), thousands(out.failed)],
+    ];
+    out!("{}", table(&rows));
+    if out.paused_secs > 0.0 {
+        outln!(
+            "paused {:.1}s while the budget was exhausted",
+            out.paused_secs
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_accepts_unix_seconds_and_ages() {
+        let now = 10_000_000;
+        assert_eq!(parse_since("90s", now), Ok(now - 90_000));
+        assert_eq!(parse_since("30m", now), Ok(now - 1_800_000));
+        assert_eq!(parse_since("2h", now), Ok(now - 7_200_000));
+        assert_eq!(parse_since("1d", 100), Ok(0));
+        assert_eq!(parse_since("1700000000", now), Ok(1_700_000_000_000));
+        assert!(parse_since("yesterday", now).is_err());
+        assert!(parse_since("-5m", now).is_err());
+    }
+}

@@ -1,0 +1,118 @@
+//! `budgetctl simulate brownout`: [`fleet_budget_sim::brownout`], once or as the mean of
+//! several seeds.
+
+use clap::Args;
+use fleet_budget::DepositBasis;
+use fleet_budget_sim::brownout::{self, BrownoutParams};
+
+use super::{DepositArg, MAX_MODEL_JOBS, budget_params, ratio};
+use crate::exit::usage;
+use crate::output::{print_json, table, thousands};
+
+/// `simulate brownout`.
+#[derive(Debug, Args)]
+pub(crate) struct BrownoutArgs {
+    /// Client requests (jobs).
+    #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    requests: u64,
+    /// Executions per request at most, including the first.
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=100))]
+    attempts: u32,
+    /// Probability that one attempt fails, from 0 to 1.
+    #[arg(long, allow_negative_numbers = true, value_parser = probability)]
+    failure_rate: f64,
+    /// Retries allowed per deposit; without it, no budget.
+    #[arg(long, allow_negative_numbers = true, value_parser = ratio)]
+    budget_ratio: Option<f64>,
+    /// What earns allowance.
+    #[arg(long, value_enum, default_value_t = DepositArg::Success)]
+    deposit: DepositArg,
+    /// Retries always allowed in the window.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    min_allowance: u64,
+    /// Random seed (of the first run).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runs with seeds `seed`, `seed + 1`, ...; the numbers printed are their means.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    runs: u32,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_finite() && (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` must be a probability from 0 to 1"))
+    }
+}
+
+/// Runs the command.
+pub(super) fn run(args: &BrownoutArgs) -> anyhow::Result<()> {
+    if args.requests.saturating_mul(u64::from(args.runs)) > MAX_MODEL_JOBS {
+        return Err(usage(format!(
+            "--requests × --runs must be at most {} (the model runs in this process)",
+            thousands(MAX_MODEL_JOBS)
+        )));
+    }
+    let budget = args
+        .budget_ratio
+        .map(|r| budget_params(r, args.deposit, args.min_allowance));
+    let mut reports = Vec::new();
+    for i in 0..u64::from(args.runs) {
+        reports.push(brownout::run(&BrownoutParams {
+            requests: args.requests,
+            attempts: args.attempts,
+            failure_rate: args.failure_rate,
+            budget,
+            seed: args.seed.wrapping_add(i),
+        })?);
+    }
+    let m = brownout::mean(&reports);
+    if args.json {
+        return match reports.first() {
+            Some(single) if args.runs == 1 => print_json(single),
+            _ => print_json(&m),
+        };
+    }
+    let budget_text = match budget {
+        Some(b) => format!(
+            "budget {:.0}% of {} (floor {})",
+            b.ratio * 100.0,
+            match b.deposit {
+                DepositBasis::Success => "successes",
+                DepositBasis::Request => "first attempts",
+            },
+            b.min_allowance
+        ),
+        None => "no budget".to_owned(),
+    };
+    outln!(
+        "brownout: {} requests, up to {} attempts, {:.1}% of attempts fail, {budget_text}",
+        thousands(args.requests),
+        args.attempts,
+        args.failure_rate * 100.0
+    );
+    let row = |name: &str, value: String| vec![name.to_owned(), value];
+    let rows = vec![
+        row("client requests", format!("{:.0}", m.client_requests)),
+        row("upstream calls", format!("{:.1}", m.upstream_calls)),
+        row("amplification", format!("{:.3}x", m.amplification)),
+        row("successes", format!("{:.1}", m.successes)),
+        row("retries granted", format!("{:.1}", m.retries_granted)),
+        row("retries denied", format!("{:.1}", m.retries_denied)),
+    ];
+    if args.runs > 1 {
+        outln!(
+            "mean of {} runs (seeds {}..={})",
+            args.runs,
+            args.seed,
+            args.seed.wrapping_add(u64::from(args.runs) - 1)
+        );
+    }
+    out!("{}", table(&rows));
+    Ok(())
+}
