@@ -17,8 +17,9 @@ mod settings;
 use std::process::ExitCode;
 
 use clap::Parser;
+use fleet_budget::Config;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{bench, demo, dlq, migrate, replay, simulate, status};
@@ -61,31 +62,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Simulate(command) => simulate::run(&command),
         Command::Config(ConfigCommand::Check(args)) => commands::config::check(&args),
-        Command::Status(args) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(status::run(&config.budget, &args))
-        }
-        Command::Bench(args) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(bench::run(&config.budget, &args))
-        }
-        Command::Demo(args) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(demo::run(&config, &args))
-        }
-        Command::Replay(args) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(replay::run(&config, &args))
-        }
+        Command::Status(args) => with_config(global, async |c| status::run(c, &args).await),
+        Command::Bench(args) => with_config(global, async |c| bench::run(c, &args).await),
+        Command::Demo(args) => with_config(global, async |c| demo::run(c, &args).await),
+        Command::Replay(args) => with_config(global, async |c| replay::run(c, &args).await),
         Command::Dlq(DlqCommand::Stats(args)) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(dlq::stats(&config, args.json))
+            with_config(global, async |c| dlq::stats(c, args.json).await)
         }
-        Command::Migrate(args) => {
-            let config = settings::resolve(global)?;
-            runtime()?.block_on(migrate::run(&config, &args))
-        }
+        Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
     }
+}
+
+/// Runs a command that talks to Redis or RabbitMQ: with the resolved configuration, on a
+/// runtime of its own.
+fn with_config(
+    global: &GlobalArgs,
+    command: impl AsyncFnOnce(&Config) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let config = settings::resolve(global)?;
+    runtime()?.block_on(command(&config))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

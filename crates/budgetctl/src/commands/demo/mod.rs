@@ -35,6 +35,7 @@ use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
 use serde::Serialize;
 
 use self::mode::Mode;
+use crate::cli::number_in;
 use crate::output::print_json;
 
 /// `demo`.
@@ -58,12 +59,7 @@ pub(crate) struct DemoArgs {
 }
 
 fn phase_secs(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if v.is_finite() && (0.5..=600.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("`{s}` must be a number of seconds from 0.5 to 600"))
-    }
+    number_in(s, 0.5..=600.0, "a number of seconds from 0.5 to 600")
 }
 
 /// The task every drill job runs.

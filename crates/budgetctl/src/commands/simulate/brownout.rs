@@ -6,6 +6,7 @@ use fleet_budget::DepositBasis;
 use fleet_budget_sim::brownout::{self, BrownoutParams};
 
 use super::{DepositArg, MAX_MODEL_JOBS, budget_params, ratio};
+use crate::cli::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table, thousands};
 
@@ -42,12 +43,7 @@ pub(crate) struct BrownoutArgs {
 }
 
 fn probability(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if v.is_finite() && (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("`{s}` must be a probability from 0 to 1"))
-    }
+    number_in(s, 0.0..=1.0, "a probability from 0 to 1")
 }
 
 /// Runs the command.

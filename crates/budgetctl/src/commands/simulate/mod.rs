@@ -7,10 +7,12 @@ mod chart;
 
 use clap::{Subcommand, ValueEnum};
 use fleet_budget::DepositBasis;
+use fleet_budget::config::MAX_RATIO;
 use fleet_budget_sim::BudgetParams;
 
 pub(crate) use self::brownout::BrownoutArgs;
 pub(crate) use self::capacity::CapacityArgs;
+use crate::cli::number_in;
 
 /// The most jobs one `simulate` command models, so that no input makes it run for hours.
 const MAX_MODEL_JOBS: u64 = 20_000_000;
@@ -61,13 +63,9 @@ fn budget_params(ratio: f64, deposit: DepositArg, min_allowance: u64) -> BudgetP
 
 /// `--budget-ratio`: retries per deposit, as the configuration accepts them.
 fn ratio(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if v.is_finite() && (0.0..=fleet_budget::config::MAX_RATIO).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!(
-            "`{s}` must be a number from 0 to {} (retries per deposit)",
-            fleet_budget::config::MAX_RATIO
-        ))
-    }
+    number_in(
+        s,
+        0.0..=MAX_RATIO,
+        &format!("a number from 0 to {MAX_RATIO} (retries per deposit)"),
+    )
 }
