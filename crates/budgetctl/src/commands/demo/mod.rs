@@ -30,11 +30,10 @@ use fleet_budget::{
     Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, Metrics,
     WindowMode,
 };
-use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
-use serde::Serialize;
 
 use self::mode::Mode;
+use self::report::{DemoReport, FirstPass, ReplayTotals, RunReport};
 use crate::cli::number_in;
 use crate::output::print_json;
 
@@ -167,120 +166,6 @@ impl RunSettings {
     }
 }
 
-/// What a run measured by the end of its first pass, before the replay.
-#[derive(Debug)]
-struct FirstPass {
-    calls: u64,
-    seconds: f64,
-    per_second: Vec<u64>,
-    successes: u64,
-    retries_granted: u64,
-    retries_denied: u64,
-    dead_lettered: BTreeMap<String, u64>,
-}
-
-impl FirstPass {
-    fn measure(
-        upstream: &Upstream,
-        started: Instant,
-        budget: &FleetBudget,
-        outcomes: &JobOutcomes,
-    ) -> Self {
-        let metrics = budget.metrics();
-        Self {
-            calls: upstream.calls(),
-            seconds: started.elapsed().as_secs_f64(),
-            per_second: upstream.per_second(),
-            successes: outcomes.successes(),
-            retries_granted: metrics.counter("retries_granted", DEPENDENCY),
-            retries_denied: metrics.counter("retries_denied", DEPENDENCY),
-            dead_lettered: dead_letters(metrics),
-        }
-    }
-}
-
-/// What the replay after recovery did.
-#[derive(Debug, Default)]
-struct ReplayTotals {
-    moved: u64,
-    parked: u64,
-}
-
-/// The result of one run.
-#[derive(Debug, Clone, Default, Serialize)]
-struct RunReport {
-    label: String,
-    budget: bool,
-    jobs_submitted: u64,
-    upstream_calls: u64,
-    amplification: f64,
-    peak_upstream_calls_per_sec: u64,
-    successes: u64,
-    retries_granted: u64,
-    retries_denied: u64,
-    dead_lettered: BTreeMap<String, u64>,
-    dead_lettered_total: u64,
-    replayed: u64,
-    replay_upstream_calls: u64,
-    parked: u64,
-    accounting: Accounting,
-    /// Upstream calls in each second of the run (before the replay).
-    upstream_calls_per_second: Vec<u64>,
-    seconds: f64,
-}
-
-impl RunReport {
-    fn new(
-        s: &RunSettings,
-        first: FirstPass,
-        upstream: &Upstream,
-        replay: &ReplayTotals,
-        accounting: Accounting,
-    ) -> Self {
-        let jobs = s.jobs();
-        Self {
-            label: s.label.to_owned(),
-            budget: s.budget,
-            jobs_submitted: jobs,
-            upstream_calls: first.calls,
-            #[allow(clippy::cast_precision_loss)]
-            amplification: if jobs == 0 {
-                0.0
-            } else {
-                first.calls as f64 / jobs as f64
-            },
-            peak_upstream_calls_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
-            successes: first.successes,
-            retries_granted: first.retries_granted,
-            retries_denied: first.retries_denied,
-            dead_lettered_total: first.dead_lettered.values().sum(),
-            dead_lettered: first.dead_lettered,
-            replayed: replay.moved,
-            replay_upstream_calls: upstream.calls().saturating_sub(first.calls),
-            parked: replay.parked,
-            accounting,
-            upstream_calls_per_second: first.per_second,
-            seconds: first.seconds,
-        }
-    }
-}
-
-/// The whole drill's output.
-#[derive(Debug, Serialize)]
-struct DemoReport {
-    mode: Mode,
-    workers: u32,
-    jobs_per_sec: u32,
-    capacity_per_sec: u64,
-    degraded_capacity_per_sec: u64,
-    phase_secs: f64,
-    budget_ratio: f64,
-    budget_window_secs: f64,
-    budget_min_allowance: u64,
-    max_attempts: u32,
-    runs: Vec<RunReport>,
-}
-
 /// Runs the command.
 pub(crate) async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<()> {
     let mode = mode::choose(config, args.in_process).await;
@@ -342,19 +227,7 @@ pub(crate) async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<()> 
             )
         })?);
     }
-    let report = DemoReport {
-        mode,
-        workers: args.workers,
-        jobs_per_sec: args.rate,
-        capacity_per_sec: capacity,
-        degraded_capacity_per_sec: schedule.degraded_capacity,
-        phase_secs: args.phase_secs,
-        budget_ratio: RATIO,
-        budget_window_secs: WINDOW.as_secs_f64(),
-        budget_min_allowance: MIN_ALLOWANCE,
-        max_attempts: MAX_ATTEMPTS,
-        runs,
-    };
+    let report = DemoReport::new(mode, args, &schedule, runs);
     eprintln!("drill finished in {:.0}s", started.elapsed().as_secs_f64());
     if args.json {
         return print_json(&report);

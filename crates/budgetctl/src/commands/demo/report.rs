@@ -1,9 +1,156 @@
-//! The drill's comparison for people: the two runs side by side, then every job accounted for.
+//! What the drill reports: each run's figures (the JSON), and the comparison for people: the
+//! two runs side by side, then every job accounted for.
 
-use fleet_budget::DeadLetterReason;
+use std::collections::BTreeMap;
+use std::time::Instant;
 
-use super::{DEPENDENCY, DemoReport, RunReport};
+use fleet_budget::{DeadLetterReason, FleetBudget};
+use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
+use fleet_budget_sim::upstream::{Schedule, Upstream};
+use serde::Serialize;
+
+use super::mode::Mode;
+use super::{
+    DEPENDENCY, DemoArgs, MAX_ATTEMPTS, MIN_ALLOWANCE, RATIO, RunSettings, WINDOW, dead_letters,
+};
 use crate::output::{table, thousands};
+
+/// What a run measured by the end of its first pass, before the replay.
+#[derive(Debug)]
+pub(super) struct FirstPass {
+    calls: u64,
+    seconds: f64,
+    per_second: Vec<u64>,
+    successes: u64,
+    retries_granted: u64,
+    retries_denied: u64,
+    dead_lettered: BTreeMap<String, u64>,
+}
+
+impl FirstPass {
+    pub(super) fn measure(
+        upstream: &Upstream,
+        started: Instant,
+        budget: &FleetBudget,
+        outcomes: &JobOutcomes,
+    ) -> Self {
+        let metrics = budget.metrics();
+        Self {
+            calls: upstream.calls(),
+            seconds: started.elapsed().as_secs_f64(),
+            per_second: upstream.per_second(),
+            successes: outcomes.successes(),
+            retries_granted: metrics.counter("retries_granted", DEPENDENCY),
+            retries_denied: metrics.counter("retries_denied", DEPENDENCY),
+            dead_lettered: dead_letters(metrics),
+        }
+    }
+}
+
+/// What the replay after recovery did.
+#[derive(Debug, Default)]
+pub(super) struct ReplayTotals {
+    pub(super) moved: u64,
+    pub(super) parked: u64,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(super) struct RunReport {
+    label: String,
+    budget: bool,
+    jobs_submitted: u64,
+    upstream_calls: u64,
+    amplification: f64,
+    peak_upstream_calls_per_sec: u64,
+    successes: u64,
+    retries_granted: u64,
+    retries_denied: u64,
+    dead_lettered: BTreeMap<String, u64>,
+    dead_lettered_total: u64,
+    replayed: u64,
+    replay_upstream_calls: u64,
+    parked: u64,
+    accounting: Accounting,
+    /// Upstream calls in each second of the run (before the replay).
+    upstream_calls_per_second: Vec<u64>,
+    seconds: f64,
+}
+
+impl RunReport {
+    pub(super) fn new(
+        s: &RunSettings,
+        first: FirstPass,
+        upstream: &Upstream,
+        replay: &ReplayTotals,
+        accounting: Accounting,
+    ) -> Self {
+        let jobs = s.jobs();
+        Self {
+            label: s.label.to_owned(),
+            budget: s.budget,
+            jobs_submitted: jobs,
+            upstream_calls: first.calls,
+            #[allow(clippy::cast_precision_loss)]
+            amplification: if jobs == 0 {
+                0.0
+            } else {
+                first.calls as f64 / jobs as f64
+            },
+            peak_upstream_calls_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
+            successes: first.successes,
+            retries_granted: first.retries_granted,
+            retries_denied: first.retries_denied,
+            dead_lettered_total: first.dead_lettered.values().sum(),
+            dead_lettered: first.dead_lettered,
+            replayed: replay.moved,
+            replay_upstream_calls: upstream.calls().saturating_sub(first.calls),
+            parked: replay.parked,
+            accounting,
+            upstream_calls_per_second: first.per_second,
+            seconds: first.seconds,
+        }
+    }
+}
+
+/// The whole drill's output.
+#[derive(Debug, Serialize)]
+pub(super) struct DemoReport {
+    mode: Mode,
+    workers: u32,
+    jobs_per_sec: u32,
+    capacity_per_sec: u64,
+    degraded_capacity_per_sec: u64,
+    phase_secs: f64,
+    budget_ratio: f64,
+    budget_window_secs: f64,
+    budget_min_allowance: u64,
+    max_attempts: u32,
+    runs: Vec<RunReport>,
+}
+
+impl DemoReport {
+    pub(super) fn new(
+        mode: Mode,
+        args: &DemoArgs,
+        schedule: &Schedule,
+        runs: Vec<RunReport>,
+    ) -> Self {
+        Self {
+            mode,
+            workers: args.workers,
+            jobs_per_sec: args.rate,
+            capacity_per_sec: schedule.capacity,
+            degraded_capacity_per_sec: schedule.degraded_capacity,
+            phase_secs: args.phase_secs,
+            budget_ratio: RATIO,
+            budget_window_secs: WINDOW.as_secs_f64(),
+            budget_min_allowance: MIN_ALLOWANCE,
+            max_attempts: MAX_ATTEMPTS,
+            runs,
+        }
+    }
+}
 
 /// Prints the comparison of the two runs on stdout.
 pub(super) fn print_comparison(r: &DemoReport) {

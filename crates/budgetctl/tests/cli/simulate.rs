@@ -1,0 +1,142 @@
+//! `simulate brownout` and `simulate capacity`: JSON shapes, the reference numbers, the chart.
+
+use crate::{has_fields, json, run, stderr, stdout, unique};
+
+#[test]
+fn simulate_brownout_json_shape_and_reference_numbers() {
+    let base = [
+        "simulate",
+        "brownout",
+        "--requests",
+        "2000",
+        "--attempts",
+        "3",
+        "--runs",
+        "10",
+        "--json",
+    ];
+    let amp = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        json(&run(&args))
+    };
+    let healthy = amp(&["--failure-rate", "0.05"]);
+    has_fields(
+        &healthy,
+        &[
+            "client_requests",
+            "upstream_calls",
+            "amplification",
+            "successes",
+            "retries_granted",
+            "retries_denied",
+        ],
+    );
+    assert!(
+        (healthy["amplification"].as_f64().unwrap() - 1.05).abs() < 0.01,
+        "{healthy}"
+    );
+    let storm = amp(&["--failure-rate", "0.9"]);
+    assert!(
+        (storm["amplification"].as_f64().unwrap() - 2.71).abs() < 0.03,
+        "{storm}"
+    );
+    let budget = amp(&[
+        "--failure-rate",
+        "0.9",
+        "--budget-ratio",
+        "0.1",
+        "--deposit",
+        "request",
+    ]);
+    assert!(
+        (budget["amplification"].as_f64().unwrap() - 1.10).abs() < 0.015,
+        "{budget}"
+    );
+    assert!(
+        (budget["successes"].as_f64().unwrap() - 220.0).abs() < 25.0,
+        "{budget}"
+    );
+    // One run: integers.
+    let one = json(&run(&[
+        "simulate",
+        "brownout",
+        "--failure-rate",
+        "0.5",
+        "--json",
+        "--seed",
+        "3",
+    ]));
+    assert!(one["upstream_calls"].is_u64(), "{one}");
+    let text = run(&["simulate", "brownout", "--failure-rate", "0.9"]);
+    assert!(stdout(&text).contains("amplification"), "{}", stdout(&text));
+}
+
+#[test]
+fn simulate_capacity_json_shape_reference_and_svg() {
+    let svg = std::env::temp_dir().join(format!("{}.svg", unique("capacity")));
+    let o = run(&[
+        "simulate",
+        "capacity",
+        "--incoming",
+        "900",
+        "--capacity",
+        "1000",
+        "--degraded-capacity",
+        "200",
+        "--degraded-ticks",
+        "3",
+        "--attempts",
+        "3",
+        "--budget-ratio",
+        "0.1",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let v = json(&o);
+    has_fields(
+        &v,
+        &[
+            "ticks",
+            "peak_offered",
+            "served_total",
+            "dead_lettered_total",
+            "without_budget",
+        ],
+    );
+    has_fields(
+        &v["ticks"][0],
+        &[
+            "tick",
+            "offered",
+            "served",
+            "failed",
+            "retries_granted",
+            "dead_lettered",
+        ],
+    );
+    let without = v["without_budget"]["peak_offered"].as_u64().unwrap();
+    let with = v["peak_offered"].as_u64().unwrap();
+    assert!((2300..=2450).contains(&without), "{without}");
+    #[allow(clippy::cast_precision_loss)]
+    let cut = 1.0 - with as f64 / without as f64;
+    assert!((0.4..=0.6).contains(&cut), "{with} vs {without}");
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg") && chart.contains("polyline") && chart.contains("without budget"),
+        "{chart}"
+    );
+    let _ = std::fs::remove_file(&svg);
+    let o = run(&["simulate", "capacity", "--svg", "/nonexistent-dir/x.svg"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&run(&[
+        "simulate",
+        "capacity",
+        "--budget-ratio",
+        "0.1",
+        "--ticks",
+        "10",
+    ]));
+    assert!(text.contains("peak offered"), "{text}");
+}
