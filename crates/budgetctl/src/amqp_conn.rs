@@ -1,12 +1,11 @@
 //! Errors of the RabbitMQ commands that say which URL failed, and how to start a broker.
 
-use fleet_budget::Config;
 use fleet_budget::redact::{redact_text, redact_url};
-use fleet_budget_amqp::AmqpError;
+use fleet_budget_amqp::{AmqpError, WorkerConfig};
 
 /// A broker failure as a runtime error (exit 1) that names the URL, password redacted, and
 /// how to start a broker when it is a connection failure.
-pub(crate) fn broker_error(config: &Config, e: &AmqpError) -> anyhow::Error {
+pub(crate) fn broker_error(config: &WorkerConfig, e: &AmqpError) -> anyhow::Error {
     let text = redact_text(&e.to_string());
     if e.is_connection_error() {
         anyhow::anyhow!(

@@ -17,7 +17,7 @@ mod settings;
 use std::process::ExitCode;
 
 use clap::Parser;
-use fleet_budget::Config;
+use fleet_budget_amqp::WorkerConfig;
 
 use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
@@ -62,8 +62,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Simulate(command) => simulate::run(&command),
         Command::Config(ConfigCommand::Check(args)) => commands::config::check(&args),
-        Command::Status(args) => with_config(global, async |c| status::run(c, &args).await),
-        Command::Bench(args) => with_config(global, async |c| bench::run(c, &args).await),
+        Command::Status(args) => with_config(global, async |c| status::run(&c.budget, &args).await),
+        Command::Bench(args) => with_config(global, async |c| bench::run(&c.budget, &args).await),
         Command::Demo(args) => with_config(global, async |c| demo::run(c, &args).await),
         Command::Replay(args) => with_config(global, async |c| replay::run(c, &args).await),
         Command::Dlq(DlqCommand::Stats(args)) => {
@@ -77,7 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// runtime of its own.
 fn with_config(
     global: &GlobalArgs,
-    command: impl AsyncFnOnce(&Config) -> anyhow::Result<()>,
+    command: impl AsyncFnOnce(&WorkerConfig) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let config = settings::resolve(global)?;
     runtime()?.block_on(command(&config))

@@ -4,8 +4,9 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use fleet_budget::BudgetPolicy;
 use fleet_budget::config::ConfigError;
-use fleet_budget::{BudgetPolicy, Config};
+use fleet_budget_amqp::WorkerConfig;
 use serde::Serialize;
 
 use crate::exit::usage;
@@ -100,7 +101,7 @@ struct ErrorView {
 /// `config check`: prints the resolved configuration, or the errors and exits 2.
 pub(crate) fn check(args: &ConfigCheckArgs) -> anyhow::Result<()> {
     let file = args.file.display().to_string();
-    let config = match Config::from_path(&args.file) {
+    let config = match WorkerConfig::from_path(&args.file) {
         Ok(c) => c,
         Err(e) => {
             if args.json {
@@ -139,7 +140,8 @@ fn error_views(e: &ConfigError) -> Vec<ErrorView> {
         .collect()
 }
 
-fn resolve(file: &str, config: &Config) -> CheckReport {
+fn resolve(file: &str, worker: &WorkerConfig) -> CheckReport {
+    let config = &worker.budget;
     let mut dependencies: Vec<DependencyView> = config
         .policies
         .iter()
@@ -185,8 +187,8 @@ fn resolve(file: &str, config: &Config) -> CheckReport {
         redis_url: config.redis_display(),
         redis_key_prefix: config.redis.key_prefix.clone(),
         redis_fallback: config.redis.fallback.as_str(),
-        amqp_url: fleet_budget::redact::redact_url(&config.amqp.url),
-        amqp_prefix: config.amqp.prefix.clone(),
+        amqp_url: fleet_budget::redact::redact_url(&worker.amqp.url),
+        amqp_prefix: worker.amqp.prefix.clone(),
         defaults: (&config.defaults).into(),
         default_max_attempts: config.ceilings.default.max_attempts,
         dependencies,

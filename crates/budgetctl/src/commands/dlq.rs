@@ -1,10 +1,9 @@
 //! `budgetctl dlq stats`: what waits in the dead-letter and parked queues.
 
 use clap::Subcommand;
-use fleet_budget::Config;
 use fleet_budget::redact::redact_url;
 use fleet_budget_amqp::headers;
-use fleet_budget_amqp::{AmqpError, ReplayOptions, Replayer, Topology};
+use fleet_budget_amqp::{AmqpError, ReplayOptions, Replayer, Topology, WorkerConfig};
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
@@ -47,7 +46,7 @@ struct DlqStats {
 
 /// `budgetctl dlq stats`: depth, counts by dependency × reason, and the oldest message's age,
 /// of the dead-letter and parked queues. Messages are read and put back (nack with requeue).
-pub(crate) async fn stats(config: &Config, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn stats(config: &WorkerConfig, json: bool) -> anyhow::Result<()> {
     let topology = Topology::new(&config.amqp);
     // The replayer's dry run reads every message once, counts it, and puts it back.
     let options = ReplayOptions::new(config);
@@ -98,7 +97,7 @@ fn human_age(secs: f64) -> String {
 }
 
 async fn queue_stats(
-    config: &Config,
+    config: &WorkerConfig,
     topology: &Topology,
     queue: &str,
     options: &ReplayOptions,

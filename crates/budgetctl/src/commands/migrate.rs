@@ -1,9 +1,8 @@
 //! `budgetctl migrate`: declares or upgrades the broker topology of `migrations/`.
 
 use clap::Args;
-use fleet_budget::Config;
 use fleet_budget::redact::redact_url;
-use fleet_budget_amqp::{Migrations, StepState};
+use fleet_budget_amqp::{Migrations, StepState, WorkerConfig};
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
@@ -37,7 +36,7 @@ struct MigrateReport {
 }
 
 /// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently).
-pub(crate) async fn run(config: &Config, args: &MigrateArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Result<()> {
     let migrations =
         Migrations::embedded().map_err(|e| anyhow::anyhow!("embedded migrations: {e}"))?;
     let report =

@@ -4,9 +4,11 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use fleet_budget::{Config, DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use fleet_budget_amqp::headers;
-use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology};
+use fleet_budget_amqp::{
+    ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
+};
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
@@ -86,7 +88,7 @@ fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
 }
 
 /// `budgetctl replay`: the library replayer, with a progress display.
-pub(crate) async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Result<()> {
     let dependency = Dependency::new(&args.dependency).map_err(|e| {
         usage(format!(
             "--dependency {:?}: a dependency name {e}",
@@ -147,7 +149,7 @@ pub(crate) async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()
         return Ok(());
     }
     // The budget lets the replayer pause while the dependency's budget is exhausted again.
-    let budget = FleetBudget::from_config(config).await?;
+    let budget = FleetBudget::from_config(&config.budget).await?;
     let replayer = Replayer::new(config.amqp.url.clone(), topology, Some(budget.clone()));
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();

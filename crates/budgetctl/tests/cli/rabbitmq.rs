@@ -4,7 +4,7 @@ use crate::{assert_exit, has_fields, json, run, stderr, stdout, temp_file, uniqu
 
 pub(crate) mod broker {
     use fleet_budget::DeadLetterReason;
-    use fleet_budget::config::AmqpSettings;
+    use fleet_budget_amqp::AmqpSettings;
     use fleet_budget_amqp::Topology;
     use fleet_budget_amqp::headers::{self, DeadLetterRecord};
     use lapin::options::{

@@ -30,6 +30,7 @@ use fleet_budget::{
     Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, Metrics,
     WindowMode,
 };
+use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
 
 use self::mode::Mode;
@@ -167,7 +168,7 @@ impl RunSettings {
 }
 
 /// Runs the command.
-pub(crate) async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Result<()> {
     let mode = mode::choose(config, args.in_process).await;
     let started = Instant::now();
     let capacity = u64::from(args.rate) * 5 / 4;
@@ -208,11 +209,11 @@ pub(crate) async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<()> 
             schedule,
             key_prefix: format!(
                 "{}-demo-{run_id}-{}",
-                config.redis.key_prefix,
+                config.budget.redis.key_prefix,
                 if budget { "b" } else { "n" }
             ),
         };
-        let budget_handle = drill_budget(config, &mode, &settings).await?;
+        let budget_handle = drill_budget(&config.budget, &mode, &settings).await?;
         let report = if mode.rabbitmq.is_some() {
             rabbit::run(&settings, config, &budget_handle).await
         } else {

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use fleet_budget::Config;
 use fleet_budget::redact::{redact_text, redact_url};
 use fleet_budget::store::RedisStore;
+use fleet_budget_amqp::WorkerConfig;
 use serde::Serialize;
 
 use super::WINDOW;
@@ -48,8 +48,8 @@ impl Mode {
 }
 
 /// Checks which services answer (none when `in_process`).
-pub(super) async fn choose(config: &Config, in_process: bool) -> Mode {
-    let redis_shown = config.redis_display();
+pub(super) async fn choose(config: &WorkerConfig, in_process: bool) -> Mode {
+    let redis_shown = config.budget.redis_display();
     let mut mode = Mode {
         budget_store: "in_process",
         redis: None,
@@ -63,7 +63,11 @@ pub(super) async fn choose(config: &Config, in_process: bool) -> Mode {
         return mode;
     }
     let timeout = Duration::from_millis(500);
-    match RedisStore::new(redis_conn::target(config), &config.redis.key_prefix, timeout) {
+    match RedisStore::new(
+        redis_conn::target(&config.budget),
+        &config.budget.redis.key_prefix,
+        timeout,
+    ) {
         Ok(store) => match store.ping().await {
             Ok(_) => {
                 mode.budget_store = "redis";

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fleet_budget::{Config, FleetBudget};
+use fleet_budget::FleetBudget;
 use fleet_budget_amqp::{
-    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerHandle,
-    WorkerOptions,
+    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig,
+    WorkerHandle, WorkerOptions,
 };
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use fleet_budget_sim::upstream::Upstream;
@@ -137,7 +137,7 @@ fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
 /// One run of the drill on RabbitMQ.
 pub(super) async fn run(
     s: &RunSettings,
-    config: &Config,
+    config: &WorkerConfig,
     budget: &FleetBudget,
 ) -> anyhow::Result<RunReport> {
     let mut c = config.clone();
@@ -186,7 +186,7 @@ fn poll_depths(
 /// job: call the dependency.
 fn start_workers(
     s: &RunSettings,
-    c: &Config,
+    c: &WorkerConfig,
     budget: &FleetBudget,
     topology: &Topology,
     upstream: &Arc<Upstream>,
@@ -226,7 +226,7 @@ fn start_workers(
 
 async fn drill(
     s: &RunSettings,
-    c: &Config,
+    c: &WorkerConfig,
     budget: &FleetBudget,
     topology: &Topology,
     depths: &Depths,
