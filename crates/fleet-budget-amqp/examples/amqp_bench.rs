@@ -29,14 +29,13 @@ use fleet_budget_amqp::headers::{self, DeadLetterRecord};
 use fleet_budget_amqp::publish::confirmed;
 use fleet_budget_amqp::{
     Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig, WorkerOptions,
-    connect, migrate,
+    connect, delete_topology, migrate, queue_depth,
 };
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions,
-    ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
-    QueuePurgeOptions,
+    ConfirmSelectOptions, QueuePurgeOptions,
 };
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};
@@ -65,14 +64,7 @@ fn record(topology: &Topology, i: usize) -> DeadLetterRecord {
 }
 
 async fn count(ch: &lapin::Channel, queue: &str) -> u32 {
-    let opts = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    ch.queue_declare(ShortString::from(queue), opts, FieldTable::default())
-        .await
-        .unwrap()
-        .message_count()
+    queue_depth(ch, queue).await.unwrap()
 }
 
 /// Raw lapin: publish with confirms to the parked queue (quorum, same headers), then purge.
@@ -289,7 +281,7 @@ async fn main() {
             let config =
                 WorkerConfig::from_toml(&format!("[amqp]\nprefix = \"{prefix}\"\n"), "cleanup")
                     .unwrap();
-            delete_topology(&url, &Topology::new(&config.amqp)).await;
+            delete(&url, &Topology::new(&config.amqp)).await;
         }
         return;
     }
@@ -401,23 +393,12 @@ async fn main() {
 
     publisher.close().await;
     let _ = conn.close(200, ShortString::from("bench done")).await;
-    delete_topology(&url, &topology).await;
+    delete(&url, &topology).await;
 }
 
 /// Deletes what the bench declared (also `amqp_bench cleanup PREFIX...` after an aborted run).
-async fn delete_topology(url: &str, topology: &Topology) {
+async fn delete(url: &str, topology: &Topology) {
     let conn = connect(url, "bench cleanup").await.unwrap();
-    for q in topology.queues() {
-        let ch = conn.create_channel().await.unwrap();
-        let _ = ch
-            .queue_delete(ShortString::from(q), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in topology.exchanges() {
-        let ch = conn.create_channel().await.unwrap();
-        let _ = ch
-            .exchange_delete(ShortString::from(e), ExchangeDeleteOptions::default())
-            .await;
-    }
+    delete_topology(&conn, topology).await.unwrap();
     let _ = conn.close(200, ShortString::from("cleaned")).await;
 }

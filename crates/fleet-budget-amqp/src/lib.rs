@@ -8,7 +8,7 @@
 //! * [`worker`]: a [`Worker`] that consumes with a prefetch, runs an async handler per job,
 //!   reports to the [`fleet_budget::FleetBudget`], publishes retries to delay tiers and
 //!   dead-letters with the headers of `docs/semantics.md`, acking only after the broker
-//!   confirmed the copy;
+//!   confirmed the copy; what becomes of a failed job is the pure [`Outcome::of_decision`];
 //! * [`headers`]: every header name and the message-identity rules, in one file;
 //! * [`replay`]: a [`Replayer`] that moves dead-lettered jobs back, filtered, paced, bounded,
 //!   pausing while the dependency's budget is exhausted, parking loops and garbage;
@@ -48,13 +48,13 @@ pub mod worker;
 pub use config::{AmqpSettings, WorkerConfig};
 pub use connection::connect;
 pub use error::{AmqpError, ArgumentDifference};
-pub use headers::{DeadLetterRecord, HeaderError, JobHeaders};
+pub use headers::{DeadLetterRecord, HeaderError, JobHeaders, RetryRecord};
 pub use publish::{PublishError, Publisher};
 pub use replay::{
     DryRunReport, ReplayFilter, ReplayOptions, ReplayProgress, ReplayReport, Replayer,
 };
 pub use topology::{
     Migration, MigrationReport, Migrations, Object, Operation, QueueDepths, RetryTier, StepState,
-    Topology, migrate, queue_depths,
+    Topology, delete_topology, migrate, queue_depth, queue_depths,
 };
-pub use worker::{Job, Worker, WorkerCounts, WorkerHandle, WorkerOptions};
+pub use worker::{Job, JobContext, Outcome, Worker, WorkerCounts, WorkerHandle, WorkerOptions};

@@ -1,110 +1,25 @@
-//! Replay: moving dead-lettered jobs back to where they came from, after the incident.
-//!
-//! A run is bounded to the messages the dead-letter queue holds when it starts (its message
-//! count, read first): it never chases failures that arrive meanwhile. Each message is read
-//! (consumed, not yet acked) and sorted:
-//!
-//! * headers missing or malformed, or not a dead-letter at all → **parked** with the reason
-//!   ([`headers::PARK_REASON`]), whatever the filter: nothing could ever replay it;
-//! * not matching the filter (dependency, reason, dead-letter time) → **skipped**: left in the
-//!   dead-letter queue (nacked with requeue at the end of the run);
-//! * replayed `max_replays` times already → **parked** (loop protection);
-//! * otherwise → **moved**: republished to its original exchange and routing key with the same
-//!   message id and body, the attempt counter reset and the replay count incremented, at the
-//!   requested rate, and only while its dependency's budget is not exhausted (the run pauses
-//!   and polls until it is not).
-//!
-//! Every copy is published with confirms and the dead-letter acked only after `Ack` without a
-//! return; a copy not confirmed is counted **failed** and the message stays in the dead-letter
-//! queue. Nothing is dropped.
+//! A replay run: read up to the messages present at the start, move or park each with confirms
+//! (pipelined, `window` at a time), ack after the confirm, pace to the rate, and pause while the
+//! dependency's budget is exhausted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget::Dependency;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
-    ExchangeDeclareOptions, QueueDeclareOptions,
-};
-use lapin::types::{FieldTable, ShortString};
-use lapin::{Acker, Channel, ExchangeKind};
+use lapin::Acker;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
+use lapin::types::ShortString;
 use tokio::time::Instant;
 
-use crate::config::WorkerConfig;
-use crate::connection::connect;
+use super::Replayer;
+use super::select::{Class, ReplayOptions};
 use crate::error::AmqpError;
-use crate::headers::{self, DeadLetterRecord};
-use crate::publish::{Publisher, confirmed};
-use crate::topology::Topology;
-
-/// Which dead-lettered messages a replay is about. Empty fields match everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplayFilter {
-    /// Only this dependency.
-    pub dependency: Option<String>,
-    /// Only this reason.
-    pub reason: Option<DeadLetterReason>,
-    /// Only messages dead-lettered at or after this time (Unix ms).
-    pub since_ms: Option<u64>,
-    /// Only messages dead-lettered before this time (Unix ms).
-    pub until_ms: Option<u64>,
-}
-
-impl ReplayFilter {
-    /// Whether `record` is selected.
-    #[must_use]
-    pub fn matches(&self, record: &DeadLetterRecord) -> bool {
-        self.dependency
-            .as_ref()
-            .is_none_or(|d| *d == record.dependency)
-            && self.reason.is_none_or(|r| r == record.reason)
-            && self.since_ms.is_none_or(|t| record.dead_lettered_ms >= t)
-            && self.until_ms.is_none_or(|t| record.dead_lettered_ms < t)
-    }
-}
-
-/// How a replay runs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplayOptions {
-    /// What to replay.
-    pub filter: ReplayFilter,
-    /// Messages moved per second; `None` is unpaced.
-    pub rate: Option<f64>,
-    /// A message already replayed this many times is parked instead (default
-    /// `amqp.max_replays`, 3).
-    pub max_replays: u32,
-    /// How often an exhausted budget is asked again while paused.
-    pub budget_poll: Duration,
-    /// How long a fresh "not exhausted" answer is trusted before asking again.
-    pub budget_cache: Duration,
-    /// The run ends early when no message arrives for this long (another consumer took them).
-    pub idle_timeout: Duration,
-    /// Copies awaiting their confirmation at a time.
-    pub window: usize,
-    /// Move at most this many messages; further matching ones are left in the dead-letter
-    /// queue and counted as skipped (`None`: no limit).
-    pub limit: Option<u64>,
-}
-
-impl ReplayOptions {
-    /// Unfiltered, unpaced, with `config.amqp.max_replays`.
-    #[must_use]
-    pub fn new(config: &WorkerConfig) -> Self {
-        Self {
-            filter: ReplayFilter::default(),
-            rate: None,
-            max_replays: config.amqp.max_replays,
-            budget_poll: Duration::from_millis(250),
-            budget_cache: Duration::from_millis(100),
-            idle_timeout: Duration::from_secs(3),
-            window: 256,
-            limit: None,
-        }
-    }
-}
+use crate::headers;
+use crate::publish::{PublishError, Publisher, confirmed};
+use crate::topology::inspect::exchange_exists;
+use crate::topology::names::amqp_name;
 
 /// Where a replay stands; passed to the progress callback after every message and on pauses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,43 +66,7 @@ pub struct ReplayReport {
     pub elapsed: Duration,
 }
 
-/// What a replay would do, without doing it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DryRunReport {
-    /// Messages in the dead-letter queue at the start.
-    pub total: u64,
-    /// Messages read.
-    pub seen: u64,
-    /// Matching messages by (dependency, reason).
-    pub by_dependency_reason: BTreeMap<(String, String), u64>,
-    /// Would be moved.
-    pub would_move: u64,
-    /// Would be parked for looping (replayed `max_replays` times).
-    pub would_park_looping: u64,
-    /// Would be parked as malformed.
-    pub malformed: u64,
-    /// Not matching the filter.
-    pub skipped: u64,
-    /// The earliest dead-letter time among the messages read (Unix ms), for "oldest age".
-    pub oldest_dead_lettered_ms: Option<u64>,
-}
-
-/// Replays dead-lettered messages (see the module documentation).
-#[derive(Debug, Clone)]
-pub struct Replayer {
-    url: String,
-    topology: Topology,
-    budget: Option<FleetBudget>,
-    source_queue: String,
-}
-
-enum Class {
-    Malformed(String),
-    Skip,
-    Looping(DeadLetterRecord),
-    Replay(DeadLetterRecord),
-}
-
+/// What a copy is: a move back to the original exchange, or a park.
 #[derive(Clone, Copy)]
 enum Kind {
     Move,
@@ -195,148 +74,6 @@ enum Kind {
 }
 
 impl Replayer {
-    /// A replayer of `topology`'s dead-letter queue. With a `budget`, it pauses while a
-    /// dependency's budget is exhausted.
-    #[must_use]
-    pub fn new(url: impl Into<String>, topology: Topology, budget: Option<FleetBudget>) -> Self {
-        let source_queue = topology.dead_queue.clone();
-        Self {
-            url: url.into(),
-            topology,
-            budget,
-            source_queue,
-        }
-    }
-
-    /// Reads another queue than the topology's dead-letter queue.
-    #[must_use]
-    pub fn source_queue(mut self, queue: impl Into<String>) -> Self {
-        self.source_queue = queue.into();
-        self
-    }
-
-    fn classify(delivery: &Delivery, options: &ReplayOptions) -> Class {
-        let table = headers::table(&delivery.properties);
-        match DeadLetterRecord::parse(&table) {
-            Err(e) => {
-                let broker = headers::get_str(&table, headers::BROKER_FIRST_DEATH_REASON)
-                    .ok()
-                    .flatten();
-                Class::Malformed(match broker {
-                    Some(r) => format!(
-                        "malformed dead-letter: {e} (dead-lettered by the broker, reason {r})"
-                    ),
-                    None => format!("malformed dead-letter: {e}"),
-                })
-            }
-            Ok(r) if !options.filter.matches(&r) => Class::Skip,
-            Ok(r) if r.replays >= options.max_replays => Class::Looping(r),
-            Ok(r) => Class::Replay(r),
-        }
-    }
-
-    async fn open(&self, what: &str) -> Result<(Publisher, Channel, u64), AmqpError> {
-        let conn = connect(&self.url, what).await?;
-        let ch = conn
-            .create_channel()
-            .await
-            .map_err(|e| AmqpError::broker("open a channel", e))?;
-        let queue = sstr(&self.source_queue)?;
-        let q = ch
-            .queue_declare(
-                queue,
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| AmqpError::broker(format!("inspect queue {}", self.source_queue), e))?;
-        Ok((Publisher::on(conn), ch, u64::from(q.message_count())))
-    }
-
-    async fn consume(&self, ch: &Channel, tag: &str) -> Result<lapin::Consumer, AmqpError> {
-        ch.basic_consume(
-            sstr(&self.source_queue)?,
-            sstr(tag)?,
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| AmqpError::broker(format!("consume {}", self.source_queue), e))
-    }
-
-    /// Counts what [`Replayer::run`] would do with `options`, changing nothing (messages are
-    /// read and put back).
-    ///
-    /// # Errors
-    /// The broker cannot be reached or the queue does not exist.
-    pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
-        let (publisher, ch, total) = self.open("fleet-budget replay (dry run)").await?;
-        let mut report = DryRunReport {
-            total,
-            ..DryRunReport::default()
-        };
-        if total > 0 {
-            let tag = format!("fleet-budget-dry-run-{}", headers::new_message_id());
-            let mut consumer = self.consume(&ch, &tag).await?;
-            let mut last: Option<Acker> = None;
-            while report.seen < total {
-                let Ok(Some(Ok(d))) =
-                    tokio::time::timeout(options.idle_timeout, consumer.next()).await
-                else {
-                    break;
-                };
-                report.seen += 1;
-                let at =
-                    headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
-                        .ok()
-                        .flatten();
-                if let Some(at) = at {
-                    report.oldest_dead_lettered_ms =
-                        Some(report.oldest_dead_lettered_ms.map_or(at, |o| o.min(at)));
-                }
-                match Self::classify(&d, options) {
-                    Class::Malformed(_) => report.malformed += 1,
-                    Class::Skip => report.skipped += 1,
-                    Class::Looping(r) => {
-                        report.would_park_looping += 1;
-                        *report
-                            .by_dependency_reason
-                            .entry((r.dependency, r.reason.to_string()))
-                            .or_default() += 1;
-                    }
-                    Class::Replay(_) if options.limit.is_some_and(|l| report.would_move >= l) => {
-                        report.skipped += 1;
-                    }
-                    Class::Replay(r) => {
-                        report.would_move += 1;
-                        *report
-                            .by_dependency_reason
-                            .entry((r.dependency, r.reason.to_string()))
-                            .or_default() += 1;
-                    }
-                }
-                last = Some(d.acker);
-            }
-            let _ = ch
-                .basic_cancel(sstr(&tag)?, BasicCancelOptions::default())
-                .await;
-            if let Some(acker) = last {
-                let _ = acker
-                    .nack(BasicNackOptions {
-                        multiple: true,
-                        requeue: true,
-                    })
-                    .await;
-            }
-        }
-        let _ = ch.close(200, ShortString::from("dry run done")).await;
-        publisher.close().await;
-        Ok(report)
-    }
-
     /// Replays (see the module documentation), calling `progress` after every message and
     /// when pausing.
     ///
@@ -392,7 +129,7 @@ impl Replayer {
             p.seen += 1;
             let props = headers::with_message_id(d.properties.clone());
             let table = headers::table(&props);
-            let (kind, exchange, routing_key, new_table) = match Self::classify(&d, options) {
+            let (kind, exchange, routing_key, new_table) = match Class::of(&d, options) {
                 Class::Skip => {
                     p.skipped += 1;
                     held.push(d.acker);
@@ -430,9 +167,12 @@ impl Replayer {
                 Class::Replay(r) => {
                     report.matched += 1;
                     moves += 1;
-                    if !self
-                        .exchange_exists(&publisher, &r.original_exchange, &mut exchanges)
-                        .await
+                    if !Self::original_exchange_exists(
+                        &publisher,
+                        &r.original_exchange,
+                        &mut exchanges,
+                    )
+                    .await
                     {
                         tracing::warn!(exchange = %r.original_exchange, "original exchange does not exist; message left in the dead-letter queue");
                         p.failed += 1;
@@ -483,14 +223,14 @@ impl Replayer {
             }
             while inflight.len() >= options.window.max(1) {
                 if let Some(done) = inflight.next().await
-                    && let Some(acker) = settle(done, &mut p, &mut held)
+                    && let Some(acker) = count_confirmed(done, &mut p, &mut held)
                 {
                     acks.push(ack(acker));
                 }
             }
             // Settle the confirms that have already arrived, so progress is current.
             while let Some(Some(done)) = inflight.next().now_or_never() {
-                if let Some(acker) = settle(done, &mut p, &mut held) {
+                if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
                     acks.push(ack(acker));
                 }
             }
@@ -498,7 +238,7 @@ impl Replayer {
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            if let Some(acker) = settle(done, &mut p, &mut held) {
+            if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
                 acks.push(ack(acker));
             }
         }
@@ -506,7 +246,10 @@ impl Replayer {
         // The cancel is a round trip behind the acks: lapin sends a channel close ahead of
         // frames still queued, and an ack overtaken by it would become a duplicate replay.
         let _ = ch
-            .basic_cancel(sstr(&tag)?, BasicCancelOptions::default())
+            .basic_cancel(
+                amqp_name("consumer tag", &tag)?,
+                BasicCancelOptions::default(),
+            )
             .await;
         for acker in held {
             let _ = acker
@@ -533,37 +276,24 @@ impl Replayer {
         }
     }
 
-    async fn exchange_exists(
-        &self,
+    /// Whether the original exchange `name` exists, asked once per exchange and run.
+    async fn original_exchange_exists(
         publisher: &Publisher,
         name: &str,
         known: &mut HashMap<String, bool>,
     ) -> bool {
-        if name.is_empty() || name.starts_with("amq.") {
-            return true;
-        }
         if let Some(exists) = known.get(name) {
             return *exists;
         }
         // A publish to a missing exchange would close the channel under every pipelined copy:
-        // ask once per exchange, on a throwaway channel.
+        // ask on a throwaway channel (a missing exchange closes it).
         let Some(conn) = publisher.connection() else {
             return true;
         };
         let Ok(probe) = conn.create_channel().await else {
             return true;
         };
-        let Ok(ex) = ShortString::try_new(name) else {
-            return false;
-        };
-        let opts = ExchangeDeclareOptions {
-            passive: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        let exists = probe
-            .exchange_declare(ex, ExchangeKind::Direct, opts, FieldTable::default())
-            .await
-            .is_ok();
+        let exists = exchange_exists(&probe, name).await.unwrap_or(false);
         if exists {
             let _ = probe.close(200, ShortString::from("probed")).await;
         }
@@ -614,8 +344,8 @@ impl Replayer {
 }
 
 /// Counts a finished copy; returns the ack to send when it was confirmed.
-fn settle(
-    done: (Acker, Kind, Result<(), crate::publish::PublishError>),
+fn count_confirmed(
+    done: (Acker, Kind, Result<(), PublishError>),
     p: &mut ReplayProgress,
     held: &mut Vec<Acker>,
 ) -> Option<Acker> {
@@ -643,14 +373,6 @@ async fn ack(acker: Acker) {
     if let Err(e) = acker.ack(BasicAckOptions::default()).await {
         tracing::warn!(error = %e, "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)");
     }
-}
-
-fn sstr(s: &str) -> Result<ShortString, AmqpError> {
-    ShortString::try_new(s).map_err(|e| AmqpError::InvalidName {
-        what: "name",
-        name: s.to_owned(),
-        reason: e.to_string(),
-    })
 }
 
 /// Spaces sends `1 / rate` apart on a fixed schedule (late sends catch up, up to one second).

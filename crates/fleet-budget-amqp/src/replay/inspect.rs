@@ -1,0 +1,111 @@
+//! The dry run: what a replay would do, counted without moving anything (messages are read and
+//! put back). `budgetctl dlq stats` and `budgetctl replay --dry-run` read it.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use lapin::Acker;
+use lapin::options::{BasicCancelOptions, BasicNackOptions};
+use lapin::types::ShortString;
+
+use super::Replayer;
+use super::select::{Class, ReplayOptions};
+use crate::error::AmqpError;
+use crate::headers;
+use crate::topology::names::amqp_name;
+
+/// What a replay would do, without doing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DryRunReport {
+    /// Messages in the dead-letter queue at the start.
+    pub total: u64,
+    /// Messages read.
+    pub seen: u64,
+    /// Matching messages by (dependency, reason).
+    pub by_dependency_reason: BTreeMap<(String, String), u64>,
+    /// Would be moved.
+    pub would_move: u64,
+    /// Would be parked for looping (replayed `max_replays` times).
+    pub would_park_looping: u64,
+    /// Would be parked as malformed.
+    pub malformed: u64,
+    /// Not matching the filter.
+    pub skipped: u64,
+    /// The earliest dead-letter time among the messages read (Unix ms), for "oldest age".
+    pub oldest_dead_lettered_ms: Option<u64>,
+}
+
+impl Replayer {
+    /// Counts what [`Replayer::run`] would do with `options`, changing nothing (messages are
+    /// read and put back).
+    ///
+    /// # Errors
+    /// The broker cannot be reached or the queue does not exist.
+    pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
+        let (publisher, ch, total) = self.open("fleet-budget replay (dry run)").await?;
+        let mut report = DryRunReport {
+            total,
+            ..DryRunReport::default()
+        };
+        if total > 0 {
+            let tag = format!("fleet-budget-dry-run-{}", headers::new_message_id());
+            let mut consumer = self.consume(&ch, &tag).await?;
+            let mut last: Option<Acker> = None;
+            while report.seen < total {
+                let Ok(Some(Ok(d))) =
+                    tokio::time::timeout(options.idle_timeout, consumer.next()).await
+                else {
+                    break;
+                };
+                report.seen += 1;
+                let at =
+                    headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
+                        .ok()
+                        .flatten();
+                if let Some(at) = at {
+                    report.oldest_dead_lettered_ms =
+                        Some(report.oldest_dead_lettered_ms.map_or(at, |o| o.min(at)));
+                }
+                match Class::of(&d, options) {
+                    Class::Malformed(_) => report.malformed += 1,
+                    Class::Skip => report.skipped += 1,
+                    Class::Looping(r) => {
+                        report.would_park_looping += 1;
+                        *report
+                            .by_dependency_reason
+                            .entry((r.dependency, r.reason.to_string()))
+                            .or_default() += 1;
+                    }
+                    Class::Replay(_) if options.limit.is_some_and(|l| report.would_move >= l) => {
+                        report.skipped += 1;
+                    }
+                    Class::Replay(r) => {
+                        report.would_move += 1;
+                        *report
+                            .by_dependency_reason
+                            .entry((r.dependency, r.reason.to_string()))
+                            .or_default() += 1;
+                    }
+                }
+                last = Some(d.acker);
+            }
+            let _ = ch
+                .basic_cancel(
+                    amqp_name("consumer tag", &tag)?,
+                    BasicCancelOptions::default(),
+                )
+                .await;
+            if let Some(acker) = last {
+                let _ = acker
+                    .nack(BasicNackOptions {
+                        multiple: true,
+                        requeue: true,
+                    })
+                    .await;
+            }
+        }
+        let _ = ch.close(200, ShortString::from("dry run done")).await;
+        publisher.close().await;
+        Ok(report)
+    }
+}

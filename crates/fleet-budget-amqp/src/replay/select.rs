@@ -1,0 +1,112 @@
+//! Which dead-lettered messages a replay is about ([`ReplayFilter`]), how it runs
+//! ([`ReplayOptions`]), and the sorting of each message read: malformed, not selected, looping,
+//! or to be replayed.
+
+use std::time::Duration;
+
+use fleet_budget::DeadLetterReason;
+use lapin::message::Delivery;
+
+use crate::config::WorkerConfig;
+use crate::headers::{self, DeadLetterRecord};
+
+/// Which dead-lettered messages a replay is about. Empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayFilter {
+    /// Only this dependency.
+    pub dependency: Option<String>,
+    /// Only this reason.
+    pub reason: Option<DeadLetterReason>,
+    /// Only messages dead-lettered at or after this time (Unix ms).
+    pub since_ms: Option<u64>,
+    /// Only messages dead-lettered before this time (Unix ms).
+    pub until_ms: Option<u64>,
+}
+
+impl ReplayFilter {
+    /// Whether `record` is selected.
+    #[must_use]
+    pub fn matches(&self, record: &DeadLetterRecord) -> bool {
+        self.dependency
+            .as_ref()
+            .is_none_or(|d| *d == record.dependency)
+            && self.reason.is_none_or(|r| r == record.reason)
+            && self.since_ms.is_none_or(|t| record.dead_lettered_ms >= t)
+            && self.until_ms.is_none_or(|t| record.dead_lettered_ms < t)
+    }
+}
+
+/// How a replay runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayOptions {
+    /// What to replay.
+    pub filter: ReplayFilter,
+    /// Messages moved per second; `None` is unpaced.
+    pub rate: Option<f64>,
+    /// A message already replayed this many times is parked instead (default
+    /// `amqp.max_replays`, 3).
+    pub max_replays: u32,
+    /// How often an exhausted budget is asked again while paused.
+    pub budget_poll: Duration,
+    /// How long a fresh "not exhausted" answer is trusted before asking again.
+    pub budget_cache: Duration,
+    /// The run ends early when no message arrives for this long (another consumer took them).
+    pub idle_timeout: Duration,
+    /// Copies awaiting their confirmation at a time.
+    pub window: usize,
+    /// Move at most this many messages; further matching ones are left in the dead-letter
+    /// queue and counted as skipped (`None`: no limit).
+    pub limit: Option<u64>,
+}
+
+impl ReplayOptions {
+    /// Unfiltered, unpaced, with `config.amqp.max_replays`.
+    #[must_use]
+    pub fn new(config: &WorkerConfig) -> Self {
+        Self {
+            filter: ReplayFilter::default(),
+            rate: None,
+            max_replays: config.amqp.max_replays,
+            budget_poll: Duration::from_millis(250),
+            budget_cache: Duration::from_millis(100),
+            idle_timeout: Duration::from_secs(3),
+            window: 256,
+            limit: None,
+        }
+    }
+}
+
+/// What becomes of one dead-lettered message.
+pub(super) enum Class {
+    /// Not a readable dead-letter (parked with this reason, whatever the filter).
+    Malformed(String),
+    /// Not selected by the filter: left in the dead-letter queue.
+    Skip,
+    /// Replayed `max_replays` times already: parked.
+    Looping(DeadLetterRecord),
+    /// To be moved back.
+    Replay(DeadLetterRecord),
+}
+
+impl Class {
+    /// Sorts `delivery` for a run with `options`.
+    pub(super) fn of(delivery: &Delivery, options: &ReplayOptions) -> Self {
+        let table = headers::table(&delivery.properties);
+        match DeadLetterRecord::parse(&table) {
+            Err(e) => {
+                let broker = headers::get_str(&table, headers::BROKER_FIRST_DEATH_REASON)
+                    .ok()
+                    .flatten();
+                Self::Malformed(match broker {
+                    Some(r) => format!(
+                        "malformed dead-letter: {e} (dead-lettered by the broker, reason {r})"
+                    ),
+                    None => format!("malformed dead-letter: {e}"),
+                })
+            }
+            Ok(r) if !options.filter.matches(&r) => Self::Skip,
+            Ok(r) if r.replays >= options.max_replays => Self::Looping(r),
+            Ok(r) => Self::Replay(r),
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Applying a plan to the broker ([`migrate`]), and deleting a topology ([`delete_topology`]).
+//!
+//! Each object is probed first: an absent one is created (in a dry run, reported as "would
+//! create"); an existing one is declared again with the migration's arguments, which the broker
+//! refuses with `PRECONDITION_FAILED` when they differ. That refusal closes the channel and
+//! names only the first difference, so the probe reopens the channel and declares again with
+//! that argument set to the existing value, until it has every difference; the error names the
+//! object and all of them ([`AmqpError::ArgumentsDiffer`]). [`migrate`] never deletes anything.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, Connection};
+
+use super::inspect::{
+    Existing, NOT_FOUND, PRECONDITION_FAILED, exchange_exists, parse_inequivalent, queue_exists,
+};
+use super::names::{Topology, amqp_name};
+use super::plan::{ArgumentValue, Migrations, Object, Operation, exchange_kind};
+use crate::config::AmqpSettings;
+use crate::connection::connect;
+use crate::error::{AmqpError, ArgumentDifference, protocol_message};
+
+/// What [`migrate`] found or did for one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepState {
+    /// It did not exist; it was created.
+    Created,
+    /// Dry run: it does not exist and would be created.
+    WouldCreate,
+    /// It exists with the same arguments; nothing changed.
+    Unchanged,
+    /// A binding was declared (idempotent; AMQP cannot tell whether it existed).
+    Bound,
+    /// Dry run: a binding would be declared.
+    WouldBind,
+}
+
+impl StepState {
+    /// How the plan prints it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::WouldCreate => "would create",
+            Self::Unchanged => "unchanged",
+            Self::Bound => "bound",
+            Self::WouldBind => "would bind",
+        }
+    }
+}
+
+/// The plan (dry run) or the outcome of [`migrate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Whether nothing was changed.
+    pub dry_run: bool,
+    /// Each operation, in order, with its state.
+    pub steps: Vec<(Operation, StepState)>,
+}
+
+impl MigrationReport {
+    /// How many objects were (or would be) created.
+    #[must_use]
+    pub fn created(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|(_, s)| matches!(s, StepState::Created | StepState::WouldCreate))
+            .count()
+    }
+}
+
+impl fmt::Display for MigrationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}",
+            if self.dry_run {
+                "migration plan (dry run, nothing changed):"
+            } else {
+                "migration applied:"
+            }
+        )?;
+        for (op, state) in &self.steps {
+            writeln!(
+                f,
+                "  v{:04}  {:<13} {}",
+                op.version,
+                state.as_str(),
+                op.object
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies `migrations` for `settings` to the broker at `url`, in version order, idempotently;
+/// with `dry_run`, only probes and returns the plan.
+///
+/// # Errors
+/// The broker cannot be reached; an existing object has different arguments
+/// ([`AmqpError::ArgumentsDiffer`], naming all of them); a migration is invalid.
+pub async fn migrate(
+    url: &str,
+    settings: &AmqpSettings,
+    migrations: &Migrations,
+    dry_run: bool,
+) -> Result<MigrationReport, AmqpError> {
+    let ops = migrations.operations(settings)?;
+    let conn = connect(url, "fleet-budget migrate").await?;
+    let result = apply(&conn, ops, dry_run).await;
+    let _ = conn.close(200, ShortString::from("migrated")).await;
+    result
+}
+
+async fn apply(
+    conn: &Connection,
+    ops: Vec<Operation>,
+    dry_run: bool,
+) -> Result<MigrationReport, AmqpError> {
+    let mut probe = Probe::new(conn);
+    let mut steps = Vec::new();
+    for op in ops {
+        let state = match &op.object {
+            Object::Exchange { name, kind } => probe.exchange(name, kind, dry_run).await?,
+            Object::Queue { name, arguments } => probe.queue(name, arguments, dry_run).await?,
+            Object::Binding { .. } if dry_run => StepState::WouldBind,
+            Object::Binding {
+                exchange,
+                queue,
+                routing_key,
+            } => {
+                let ch = probe.channel().await?;
+                ch.queue_bind(
+                    amqp_name("queue", queue)?,
+                    amqp_name("exchange", exchange)?,
+                    amqp_name("routing key", routing_key)?,
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| AmqpError::broker(format!("bind {queue} to {exchange}"), e))?;
+                StepState::Bound
+            }
+        };
+        steps.push((op, state));
+    }
+    probe.close().await;
+    Ok(MigrationReport { dry_run, steps })
+}
+
+/// Deletes every queue, then every exchange, of `topology` (the messages in the queues go with
+/// them). What is already gone counts as deleted, so deleting twice is fine. Used by tests and
+/// demos that declared a topology of their own.
+///
+/// # Errors
+/// The connection failed, or the broker refused a deletion (the first refusal; the other
+/// objects are still deleted).
+pub async fn delete_topology(conn: &Connection, topology: &Topology) -> Result<(), AmqpError> {
+    let mut probe = Probe::new(conn);
+    let mut refused = None;
+    let queues = topology.queues().into_iter().map(|q| (true, q));
+    let exchanges = topology.exchanges().into_iter().map(|e| (false, e));
+    for (is_queue, name) in queues.chain(exchanges) {
+        let ch = probe.channel().await?;
+        let deleted = if is_queue {
+            ch.queue_delete(amqp_name("queue", &name)?, QueueDeleteOptions::default())
+                .await
+                .map(|_| ())
+        } else {
+            ch.exchange_delete(
+                amqp_name("exchange", &name)?,
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+        };
+        match deleted {
+            Ok(()) => {}
+            Err(e) if protocol_message(&e).is_some_and(|(code, _)| code == NOT_FOUND) => {}
+            Err(e) if crate::error::is_connection_error(&e) => {
+                return Err(AmqpError::broker(format!("delete {name}"), e));
+            }
+            Err(e) => {
+                refused.get_or_insert(AmqpError::broker(format!("delete {name}"), e));
+            }
+        }
+    }
+    probe.close().await;
+    refused.map_or(Ok(()), Err)
+}
+
+/// A channel that is reopened after the broker closes it (a failed passive declare or a
+/// `PRECONDITION_FAILED` closes it).
+struct Probe<'a> {
+    conn: &'a Connection,
+    channel: Option<Channel>,
+}
+
+impl<'a> Probe<'a> {
+    fn new(conn: &'a Connection) -> Self {
+        Self {
+            conn,
+            channel: None,
+        }
+    }
+
+    async fn channel(&mut self) -> Result<Channel, AmqpError> {
+        if let Some(ch) = &self.channel
+            && ch.status().connected()
+        {
+            return Ok(ch.clone());
+        }
+        let ch = self
+            .conn
+            .create_channel()
+            .await
+            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        self.channel = Some(ch.clone());
+        Ok(ch)
+    }
+
+    async fn close(mut self) {
+        if let Some(ch) = self.channel.take() {
+            let _ = ch.close(200, ShortString::from("done")).await;
+        }
+    }
+
+    async fn exchange(
+        &mut self,
+        name: &str,
+        kind: &str,
+        dry_run: bool,
+    ) -> Result<StepState, AmqpError> {
+        let exists = exchange_exists(&self.channel().await?, name).await?;
+        if !exists && dry_run {
+            return Ok(StepState::WouldCreate);
+        }
+        let kind_value = exchange_kind(kind).map_err(|message| AmqpError::Migration {
+            file: name.to_owned(),
+            message,
+        })?;
+        let ch = self.channel().await?;
+        let opts = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        match ch
+            .exchange_declare(
+                amqp_name("exchange", name)?,
+                kind_value,
+                opts,
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(()) => Ok(if exists {
+                StepState::Unchanged
+            } else {
+                StepState::Created
+            }),
+            Err(e) => match protocol_message(&e) {
+                Some((PRECONDITION_FAILED, text)) => {
+                    let differences = parse_inequivalent(&text)
+                        .map(|(d, _)| vec![d])
+                        .unwrap_or_else(|| {
+                            vec![ArgumentDifference {
+                                argument: "(unknown)".into(),
+                                declared: kind.to_owned(),
+                                existing: text.clone(),
+                            }]
+                        });
+                    Err(AmqpError::ArgumentsDiffer {
+                        kind: "exchange",
+                        name: name.to_owned(),
+                        differences,
+                    })
+                }
+                _ => Err(AmqpError::broker(format!("declare exchange {name}"), e)),
+            },
+        }
+    }
+
+    async fn queue(
+        &mut self,
+        name: &str,
+        arguments: &BTreeMap<String, ArgumentValue>,
+        dry_run: bool,
+    ) -> Result<StepState, AmqpError> {
+        let exists = queue_exists(&self.channel().await?, name).await?;
+        if !exists && dry_run {
+            return Ok(StepState::WouldCreate);
+        }
+        let mut table: BTreeMap<String, AMQPValue> = arguments
+            .iter()
+            .map(|(k, v)| (k.clone(), v.amqp()))
+            .collect();
+        let mut durable = true;
+        let mut differences = Vec::new();
+        // Each refusal names one difference; set it to the existing value and ask again. The
+        // queue exists, so these declarations create nothing, and the last one matches it.
+        for _ in 0..32 {
+            let ch = self.channel().await?;
+            let mut args = FieldTable::default();
+            for (k, v) in &table {
+                args.insert(amqp_name("argument", k)?, v.clone());
+            }
+            let opts = QueueDeclareOptions {
+                durable,
+                ..QueueDeclareOptions::default()
+            };
+            match ch
+                .queue_declare(amqp_name("queue", name)?, opts, args)
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => {
+                    let Some((PRECONDITION_FAILED, text)) = protocol_message(&e) else {
+                        return Err(AmqpError::broker(format!("declare queue {name}"), e));
+                    };
+                    if !exists {
+                        return Err(AmqpError::broker(format!("declare queue {name}"), e));
+                    }
+                    let Some((difference, existing)) = parse_inequivalent(&text) else {
+                        differences.push(ArgumentDifference {
+                            argument: "(unparsed)".into(),
+                            declared: "-".into(),
+                            existing: text,
+                        });
+                        break;
+                    };
+                    let argument = difference.argument.clone();
+                    differences.push(difference);
+                    match (argument.as_str(), existing) {
+                        ("durable", Existing::Flag(b)) => durable = b,
+                        (_, Existing::None) => {
+                            table.remove(&argument);
+                        }
+                        (_, Existing::Value(v)) => {
+                            table.insert(argument, v);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+        if differences.is_empty() {
+            Ok(if exists {
+                StepState::Unchanged
+            } else {
+                StepState::Created
+            })
+        } else {
+            Err(AmqpError::ArgumentsDiffer {
+                kind: "queue",
+                name: name.to_owned(),
+                differences,
+            })
+        }
+    }
+}

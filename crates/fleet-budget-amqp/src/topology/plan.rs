@@ -1,0 +1,518 @@
+//! Migration planning: the files of `migrations/` parsed and rendered into the concrete
+//! [`Operation`]s for an `[amqp]` section, without touching the broker.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use lapin::ExchangeKind;
+use lapin::types::{AMQPValue, LongString};
+use serde::Deserialize;
+
+use super::names::{Vars, render, tier_delays, vars};
+use crate::config::AmqpSettings;
+use crate::error::AmqpError;
+
+/// The migrations shipped with the crate (the files of `migrations/`, in version order).
+const EMBEDDED: [(&str, &str); 2] = [
+    (
+        "0001_base_topology.toml",
+        include_str!("../../../../migrations/0001_base_topology.toml"),
+    ),
+    (
+        "0002_retry_tiers.toml",
+        include_str!("../../../../migrations/0002_retry_tiers.toml"),
+    ),
+];
+
+/// One migration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Migration {
+    /// Its version (strictly increasing across files).
+    pub version: u32,
+    /// The file name.
+    pub file: String,
+    /// What it declares.
+    pub description: String,
+    spec: MigrationSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrationSpec {
+    version: u32,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    exchange: Vec<ExchangeSpec>,
+    #[serde(default)]
+    queue: Vec<QueueSpec>,
+    #[serde(default)]
+    binding: Vec<BindingSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExchangeSpec {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    each_retry_tier: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueSpec {
+    name: String,
+    #[serde(default)]
+    arguments: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    each_retry_tier: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BindingSpec {
+    exchange: String,
+    queue: String,
+    #[serde(default)]
+    routing_key: String,
+    #[serde(default)]
+    each_retry_tier: bool,
+}
+
+/// The ordered set of migrations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Migrations {
+    files: Vec<Migration>,
+}
+
+impl Migrations {
+    /// The migrations compiled into the crate (the repository's `migrations/`).
+    ///
+    /// # Errors
+    /// Only if a shipped file is broken (a unit test makes sure it is not).
+    pub fn embedded() -> Result<Self, AmqpError> {
+        Self::from_files(
+            EMBEDDED
+                .iter()
+                .map(|(f, t)| ((*f).to_owned(), (*t).to_owned()))
+                .collect(),
+        )
+    }
+
+    /// The `*.toml` files of `dir`, ordered by version.
+    ///
+    /// # Errors
+    /// The directory cannot be read, or a file is invalid.
+    pub fn from_dir(dir: &Path) -> Result<Self, AmqpError> {
+        let err = |message: String| AmqpError::Migration {
+            file: dir.display().to_string(),
+            message,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| err(e.to_string()))? {
+            let path = entry.map_err(|e| err(e.to_string()))?.path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| err(format!("{}: {e}", path.display())))?;
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                files.push((name, text));
+            }
+        }
+        Self::from_files(files)
+    }
+
+    /// Parses `(file name, text)` pairs.
+    ///
+    /// # Errors
+    /// Invalid TOML, unknown keys, an unknown exchange type, or duplicate versions.
+    pub fn from_files(files: Vec<(String, String)>) -> Result<Self, AmqpError> {
+        let mut out = Vec::new();
+        for (file, text) in files {
+            let spec: MigrationSpec = toml::from_str(&text).map_err(|e| AmqpError::Migration {
+                file: file.clone(),
+                message: e.to_string(),
+            })?;
+            for e in &spec.exchange {
+                exchange_kind(&e.kind).map_err(|message| AmqpError::Migration {
+                    file: file.clone(),
+                    message,
+                })?;
+            }
+            out.push(Migration {
+                version: spec.version,
+                file,
+                description: spec.description.clone(),
+                spec,
+            });
+        }
+        out.sort_by_key(|m| m.version);
+        for pair in out.windows(2) {
+            if let [a, b] = pair
+                && a.version == b.version
+            {
+                return Err(AmqpError::Migration {
+                    file: b.file.clone(),
+                    message: format!("version {} is also used by {}", b.version, a.file),
+                });
+            }
+        }
+        Ok(Self { files: out })
+    }
+
+    /// The migrations, in version order.
+    #[must_use]
+    pub fn files(&self) -> &[Migration] {
+        &self.files
+    }
+
+    /// The concrete operations for `settings`, in order, without touching the broker.
+    ///
+    /// # Errors
+    /// A name longer than AMQP allows, or an argument the broker cannot take.
+    pub fn operations(&self, settings: &AmqpSettings) -> Result<Vec<Operation>, AmqpError> {
+        let once = vec![vars(settings, None)];
+        let each_tier: Vec<Vars> = tier_delays(settings)
+            .into_iter()
+            .map(|delay| vars(settings, Some(delay)))
+            .collect();
+        let varieties = |each_retry_tier: bool| if each_retry_tier { &each_tier } else { &once };
+        let mut ops = Vec::new();
+        for m in &self.files {
+            let fail = |message: String| AmqpError::Migration {
+                file: m.file.clone(),
+                message,
+            };
+            let mut push = |object| {
+                ops.push(Operation {
+                    version: m.version,
+                    object,
+                });
+            };
+            for e in &m.spec.exchange {
+                for v in varieties(e.each_retry_tier) {
+                    let name = render(&e.name, v);
+                    check_name("exchange", &name)?;
+                    push(Object::Exchange {
+                        name,
+                        kind: e.kind.clone(),
+                    });
+                }
+            }
+            for q in &m.spec.queue {
+                for v in varieties(q.each_retry_tier) {
+                    let name = render(&q.name, v);
+                    check_name("queue", &name)?;
+                    let mut arguments = BTreeMap::new();
+                    for (k, value) in &q.arguments {
+                        let value = argument(value, v)
+                            .map_err(|e| fail(format!("queue {name}: argument {k}: {e}")))?;
+                        arguments.insert(k.clone(), value);
+                    }
+                    push(Object::Queue { name, arguments });
+                }
+            }
+            for b in &m.spec.binding {
+                for v in varieties(b.each_retry_tier) {
+                    let routing_key = render(&b.routing_key, v);
+                    check_name("routing key", &routing_key)?;
+                    push(Object::Binding {
+                        exchange: render(&b.exchange, v),
+                        queue: render(&b.queue, v),
+                        routing_key,
+                    });
+                }
+            }
+        }
+        Ok(ops)
+    }
+}
+
+fn check_name(what: &'static str, name: &str) -> Result<(), AmqpError> {
+    if name.len() > 255 {
+        return Err(AmqpError::InvalidName {
+            what,
+            name: name.to_owned(),
+            reason: "longer than 255 bytes".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// A queue argument value as declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgumentValue {
+    /// Text.
+    Text(String),
+    /// An integer.
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl fmt::Display for ArgumentValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Text(s) => write!(f, "{s:?}"),
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+impl ArgumentValue {
+    /// The value as the broker receives it.
+    pub(crate) fn amqp(&self) -> AMQPValue {
+        match self {
+            Self::Text(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+            Self::Int(i) => AMQPValue::LongLongInt(*i),
+            Self::Bool(b) => AMQPValue::Boolean(*b),
+        }
+    }
+}
+
+fn argument(value: &toml::Value, vars: &Vars) -> Result<ArgumentValue, String> {
+    match value {
+        toml::Value::String(s) => {
+            // A string that is exactly one numeric placeholder is an integer.
+            let is_placeholder =
+                s.starts_with('{') && s.ends_with('}') && s.matches('{').count() == 1;
+            let text = render(s, vars);
+            if is_placeholder {
+                if text == *s {
+                    return Err(format!("unknown placeholder {s}"));
+                }
+                if let Ok(i) = text.parse::<i64>() {
+                    return Ok(ArgumentValue::Int(i));
+                }
+            }
+            Ok(ArgumentValue::Text(text))
+        }
+        toml::Value::Integer(i) => Ok(ArgumentValue::Int(*i)),
+        toml::Value::Boolean(b) => Ok(ArgumentValue::Bool(*b)),
+        other => Err(format!(
+            "unsupported value {other} (use a string, an integer or a boolean)"
+        )),
+    }
+}
+
+/// The exchange type named `kind` in a migration file.
+pub(crate) fn exchange_kind(kind: &str) -> Result<ExchangeKind, String> {
+    match kind {
+        "direct" => Ok(ExchangeKind::Direct),
+        "fanout" => Ok(ExchangeKind::Fanout),
+        "topic" => Ok(ExchangeKind::Topic),
+        "headers" => Ok(ExchangeKind::Headers),
+        other => Err(format!(
+            "unknown exchange type {other:?} (direct, fanout, topic, headers)"
+        )),
+    }
+}
+
+/// One thing a migration declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// A durable exchange.
+    Exchange {
+        /// Name.
+        name: String,
+        /// Type (`topic`, `fanout`, ...).
+        kind: String,
+    },
+    /// A durable queue.
+    Queue {
+        /// Name.
+        name: String,
+        /// Arguments (`x-queue-type`, `x-delivery-limit`, ...).
+        arguments: BTreeMap<String, ArgumentValue>,
+    },
+    /// A binding.
+    Binding {
+        /// Exchange.
+        exchange: String,
+        /// Queue.
+        queue: String,
+        /// Binding key.
+        routing_key: String,
+    },
+}
+
+impl fmt::Display for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exchange { name, kind } => write!(f, "exchange {name:?} ({kind}, durable)"),
+            Self::Queue { name, arguments } => {
+                write!(f, "queue {name:?} (durable")?;
+                for (k, v) in arguments {
+                    write!(f, ", {k}={v}")?;
+                }
+                f.write_str(")")
+            }
+            Self::Binding {
+                exchange,
+                queue,
+                routing_key,
+            } => {
+                write!(f, "binding {exchange:?} -> {queue:?} (key {routing_key:?})")
+            }
+        }
+    }
+}
+
+/// A declaration of one migration version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    /// The migration version that declares it.
+    pub version: u32,
+    /// What.
+    pub object: Object,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::topology::names::{DEAD, PARKED, RETRY_TIER, Topology, WORK};
+
+    #[test]
+    fn embedded_migrations_are_the_files_of_the_directory() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+        assert_eq!(
+            Migrations::from_dir(&dir).unwrap(),
+            Migrations::embedded().unwrap(),
+            "add new files to EMBEDDED"
+        );
+    }
+
+    /// The exchange and queue names the migrations declare, rendered for `settings`.
+    fn declared(settings: &AmqpSettings) -> (BTreeSet<String>, BTreeSet<String>) {
+        let ops = Migrations::embedded()
+            .unwrap()
+            .operations(settings)
+            .unwrap();
+        let mut exchanges = BTreeSet::new();
+        let mut queues = BTreeSet::new();
+        for op in ops {
+            match op.object {
+                Object::Exchange { name, .. } => exchanges.insert(name),
+                Object::Queue { name, .. } => queues.insert(name),
+                Object::Binding { .. } => false,
+            };
+        }
+        (exchanges, queues)
+    }
+
+    #[test]
+    fn the_migrations_declare_exactly_the_names_of_the_topology() {
+        let few = AmqpSettings {
+            prefix: "other.prefix".into(),
+            retry_tiers: vec![Duration::from_millis(250), Duration::from_secs(2)],
+            ..AmqpSettings::default()
+        };
+        for settings in [AmqpSettings::default(), few] {
+            let t = Topology::new(&settings);
+            let (exchanges, queues) = declared(&settings);
+            assert_eq!(
+                exchanges,
+                t.exchanges().into_iter().collect(),
+                "migrations/*.toml and topology/names.rs name the exchanges differently"
+            );
+            assert_eq!(
+                queues,
+                t.queues().into_iter().collect(),
+                "migrations/*.toml and topology/names.rs name the queues differently"
+            );
+        }
+    }
+
+    #[test]
+    fn the_migration_files_write_the_name_templates_of_names_rs() {
+        let templates: BTreeSet<&str> = [WORK, DEAD, PARKED, RETRY_TIER].into();
+        for m in Migrations::embedded().unwrap().files() {
+            let names = m
+                .spec
+                .exchange
+                .iter()
+                .map(|e| e.name.as_str())
+                .chain(m.spec.queue.iter().map(|q| q.name.as_str()))
+                .chain(m.spec.binding.iter().map(|b| b.queue.as_str()))
+                .chain(m.spec.binding.iter().map(|b| b.exchange.as_str()));
+            for name in names {
+                assert!(templates.contains(name), "{}: {name}", m.file);
+            }
+        }
+    }
+
+    #[test]
+    fn the_work_queue_is_a_quorum_queue_that_dead_letters_to_the_dead_exchange() {
+        let settings = AmqpSettings::default();
+        let ops = Migrations::embedded()
+            .unwrap()
+            .operations(&settings)
+            .unwrap();
+        let t = Topology::new(&settings);
+        let versions: Vec<u32> = ops.iter().map(|o| o.version).collect();
+        assert!(
+            versions.windows(2).all(|w| w[0] <= w[1]),
+            "applied in version order"
+        );
+        let work = ops
+            .iter()
+            .find_map(|o| match &o.object {
+                Object::Queue { name, arguments } if *name == t.work_queue => {
+                    Some(arguments.clone())
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(work.get("x-delivery-limit"), Some(&ArgumentValue::Int(50)));
+        assert_eq!(
+            work.get("x-queue-type"),
+            Some(&ArgumentValue::Text("quorum".into()))
+        );
+        assert_eq!(
+            work.get("x-dead-letter-exchange"),
+            Some(&ArgumentValue::Text(t.dead_exchange))
+        );
+    }
+
+    #[test]
+    fn broken_migration_files_are_errors() {
+        for text in [
+            "version = 1\n[[exchange]]\nname = \"a\"\ntype = \"bogus\"\n",
+            "nonsense",
+            "version = 1\n[[queue]]\nname = \"q\"\nfoo = 1\n",
+        ] {
+            assert!(
+                Migrations::from_files(vec![("f.toml".into(), text.into())]).is_err(),
+                "{text}"
+            );
+        }
+        let dup = vec![
+            ("a.toml".into(), "version = 1\n".into()),
+            ("b.toml".into(), "version = 1\n".into()),
+        ];
+        assert!(
+            Migrations::from_files(dup)
+                .unwrap_err()
+                .to_string()
+                .contains("also used by a.toml")
+        );
+        let bad_placeholder =
+            "version = 1\n[[queue]]\nname = \"q\"\n[queue.arguments]\nx-max-length = \"{nope}\"\n";
+        let m = Migrations::from_files(vec![("f.toml".into(), bad_placeholder.into())]).unwrap();
+        assert!(
+            m.operations(&AmqpSettings::default())
+                .unwrap_err()
+                .to_string()
+                .contains("unknown placeholder")
+        );
+    }
+}

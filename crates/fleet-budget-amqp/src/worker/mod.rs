@@ -1,0 +1,235 @@
+//! The worker: consume, run the handler, report to the budget, then ack, retry or dead-letter,
+//! never losing a message.
+//!
+//! For each delivery (at most `prefetch` at a time):
+//!
+//! 1. read the attempt number ([`headers::ATTEMPT`], 1 when absent) and the task (the AMQP
+//!    `type` property, else [`headers::TASK`], else the routing key); report the attempt;
+//! 2. run the handler; `Ok` → ack, then count a success;
+//! 3. `Err(failure)` → [`FleetBudget::on_failure`] decides (see `docs/semantics.md`):
+//!    * retry → publish a copy to the retry tier at or above the delay, with the next attempt
+//!      number ([`RetryRecord`]), to come back to this queue;
+//!    * dead-letter → publish a copy to the dead-letter exchange with the headers of
+//!      [`DeadLetterRecord`];
+//! 4. the original is acked only after the broker confirmed the copy (`Ack`, not returned).
+//!    Otherwise it is nacked with requeue after a short pause and comes back: nothing is lost,
+//!    duplicates are possible (deduplicate on the message id, which never changes).
+//!
+//! A handler that panics counts as a retryable failure of class `panic`. A delivery whose
+//! headers of this crate are malformed is dead-lettered as `non_retryable` (class
+//! `malformed_header`) without running the handler.
+//!
+//! [`WorkerHandle::shutdown`] stops consuming, lets in-flight jobs finish, closes the channels and
+//! flushes the budget's coalesced counters. A lost connection is re-established with exponential
+//! backoff (with jitter) and consuming resumes; unacked deliveries of the lost connection are
+//! redelivered by the broker.
+//!
+//! How the parts fit:
+//!
+//! * `runtime`: the consume loop, reconnecting and shutdown ([`Worker::run`]), and the steps
+//!   1–3 above for one delivery;
+//! * [`outcome`]: the pure mapping from the budget's [`fleet_budget::Decision`] to an
+//!   [`Outcome`] (retry in a tier, dead-letter with a reason, ack), usable without a broker;
+//! * `settle`: step 4, carrying an outcome out with one publish-then-ack shared by retries,
+//!   dead-letters and retries that came back early and wait again.
+//!
+//! [`RetryRecord`]: crate::headers::RetryRecord
+//! [`DeadLetterRecord`]: crate::headers::DeadLetterRecord
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fleet_budget::FleetBudget;
+use lapin::BasicProperties;
+use tokio::sync::watch;
+
+use crate::config::WorkerConfig;
+use crate::headers;
+use crate::topology::Topology;
+
+pub mod outcome;
+mod runtime;
+mod settle;
+
+pub use outcome::{JobContext, Outcome};
+
+/// How a worker connects and consumes.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Broker URL.
+    pub url: String,
+    /// The queue to consume (the topology's work queue by default).
+    pub queue: String,
+    /// Unacknowledged deliveries at a time (= jobs running concurrently).
+    pub prefetch: u16,
+    /// First reconnect delay; doubles up to `reconnect_max` (with jitter).
+    pub reconnect_min: Duration,
+    /// Longest reconnect delay.
+    pub reconnect_max: Duration,
+    /// Pause before a delivery whose retry or dead-letter copy was not confirmed is requeued
+    /// (keeps a broken exchange from turning into a hot loop).
+    pub unconfirmed_pause: Duration,
+    /// Connection name shown by the broker.
+    pub name: String,
+}
+
+impl WorkerOptions {
+    /// Options from `config.amqp`, consuming `topology`'s work queue.
+    #[must_use]
+    pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
+        Self {
+            url: config.amqp.url.clone(),
+            queue: topology.work_queue.clone(),
+            prefetch: config.amqp.prefetch,
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(30),
+            unconfirmed_pause: Duration::from_millis(250),
+            name: "fleet-budget worker".to_owned(),
+        }
+    }
+}
+
+/// One delivery, as the handler sees it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The AMQP message id (never changes across retries, dead-letters and replays).
+    pub message_id: Option<String>,
+    /// The task.
+    pub task: String,
+    /// This execution's number (1 = first).
+    pub attempt: u32,
+    /// Times replayed from the dead-letter queue.
+    pub replays: u32,
+    /// Whether the broker delivered it before (a worker died or a publish was not confirmed).
+    pub redelivered: bool,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// The delivery's exchange.
+    pub exchange: String,
+    /// The delivery's routing key.
+    pub routing_key: String,
+    /// All properties, headers included.
+    pub properties: BasicProperties,
+}
+
+impl Job {
+    /// The backoff delay the previous attempt was given (retries only).
+    #[must_use]
+    pub fn retry_delay(&self) -> Option<Duration> {
+        let table = headers::table(&self.properties);
+        headers::get_u64(&table, headers::RETRY_DELAY_MS)
+            .ok()
+            .flatten()
+            .map(Duration::from_millis)
+    }
+}
+
+/// Counters of one worker (all connections of its life).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerCounts {
+    /// Deliveries received.
+    pub deliveries: u64,
+    /// Jobs acked as successes.
+    pub succeeded: u64,
+    /// Retries published (confirmed) and originals acked.
+    pub retried: u64,
+    /// Dead-letters published (confirmed) and originals acked.
+    pub dead_lettered: u64,
+    /// Deliveries requeued because their copy was not confirmed.
+    pub requeued: u64,
+    /// Acks that failed (the channel closed first): the broker redelivers those.
+    pub ack_failed: u64,
+    /// Connections established.
+    pub connections: u64,
+    /// Retries that arrived before their delay (longer than the longest tier) and were sent to
+    /// wait in a tier again, without running.
+    pub waited_again: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    deliveries: AtomicU64,
+    succeeded: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    requeued: AtomicU64,
+    ack_failed: AtomicU64,
+    connections: AtomicU64,
+    waited_again: AtomicU64,
+}
+
+impl Stats {
+    fn counts(&self) -> WorkerCounts {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WorkerCounts {
+            deliveries: l(&self.deliveries),
+            succeeded: l(&self.succeeded),
+            retried: l(&self.retried),
+            dead_lettered: l(&self.dead_lettered),
+            requeued: l(&self.requeued),
+            ack_failed: l(&self.ack_failed),
+            connections: l(&self.connections),
+            waited_again: l(&self.waited_again),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Controls a running worker from elsewhere.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    stats: Arc<Stats>,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+impl WorkerHandle {
+    /// Asks the worker to stop: no new deliveries, in-flight jobs finish, counters are flushed,
+    /// then [`Worker::run`] returns.
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// The counters so far.
+    #[must_use]
+    pub fn counts(&self) -> WorkerCounts {
+        self.stats.counts()
+    }
+}
+
+/// A RabbitMQ worker embedding a [`FleetBudget`].
+#[derive(Debug)]
+pub struct Worker {
+    budget: FleetBudget,
+    topology: Arc<Topology>,
+    options: WorkerOptions,
+    stats: Arc<Stats>,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+impl Worker {
+    /// A worker for `topology` reporting to `budget`.
+    #[must_use]
+    pub fn new(budget: FleetBudget, topology: Topology, options: WorkerOptions) -> Self {
+        let (stop, _) = watch::channel(false);
+        Self {
+            budget,
+            topology: Arc::new(topology),
+            options,
+            stats: Arc::default(),
+            stop: Arc::new(stop),
+        }
+    }
+
+    /// A handle to stop the worker and read its counters.
+    #[must_use]
+    pub fn handle(&self) -> WorkerHandle {
+        WorkerHandle {
+            stats: Arc::clone(&self.stats),
+            stop: Arc::clone(&self.stop),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! What becomes of a delivery once the handler and the budget have spoken: a pure mapping from
+//! a [`Decision`] (and the delivery's context) to an [`Outcome`], with no broker and no clock.
+//!
+//! The worker runtime carries the outcome out (see [`super::settle`]); anything else that
+//! follows the worker's rules without RabbitMQ (`budgetctl demo`'s in-process queue, a test)
+//! calls the same functions.
+
+use std::time::Duration;
+
+use fleet_budget::{BudgetSource, DeadLetterReason, Decision, Failure};
+
+use crate::headers::{BudgetHeaders, DeadLetterRecord, HeaderError, RetryRecord};
+use crate::topology::{RetryTier, Topology};
+
+/// The delivery an outcome is about: what its retry or dead-letter copy records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobContext {
+    /// The task.
+    pub task: String,
+    /// The execution that just ran (1 = first).
+    pub attempt: u32,
+    /// Times replayed so far.
+    pub replays: u32,
+    /// Where the job was first published.
+    pub original_exchange: String,
+    /// The routing key it was first published with.
+    pub original_routing_key: String,
+    /// The queue it was consumed from.
+    pub queue: String,
+    /// The first failure of this life of the job, when an earlier attempt failed (Unix ms).
+    pub first_failure_ms: Option<u64>,
+    /// The time of the outcome (Unix ms).
+    pub now_ms: u64,
+}
+
+impl JobContext {
+    fn first_failure_ms(&self) -> u64 {
+        self.first_failure_ms.unwrap_or(self.now_ms)
+    }
+
+    fn dead_letter(
+        &self,
+        reason: DeadLetterReason,
+        failure: &Failure,
+        dependency: String,
+        budget: Option<BudgetHeaders>,
+        source: BudgetSource,
+    ) -> DeadLetterRecord {
+        DeadLetterRecord {
+            task: self.task.clone(),
+            dependency,
+            reason,
+            original_exchange: self.original_exchange.clone(),
+            original_routing_key: self.original_routing_key.clone(),
+            original_queue: self.queue.clone(),
+            attempts: self.attempt,
+            first_failure_ms: self.first_failure_ms(),
+            dead_lettered_ms: self.now_ms,
+            error_class: failure.class.clone(),
+            error: failure.message.clone(),
+            budget,
+            budget_source: Some(source),
+            replays: self.replays,
+        }
+    }
+}
+
+/// What to do with a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The job succeeded: ack it, then count the success.
+    Ack,
+    /// Publish a copy with `record`'s headers to `tier`, to come back after the tier's delay;
+    /// ack the original once the copy is confirmed.
+    Retry {
+        /// The tier it waits in: the shortest at or above the delay ([`Topology::tier_for`]).
+        tier: RetryTier,
+        /// The headers of the copy.
+        record: RetryRecord,
+    },
+    /// Publish a copy with the record's headers to the dead-letter exchange; ack the original
+    /// once the copy is confirmed.
+    DeadLetter(DeadLetterRecord),
+    /// A retry was granted but the topology has no tier to wait in: put the delivery back.
+    Requeue,
+}
+
+impl Outcome {
+    /// The outcome of a failed attempt that the budget decided on.
+    #[must_use]
+    pub fn of_decision(
+        topology: &Topology,
+        job: &JobContext,
+        failure: &Failure,
+        decision: &Decision,
+    ) -> Self {
+        match decision {
+            Decision::Retry {
+                delay,
+                next_attempt,
+                ..
+            } => match topology.tier_for(*delay) {
+                None => Self::Requeue,
+                Some(tier) => Self::Retry {
+                    tier: tier.clone(),
+                    record: RetryRecord {
+                        task: job.task.clone(),
+                        attempt: *next_attempt,
+                        delay_ms: millis(*delay),
+                        tier_ms: millis(tier.delay),
+                        not_before_ms: (tier.delay < *delay)
+                            .then(|| job.now_ms.saturating_add(millis(*delay))),
+                        original_exchange: job.original_exchange.clone(),
+                        original_routing_key: job.original_routing_key.clone(),
+                        original_queue: job.queue.clone(),
+                        first_failure_ms: job.first_failure_ms(),
+                        error_class: failure.class.clone(),
+                        error: failure.message.clone(),
+                    },
+                },
+            },
+            Decision::DeadLetter {
+                dependency,
+                reason,
+                snapshot,
+                source,
+            } => Self::DeadLetter(job.dead_letter(
+                *reason,
+                failure,
+                dependency.as_str().to_owned(),
+                snapshot.as_ref().map(BudgetHeaders::from),
+                *source,
+            )),
+        }
+    }
+
+    /// A task the budget cannot map to a dependency: dead-lettered as `non_retryable`, class
+    /// `invalid_task`, without a dependency.
+    #[must_use]
+    pub fn invalid_task(job: &JobContext, error: &fleet_budget::Error) -> Self {
+        let failure = Failure::non_retryable(error).with_class("invalid_task");
+        Self::DeadLetter(job.dead_letter(
+            DeadLetterReason::NonRetryable,
+            &failure,
+            String::new(),
+            None,
+            BudgetSource::NotConsulted,
+        ))
+    }
+
+    /// A delivery whose headers of this crate cannot be read: dead-lettered as
+    /// `non_retryable`, class `malformed_header`, without running the handler.
+    #[must_use]
+    pub fn malformed_headers(
+        job: &JobContext,
+        error: &HeaderError,
+        dependency: Option<String>,
+    ) -> Self {
+        let failure = Failure::non_retryable(error).with_class("malformed_header");
+        Self::DeadLetter(job.dead_letter(
+            DeadLetterReason::NonRetryable,
+            &failure,
+            dependency.unwrap_or_default(),
+            None,
+            BudgetSource::NotConsulted,
+        ))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::AmqpSettings;
+    use fleet_budget::{BudgetSnapshot, Dependency};
+
+    use super::*;
+
+    fn topology() -> Topology {
+        Topology::new(&AmqpSettings {
+            retry_tiers: vec![Duration::from_secs(1), Duration::from_secs(5)],
+            ..AmqpSettings::default()
+        })
+    }
+
+    fn job() -> JobContext {
+        JobContext {
+            task: "index".into(),
+            attempt: 2,
+            replays: 1,
+            original_exchange: "fleet.work".into(),
+            original_routing_key: "index".into(),
+            queue: "fleet.work".into(),
+            first_failure_ms: Some(1_000),
+            now_ms: 50_000,
+        }
+    }
+
+    fn failure() -> Failure {
+        Failure::retryable("503").with_class("http_503")
+    }
+
+    fn retry(delay: Duration) -> Decision {
+        Decision::Retry {
+            dependency: Dependency::new("search").unwrap(),
+            delay,
+            next_attempt: 3,
+            snapshot: BudgetSnapshot::default(),
+            source: BudgetSource::Fleet,
+        }
+    }
+
+    #[test]
+    fn a_retry_waits_in_the_shortest_tier_at_or_above_its_delay() {
+        let t = topology();
+        let Outcome::Retry { tier, record } =
+            Outcome::of_decision(&t, &job(), &failure(), &retry(Duration::from_millis(1200)))
+        else {
+            panic!("a retry");
+        };
+        assert_eq!(tier, t.retry_tiers[1]);
+        assert_eq!(
+            record,
+            RetryRecord {
+                task: "index".into(),
+                attempt: 3,
+                delay_ms: 1200,
+                tier_ms: 5000,
+                not_before_ms: None,
+                original_exchange: "fleet.work".into(),
+                original_routing_key: "index".into(),
+                original_queue: "fleet.work".into(),
+                first_failure_ms: 1_000,
+                error_class: "http_503".into(),
+                error: "503".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_longer_than_every_tier_waits_in_the_longest_until_its_time() {
+        let Outcome::Retry { tier, record } = Outcome::of_decision(
+            &topology(),
+            &JobContext {
+                first_failure_ms: None,
+                ..job()
+            },
+            &failure(),
+            &retry(Duration::from_secs(60)),
+        ) else {
+            panic!("a retry");
+        };
+        assert_eq!(tier.delay, Duration::from_secs(5));
+        assert_eq!(record.not_before_ms, Some(50_000 + 60_000));
+        assert_eq!(record.first_failure_ms, 50_000, "this failure is the first");
+    }
+
+    #[test]
+    fn without_tiers_a_granted_retry_is_requeued() {
+        let bare = Topology {
+            retry_tiers: Vec::new(),
+            ..topology()
+        };
+        assert_eq!(
+            Outcome::of_decision(&bare, &job(), &failure(), &retry(Duration::from_secs(1))),
+            Outcome::Requeue
+        );
+    }
+
+    #[test]
+    fn a_refused_retry_is_dead_lettered_with_the_budget_that_refused() {
+        let snapshot = BudgetSnapshot {
+            allowance: 10,
+            window_ms: 60_000,
+            window_index: 7,
+            ..BudgetSnapshot::default()
+        };
+        let decision = Decision::DeadLetter {
+            dependency: Dependency::new("search").unwrap(),
+            reason: DeadLetterReason::BudgetExhausted,
+            snapshot: Some(snapshot),
+            source: BudgetSource::LocalFallback,
+        };
+        let Outcome::DeadLetter(record) =
+            Outcome::of_decision(&topology(), &job(), &failure(), &decision)
+        else {
+            panic!("a dead-letter");
+        };
+        assert_eq!(
+            record,
+            DeadLetterRecord {
+                task: "index".into(),
+                dependency: "search".into(),
+                reason: DeadLetterReason::BudgetExhausted,
+                original_exchange: "fleet.work".into(),
+                original_routing_key: "index".into(),
+                original_queue: "fleet.work".into(),
+                attempts: 2,
+                first_failure_ms: 1_000,
+                dead_lettered_ms: 50_000,
+                error_class: "http_503".into(),
+                error: "503".into(),
+                budget: Some(BudgetHeaders::from(&snapshot)),
+                budget_source: Some(BudgetSource::LocalFallback),
+                replays: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn refusals_before_the_budget_say_it_was_not_consulted() {
+        let Outcome::DeadLetter(record) =
+            Outcome::malformed_headers(&job(), &HeaderError::missing("fb-attempt"), None)
+        else {
+            panic!("a dead-letter");
+        };
+        assert_eq!(
+            (
+                record.reason,
+                record.error_class.as_str(),
+                record.dependency.as_str()
+            ),
+            (DeadLetterReason::NonRetryable, "malformed_header", "")
+        );
+        assert_eq!(record.budget_source, Some(BudgetSource::NotConsulted));
+        assert_eq!(record.budget, None);
+    }
+}

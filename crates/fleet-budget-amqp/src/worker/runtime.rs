@@ -1,0 +1,277 @@
+//! The worker's life: the consume loop, reconnecting with backoff, graceful shutdown, and the
+//! steps of one delivery up to its [`Outcome`] (settled by [`super::settle`]).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_budget::Failure;
+use futures::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::outcome::{JobContext, Outcome};
+use super::settle::Settler;
+use super::{Job, Worker, WorkerCounts, bump};
+use crate::connection::connect;
+use crate::error::AmqpError;
+use crate::headers::{self, JobHeaders};
+use crate::publish::Publisher;
+use crate::topology::names::amqp_name;
+
+/// What every delivery of a connection shares.
+struct Ctx<H> {
+    settler: Arc<Settler>,
+    handler: Arc<H>,
+}
+
+impl<H> Clone for Ctx<H> {
+    fn clone(&self) -> Self {
+        Self {
+            settler: Arc::clone(&self.settler),
+            handler: Arc::clone(&self.handler),
+        }
+    }
+}
+
+impl Worker {
+    /// Consumes until [`WorkerHandle::shutdown`], reconnecting with backoff when the connection
+    /// is lost; then flushes the budget's counters and returns the worker's counts.
+    ///
+    /// `handler` runs once per delivery; its error says how the failure is to be treated
+    /// ([`Failure::retryable`], [`Failure::non_retryable`], [`Failure::retry_after`],
+    /// [`Failure::poison`]).
+    ///
+    /// # Errors
+    /// None today: connection failures are retried until shutdown. (Kept for future fatal
+    /// errors.)
+    pub async fn run<H, F>(self, handler: H) -> Result<WorkerCounts, AmqpError>
+    where
+        H: Fn(Job) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let mut stop = self.stop.subscribe();
+        let mut delay = self.options.reconnect_min;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let mut connected = false;
+            match self.session(&handler, &mut stop, &mut connected).await {
+                Ok(()) => break,
+                Err(e) => {
+                    if connected {
+                        delay = self.options.reconnect_min;
+                    }
+                    let jittered = delay.mul_f64(rand::rng().random_range(0.5..=1.0));
+                    tracing::warn!(error = %e, retry_in = ?jittered, queue = %self.options.queue, "worker lost the broker; reconnecting");
+                    tokio::select! {
+                        () = tokio::time::sleep(jittered) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                    delay = (delay * 2).min(self.options.reconnect_max);
+                }
+            }
+        }
+        if let Err(e) = self.budget.flush().await {
+            tracing::warn!(error = %e, "could not flush budget counters at shutdown; they stay pending");
+        }
+        Ok(self.stats.counts())
+    }
+
+    async fn session<H, F>(
+        &self,
+        handler: &Arc<H>,
+        stop: &mut watch::Receiver<bool>,
+        connected: &mut bool,
+    ) -> Result<(), AmqpError>
+    where
+        H: Fn(Job) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        let o = &self.options;
+        let conn = connect(&o.url, &o.name).await?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        channel
+            .basic_qos(o.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::broker("set prefetch", e))?;
+        let queue = amqp_name("queue", &o.queue)?;
+        let tag = ShortString::from(format!("fleet-budget-{}", headers::new_message_id()));
+        let mut consumer = channel
+            .basic_consume(
+                queue,
+                tag.clone(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::broker(format!("consume {}", o.queue), e))?;
+        *connected = true;
+        bump(&self.stats.connections);
+        tracing::info!(queue = %o.queue, prefetch = o.prefetch, "worker consuming");
+        let ctx = Ctx {
+            settler: Arc::new(Settler {
+                budget: self.budget.clone(),
+                topology: Arc::clone(&self.topology),
+                queue: o.queue.clone(),
+                publisher: Publisher::on(conn),
+                stats: Arc::clone(&self.stats),
+                unconfirmed_pause: o.unconfirmed_pause,
+            }),
+            handler: Arc::clone(handler),
+        };
+        let mut tasks = JoinSet::new();
+        let ended = loop {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => break Ok(()),
+                next = consumer.next() => match next {
+                    Some(Ok(delivery)) => {
+                        tasks.spawn(process(ctx.clone(), delivery));
+                    }
+                    Some(Err(e)) => break Err(AmqpError::broker(format!("consume {}", o.queue), e)),
+                    None => break Err(AmqpError::broker(format!("consume {}", o.queue), lapin::ErrorKind::FutureCompleted.into())),
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        match ended {
+            Ok(()) => {
+                // Graceful: stop deliveries, let in-flight jobs finish and settle, then close.
+                let _ = channel
+                    .basic_cancel(tag, BasicCancelOptions::default())
+                    .await;
+                while tasks.join_next().await.is_some() {}
+                // A round trip behind the last acks before closing: lapin sends the close ahead
+                // of frames still queued, and an ack overtaken by it becomes a redelivery.
+                let _ = channel
+                    .basic_qos(o.prefetch, BasicQosOptions::default())
+                    .await;
+                let _ = channel
+                    .close(200, ShortString::from("worker shutdown"))
+                    .await;
+                ctx.settler.publisher.close().await;
+                Ok(())
+            }
+            Err(e) => {
+                // The deliveries in flight belong to the lost connection: the broker redelivers.
+                tasks.shutdown().await;
+                ctx.settler.publisher.close().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Steps 1–3 of one delivery (see the module documentation of [`super`]), then settles it.
+async fn process<H, F>(ctx: Ctx<H>, delivery: Delivery)
+where
+    H: Fn(Job) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    let s = &ctx.settler;
+    bump(&s.stats.deliveries);
+    let table = headers::without_broker_headers(&headers::table(&delivery.properties));
+    let parsed = JobHeaders::parse(&table);
+    let task = delivery
+        .properties
+        .kind()
+        .as_ref()
+        .map(|k| k.as_str().to_owned())
+        .filter(|k| !k.is_empty())
+        .or_else(|| parsed.as_ref().ok().and_then(|h| h.task.clone()))
+        .unwrap_or_else(|| delivery.routing_key.as_str().to_owned());
+    // A retry whose delay is longer than the longest tier comes back early: it waits again.
+    if let Ok(JobHeaders {
+        not_before_ms: Some(not_before),
+        ..
+    }) = &parsed
+    {
+        let now = headers::now_ms();
+        if *not_before > now {
+            s.wait_again(&delivery, &table, Duration::from_millis(not_before - now))
+                .await;
+            return;
+        }
+    }
+    let known = parsed.as_ref().ok();
+    let mut job = JobContext {
+        task: task.clone(),
+        attempt: known.map_or(1, |h| h.attempt),
+        replays: known.map_or(0, |h| h.replays),
+        original_exchange: known
+            .and_then(|h| h.original_exchange.clone())
+            .unwrap_or_else(|| delivery.exchange.as_str().to_owned()),
+        original_routing_key: known
+            .and_then(|h| h.original_routing_key.clone())
+            .unwrap_or_else(|| delivery.routing_key.as_str().to_owned()),
+        queue: s.queue.clone(),
+        first_failure_ms: known.and_then(|h| h.first_failure_ms),
+        now_ms: 0,
+    };
+    let outcome = match &parsed {
+        Err(e) => {
+            let dependency = s
+                .budget
+                .dependency(&task)
+                .ok()
+                .map(|d| d.as_str().to_owned());
+            job.now_ms = headers::now_ms();
+            Outcome::malformed_headers(&job, e, dependency)
+        }
+        Ok(h) => match s.budget.on_attempt(&task, h.attempt).await {
+            Err(e) => {
+                job.now_ms = headers::now_ms();
+                Outcome::invalid_task(&job, &e)
+            }
+            Ok(()) => {
+                let handed = Job {
+                    message_id: headers::message_id(&delivery.properties).map(str::to_owned),
+                    task: task.clone(),
+                    attempt: h.attempt,
+                    replays: h.replays,
+                    redelivered: delivery.redelivered,
+                    payload: delivery.data.clone(),
+                    exchange: delivery.exchange.as_str().to_owned(),
+                    routing_key: delivery.routing_key.as_str().to_owned(),
+                    properties: delivery.properties.clone(),
+                };
+                let handler = Arc::clone(&ctx.handler);
+                let result = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(handed))) {
+                    Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                    Err(panic) => Err(panic),
+                };
+                match result {
+                    Ok(Ok(())) => Outcome::Ack,
+                    Ok(Err(failure)) => decide(s, &mut job, &failure).await,
+                    Err(_) => {
+                        let failure =
+                            Failure::retryable("the handler panicked").with_class("panic");
+                        decide(s, &mut job, &failure).await
+                    }
+                }
+            }
+        },
+    };
+    s.carry_out(&delivery, &table, &task, outcome).await;
+}
+
+/// Asks the budget about `failure` and maps its decision to an outcome.
+async fn decide(s: &Settler, job: &mut JobContext, failure: &Failure) -> Outcome {
+    let decision = s.budget.on_failure(&job.task, job.attempt, failure).await;
+    job.now_ms = headers::now_ms();
+    match decision {
+        Ok(decision) => Outcome::of_decision(&s.topology, job, failure, &decision),
+        Err(e) => Outcome::invalid_task(job, &e),
+    }
+}
