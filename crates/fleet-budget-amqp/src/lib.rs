@@ -12,7 +12,8 @@
 //! * [`headers`]: every header name and the message-identity rules, in one file;
 //! * [`replay`]: a [`Replayer`] that moves dead-lettered jobs back, filtered, paced, bounded,
 //!   pausing while the dependency's budget is exhausted, parking loops and garbage;
-//! * [`publish`]: a [`Publisher`] with publisher confirms (also for producers).
+//! * [`publish`]: a [`Publisher`] with publisher confirms (also for producers);
+//! * `testing` (feature `test-harness`): a `TestBroker` with a topology of its own per test.
 //!
 //! ```no_run
 //! use fleet_budget::{Failure, FleetBudget};
@@ -42,6 +43,8 @@ pub mod error;
 pub mod headers;
 pub mod publish;
 pub mod replay;
+#[cfg(feature = "test-harness")]
+pub mod testing;
 pub mod topology;
 pub mod worker;
 

@@ -66,8 +66,8 @@ async fn replay_pacing_is_within_20_percent_of_the_rate() {
         (32.0..=48.0).contains(&rate),
         "achieved {rate:.1} msg/s over {span:.2}s for a requested 40 msg/s"
     );
-    assert_eq!(env.count(&env.topology.work_queue).await, 120);
-    assert_eq!(env.count(&env.topology.dead_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 120);
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 0);
 }
 
 /// Bounded: messages dead-lettered after the run started stay for the next run. Moved copies go
@@ -145,7 +145,7 @@ async fn replay_is_bounded_to_the_messages_present_at_start() {
         "{report:?}"
     );
     assert_eq!(
-        env.count(&env.topology.dead_queue).await,
+        env.depth(&env.topology.dead_queue).await,
         10,
         "the late dead-letters wait for the next run"
     );
@@ -221,7 +221,7 @@ async fn replay_pauses_while_the_budget_is_exhausted_and_resumes() {
         0,
         "nothing moves while the budget is exhausted"
     );
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
     // The dependency recovers: successes earn allowance (ratio 1.0), the replay resumes.
     for _ in 0..3 {
         budget.on_success("search").await.unwrap();
@@ -234,7 +234,7 @@ async fn replay_pauses_while_the_budget_is_exhausted_and_resumes() {
     assert_eq!(report.moved, 5, "{report:?}");
     assert!(!report.paused.is_zero());
     assert!(events.lock().unwrap().last().unwrap().paused_on.is_none());
-    assert_eq!(env.count(&env.topology.work_queue).await, 5);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 5);
 }
 
 /// A message replayed `max_replays` times is parked, not replayed again.
@@ -296,8 +296,8 @@ async fn loop_protection_parks_messages_replayed_too_often() {
             "the dead-letter headers are kept"
         );
     }
-    assert_eq!(env.count(&env.topology.work_queue).await, 2);
-    assert_eq!(env.count(&env.topology.dead_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 2);
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 0);
 }
 
 /// Garbage and malformed headers go to the parked queue with the reason; nothing is dropped.
@@ -403,8 +403,8 @@ async fn malformed_messages_are_parked_with_the_reason() {
         };
         assert!(reason.contains(expected), "{}: {reason}", message_id(props));
     }
-    assert_eq!(env.count(&env.topology.dead_queue).await, 0);
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
 }
 
 /// The dry run counts by dependency × reason and changes nothing; filters select by
@@ -466,7 +466,7 @@ async fn dry_run_counts_and_filters_select() {
         Some(&3)
     );
     assert_eq!(
-        env.count(&env.topology.dead_queue).await,
+        env.depth(&env.topology.dead_queue).await,
         9,
         "a dry run changes nothing"
     );
@@ -502,7 +502,7 @@ async fn dry_run_counts_and_filters_select() {
         "{report:?}"
     );
     assert_eq!(
-        env.count(&env.topology.dead_queue).await,
+        env.depth(&env.topology.dead_queue).await,
         5,
         "skipped messages stay"
     );
@@ -515,7 +515,7 @@ async fn dry_run_counts_and_filters_select() {
     };
     let report = replayer(&env).run(&only, |_| {}).await.unwrap();
     assert_eq!((report.moved, report.skipped), (2, 3), "{report:?}");
-    assert_eq!(env.count(&env.topology.work_queue).await, 6);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 6);
     let left = env.drain(&env.topology.dead_queue).await;
     assert!(
         left.iter()
@@ -546,7 +546,7 @@ async fn the_broker_delivery_limit_dead_letters_and_replay_parks_with_the_reason
         .await
         .unwrap();
     let mut deliveries = 0;
-    while env.count(&env.topology.dead_queue).await == 0 {
+    while env.depth(&env.topology.dead_queue).await == 0 {
         let next = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await;
         if let Ok(Some(Ok(d))) = next {
             deliveries += 1;
@@ -561,7 +561,7 @@ async fn the_broker_delivery_limit_dead_letters_and_replay_parks_with_the_reason
         assert!(deliveries <= 10, "the delivery limit did not stop the loop");
     }
     let _ = conn.close(200, ShortString::from("bye")).await;
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
     let report = replayer(&env)
         .run(&ReplayOptions::new(&env.config), |_| {})
         .await
@@ -601,6 +601,6 @@ async fn a_limit_moves_at_most_that_many() {
         (2, 3, 2),
         "{report:?}"
     );
-    assert_eq!(env.count(&env.topology.dead_queue).await, 3);
-    assert_eq!(env.count(&env.topology.work_queue).await, 2);
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 3);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 2);
 }

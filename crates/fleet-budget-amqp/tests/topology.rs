@@ -11,7 +11,9 @@
 mod common;
 
 use common::Env;
-use fleet_budget_amqp::{AmqpError, Migrations, StepState, migrate};
+use fleet_budget_amqp::{
+    AmqpError, Migrations, StepState, Topology, delete_topology, migrate, queue_depth,
+};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -21,8 +23,8 @@ async fn migrations_plan_apply_and_reapply_idempotently() {
     // A second prefix that nothing has declared yet.
     let mut settings = env.config.amqp.clone();
     settings.prefix = format!("{}.fresh", settings.prefix);
-    let fresh = fleet_budget_amqp::Topology::new(&settings);
-    env.extra_queues.extend(fresh.queues());
+    let fresh = Topology::new(&settings);
+    env.broker.also_delete(fresh.clone());
     let migrations = Migrations::embedded().unwrap();
 
     let plan = migrate(&env.url, &settings, &migrations, true)
@@ -39,19 +41,7 @@ async fn migrations_plan_apply_and_reapply_idempotently() {
     // The dry run created nothing.
     let conn = env.connection().await;
     let ch = conn.create_channel().await.unwrap();
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    assert!(
-        ch.queue_declare(
-            ShortString::from(fresh.work_queue.as_str()),
-            passive,
-            FieldTable::default()
-        )
-        .await
-        .is_err()
-    );
+    assert!(queue_depth(&ch, &fresh.work_queue).await.is_err());
 
     let applied = migrate(&env.url, &settings, &migrations, false)
         .await
@@ -84,17 +74,6 @@ async fn migrations_plan_apply_and_reapply_idempotently() {
             .all(|(_, s)| matches!(s, StepState::Unchanged | StepState::WouldBind)),
         "{replan}"
     );
-
-    // Clean up the fresh exchanges too.
-    for e in fresh.exchanges() {
-        let ch = conn.create_channel().await.unwrap();
-        let _ = ch
-            .exchange_delete(
-                ShortString::from(e),
-                lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await;
-    }
     let _ = conn.close(200, ShortString::from("bye")).await;
 }
 
@@ -103,8 +82,8 @@ async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() 
     let mut env = Env::new("conflict", "", "", "").await;
     let mut settings = env.config.amqp.clone();
     settings.prefix = format!("{}.other", settings.prefix);
-    let other = fleet_budget_amqp::Topology::new(&settings);
-    env.extra_queues.extend(other.queues());
+    let other = Topology::new(&settings);
+    env.broker.also_delete(other.clone());
     // Someone declared the work queue by hand: quorum, a delivery limit of 5, no dead-letter exchange.
     let conn = env.connection().await;
     let ch = conn.create_channel().await.unwrap();
@@ -173,14 +152,37 @@ async fn a_queue_declared_with_other_arguments_is_named_with_every_difference() 
         .await
         .unwrap_err();
     assert!(matches!(err, AmqpError::ArgumentsDiffer { .. }), "{err}");
-    for e in other.exchanges() {
-        let ch = conn.create_channel().await.unwrap();
-        let _ = ch
-            .exchange_delete(
-                ShortString::from(e),
-                lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await;
+    let _ = conn.close(200, ShortString::from("bye")).await;
+}
+
+#[tokio::test]
+async fn a_deleted_topology_is_gone_and_deleting_it_again_is_fine() {
+    let env = Env::new("delete", "", "", "").await;
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    for q in env.topology.queues() {
+        assert_eq!(queue_depth(&ch, &q).await.unwrap(), 0, "{q} declared");
     }
+    delete_topology(&conn, &env.topology).await.unwrap();
+    for q in env.topology.queues() {
+        let ch = conn.create_channel().await.unwrap();
+        assert!(queue_depth(&ch, &q).await.is_err(), "{q} still exists");
+    }
+    // The migration plan sees every exchange gone too.
+    let plan = migrate(
+        &env.url,
+        &env.settings,
+        &Migrations::embedded().unwrap(),
+        true,
+    )
+    .await
+    .unwrap();
+    assert!(
+        plan.steps
+            .iter()
+            .all(|(_, s)| matches!(s, StepState::WouldCreate | StepState::WouldBind)),
+        "{plan}"
+    );
+    delete_topology(&conn, &env.topology).await.unwrap();
     let _ = conn.close(200, ShortString::from("bye")).await;
 }

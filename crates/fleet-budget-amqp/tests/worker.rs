@@ -173,11 +173,11 @@ async fn end_to_end_jobs_succeed_or_dead_letter_with_reason_and_headers() {
     let total = submitted.len();
     wait_until(LONG, "every job acked or dead-lettered", || async {
         let ok: BTreeSet<String> = log.lock().unwrap().succeeded.iter().cloned().collect();
-        ok.len() + env.count(&env.topology.dead_queue).await as usize == total
+        ok.len() + env.depth(&env.topology.dead_queue).await as usize == total
     })
     .await;
     let counts = stop(runner).await;
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
     let dead = env.drain(&env.topology.dead_queue).await;
 
     // Reasons and headers.
@@ -329,8 +329,8 @@ async fn end_to_end_jobs_succeed_or_dead_letter_with_reason_and_headers() {
     wait_until(LONG, "replayed jobs settled", || async {
         let ok: BTreeSet<String> = log2.lock().unwrap().iter().cloned().collect();
         ok.len()
-            + env.count(&env.topology.dead_queue).await as usize
-            + env.count(&env.topology.parked_queue).await as usize
+            + env.depth(&env.topology.dead_queue).await as usize
+            + env.depth(&env.topology.parked_queue).await as usize
             == dead_ids.len()
     })
     .await;
@@ -395,7 +395,7 @@ async fn budget_exhaustion_dead_letters_at_once_and_the_allowance_holds_across_w
             .unwrap();
     }
     wait_until(LONG, "30 dead-letters", || async {
-        env.count(&env.topology.dead_queue).await == 30
+        env.depth(&env.topology.dead_queue).await == 30
     })
     .await;
     let mut retried = 0;
@@ -495,14 +495,14 @@ async fn no_loss_when_the_dead_letter_exchange_is_missing() {
     assert!(runner.0.counts().requeued >= 2);
     remigrate(&env).await;
     wait_until(LONG, "the dead-letter", || async {
-        env.count(&env.topology.dead_queue).await == 1
+        env.depth(&env.topology.dead_queue).await == 1
     })
     .await;
     let counts = stop(runner).await;
     assert_eq!(counts.dead_lettered, 1);
     let dead = env.drain(&env.topology.dead_queue).await;
     assert_eq!(message_id(&dead[0].0), id);
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
 }
 
 /// No loss: the retry tier exchanges are missing, so the retry is not confirmed, the original is
@@ -549,7 +549,7 @@ async fn no_loss_when_the_retry_publish_cannot_be_confirmed() {
     let counts = stop(runner).await;
     assert!(counts.retried >= 1, "{counts:?}");
     assert_eq!(
-        env.count(&env.topology.work_queue).await + env.count(&env.topology.dead_queue).await,
+        env.depth(&env.topology.work_queue).await + env.depth(&env.topology.dead_queue).await,
         0
     );
 }
@@ -589,7 +589,7 @@ async fn no_loss_when_the_dead_letter_is_returned_unroutable() {
     assert_eq!(runner.0.counts().dead_lettered, 0);
     remigrate(&env).await;
     wait_until(LONG, "the dead-letter", || async {
-        env.count(&env.topology.dead_queue).await == 1
+        env.depth(&env.topology.dead_queue).await == 1
     })
     .await;
     stop(runner).await;
@@ -702,7 +702,7 @@ async fn a_killed_worker_process_has_its_job_redelivered() {
     stop(runner).await;
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen, vec![(id, true, 1)]);
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
 }
 
 /// Graceful shutdown lets in-flight jobs finish (acked, not requeued) and flushes the coalesced
@@ -740,7 +740,7 @@ async fn graceful_shutdown_finishes_in_flight_jobs_and_flushes_counters() {
     .await;
     let counts = stop(runner).await;
     assert_eq!(counts.succeeded, 4, "{counts:?}");
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
     let (snapshot, _) = env
         .budget()
         .await
@@ -849,7 +849,7 @@ async fn a_dropped_connection_is_reestablished_and_consuming_resumes() {
     let counts = stop((handle, join)).await;
     assert!(counts.connections >= 2, "{counts:?}");
     assert!(done.lock().unwrap().contains(&first));
-    assert_eq!(env.count(&env.topology.work_queue).await, 0);
+    assert_eq!(env.depth(&env.topology.work_queue).await, 0);
 }
 
 /// (attempt, started, retry delay)
