@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, header_str, header_u64, message_id, wait_until};
+use common::{Env, header_str, header_u64, ids, message_id, wait_until};
 use fleet_budget::{DeadLetterReason, Dependency};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer};
@@ -93,36 +93,24 @@ async fn replay_is_bounded_to_the_messages_present_at_start() {
     options.rate = Some(30.0);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let late = {
-        let (publisher, topology_dead) = (Arc::clone(&publisher), env.topology.clone());
-        let env_url = env.url.clone();
+        let (publisher, dead_exchange) =
+            (Arc::clone(&publisher), env.topology.dead_exchange.clone());
+        let record = env.dead_letter_record(
+            "search",
+            DeadLetterReason::BudgetExhausted,
+            headers::now_ms(),
+        );
         tokio::spawn(async move {
             rx.recv().await;
             // New failures arrive while the replay runs.
-            let _ = env_url;
             for i in 0..10 {
                 let mut t = FieldTable::default();
-                let record = fleet_budget_amqp::DeadLetterRecord {
-                    task: "search".into(),
-                    dependency: "search".into(),
-                    reason: DeadLetterReason::BudgetExhausted,
-                    original_exchange: topology_dead.work_exchange.clone(),
-                    original_routing_key: "search".into(),
-                    original_queue: topology_dead.work_queue.clone(),
-                    attempts: 1,
-                    first_failure_ms: 1,
-                    dead_lettered_ms: headers::now_ms(),
-                    error_class: "x".into(),
-                    error: "x".into(),
-                    budget: None,
-                    budget_source: None,
-                    replays: 0,
-                };
                 record.write(&mut t);
                 let props = BasicProperties::default()
                     .with_message_id(ShortString::from(format!("late-{i}")))
                     .with_headers(t);
                 publisher
-                    .publish(&topology_dead.dead_exchange, "search", b"late", props)
+                    .publish(&dead_exchange, "search", b"late", props)
                     .await
                     .unwrap();
             }
@@ -280,13 +268,7 @@ async fn loop_protection_parks_messages_replayed_too_often() {
         "{report:?}"
     );
     let parked = env.drain(&env.topology.parked_queue).await;
-    assert_eq!(
-        parked
-            .iter()
-            .map(|(p, _)| message_id(p))
-            .collect::<BTreeSet<_>>(),
-        looping
-    );
+    assert_eq!(ids(&parked), looping);
     for (props, _) in &parked {
         let reason = header_str(props, headers::PARK_REASON).unwrap();
         assert!(reason.contains("replayed 3 times"), "{reason}");
@@ -384,13 +366,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
         "{report:?}"
     );
     let parked = env.drain(&env.topology.parked_queue).await;
-    assert_eq!(
-        parked
-            .iter()
-            .map(|(p, _)| message_id(p))
-            .collect::<BTreeSet<_>>(),
-        ids
-    );
+    assert_eq!(common::ids(&parked), ids);
     for (props, _) in &parked {
         let reason = header_str(props, headers::PARK_REASON).unwrap();
         let expected = match message_id(props).as_str() {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, header_str, header_u64, message_id, wait_until};
+use common::{Env, header_str, header_u64, ids, message_id, wait_until};
 use fleet_budget::{Dependency, Failure, FleetBudget};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{
@@ -280,7 +280,7 @@ async fn end_to_end_jobs_succeed_or_dead_letter_with_reason_and_headers() {
 
     // Accounting: submitted = succeeded + dead-lettered + parked, duplicates apart.
     let succeeded: BTreeSet<String> = log_now.succeeded.iter().cloned().collect();
-    let dead_ids: BTreeSet<String> = dead.iter().map(|(p, _)| message_id(p)).collect();
+    let dead_ids = ids(&dead);
     let duplicates = (log_now.succeeded.len() - succeeded.len()) + (dead.len() - dead_ids.len());
     assert!(succeeded.is_disjoint(&dead_ids));
     assert_eq!(
@@ -342,18 +342,8 @@ async fn end_to_end_jobs_succeed_or_dead_letter_with_reason_and_headers() {
         replayed.lock().unwrap()
     );
     let ok2: BTreeSet<String> = log2.lock().unwrap().iter().cloned().collect();
-    let dead2: BTreeSet<String> = env
-        .drain(&env.topology.dead_queue)
-        .await
-        .iter()
-        .map(|(p, _)| message_id(p))
-        .collect();
-    let parked: BTreeSet<String> = env
-        .drain(&env.topology.parked_queue)
-        .await
-        .iter()
-        .map(|(p, _)| message_id(p))
-        .collect();
+    let dead2: BTreeSet<String> = env.drain_ids(&env.topology.dead_queue).await;
+    let parked: BTreeSet<String> = env.drain_ids(&env.topology.parked_queue).await;
     let all_ok: BTreeSet<String> = succeeded.union(&ok2).cloned().collect();
     assert_eq!(
         all_ok.len() + dead2.len() + parked.len(),
@@ -477,12 +467,7 @@ async fn no_loss_when_the_dead_letter_exchange_is_missing() {
             async { Err(Failure::non_retryable("bad input")) }
         })
     };
-    let id = env
-        .publisher()
-        .await
-        .publish_job(&env.topology.work_exchange, "t", "t", b"x")
-        .await
-        .unwrap();
+    let id = env.publish_one(b"x").await;
     wait_until(LONG, "the job to come back", || async {
         calls.load(Ordering::SeqCst) >= 3
     })
@@ -529,11 +514,7 @@ async fn no_loss_when_the_retry_publish_cannot_be_confirmed() {
             }
         })
     };
-    env.publisher()
-        .await
-        .publish_job(&env.topology.work_exchange, "t", "t", b"x")
-        .await
-        .unwrap();
+    env.publish_one(b"x").await;
     wait_until(LONG, "the job to come back", || async {
         calls.load(Ordering::SeqCst) >= 3
     })
@@ -576,12 +557,7 @@ async fn no_loss_when_the_dead_letter_is_returned_unroutable() {
             async { Err(Failure::poison("not json")) }
         })
     };
-    let id = env
-        .publisher()
-        .await
-        .publish_job(&env.topology.work_exchange, "t", "t", b"{")
-        .await
-        .unwrap();
+    let id = env.publish_one(b"{").await;
     wait_until(LONG, "the job to come back", || async {
         calls.load(Ordering::SeqCst) >= 3
     })
@@ -658,12 +634,7 @@ async fn a_killed_worker_process_has_its_job_redelivered() {
             .spawn()
             .unwrap(),
     );
-    let id = env
-        .publisher()
-        .await
-        .publish_job(&env.topology.work_exchange, "t", "t", b"x")
-        .await
-        .unwrap();
+    let id = env.publish_one(b"x").await;
     let stdout = child.0.stdout.take().unwrap();
     let started = tokio::task::spawn_blocking(move || {
         for line in BufReader::new(stdout).lines() {
@@ -884,11 +855,7 @@ async fn a_delay_longer_than_every_tier_is_waited_out() {
             }
         })
     };
-    env.publisher()
-        .await
-        .publish_job(&env.topology.work_exchange, "t", "t", b"x")
-        .await
-        .unwrap();
+    env.publish_one(b"x").await;
     wait_until(LONG, "the retry to succeed", || async {
         runner.0.counts().succeeded == 1
     })

@@ -2,6 +2,7 @@
 //! per test for budgets, and the configuration text that ties the two together.
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
@@ -95,6 +96,22 @@ impl Env {
     pub async fn budget(&self) -> FleetBudget {
         FleetBudget::from_config(&self.config.budget).await.unwrap()
     }
+
+    /// Publishes one job of task `t` to the work exchange; returns its message id.
+    pub async fn publish_one(&self, body: &[u8]) -> String {
+        let publisher = self.publisher().await;
+        let id = publisher
+            .publish_job(&self.topology.work_exchange, "t", "t", body)
+            .await
+            .unwrap();
+        publisher.close().await;
+        id
+    }
+
+    /// Takes every ready message of `queue`; returns their message ids.
+    pub async fn drain_ids(&self, queue: &str) -> BTreeSet<String> {
+        ids(&self.drain(queue).await)
+    }
 }
 
 /// Polls `cond` until it holds; panics with `what` after `within` (a deadline for failing, not
@@ -123,6 +140,11 @@ pub fn header_str(props: &BasicProperties, name: &str) -> Option<String> {
 
 pub fn header_u64(props: &BasicProperties, name: &str) -> Option<u64> {
     headers::get_u64(&headers::table(props), name).unwrap()
+}
+
+/// The message ids of `messages`.
+pub fn ids(messages: &[(BasicProperties, Vec<u8>)]) -> BTreeSet<String> {
+    messages.iter().map(|(p, _)| message_id(p)).collect()
 }
 
 pub fn message_id(props: &BasicProperties) -> String {
