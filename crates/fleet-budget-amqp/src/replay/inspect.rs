@@ -9,7 +9,7 @@ use lapin::options::{BasicCancelOptions, BasicNackOptions};
 use lapin::types::ShortString;
 
 use super::Replayer;
-use super::select::{Class, ReplayOptions};
+use super::select::{Class, ReplayOptions, Selection};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::topology::names::amqp_name;
@@ -51,6 +51,7 @@ impl Replayer {
             let tag = format!("fleet-budget-dry-run-{}", headers::new_message_id());
             let mut consumer = self.consume(&ch, &tag).await?;
             let mut last: Option<Acker> = None;
+            let mut selection = Selection::new(options);
             while report.seen < total {
                 let Ok(Some(Ok(d))) =
                     tokio::time::timeout(options.idle_timeout, consumer.next()).await
@@ -66,7 +67,7 @@ impl Replayer {
                     report.oldest_dead_lettered_ms =
                         Some(report.oldest_dead_lettered_ms.map_or(at, |o| o.min(at)));
                 }
-                match Class::of(&d, options) {
+                match selection.sort(&d) {
                     Class::Malformed(_) => report.malformed += 1,
                     Class::Skip => report.skipped += 1,
                     Class::Looping(r) => {
@@ -75,9 +76,6 @@ impl Replayer {
                             .by_dependency_reason
                             .entry((r.dependency, r.reason.to_string()))
                             .or_default() += 1;
-                    }
-                    Class::Replay(_) if options.limit.is_some_and(|l| report.would_move >= l) => {
-                        report.skipped += 1;
                     }
                     Class::Replay(r) => {
                         report.would_move += 1;

@@ -5,7 +5,7 @@
 //! (consumed, not yet acked) and sorted:
 //!
 //! * headers missing or malformed, or not a dead-letter at all → **parked** with the reason
-//!   ([`headers::PARK_REASON`]), whatever the filter: nothing could ever replay it;
+//!   ([`crate::headers::PARK_REASON`]), whatever the filter: nothing could ever replay it;
 //! * not matching the filter (dependency, reason, dead-letter time) → **skipped**: left in the
 //!   dead-letter queue (nacked with requeue at the end of the run);
 //! * replayed `max_replays` times already → **parked** (loop protection);

@@ -14,7 +14,7 @@ use lapin::types::ShortString;
 use tokio::time::Instant;
 
 use super::Replayer;
-use super::select::{Class, ReplayOptions};
+use super::select::{Class, ReplayOptions, Selection};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed};
@@ -112,7 +112,7 @@ impl Replayer {
         let mut exchanges: HashMap<String, bool> = HashMap::new();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
-        let mut moves = 0u64;
+        let mut selection = Selection::new(options);
         while p.seen < total {
             let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
                 Err(_) => break,
@@ -129,7 +129,7 @@ impl Replayer {
             p.seen += 1;
             let props = headers::with_message_id(d.properties.clone());
             let table = headers::table(&props);
-            let (kind, exchange, routing_key, new_table) = match Class::of(&d, options) {
+            let (kind, exchange, routing_key, new_table) = match selection.sort(&d) {
                 Class::Skip => {
                     p.skipped += 1;
                     held.push(d.acker);
@@ -158,15 +158,8 @@ impl Replayer {
                         headers::park_headers(&table, &reason),
                     )
                 }
-                Class::Replay(_) if options.limit.is_some_and(|l| moves >= l) => {
-                    p.skipped += 1;
-                    held.push(d.acker);
-                    progress(&p);
-                    continue;
-                }
                 Class::Replay(r) => {
                     report.matched += 1;
-                    moves += 1;
                     if !Self::original_exchange_exists(
                         &publisher,
                         &r.original_exchange,

@@ -80,7 +80,7 @@ impl ReplayOptions {
 pub(super) enum Class {
     /// Not a readable dead-letter (parked with this reason, whatever the filter).
     Malformed(String),
-    /// Not selected by the filter: left in the dead-letter queue.
+    /// Not selected by the filter, or beyond the limit: left in the dead-letter queue.
     Skip,
     /// Replayed `max_replays` times already: parked.
     Looping(DeadLetterRecord),
@@ -88,25 +88,47 @@ pub(super) enum Class {
     Replay(DeadLetterRecord),
 }
 
-impl Class {
-    /// Sorts `delivery` for a run with `options`.
-    pub(super) fn of(delivery: &Delivery, options: &ReplayOptions) -> Self {
+/// Sorts the messages of one run (or dry run), in the order they are read.
+pub(super) struct Selection<'a> {
+    options: &'a ReplayOptions,
+    /// Messages sorted [`Class::Replay`] so far (what the limit counts).
+    replays: u64,
+}
+
+impl<'a> Selection<'a> {
+    pub(super) fn new(options: &'a ReplayOptions) -> Self {
+        Self {
+            options,
+            replays: 0,
+        }
+    }
+
+    /// Sorts the next message read.
+    pub(super) fn sort(&mut self, delivery: &Delivery) -> Class {
         let table = headers::table(&delivery.properties);
-        match DeadLetterRecord::parse(&table) {
+        let record = match DeadLetterRecord::parse(&table) {
             Err(e) => {
                 let broker = headers::get_str(&table, headers::BROKER_FIRST_DEATH_REASON)
                     .ok()
                     .flatten();
-                Self::Malformed(match broker {
+                return Class::Malformed(match broker {
                     Some(r) => format!(
                         "malformed dead-letter: {e} (dead-lettered by the broker, reason {r})"
                     ),
                     None => format!("malformed dead-letter: {e}"),
-                })
+                });
             }
-            Ok(r) if !options.filter.matches(&r) => Self::Skip,
-            Ok(r) if r.replays >= options.max_replays => Self::Looping(r),
-            Ok(r) => Self::Replay(r),
+            Ok(r) => r,
+        };
+        if !self.options.filter.matches(&record) {
+            Class::Skip
+        } else if record.replays >= self.options.max_replays {
+            Class::Looping(record)
+        } else if self.options.limit.is_some_and(|l| self.replays >= l) {
+            Class::Skip
+        } else {
+            self.replays += 1;
+            Class::Replay(record)
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The names of the topology: one template per object, rendered for an `[amqp]` section.
 //!
 //! The migration files of `migrations/` write the same templates (`{prefix}.work`), and
-//! [`super::plan`] renders them with the same [`render`]; a unit test fails when a file declares
+//! [`super::plan`] renders them with the same function; a unit test fails when a file declares
 //! a name that is not here, or misses one that is.
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! What becomes of a delivery once the handler and the budget have spoken: a pure mapping from
 //! a [`Decision`] (and the delivery's context) to an [`Outcome`], with no broker and no clock.
 //!
-//! The worker runtime carries the outcome out (see [`super::settle`]); anything else that
+//! The worker runtime carries the outcome out (step 4 of [`super`]); anything else that
 //! follows the worker's rules without RabbitMQ (`budgetctl demo`'s in-process queue, a test)
 //! calls the same functions.
 

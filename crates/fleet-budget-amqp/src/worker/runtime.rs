@@ -40,8 +40,8 @@ impl<H> Clone for Ctx<H> {
 }
 
 impl Worker {
-    /// Consumes until [`WorkerHandle::shutdown`], reconnecting with backoff when the connection
-    /// is lost; then flushes the budget's counters and returns the worker's counts.
+    /// Consumes until [`super::WorkerHandle::shutdown`], reconnecting with backoff when the
+    /// connection is lost; then flushes the budget's counters and returns the worker's counts.
     ///
     /// `handler` runs once per delivery; its error says how the failure is to be treated
     /// ([`Failure::retryable`], [`Failure::non_retryable`], [`Failure::retry_after`],
@@ -204,21 +204,7 @@ where
             return;
         }
     }
-    let known = parsed.as_ref().ok();
-    let mut job = JobContext {
-        task: task.clone(),
-        attempt: known.map_or(1, |h| h.attempt),
-        replays: known.map_or(0, |h| h.replays),
-        original_exchange: known
-            .and_then(|h| h.original_exchange.clone())
-            .unwrap_or_else(|| delivery.exchange.as_str().to_owned()),
-        original_routing_key: known
-            .and_then(|h| h.original_routing_key.clone())
-            .unwrap_or_else(|| delivery.routing_key.as_str().to_owned()),
-        queue: s.queue.clone(),
-        first_failure_ms: known.and_then(|h| h.first_failure_ms),
-        now_ms: 0,
-    };
+    let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &s.queue);
     let outcome = match &parsed {
         Err(e) => {
             let dependency = s
@@ -234,36 +220,66 @@ where
                 job.now_ms = headers::now_ms();
                 Outcome::invalid_task(&job, &e)
             }
-            Ok(()) => {
-                let handed = Job {
-                    message_id: headers::message_id(&delivery.properties).map(str::to_owned),
-                    task: task.clone(),
-                    attempt: h.attempt,
-                    replays: h.replays,
-                    redelivered: delivery.redelivered,
-                    payload: delivery.data.clone(),
-                    exchange: delivery.exchange.as_str().to_owned(),
-                    routing_key: delivery.routing_key.as_str().to_owned(),
-                    properties: delivery.properties.clone(),
-                };
-                let handler = Arc::clone(&ctx.handler);
-                let result = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(handed))) {
-                    Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
-                    Err(panic) => Err(panic),
-                };
-                match result {
-                    Ok(Ok(())) => Outcome::Ack,
-                    Ok(Err(failure)) => decide(s, &mut job, &failure).await,
-                    Err(_) => {
-                        let failure =
-                            Failure::retryable("the handler panicked").with_class("panic");
-                        decide(s, &mut job, &failure).await
-                    }
-                }
-            }
+            Ok(()) => match run_handler(&*ctx.handler, &delivery, &task, h).await {
+                Ok(()) => Outcome::Ack,
+                Err(failure) => decide(s, &mut job, &failure).await,
+            },
         },
     };
     s.carry_out(&delivery, &table, &task, outcome).await;
+}
+
+/// The context of a delivery's outcome: its headers where it has them, else the delivery's own
+/// exchange and routing key (a first attempt). The time is set when the outcome is decided.
+fn job_context(
+    delivery: &Delivery,
+    known: Option<&JobHeaders>,
+    task: &str,
+    queue: &str,
+) -> JobContext {
+    JobContext {
+        task: task.to_owned(),
+        attempt: known.map_or(1, |h| h.attempt),
+        replays: known.map_or(0, |h| h.replays),
+        original_exchange: known
+            .and_then(|h| h.original_exchange.clone())
+            .unwrap_or_else(|| delivery.exchange.as_str().to_owned()),
+        original_routing_key: known
+            .and_then(|h| h.original_routing_key.clone())
+            .unwrap_or_else(|| delivery.routing_key.as_str().to_owned()),
+        queue: queue.to_owned(),
+        first_failure_ms: known.and_then(|h| h.first_failure_ms),
+        now_ms: 0,
+    }
+}
+
+/// Runs the handler on the job of `delivery`; a panic is a retryable failure of class `panic`.
+async fn run_handler<H, F>(
+    handler: &H,
+    delivery: &Delivery,
+    task: &str,
+    h: &JobHeaders,
+) -> Result<(), Failure>
+where
+    H: Fn(Job) -> F,
+    F: Future<Output = Result<(), Failure>>,
+{
+    let job = Job {
+        message_id: headers::message_id(&delivery.properties).map(str::to_owned),
+        task: task.to_owned(),
+        attempt: h.attempt,
+        replays: h.replays,
+        redelivered: delivery.redelivered,
+        payload: delivery.data.clone(),
+        exchange: delivery.exchange.as_str().to_owned(),
+        routing_key: delivery.routing_key.as_str().to_owned(),
+        properties: delivery.properties.clone(),
+    };
+    let result = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job))) {
+        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    result.unwrap_or_else(|_| Err(Failure::retryable("the handler panicked").with_class("panic")))
 }
 
 /// Asks the budget about `failure` and maps its decision to an outcome.
