@@ -1,0 +1,36 @@
+-- fleet-budget spend: try to spend one retry from a dependency's budget (atomic, one round trip).
+-- Contract: lua/README.md (key layout v1). Keep in step with crates/fleet-budget/src/allowance.rs.
+--
+-- KEYS[1]  budget hash, e.g. "fb:v1:{search}"
+-- ARGV     window_ms, ratio, min_allowance, basis ("s" successes | "a" first attempts),
+--          mode ("sliding" | "fixed")
+-- Reply    {granted (1|0), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
+--           cur_successes, cur_first_attempts, cur_retries, cur_denied,
+--           prev_successes, prev_first_attempts, prev_retries, prev_denied}
+-- @include window_arg.lua
+local at = 2
+-- @include budget.lua
+-- @include estimate.lua
+
+-- Decide and count: a grant is a retry, a refusal is a denial (never a retry). In scaled
+-- integers: retries_est + 1 <= allowance.
+local granted = 0
+if cur[3] * window + prev[3] * pw + window <= allowance * window then
+  granted = 1
+  cur[3] = cur[3] + 1
+else
+  cur[4] = cur[4] + 1
+end
+
+-- Write the whole hash when the window rolled (or the key is new), else only the counter that
+-- changed.
+if rolled then
+  -- @include save.lua
+elseif granted == 1 then
+  redis.call('HINCRBY', KEYS[1], 'cr', 1)
+else
+  redis.call('HINCRBY', KEYS[1], 'cd', 1)
+end
+-- @include reply.lua
+reply[1] = granted
+return reply
