@@ -1,21 +1,13 @@
 //! Migrations against the real broker: dry-run plan, idempotent apply, and the error for a queue
 //! declared with other arguments.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    missing_docs
-)]
 
-mod common;
-
-use common::Env;
 use fleet_budget_amqp::{
     AmqpError, Migrations, StepState, Topology, delete_topology, migrate, queue_depth,
 };
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+use crate::common::Env;
 
 #[tokio::test]
 async fn migrations_plan_apply_and_reapply_idempotently() {

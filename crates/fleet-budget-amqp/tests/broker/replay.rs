@@ -1,26 +1,18 @@
 //! The replayer against the real RabbitMQ: pacing, the bound, pausing on an exhausted budget,
 //! loop protection, malformed messages, the dry run, and filters.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    missing_docs
-)]
-
-mod common;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, header_str, header_u64, ids, message_id, wait_until};
 use fleet_budget::{DeadLetterReason, Dependency};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer};
 use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+use crate::common::{Env, header_str, header_u64, ids, message_id, wait_until};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -366,7 +358,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
         "{report:?}"
     );
     let parked = env.drain(&env.topology.parked_queue).await;
-    assert_eq!(common::ids(&parked), ids);
+    assert_eq!(crate::common::ids(&parked), ids);
     for (props, _) in &parked {
         let reason = header_str(props, headers::PARK_REASON).unwrap();
         let expected = match message_id(props).as_str() {
