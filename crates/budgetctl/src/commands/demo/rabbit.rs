@@ -99,7 +99,13 @@ impl Depths {
 fn workers_settled(handles: &[WorkerHandle]) -> bool {
     handles.iter().all(|h| {
         let c = h.counts();
-        c.deliveries == c.succeeded + c.retried + c.dead_lettered + c.requeued + c.ack_failed
+        c.deliveries
+            == c.succeeded
+                + c.retried
+                + c.dead_lettered
+                + c.requeued
+                + c.ack_failed
+                + c.waited_again
     })
 }
 
