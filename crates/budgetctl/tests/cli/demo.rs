@@ -1,9 +1,9 @@
 //! `demo`: both runs account for every job, on the services or without them.
 
 use fleet_budget::testing::RedisServer;
+use fleet_budget_amqp::testing::amqp_url;
 use serde_json::Value;
 
-use crate::rabbitmq::broker;
 use crate::{has_fields, json, run, stderr, stdout, unique};
 
 fn check_demo(v: &Value) {
@@ -58,7 +58,7 @@ fn demo_against_redis_json() {
         "--redis-url",
         &redis.url(),
         "--amqp-url",
-        &broker::url(),
+        &amqp_url(),
         "--key-prefix",
         &unique("demo"),
         "demo",

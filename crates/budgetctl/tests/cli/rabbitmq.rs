@@ -1,166 +1,34 @@
 //! `migrate`, `dlq stats` and `replay` against RabbitMQ.
 
+use fleet_budget::DeadLetterReason;
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::testing::{TestBroker, block_on};
+
 use crate::{assert_exit, has_fields, json, run, stderr, stdout, temp_file, unique};
 
-pub(crate) mod broker {
-    use fleet_budget::DeadLetterReason;
-    use fleet_budget_amqp::AmqpSettings;
-    use fleet_budget_amqp::Topology;
-    use fleet_budget_amqp::headers::{self, DeadLetterRecord};
-    use lapin::options::{
-        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-        QueueDeleteOptions,
-    };
-    use lapin::types::{FieldTable, ShortString};
+/// Ready messages in `queue`.
+fn depth(broker: &TestBroker, queue: &str) -> u32 {
+    block_on(broker.depth(queue))
+}
 
-    /// The shared broker: `FLEET_BUDGET_AMQP_URL`, or guest on 127.0.0.1:5672.
-    pub(crate) fn url() -> String {
-        std::env::var("FLEET_BUDGET_AMQP_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-    }
-
-    /// A topology of the test's own on the shared broker, deleted on drop.
-    pub(crate) struct TestBroker {
-        pub(crate) topology: Topology,
-        rt: tokio::runtime::Runtime,
-    }
-
-    impl TestBroker {
-        pub(crate) fn new(prefix: &str) -> Self {
-            let settings = AmqpSettings {
-                prefix: prefix.to_owned(),
-                ..AmqpSettings::default()
-            };
-            let topology = Topology::new(&settings);
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            Self { topology, rt }
-        }
-
-        async fn channel() -> (lapin::Connection, lapin::Channel) {
-            let conn = fleet_budget_amqp::connect(&url(), "budgetctl cli test")
-                .await
-                .expect("RabbitMQ on 127.0.0.1:5672 (.ci/run starts it)");
-            let ch = conn.create_channel().await.unwrap();
-            (conn, ch)
-        }
-
-        /// Publishes a dead-letter of `dependency` / `reason` into the dead-letter exchange.
-        pub(crate) fn dead_letter(&self, dependency: &str, reason: DeadLetterReason) {
-            let exchange = self.topology.dead_exchange.clone();
-            let work = self.topology.work_exchange.clone();
-            let queue = self.topology.work_queue.clone();
-            self.rt.block_on(async move {
-                let (conn, ch) = Self::channel().await;
-                ch.confirm_select(ConfirmSelectOptions::default())
-                    .await
-                    .unwrap();
-                let now = headers::now_ms();
-                let record = DeadLetterRecord {
-                    task: "index_document".to_owned(),
-                    dependency: dependency.to_owned(),
-                    reason,
-                    original_exchange: work,
-                    original_routing_key: "index_document".to_owned(),
-                    original_queue: queue,
-                    attempts: 3,
-                    first_failure_ms: now - 5000,
-                    dead_lettered_ms: now - 1000,
-                    error_class: "http_503".to_owned(),
-                    error: "over capacity".to_owned(),
-                    budget: None,
-                    budget_source: None,
-                    replays: 0,
-                };
-                let mut table = FieldTable::default();
-                headers::set_str(&mut table, headers::TASK, "index_document");
-                record.write(&mut table);
-                let props = headers::with_message_id(lapin::BasicProperties::default())
-                    .with_headers(table)
-                    .with_delivery_mode(2);
-                ch.basic_publish(
-                    ShortString::from(exchange.as_str()),
-                    ShortString::from(""),
-                    BasicPublishOptions::default(),
-                    b"{}",
-                    props,
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-                let _ = conn.close(200, ShortString::from("done")).await;
-            });
-        }
-
-        /// Messages ready in `queue`.
-        pub(crate) fn depth(&self, queue: &str) -> u32 {
-            let queue = queue.to_owned();
-            self.rt.block_on(async move {
-                let (conn, ch) = Self::channel().await;
-                let q = ch
-                    .queue_declare(
-                        ShortString::from(queue.as_str()),
-                        QueueDeclareOptions {
-                            passive: true,
-                            ..QueueDeclareOptions::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
-                let _ = conn.close(200, ShortString::from("done")).await;
-                q.message_count()
-            })
-        }
-    }
-
-    impl Drop for TestBroker {
-        fn drop(&mut self) {
-            let topology = self.topology.clone();
-            self.rt.block_on(async move {
-                let Ok(conn) =
-                    fleet_budget_amqp::connect(&url(), "budgetctl cli test cleanup").await
-                else {
-                    return;
-                };
-                let Ok(ch) = conn.create_channel().await else {
-                    return;
-                };
-                for q in topology.queues() {
-                    let _ = ch
-                        .queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default())
-                        .await;
-                }
-                for e in topology.exchanges() {
-                    let _ = ch
-                        .exchange_delete(
-                            ShortString::from(e.as_str()),
-                            ExchangeDeleteOptions::default(),
-                        )
-                        .await;
-                }
-                let _ = conn.close(200, ShortString::from("done")).await;
-            });
-        }
-    }
+/// Publishes a dead-letter of `dependency` / `reason`, dead-lettered a second ago, into the
+/// broker's dead-letter exchange as a worker would.
+fn dead_letter(broker: &TestBroker, dependency: &str, reason: DeadLetterReason) {
+    block_on(async {
+        let publisher = broker.publisher().await;
+        let record = broker.dead_letter_record(dependency, reason, headers::now_ms() - 1000);
+        broker.publish_dead_letter(&publisher, &record, b"{}").await;
+        publisher.close().await;
+    });
 }
 
 #[test]
 fn migrate_dlq_stats_and_replay_against_rabbitmq() {
-    let prefix = unique("amqp");
-    let broker = broker::TestBroker::new(&prefix);
+    let broker = TestBroker::new("cli");
+    let prefix = &broker.settings.prefix;
     let config = temp_file(
         &format!("{prefix}.toml"),
-        &format!(
-            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n",
-            broker::url()
-        ),
+        &format!("[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n", broker.url),
     );
     let cfg = config.to_str().unwrap();
     let redis_prefix = unique("replay");
@@ -188,9 +56,9 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
         "{text}"
     );
 
-    broker.dead_letter("search", fleet_budget::DeadLetterReason::BudgetExhausted);
-    broker.dead_letter("search", fleet_budget::DeadLetterReason::BudgetExhausted);
-    broker.dead_letter("mail", fleet_budget::DeadLetterReason::AttemptsExhausted);
+    dead_letter(&broker, "search", DeadLetterReason::BudgetExhausted);
+    dead_letter(&broker, "search", DeadLetterReason::BudgetExhausted);
+    dead_letter(&broker, "mail", DeadLetterReason::AttemptsExhausted);
 
     let stats = json(&with(&["dlq", "stats", "--json"]));
     assert_eq!(stats["dead_letter"]["depth"], 3, "{stats}");
@@ -216,7 +84,7 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     );
     assert!(stdout(&with(&["dlq", "stats"])).contains("budget_exhausted"));
     // Reading for stats puts the messages back.
-    assert_eq!(broker.depth(&broker.topology.dead_queue), 3);
+    assert_eq!(depth(&broker, &broker.topology.dead_queue), 3);
 
     let dry = json(&with(&[
         "replay",
@@ -232,7 +100,7 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     assert_eq!(dry["matched"], 2, "{dry}");
     assert_eq!(dry["skipped"], 1, "{dry}");
     assert_eq!(
-        broker.depth(&broker.topology.dead_queue),
+        depth(&broker, &broker.topology.dead_queue),
         3,
         "a dry run moves nothing"
     );
@@ -269,8 +137,8 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     ]));
     assert_eq!(one["moved"], 1, "{one}");
     assert_eq!(one["skipped"], 2, "{one}");
-    assert_eq!(broker.depth(&broker.topology.work_queue), 1);
-    assert_eq!(broker.depth(&broker.topology.dead_queue), 2);
+    assert_eq!(depth(&broker, &broker.topology.work_queue), 1);
+    assert_eq!(depth(&broker, &broker.topology.dead_queue), 2);
 
     let done = json(&with(&[
         "replay",
@@ -286,8 +154,8 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     assert_eq!(done["moved"], 1, "{done}");
     assert_eq!(done["skipped"], 1, "{done}");
     assert_eq!(done["failed"], 0, "{done}");
-    assert_eq!(broker.depth(&broker.topology.work_queue), 2);
-    assert_eq!(broker.depth(&broker.topology.dead_queue), 1);
+    assert_eq!(depth(&broker, &broker.topology.work_queue), 2);
+    assert_eq!(depth(&broker, &broker.topology.dead_queue), 1);
     assert_exit(
         &with(&["replay", "--dependency", "search", "--limit", "0"]),
         2,

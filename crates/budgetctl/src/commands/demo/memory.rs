@@ -1,21 +1,23 @@
 //! The drill on `fleet-budget-sim`'s in-memory queue, used when RabbitMQ does not answer so
 //! that the drill runs on a fresh machine. Workers take a job, call the dependency, report to
-//! the budget (`FleetBudget::on_attempt` / `on_success` / `on_failure`), and settle the job as
-//! the RabbitMQ worker would.
+//! the budget (`FleetBudget::on_attempt` / `on_success` / `on_failure`), and settle the job by
+//! the RabbitMQ worker's own rules: [`Outcome::of_decision`] says whether a failed job waits in a
+//! retry tier or is dead-lettered, and the in-memory queue carries that out.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fleet_budget::{DeadLetterReason, Decision, FleetBudget};
+use fleet_budget::FleetBudget;
+use fleet_budget_amqp::{AmqpSettings, JobContext, Outcome, Topology};
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use fleet_budget_sim::queue::{Job, MemoryQueue, Settle};
 use fleet_budget_sim::upstream::Upstream;
 
 use super::progress::{Progress, QueueGauge, Watched};
 use super::{
-    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, bad_input, call,
-    job_failure,
+    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, amqp_settings, bad_input,
+    call, job_failure,
 };
 
 /// How long an idle worker waits before looking at the queue again, at most.
@@ -38,6 +40,8 @@ impl QueueGauge for MemoryQueue {
 /// What a worker needs, shared by all of them.
 struct Shared {
     queue: Arc<MemoryQueue>,
+    /// The drill's topology: the retry tiers a failed job waits in.
+    topology: Topology,
     budget: FleetBudget,
     upstream: Arc<Upstream>,
     outcomes: Arc<JobOutcomes>,
@@ -50,6 +54,7 @@ pub(super) async fn run(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     let started = Instant::now();
     let shared = Arc::new(Shared {
         queue: Arc::default(),
+        topology: Topology::new(&amqp_settings(&AmqpSettings::default(), &s.key_prefix)),
         budget: budget.clone(),
         upstream: Arc::new(Upstream::new(s.schedule)),
         outcomes: Arc::new(JobOutcomes::default()),
@@ -154,19 +159,32 @@ async fn handle(shared: &Shared, job: Job) -> Settle {
         shared.outcomes.succeeded(job.id, job.replays > 0);
         return Settle::Ack;
     };
-    match budget.on_failure(TASK, job.attempt, &job_failure(e)).await {
-        Ok(Decision::Retry {
-            delay,
-            next_attempt,
-            ..
-        }) => Settle::Retry {
-            next_attempt,
-            due: shared.started.elapsed() + delay,
+    let failure = job_failure(e);
+    let now = shared.started.elapsed();
+    let context = JobContext {
+        task: TASK.to_owned(),
+        attempt: job.attempt,
+        replays: job.replays,
+        now_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
+        ..JobContext::default()
+    };
+    let outcome = match budget.on_failure(TASK, job.attempt, &failure).await {
+        Ok(decision) => Outcome::of_decision(&shared.topology, &context, &failure, &decision),
+        Err(error) => Outcome::invalid_task(&context, &error),
+    };
+    match outcome {
+        Outcome::Ack => Settle::Ack,
+        // Back after the tier's delay, or later: a retry longer than the longest tier waits
+        // there again until its own delay has passed.
+        Outcome::Retry { tier, record } => Settle::Retry {
+            next_attempt: record.attempt,
+            due: now + tier.delay.max(Duration::from_millis(record.delay_ms)),
         },
-        Ok(Decision::DeadLetter { reason, .. }) => Settle::DeadLetter(reason),
-        Err(error) => {
-            tracing::error!(%error, "budget refused the task name; dead-lettering");
-            Settle::DeadLetter(DeadLetterReason::NonRetryable)
-        }
+        Outcome::DeadLetter(record) => Settle::DeadLetter(record.reason),
+        // Put back as it is, to run again.
+        Outcome::Requeue => Settle::Retry {
+            next_attempt: job.attempt,
+            due: now,
+        },
     }
 }

@@ -30,7 +30,7 @@ use fleet_budget::{
     Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, Metrics,
     WindowMode,
 };
-use fleet_budget_amqp::WorkerConfig;
+use fleet_budget_amqp::{AmqpSettings, WorkerConfig};
 use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
 
 use self::mode::Mode;
@@ -78,6 +78,13 @@ const MAX_ATTEMPTS: u32 = 4;
 const MAX_REPLAYS: u32 = 1;
 /// One job in this many has bad input: the dependency answers 400 whatever its load.
 const BAD_INPUT_EVERY: u64 = 200;
+/// Retry delay tiers of the drill's topology: short, so that the drill is quick.
+const RETRY_TIERS: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+];
 /// What one call to the dependency costs a worker, as a real call would.
 const CALL_COST: Duration = Duration::from_millis(1);
 
@@ -112,6 +119,18 @@ fn dead_letters(metrics: &Metrics) -> BTreeMap<String, u64> {
         .map(|r| (r.as_str().to_owned(), metrics.dead_letters(DEPENDENCY, *r)))
         .filter(|(_, n)| *n > 0)
         .collect()
+}
+
+/// The drill's `[amqp]` settings: `base` (the broker) with names of the run's own, the drill's
+/// short retry tiers, and [`MAX_REPLAYS`].
+fn amqp_settings(base: &AmqpSettings, prefix: &str) -> AmqpSettings {
+    AmqpSettings {
+        prefix: prefix.to_owned(),
+        retry_tiers: RETRY_TIERS.to_vec(),
+        max_replays: MAX_REPLAYS,
+        prefetch: 2,
+        ..base.clone()
+    }
 }
 
 /// One run's settings.

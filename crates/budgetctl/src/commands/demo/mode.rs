@@ -88,7 +88,7 @@ pub(super) async fn choose(config: &WorkerConfig, in_process: bool) -> Mode {
     .await;
     match probe {
         Ok(Ok(conn)) => {
-            let _ = conn.close(200, lapin::types::ShortString::from("probe")).await;
+            let _ = conn.close(200, "probe".into()).await;
             mode.queue = "rabbitmq";
             mode.rabbitmq = Some(amqp_shown);
         }

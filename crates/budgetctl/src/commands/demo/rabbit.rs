@@ -6,30 +6,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use fleet_budget::FleetBudget;
 use fleet_budget_amqp::{
-    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig,
-    WorkerHandle, WorkerOptions,
+    AmqpError, Job, Migrations, Publisher, QueueDepths, ReplayOptions, Replayer, Topology, Worker,
+    WorkerConfig, WorkerHandle, WorkerOptions, delete_topology, queue_depth,
 };
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use fleet_budget_sim::upstream::Upstream;
-use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{FieldTable, ShortString};
+use futures::future::try_join_all;
 
 use super::progress::{Progress, QueueGauge, Watched};
 use super::{
-    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, bad_input, call,
-    dead_letters, job_failure,
+    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, amqp_settings, bad_input,
+    call, dead_letters, job_failure,
 };
-
-/// Retry delay tiers of the drill's topology: short, so that the drill is quick.
-const RETRY_TIERS: [Duration; 4] = [
-    Duration::from_millis(100),
-    Duration::from_millis(250),
-    Duration::from_millis(500),
-    Duration::from_secs(1),
-];
 
 /// Queue depths, polled from the broker in the background.
 #[derive(Debug, Default)]
@@ -53,45 +43,27 @@ impl QueueGauge for RabbitGauge {
     }
 }
 
-/// Message counts of the drill's queues.
+/// Message counts of the drill's queues, on a channel of their own.
 struct Depths {
     channel: lapin::Channel,
     topology: Topology,
 }
 
 impl Depths {
-    async fn count(&self, queue: &str) -> anyhow::Result<u64> {
-        let q = self
-            .channel
-            .queue_declare(
-                ShortString::try_new(queue)
-                    .map_err(|e| anyhow::anyhow!("queue name {queue:?}: {e}"))?,
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .with_context(|| format!("inspect queue {queue}"))?;
-        Ok(u64::from(q.message_count()))
+    async fn read(&self) -> Result<QueueDepths, AmqpError> {
+        QueueDepths::read(&self.channel, &self.topology).await
     }
 
-    /// Work queue + retry tiers (ready messages only; unacked ones are the workers').
-    async fn waiting(&self) -> anyhow::Result<u64> {
-        let mut n = self.count(&self.topology.work_queue).await?;
-        for tier in &self.topology.retry_tiers {
-            n += self.count(&tier.queue).await?;
-        }
-        Ok(n)
+    /// Ready messages waiting for a worker: the work queue and the retry tiers (unacked ones
+    /// are the workers').
+    async fn waiting(&self) -> Result<u64, AmqpError> {
+        Ok(self.read().await?.waiting())
     }
 
-    async fn dead(&self) -> anyhow::Result<u64> {
-        self.count(&self.topology.dead_queue).await
-    }
-
-    async fn parked(&self) -> anyhow::Result<u64> {
-        self.count(&self.topology.parked_queue).await
+    async fn dead(&self) -> Result<u64, AmqpError> {
+        Ok(u64::from(
+            queue_depth(&self.channel, &self.topology.dead_queue).await?,
+        ))
     }
 }
 
@@ -147,10 +119,7 @@ pub(super) async fn run(
     budget: &FleetBudget,
 ) -> anyhow::Result<RunReport> {
     let mut c = config.clone();
-    c.amqp.prefix.clone_from(&s.key_prefix);
-    c.amqp.retry_tiers = RETRY_TIERS.to_vec();
-    c.amqp.max_replays = MAX_REPLAYS;
-    c.amqp.prefetch = 2;
+    c.amqp = amqp_settings(&config.amqp, &s.key_prefix);
     let url = c.amqp.url.clone();
     let migrations = Migrations::embedded()?;
     fleet_budget_amqp::migrate(&url, &c.amqp, &migrations, false).await?;
@@ -161,8 +130,10 @@ pub(super) async fn run(
         topology: topology.clone(),
     };
     let result = drill(s, &c, budget, &topology, &depths).await;
-    cleanup(&conn, &topology).await;
-    let _ = conn.close(200, ShortString::from("drill done")).await;
+    if let Err(e) = delete_topology(&conn, &topology).await {
+        tracing::warn!(error = %e, prefix = %c.amqp.prefix, "the drill's topology was not deleted");
+    }
+    let _ = conn.close(200, "drill done".into()).await;
     result
 }
 
@@ -174,14 +145,10 @@ fn poll_depths(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while polling.load(Ordering::Acquire) {
-            if let (Ok(w), Ok(d), Ok(p)) = (
-                depths.waiting().await,
-                depths.dead().await,
-                depths.parked().await,
-            ) {
-                gauge.waiting.store(w, Ordering::Relaxed);
-                gauge.dead.store(d, Ordering::Relaxed);
-                gauge.parked.store(p, Ordering::Relaxed);
+            if let Ok(d) = depths.read().await {
+                gauge.waiting.store(d.waiting(), Ordering::Relaxed);
+                gauge.dead.store(u64::from(d.dead), Ordering::Relaxed);
+                gauge.parked.store(u64::from(d.parked), Ordering::Relaxed);
             }
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
@@ -265,29 +232,17 @@ async fn drill(
     );
     let (handles, joins) = start_workers(s, c, budget, topology, &upstream, &outcomes, started);
 
-    // Submit `rate` jobs per second, evenly, with publisher confirms.
+    // Submit `rate` jobs per second, evenly; each batch's confirms are awaited together.
     let publisher = Publisher::connect(&url).await?;
     let publisher = &publisher;
     s.submit_paced(&submitted, async |ids| {
-        let mut pending = Vec::new();
-        for id in ids {
-            let mut props =
-                fleet_budget_amqp::headers::with_message_id(lapin::BasicProperties::default());
-            let mut table = FieldTable::default();
-            fleet_budget_amqp::headers::set_str(&mut table, fleet_budget_amqp::headers::TASK, TASK);
-            props = props
-                .with_type(ShortString::from(TASK))
-                .with_delivery_mode(2)
-                .with_headers(table);
-            pending.push(
-                publisher
-                    .send(&topology.work_exchange, TASK, &payload(id), props)
-                    .await?,
-            );
-        }
-        for p in pending {
-            fleet_budget_amqp::publish::confirmed(p).await?;
-        }
+        let payloads: Vec<Vec<u8>> = ids.map(payload).collect();
+        try_join_all(
+            payloads
+                .iter()
+                .map(|p| publisher.publish_job(&topology.work_exchange, TASK, TASK, p)),
+        )
+        .await?;
         Ok(())
     })
     .await?;
@@ -333,31 +288,12 @@ async fn drill(
     let _ = poller.await;
     progress.finish().await;
 
+    let left = depths.read().await?;
     let accounting = Accounting::tally(
         jobs,
         &outcomes,
-        depths.parked().await?,
-        depths.dead().await?,
+        u64::from(left.parked),
+        u64::from(left.dead),
     );
     Ok(RunReport::new(s, first, &upstream, &replay, accounting))
-}
-
-/// Deletes the drill's queues and exchanges.
-async fn cleanup(conn: &lapin::Connection, topology: &Topology) {
-    let Ok(ch) = conn.create_channel().await else {
-        return;
-    };
-    for q in topology.queues() {
-        if let Ok(name) = ShortString::try_new(q.as_str()) {
-            let _ = ch.queue_delete(name, QueueDeleteOptions::default()).await;
-        }
-    }
-    for e in topology.exchanges() {
-        if let Ok(name) = ShortString::try_new(e.as_str()) {
-            let _ = ch
-                .exchange_delete(name, ExchangeDeleteOptions::default())
-                .await;
-        }
-    }
-    let _ = ch.close(200, ShortString::from("cleaned up")).await;
 }
