@@ -74,6 +74,12 @@ impl LocalStore {
         }
     }
 
+    /// The clock the store keeps its windows with.
+    #[must_use]
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     fn with_state<T>(
         &self,
         dependency: &Dependency,

@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
 use crate::allowance::{BudgetSnapshot, WindowCounters};
+use crate::config::RedisSettings;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::keys::budget_key;
@@ -44,6 +45,16 @@ pub enum RedisTarget {
 }
 
 impl RedisTarget {
+    /// The target of `settings`: the cluster when seed nodes are given, else the one server.
+    #[must_use]
+    pub fn from_settings(settings: &RedisSettings) -> Self {
+        if settings.cluster_urls.is_empty() {
+            Self::Single(settings.url.clone())
+        } else {
+            Self::Cluster(settings.cluster_urls.clone())
+        }
+    }
+
     /// The URLs with passwords redacted.
     #[must_use]
     pub fn display(&self) -> String {
@@ -127,6 +138,18 @@ impl RedisStore {
             connection,
             connecting: Mutex::new(None),
         })
+    }
+
+    /// A store as `settings` describe it: target, key prefix and deadline.
+    ///
+    /// # Errors
+    /// A URL that cannot be parsed.
+    pub fn from_settings(settings: &RedisSettings) -> Result<Self, StoreError> {
+        Self::new(
+            RedisTarget::from_settings(settings),
+            &settings.key_prefix,
+            settings.timeout,
+        )
     }
 
     /// Connects now and checks the server answers (`PING`), within the store's deadline × 20.

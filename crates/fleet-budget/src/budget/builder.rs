@@ -1,0 +1,136 @@
+//! [`FleetBudgetBuilder`]: a [`FleetBudget`] from parts (tests, the simulator, custom stores,
+//! a clock of one's own).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::sync::Notify;
+
+use super::coalesce::{self, PendingDeposits};
+use super::health::Health;
+use super::{FleetBudget, Inner};
+use crate::clock::{Clock, CoarseClock};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::{BudgetStore, LocalStore};
+
+/// Builds a [`FleetBudget`] from parts (tests, the simulator, custom stores).
+#[derive(Debug)]
+pub struct FleetBudgetBuilder {
+    config: Config,
+    fleet: Option<Arc<dyn BudgetStore>>,
+    local: Option<LocalStore>,
+    clock: Option<Arc<dyn Clock>>,
+    metrics: Option<Metrics>,
+    seed: Option<u64>,
+}
+
+impl FleetBudgetBuilder {
+    /// Uses `store` as the fleet-wide store (otherwise the budget is local only).
+    #[must_use]
+    pub fn fleet_store(mut self, store: Arc<dyn BudgetStore>) -> Self {
+        self.fleet = Some(store);
+        self
+    }
+
+    /// Uses `local` as the in-process store (the budget when local only, else the fallback).
+    /// Without [`FleetBudgetBuilder::clock`], the budget then keeps time with `local`'s clock.
+    #[must_use]
+    pub fn local_store(mut self, local: LocalStore) -> Self {
+        self.local = Some(local);
+        self
+    }
+
+    /// Keeps time with `clock`: the probe interval of a failing store, the age of pending
+    /// deposits, and the windows of the in-process store made by the builder (a store given to
+    /// [`FleetBudgetBuilder::local_store`] keeps its own). Default: the store's clock if one was
+    /// given, else [`CoarseClock`]. Tests give a [`crate::clock::ManualClock`] and move it.
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Registers metrics on the application's registry instead of a private one.
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Seeds the backoff jitter (deterministic tests and simulations).
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Builds the budget. Inside a Tokio runtime, with a fleet store and a non-zero
+    /// `redis.deposit_flush`, a background task flushes coalesced deposits; otherwise every
+    /// deposit is recorded with its own store call.
+    #[must_use]
+    pub fn build(self) -> FleetBudget {
+        let c = self.config;
+        let coalesce = self.fleet.is_some()
+            && !c.redis.deposit_flush.is_zero()
+            && tokio::runtime::Handle::try_current().is_ok();
+        let clock = match (self.clock, &self.local) {
+            (Some(clock), _) => clock,
+            (None, Some(local)) => local.clock().clone(),
+            (None, None) => Arc::new(CoarseClock),
+        };
+        let local = self
+            .local
+            .unwrap_or_else(|| LocalStore::with_clock(clock.clone()));
+        let inner = Arc::new(Inner {
+            defaults: c.defaults,
+            policies: c.policies,
+            map: c.map,
+            ceilings: c.ceilings,
+            fleet: self.fleet,
+            local,
+            fallback: c.redis.fallback,
+            health: Health::new(clock.clone()),
+            clock,
+            pending: PendingDeposits::default(),
+            flush_interval: if coalesce {
+                c.redis.deposit_flush
+            } else {
+                Duration::ZERO
+            },
+            flush_count: c.redis.deposit_flush_count,
+            flush_now: Notify::new(),
+            flusher_running: AtomicBool::new(coalesce),
+            metrics: self.metrics.unwrap_or_default(),
+            rng: Mutex::new(self.seed.map_or_else(
+                || SmallRng::from_rng(&mut rand::rng()),
+                SmallRng::seed_from_u64,
+            )),
+        });
+        if coalesce {
+            tokio::spawn(coalesce::flusher(
+                Arc::downgrade(&inner),
+                inner.flush_interval,
+            ));
+        }
+        FleetBudget { inner }
+    }
+}
+
+impl FleetBudget {
+    /// A builder over `config` (local only until a fleet store is given).
+    #[must_use]
+    pub fn builder(config: &Config) -> FleetBudgetBuilder {
+        FleetBudgetBuilder {
+            config: config.clone(),
+            fleet: None,
+            local: None,
+            clock: None,
+            metrics: None,
+            seed: None,
+        }
+    }
+}

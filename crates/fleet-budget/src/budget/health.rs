@@ -1,0 +1,201 @@
+//! Whether the fleet store answers, and who decides when it does not.
+//!
+//! Health is kept per dependency: on Redis Cluster one master can fail while the others serve, so
+//! only the dependencies whose slots fail go to the fallback. While a dependency is degraded the
+//! store is probed for it at most once per [`PROBE_INTERVAL`] of the budget's clock; every other
+//! call goes straight to the fallback instead of each waiting for a deadline. The fallback
+//! (`redis.fallback`) is the local store (`local`), a refusal (`deny`) or a grant (`allow`).
+//!
+//! Every store result goes through [`Inner::record`], the one place that moves a dependency into
+//! or out of the fallback.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::Inner;
+use crate::clock::Clock;
+use crate::config::FallbackMode;
+use crate::decision::BudgetSource;
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::metrics::Metrics;
+use crate::policy::BudgetPolicy;
+use crate::store::Withdrawal;
+
+/// While the fleet store is failing for a dependency, it is tried again for it at most this
+/// often (clock time).
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(PROBE_INTERVAL_MS);
+
+const PROBE_INTERVAL_MS: u64 = 200;
+
+/// The health of the fleet store, per dependency.
+///
+/// Logs one line when the first dependency enters the fallback and one when the last leaves
+/// (per-dependency changes at debug level), so an outage of a single Redis is two lines, not one
+/// per dependency or per call.
+#[derive(Debug)]
+pub(super) struct Health {
+    clock: Arc<dyn Clock>,
+    /// Dependencies in fallback; read without the lock on the hot path.
+    degraded_count: AtomicU64,
+    /// Degraded dependencies → when the store may next be probed for them (clock ms).
+    degraded: Mutex<HashMap<Dependency, u64>>,
+}
+
+impl Health {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            degraded_count: AtomicU64::new(0),
+            degraded: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(super) fn any_degraded(&self) -> bool {
+        self.degraded_count.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether to call the fleet store for `dependency`: always when it is healthy; when it is
+    /// degraded, one caller per probe interval. A clock that went back by more than an interval
+    /// (the wall clock was set back) opens the probe at once rather than after the jump.
+    pub(super) fn should_try(&self, dependency: &Dependency) -> bool {
+        if !self.any_degraded() {
+            return true;
+        }
+        let now = self.clock.now_ms();
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        match degraded.get_mut(dependency) {
+            None => true,
+            Some(next_probe)
+                if now >= *next_probe || *next_probe > now.saturating_add(PROBE_INTERVAL_MS) =>
+            {
+                *next_probe = now.saturating_add(PROBE_INTERVAL_MS);
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn ok(&self, dependency: &Dependency, metrics: &Metrics) {
+        if !self.any_degraded() {
+            return;
+        }
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        if degraded.remove(dependency).is_some() {
+            let left = degraded.len() as u64;
+            self.degraded_count.store(left, Ordering::Release);
+            metrics.fallback_dependencies(left);
+            tracing::debug!(%dependency, "fleet budget store answers for this dependency again");
+            if left == 0 {
+                metrics.fallback(false);
+                tracing::info!("fleet budget store answers again; leaving fallback");
+            }
+        }
+    }
+
+    fn failed(
+        &self,
+        dependency: &Dependency,
+        error: &StoreError,
+        metrics: &Metrics,
+        mode: FallbackMode,
+    ) {
+        metrics.store_error(error.kind_label());
+        let next_probe = self.clock.now_ms().saturating_add(PROBE_INTERVAL_MS);
+        let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        if degraded.insert(dependency.clone(), next_probe).is_none() {
+            let now_degraded = degraded.len() as u64;
+            self.degraded_count.store(now_degraded, Ordering::Release);
+            metrics.fallback_dependencies(now_degraded);
+            if now_degraded == 1 {
+                metrics.fallback(true);
+                tracing::warn!(%error, %dependency, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+            } else {
+                tracing::debug!(%error, %dependency, "fleet budget store failed for this dependency too");
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Records the result of a fleet store call for `dependency`: an answer takes it out of the
+    /// fallback, a failure (counted by kind) puts it in until a probe succeeds.
+    pub(super) fn record<T>(&self, dependency: &Dependency, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.health.ok(dependency, &self.metrics),
+            Err(e) => self
+                .health
+                .failed(dependency, e, &self.metrics, self.fallback),
+        }
+    }
+
+    /// The answer of the fallback to a request for one retry, while the fleet store does not
+    /// answer for `dependency`.
+    pub(super) fn fallback_withdrawal(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> (Withdrawal, BudgetSource) {
+        self.metrics.fallback_decision(self.fallback.as_str());
+        let blind = |granted| {
+            let snapshot = self.local.status_now(dependency, policy);
+            (Withdrawal { granted, snapshot }, BudgetSource::Blind)
+        };
+        match self.fallback {
+            FallbackMode::Local => (
+                self.local.withdraw_now(dependency, policy),
+                BudgetSource::LocalFallback,
+            ),
+            FallbackMode::Deny => blind(false),
+            FallbackMode::Allow => blind(true),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn degraded(clock: &ManualClock) -> (Health, Dependency, Metrics) {
+        let health = Health::new(Arc::new(clock.clone()));
+        let d = Dependency::new("search").unwrap();
+        let metrics = Metrics::new();
+        let e = StoreError::Timeout(Duration::from_millis(50));
+        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        (health, d, metrics)
+    }
+
+    #[test]
+    fn a_degraded_dependency_is_probed_once_per_interval_of_the_clock() {
+        let clock = ManualClock::new(1_000_000);
+        let (health, d, metrics) = degraded(&clock);
+        let other = Dependency::new("mail").unwrap();
+        assert!(health.any_degraded() && metrics.fallback_is_active());
+        assert!(health.should_try(&other), "only the failing dependency");
+        assert!(!health.should_try(&d));
+        clock.advance(PROBE_INTERVAL - Duration::from_millis(1));
+        assert!(!health.should_try(&d));
+        clock.advance(Duration::from_millis(1));
+        assert!(health.should_try(&d), "the probe slot opens");
+        assert!(!health.should_try(&d), "for one caller");
+        clock.advance(PROBE_INTERVAL);
+        assert!(health.should_try(&d));
+        health.ok(&d, &metrics);
+        assert!(!health.any_degraded() && !metrics.fallback_is_active());
+        assert!(health.should_try(&d) && health.should_try(&d));
+    }
+
+    #[test]
+    fn a_clock_set_back_does_not_lock_the_store_out() {
+        let clock = ManualClock::new(1_000_000);
+        let (health, d, _) = degraded(&clock);
+        clock.set_ms(1_000_000 - 60_000);
+        assert!(health.should_try(&d), "probed now, not in a minute");
+        assert!(!health.should_try(&d));
+        clock.advance(PROBE_INTERVAL);
+        assert!(health.should_try(&d));
+    }
+}

@@ -1,0 +1,363 @@
+//! The worker-facing API: report outcomes, ask "may I retry?", get a [`Decision`].
+//!
+//! [`FleetBudget::on_failure`] decides in the order of the contract (`docs/semantics.md`):
+//! a non-retryable failure is dead-lettered; so is an execution at its task's attempt ceiling;
+//! otherwise the dependency's budget is asked for one retry, and a refusal dead-letters the job
+//! (`budget_exhausted`) while a grant schedules it after a backoff with jitter (at least any
+//! `Retry-After`). [`FleetBudget::on_attempt`] and [`FleetBudget::on_success`] make the deposits
+//! that earn retries.
+//!
+//! How the parts fit:
+//! - this file: the API, the decision order, and which store answers;
+//! - [`FleetBudgetBuilder`] (`builder.rs`): a budget from parts;
+//! - [`coalesce`]: deposits counted in the process and flushed in batches, and what a failed
+//!   flush keeps or drops;
+//! - [`health`]: whether the fleet store answers per dependency, the probe interval, the
+//!   fallback that decides meanwhile, and the one place a store result is recorded.
+//!
+//! All time (probe intervals, the age of pending deposits, the local store's windows) comes from
+//! one [`Clock`], injectable with [`FleetBudgetBuilder::clock`] so that tests move it instead of
+//! sleeping.
+
+mod builder;
+pub mod coalesce;
+pub mod health;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use tokio::sync::Notify;
+
+pub use self::builder::FleetBudgetBuilder;
+use self::coalesce::PendingDeposits;
+use self::health::Health;
+pub use self::health::PROBE_INTERVAL;
+use crate::allowance::BudgetSnapshot;
+use crate::ceiling::{Ceilings, TaskCeiling};
+use crate::clock::Clock;
+use crate::config::{Config, FallbackMode};
+use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
+use crate::dependency::{Dependency, DependencyMap};
+use crate::error::{Error, StoreError};
+use crate::metrics::Metrics;
+use crate::policy::BudgetPolicy;
+use crate::store::{BudgetStore, Deposits, LocalStore, RedisStore, Withdrawal};
+
+/// A fleet-wide retry budget per dependency, embedded in a worker.
+///
+/// Cheap to clone; clones share everything. See the crate documentation for an example.
+#[derive(Debug, Clone)]
+pub struct FleetBudget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    defaults: BudgetPolicy,
+    policies: BTreeMap<Dependency, BudgetPolicy>,
+    map: DependencyMap,
+    ceilings: Ceilings,
+    fleet: Option<Arc<dyn BudgetStore>>,
+    local: LocalStore,
+    fallback: FallbackMode,
+    clock: Arc<dyn Clock>,
+    health: Health,
+    pending: PendingDeposits,
+    flush_interval: Duration,
+    flush_count: u64,
+    flush_now: Notify,
+    flusher_running: AtomicBool,
+    metrics: Metrics,
+    rng: Mutex<SmallRng>,
+}
+
+impl FleetBudget {
+    /// The budget `config` describes, its fleet store in Redis (single node or cluster).
+    ///
+    /// Does not wait for Redis: if it is down, decisions come from the fallback until it answers.
+    ///
+    /// # Errors
+    /// A Redis URL that cannot be parsed.
+    pub async fn from_config(config: &Config) -> Result<Self, Error> {
+        let store = RedisStore::from_settings(&config.redis)?;
+        Ok(Self::builder(config).fleet_store(Arc::new(store)).build())
+    }
+
+    /// A budget kept in this process only (single-process workers, demos without Redis).
+    #[must_use]
+    pub fn local(config: &Config) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// The dependency whose budget `task` spends.
+    ///
+    /// # Errors
+    /// An unmapped task whose name cannot be a dependency name.
+    pub fn dependency(&self, task: &str) -> Result<Dependency, Error> {
+        self.inner
+            .map
+            .resolve(task)
+            .map_err(|source| Error::InvalidTask {
+                task: task.to_owned(),
+                source,
+            })
+    }
+
+    /// The policy of `dependency`.
+    #[must_use]
+    pub fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
+        self.inner.policy(dependency)
+    }
+
+    /// The attempt ceiling and backoff of `task`.
+    #[must_use]
+    pub fn ceiling(&self, task: &str) -> TaskCeiling {
+        self.inner.ceilings.for_task(task)
+    }
+
+    /// The metrics (expose `metrics().registry()`).
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The fleet store, when there is one.
+    #[must_use]
+    pub fn fleet_store(&self) -> Option<&Arc<dyn BudgetStore>> {
+        self.inner.fleet.as_ref()
+    }
+
+    /// The in-process store (the budget when local only, else the fallback).
+    #[must_use]
+    pub fn local_store(&self) -> &LocalStore {
+        &self.inner.local
+    }
+
+    /// Whether the fallback is deciding because the fleet store failed.
+    #[must_use]
+    pub fn in_fallback(&self) -> bool {
+        self.inner.health.any_degraded()
+    }
+
+    /// Reports the start of an execution. `attempt` is 1 for the first execution. First
+    /// attempts are deposits under `deposit = "request"` and feed amplification in every mode.
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
+    pub async fn on_attempt(&self, task: &str, attempt: u32) -> Result<(), Error> {
+        let dependency = self.dependency(task)?;
+        let first = attempt <= 1;
+        self.inner.metrics.execution(&dependency, first);
+        if first {
+            self.deposit(
+                dependency,
+                Deposits {
+                    successes: 0,
+                    first_attempts: 1,
+                },
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// Reports a successful job: one deposit under `deposit = "success"`.
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
+    pub async fn on_success(&self, task: &str) -> Result<(), Error> {
+        let dependency = self.dependency(task)?;
+        self.inner.metrics.success(&dependency);
+        self.deposit(
+            dependency,
+            Deposits {
+                successes: 1,
+                first_attempts: 0,
+            },
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Decides what to do with a failed execution, in the order of the contract:
+    /// non-retryable → dead-letter; `attempt >= max_attempts` → dead-letter; ask the
+    /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
+    /// delay with backoff and jitter, at least any `Retry-After`.
+    ///
+    /// `attempt` is the number of the execution that failed (1 for the first).
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`]. A failing store is not an error: the fallback decides.
+    pub async fn on_failure(
+        &self,
+        task: &str,
+        attempt: u32,
+        failure: &Failure,
+    ) -> Result<Decision, Error> {
+        let dependency = self.dependency(task)?;
+        let attempt = attempt.max(1);
+        if !failure.is_retryable() {
+            return Ok(self.dead_letter(
+                dependency,
+                DeadLetterReason::NonRetryable,
+                None,
+                BudgetSource::NotConsulted,
+            ));
+        }
+        let ceiling = self.ceiling(task);
+        if attempt >= ceiling.max_attempts {
+            return Ok(self.dead_letter(
+                dependency,
+                DeadLetterReason::AttemptsExhausted,
+                None,
+                BudgetSource::NotConsulted,
+            ));
+        }
+        let policy = self.policy(&dependency);
+        let (withdrawal, source) = self.withdraw(&dependency, &policy).await;
+        self.inner.metrics.retry(&dependency, withdrawal.granted);
+        self.inner
+            .metrics
+            .snapshot(&dependency, &withdrawal.snapshot);
+        if !withdrawal.granted {
+            return Ok(self.dead_letter(
+                dependency,
+                DeadLetterReason::BudgetExhausted,
+                Some(withdrawal.snapshot),
+                source,
+            ));
+        }
+        let delay = {
+            let mut rng = self
+                .inner
+                .rng
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            ceiling
+                .backoff
+                .delay(attempt, failure.retry_after_hint(), &mut *rng)
+        };
+        Ok(Decision::Retry {
+            dependency,
+            delay,
+            next_attempt: attempt.saturating_add(1),
+            snapshot: withdrawal.snapshot,
+            source,
+        })
+    }
+
+    /// Asks `dependency`'s budget for one retry directly (no ceiling, no backoff).
+    pub async fn withdraw(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> (Withdrawal, BudgetSource) {
+        let inner = &self.inner;
+        let Some(fleet) = &inner.fleet else {
+            return (
+                inner.local.withdraw_now(dependency, policy),
+                BudgetSource::Local,
+            );
+        };
+        if inner.health.should_try(dependency) {
+            let result = fleet.withdraw(dependency, policy).await;
+            inner.record(dependency, &result);
+            if let Ok(withdrawal) = result {
+                return (withdrawal, BudgetSource::Fleet);
+            }
+        }
+        inner.fallback_withdrawal(dependency, policy)
+    }
+
+    /// The current budget of `dependency`, from the fleet store when it answers.
+    pub async fn status(&self, dependency: &Dependency) -> (BudgetSnapshot, BudgetSource) {
+        let inner = &self.inner;
+        let policy = self.policy(dependency);
+        if let Some(fleet) = &inner.fleet {
+            let result = fleet.status(dependency, &policy).await;
+            inner.record(dependency, &result);
+            if let Ok(snapshot) = result {
+                return (snapshot, BudgetSource::Fleet);
+            }
+            return (
+                inner.local.status_now(dependency, &policy),
+                BudgetSource::LocalFallback,
+            );
+        }
+        (
+            inner.local.status_now(dependency, &policy),
+            BudgetSource::Local,
+        )
+    }
+
+    /// Sends every coalesced deposit to the fleet store now.
+    ///
+    /// # Errors
+    /// The store failed. Deposits it refused stay pending and are sent by a later flush; those
+    /// of a call that passed its deadline are not sent again (see the module documentation).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush_pending(true).await
+    }
+
+    /// Flushes deposits and stops the background flusher. Call before the process exits.
+    ///
+    /// # Errors
+    /// The final flush failed (the deposits are lost with the process).
+    pub async fn shutdown(&self) -> Result<(), StoreError> {
+        self.inner.flusher_running.store(false, Ordering::Release);
+        self.inner.flush_now.notify_one();
+        self.flush().await
+    }
+
+    /// Deposits counted locally and not yet sent to the fleet store.
+    #[must_use]
+    pub fn pending_deposits(&self) -> u64 {
+        self.inner.pending.total()
+    }
+
+    fn dead_letter(
+        &self,
+        dependency: Dependency,
+        reason: DeadLetterReason,
+        snapshot: Option<BudgetSnapshot>,
+        source: BudgetSource,
+    ) -> Decision {
+        self.inner.metrics.dead_letter(&dependency, reason);
+        Decision::DeadLetter {
+            dependency,
+            reason,
+            snapshot,
+            source,
+        }
+    }
+
+    async fn deposit(&self, dependency: Dependency, deposits: Deposits) {
+        let inner = &self.inner;
+        let policy = self.policy(&dependency);
+        // The local store always sees deposits: it is the budget when local only, and it keeps
+        // the fallback warm with this process's traffic when Redis fails.
+        inner.local.deposit_now(&dependency, &policy, deposits);
+        let Some(fleet) = &inner.fleet else { return };
+        if !inner.flush_interval.is_zero() {
+            if inner.coalesce(dependency, deposits) >= inner.flush_count {
+                inner.flush_now.notify_one();
+            }
+        } else if inner.health.should_try(&dependency) {
+            inner.deposit_now(&**fleet, dependency, deposits).await;
+        } else {
+            inner.coalesce(dependency, deposits);
+        }
+    }
+}
+
+impl Inner {
+    fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
+        self.policies
+            .get(dependency)
+            .copied()
+            .unwrap_or(self.defaults)
+    }
+}
