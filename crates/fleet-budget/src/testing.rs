@@ -14,8 +14,13 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::clock::ManualClock;
+use crate::store::RedisStore;
+use crate::{Config, Dependency, FleetBudget};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -346,4 +351,46 @@ impl RedisCluster {
         }
         None
     }
+}
+
+/// A budget on the fleet store `config` describes that keeps time with `clock`: tests move the
+/// clock past probe intervals and window ages instead of sleeping them out.
+///
+/// # Panics
+/// A Redis URL that cannot be parsed.
+#[must_use]
+pub fn budget_on_clock(config: &Config, clock: &ManualClock) -> FleetBudget {
+    let store = RedisStore::from_settings(&config.redis).expect("a usable Redis URL");
+    FleetBudget::builder(config)
+        .fleet_store(Arc::new(store))
+        .clock(Arc::new(clock.clone()))
+        .build()
+}
+
+/// Waits until `condition` holds, checking every 5 ms; panics naming `what` after `within`.
+///
+/// For events the test does not control (a restarted server accepting connections, a
+/// background task's work), never to wait out an interval of the budget's clock: move the
+/// clock for those.
+pub async fn eventually(what: &str, within: Duration, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (at most 10 s) until the budget's fleet store answers a direct call for `dependency`:
+/// the server is back and the store's connection made again. The budget's own view (its
+/// health) is left alone.
+pub async fn until_store_answers(budget: &FleetBudget, dependency: &str) {
+    let store = budget.fleet_store().expect("a budget with a fleet store");
+    let dependency = Dependency::new(dependency).expect("a valid dependency name");
+    let policy = budget.policy(&dependency);
+    eventually(
+        "the fleet store answers again",
+        Duration::from_secs(10),
+        async || store.status(&dependency, &policy).await.is_ok(),
+    )
+    .await;
 }

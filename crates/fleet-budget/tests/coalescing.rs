@@ -2,6 +2,9 @@
 //! and sent in one script call per dependency per flush. After a flush the totals in Redis are
 //! exact; a flush dropped while Redis is down is kept and sent later, not lost; and at more than
 //! 1,000 jobs/s the budget costs Redis at most 0.01 round trips per successful job.
+//!
+//! The servers are real; the budgets of the outage tests keep time with a [`ManualClock`] that
+//! the tests move past probe intervals and window ages instead of sleeping them out.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,8 +15,10 @@
 
 use std::time::{Duration, Instant};
 
+use fleet_budget::budget::PROBE_INTERVAL;
+use fleet_budget::clock::ManualClock;
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
-use fleet_budget::testing::RedisServer;
+use fleet_budget::testing::{RedisServer, budget_on_clock, eventually, until_store_answers};
 use fleet_budget::{BudgetSnapshot, Config, Dependency, FleetBudget};
 
 const PREFIX: &str = "fbd";
@@ -37,6 +42,64 @@ async fn status(server: &RedisServer, budget: &FleetBudget, dependency: &str) ->
     .unwrap();
     let d = Dependency::new(dependency).unwrap();
     store.status(&d, &budget.policy(&d)).await.unwrap()
+}
+
+/// How long the tests wait for what they do not control (a restarted server, the flusher).
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The store deadline of the outage tests: longer than the Redis client's reconnect attempts, so
+/// that a flush made while it reconnects to the dead server fails as refused (its deposits kept)
+/// rather than as timed out (a timed-out flush is never sent again: see
+/// `a_flush_that_timed_out_on_a_paused_redis_is_not_counted_twice`).
+const OUTAGE_DEADLINE: Duration = Duration::from_secs(1);
+
+fn store_errors(budget: &FleetBudget) -> u64 {
+    ["timeout", "connection", "server", "bad_reply"]
+        .iter()
+        .map(|k| budget.metrics().store_errors(k))
+        .sum()
+}
+
+/// Waits until a call of the budget (the flusher's, here) has failed once more than `before`.
+async fn until_another_store_error(budget: &FleetBudget, before: u64) {
+    eventually("a call to the dead store fails", PATIENCE, async || {
+        store_errors(budget) > before
+    })
+    .await;
+}
+
+/// After Redis is back: moves the clock one probe interval at a time (once the store answers
+/// again) until the background flusher alone has brought `dependency`'s successes in Redis to
+/// `expected`.
+async fn until_flushed_after_restart(
+    server: &RedisServer,
+    budget: &FleetBudget,
+    clock: &ManualClock,
+    dependency: &str,
+    expected: u64,
+) {
+    for _ in 0..5 {
+        until_store_answers(budget, dependency).await;
+        let errors = store_errors(budget);
+        clock.advance(PROBE_INTERVAL);
+        let mut arrived = false;
+        eventually(
+            "the flusher sends the pending deposits (or fails trying)",
+            PATIENCE,
+            async || {
+                arrived = totals(&status(server, budget, dependency).await).0 == expected;
+                arrived || store_errors(budget) > errors
+            },
+        )
+        .await;
+        if arrived {
+            return;
+        }
+    }
+    panic!(
+        "{} deposits still pending after 5 probes of a store that answers",
+        budget.pending_deposits()
+    );
 }
 
 fn totals(s: &BudgetSnapshot) -> (u64, u64) {
@@ -100,13 +163,11 @@ async fn after_a_flush_the_totals_in_redis_are_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_dropped_while_redis_is_down_is_sent_when_it_is_back() {
     let mut server = RedisServer::start();
-    let budget = FleetBudget::from_config(&config(
-        &server,
-        Duration::from_millis(50),
-        Duration::from_millis(50),
-    ))
-    .await
-    .unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let budget = budget_on_clock(
+        &config(&server, Duration::from_millis(50), OUTAGE_DEADLINE),
+        &clock,
+    );
     for _ in 0..300 {
         budget.on_success("mail").await.unwrap();
     }
@@ -122,8 +183,14 @@ async fn a_flush_dropped_while_redis_is_down_is_sent_when_it_is_back() {
     for _ in 0..700 {
         budget.on_success("mail").await.unwrap();
     }
-    // Several background flushes fail meanwhile; so does an explicit one. Nothing is dropped.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Background flushes fail meanwhile (the first, then one per probe interval of the clock);
+    // so does an explicit one. Nothing is dropped.
+    until_another_store_error(&budget, 0).await;
+    for _ in 0..3 {
+        let errors = store_errors(&budget);
+        clock.advance(PROBE_INTERVAL);
+        until_another_store_error(&budget, errors).await;
+    }
     assert!(budget.flush().await.is_err(), "Redis is down");
     assert_eq!(
         budget.pending_deposits(),
@@ -141,20 +208,17 @@ async fn a_flush_dropped_while_redis_is_down_is_sent_when_it_is_back() {
     .unwrap();
     let server = server_off;
     // The background flusher alone delivers them, once, exactly.
-    let started = Instant::now();
-    while budget.pending_deposits() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "pending deposits not flushed after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_flushed_after_restart(&server, &budget, &clock, "mail", 700).await;
+    assert_eq!(budget.pending_deposits(), 0);
+    eventually("the budget leaves the fallback", PATIENCE, async || {
+        !budget.in_fallback()
+    })
+    .await;
     assert_eq!(
         totals(&status(&server, &budget, "mail").await).0,
         700,
         "sent once, not lost, not doubled"
     );
-    assert!(!budget.in_fallback());
     budget.shutdown().await.unwrap();
 }
 
@@ -216,15 +280,20 @@ async fn a_flush_that_timed_out_on_a_paused_redis_is_not_counted_twice() {
     .unwrap();
     budget.on_success("search").await.unwrap();
     budget.flush().await.unwrap();
-    // Redis holds every command for 500 ms: the flush times out, but its request is already in
-    // the server's socket and runs when the pause ends.
+    // Redis holds every command for 500 ms (CLIENT UNPAUSE too, on this Redis): the flush times
+    // out, but its request is already in the server's socket and runs when the pause ends.
     let _: String = server.cmd(&["CLIENT", "PAUSE", "500", "ALL"]);
     for _ in 0..99 {
         budget.on_success("search").await.unwrap();
     }
     let e = budget.flush().await.unwrap_err();
     assert!(e.is_timeout(), "{e}");
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(
+        "the held flush runs when the pause ends",
+        PATIENCE,
+        async || totals(&status(&server, &budget, "search").await).0 == 100,
+    )
+    .await;
     budget.flush().await.unwrap();
     assert_eq!(
         totals(&status(&server, &budget, "search").await).0,
@@ -237,13 +306,10 @@ async fn a_flush_that_timed_out_on_a_paused_redis_is_not_counted_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deposits_pending_for_longer_than_a_window_are_dropped_not_credited_to_the_current_one() {
     let mut server = RedisServer::start();
-    let mut config = config(
-        &server,
-        Duration::from_millis(50),
-        Duration::from_millis(50),
-    );
+    let mut config = config(&server, Duration::from_millis(50), OUTAGE_DEADLINE);
     config.defaults.window = Duration::from_secs(2);
-    let budget = FleetBudget::from_config(&config).await.unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let budget = budget_on_clock(&config, &clock);
     server = tokio::task::spawn_blocking(move || {
         server.stop();
         server
@@ -253,12 +319,16 @@ async fn deposits_pending_for_longer_than_a_window_are_dropped_not_credited_to_t
     for _ in 0..500 {
         budget.on_success("search").await.unwrap();
     }
+    until_another_store_error(&budget, 0).await;
     // A long outage: these 500 are now older than the window. Sent after it, they would all
     // land in the current server window and inflate the allowance.
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    clock.advance(Duration::from_millis(2300));
+    let errors = store_errors(&budget);
     for _ in 0..200 {
         budget.on_success("search").await.unwrap();
     }
+    // The flusher tries the dead store again (the moved clock opened the probe) and keeps these.
+    until_another_store_error(&budget, errors).await;
     assert_eq!(
         budget.pending_deposits(),
         200,
@@ -270,15 +340,8 @@ async fn deposits_pending_for_longer_than_a_window_are_dropped_not_credited_to_t
     })
     .await
     .unwrap();
-    let started = Instant::now();
-    while budget.pending_deposits() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "pending deposits not flushed after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(totals(&status(&server, &budget, "search").await).0, 200);
+    until_flushed_after_restart(&server, &budget, &clock, "search", 200).await;
+    assert_eq!(budget.pending_deposits(), 0);
 }
 
 /// Regression: without coalescing (`deposit_flush_ms = 0`) there is no flusher, so deposits kept
@@ -287,9 +350,8 @@ async fn deposits_pending_for_longer_than_a_window_are_dropped_not_credited_to_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_coalescing_deposits_kept_during_an_outage_ride_with_the_next_one() {
     let mut server = RedisServer::start();
-    let budget = FleetBudget::from_config(&config(&server, Duration::ZERO, Duration::from_secs(1)))
-        .await
-        .unwrap();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let budget = budget_on_clock(&config(&server, Duration::ZERO, OUTAGE_DEADLINE), &clock);
     budget.on_success("search").await.unwrap();
     server.stop();
     for _ in 0..5 {
@@ -302,23 +364,19 @@ async fn without_coalescing_deposits_kept_during_an_outage_ride_with_the_next_on
     })
     .await
     .unwrap();
-    // Past the probe interval, the next success reaches Redis and takes the kept ones along.
-    // (The restarted server is empty: the one success from before the outage is gone with it.)
-    let started = Instant::now();
-    let mut after = 0;
-    while budget.pending_deposits() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "kept deposits never sent"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        budget.on_success("search").await.unwrap();
-        after += 1;
-    }
+    // Within the probe interval the store is not tried: the next success is kept too.
+    until_store_answers(&budget, "search").await;
+    budget.on_success("search").await.unwrap();
+    assert_eq!(budget.pending_deposits(), 6);
+    // Past it, the next success reaches Redis and takes the kept ones along. (The restarted
+    // server is empty: the one success from before the outage is gone with it.)
+    clock.advance(PROBE_INTERVAL);
+    budget.on_success("search").await.unwrap();
+    assert_eq!(budget.pending_deposits(), 0, "kept deposits sent");
     assert_eq!(
         totals(&status(&server, &budget, "search").await).0,
-        5 + after,
-        "the 5 kept deposits arrived with the later ones, each once"
+        7,
+        "the 6 kept deposits arrived with the later one, each once"
     );
     server.stop();
 }
