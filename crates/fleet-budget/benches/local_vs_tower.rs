@@ -87,13 +87,7 @@ fn decisions(c: &mut Criterion) {
     );
     group.bench_function("sketch: get_mut + FNV map, same clock and math", |b| {
         b.iter(|| {
-            let now = u64::try_from(
-                SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis(),
-            )
-            .unwrap();
+            let now = fleet_budget::clock::now_ms();
             let mut map = lean.lock().unwrap();
             let state = map.get_mut(black_box(&dependency)).unwrap();
             black_box(state.try_spend(now, black_box(&generous)).0)

@@ -136,11 +136,7 @@ fn policy_args(p: &BudgetPolicy) -> Vec<String> {
 /// then INCR and EXPIRE. Three round trips, and not atomic (concurrent callers can all pass the
 /// GET before any INCR). Window from the *worker's* clock.
 async fn naive_decision(c: &mut ConnectionManager, dependency: &str, allowance: u64) -> bool {
-    let window = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 60;
+    let window = fleet_budget::clock::now_ms() / 60_000;
     let key = format!("naive:{{{dependency}}}:retries:{window}");
     let used: Option<u64> = redis::cmd("GET").arg(&key).query_async(c).await.unwrap();
     if used.unwrap_or(0) >= allowance {

@@ -252,6 +252,29 @@ impl BudgetSnapshot {
         self.scaled(self.current.retries, self.previous.retries)
     }
 
+    /// The sliding estimate over the last window of a counter that holds `current` in the
+    /// current window and `previous` in the previous one, rounded down:
+    /// `floor((current × window_ms + previous × previous_weight_ms) / window_ms)`.
+    #[must_use]
+    pub fn estimate(&self, current: u64, previous: u64) -> u64 {
+        let window = u128::from(self.window_ms.max(1));
+        u64::try_from(self.scaled(current, previous) / window).unwrap_or(u64::MAX)
+    }
+
+    /// The sliding estimates of every counter over the last window, rounded down: the counts
+    /// the allowance is computed from, as `budgetctl status` shows them and dead-letter headers
+    /// carry them.
+    #[must_use]
+    pub fn estimates(&self) -> WindowCounters {
+        let (c, p) = (&self.current, &self.previous);
+        WindowCounters {
+            successes: self.estimate(c.successes, p.successes),
+            first_attempts: self.estimate(c.first_attempts, p.first_attempts),
+            retries: self.estimate(c.retries, p.retries),
+            denied: self.estimate(c.denied, p.denied),
+        }
+    }
+
     /// Sliding estimate of retries granted in the last window.
     #[must_use]
     #[allow(clippy::cast_precision_loss)]
@@ -344,6 +367,55 @@ mod tests {
                 "{mode:?}"
             );
         }
+    }
+
+    #[test]
+    fn estimates_weigh_the_previous_window_by_what_is_left_of_it() {
+        let p = policy(1000, 0.5, 0, WindowMode::Sliding);
+        let mut s = BudgetState::empty(0, 1000);
+        s.deposit(0, 1000, DepositKind::Success, 100);
+        s.deposit(0, 1000, DepositKind::FirstAttempt, 7);
+        for _ in 0..60 {
+            s.try_spend(0, &p);
+        }
+        s.roll(1250, 1000);
+        s.deposit(1250, 1000, DepositKind::Success, 10);
+        let snap = s.snapshot(1250, &p);
+        assert_eq!(snap.previous_weight_ms, 750);
+        let e = snap.estimates();
+        assert_eq!(
+            e.successes,
+            10 + 75,
+            "all of the current, 3/4 of the previous"
+        );
+        assert_eq!(e.first_attempts, 5, "5.25 rounded down");
+        assert_eq!((e.retries, e.denied), (37, 7), "50 and 10, weighted");
+        assert_eq!(e.retries, snap.estimate(0, 50));
+        assert_eq!(u128::from(e.retries), snap.retries_scaled() / 1000);
+        let fixed = s.snapshot(1250, &policy(1000, 0.5, 0, WindowMode::Fixed));
+        assert_eq!(
+            fixed.estimates().successes,
+            10,
+            "fixed mode forgets the previous window"
+        );
+        let huge = BudgetSnapshot {
+            window_ms: 1,
+            previous_weight_ms: 1,
+            current: WindowCounters {
+                successes: u64::MAX,
+                ..WindowCounters::default()
+            },
+            previous: WindowCounters {
+                successes: u64::MAX,
+                ..WindowCounters::default()
+            },
+            ..BudgetSnapshot::default()
+        };
+        assert_eq!(huge.estimates().successes, u64::MAX, "saturates, no panic");
+        assert_eq!(
+            BudgetSnapshot::default().estimates(),
+            WindowCounters::default()
+        );
     }
 
     #[test]

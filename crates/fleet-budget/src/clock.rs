@@ -1,4 +1,9 @@
-//! Clocks for the local store: the system clock, and a manual one tests move by hand.
+//! The budget's time: milliseconds since the Unix epoch, from the system clock, a coarse copy of
+//! it read from memory, or a manual clock that tests move by hand.
+//!
+//! One [`Clock`] serves a [`crate::FleetBudget`]: the windows of its local store, the probe
+//! interval of a failing fleet store, and the age of pending deposits
+//! ([`crate::FleetBudgetBuilder::clock`]). [`now_ms`] is the one place the system clock is read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -10,15 +15,21 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> u64;
 }
 
+/// Milliseconds since the Unix epoch on the system's wall clock (0 before 1970).
+#[must_use]
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        now_ms()
     }
 }
 

@@ -241,6 +241,16 @@ async fn twenty_four_dependencies_on_three_masters_grant_exactly_the_allowance_u
         "status creates no key"
     );
     assert_eq!(stores[0].kind(), "redis-cluster");
+
+    // Every budget key is found, on whichever master holds it.
+    assert_eq!(stores[1].discover_dependencies().await.unwrap(), *deps);
+    assert!(
+        store(&cluster, "fbx")
+            .discover_dependencies()
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

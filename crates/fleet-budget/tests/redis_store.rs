@@ -11,7 +11,7 @@
 )]
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fleet_budget::clock::ManualClock;
 use fleet_budget::store::{BudgetStore, Deposits, LocalStore, RedisStore, RedisTarget};
@@ -550,10 +550,7 @@ async fn the_client_clock_plays_no_part() {
         .map(|f| f.parse().unwrap())
         .collect();
     let (child_clock_ms, window_index) = (fields[0], fields[1]);
-    let own_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let own_ms = fleet_budget::clock::now_ms();
     assert!(
         own_ms > child_clock_ms + 129_000_000,
         "libfaketime must skew the child's clock"
@@ -585,10 +582,7 @@ async fn skewed_client_worker() {
     let s = RedisStore::new(RedisTarget::Single(url), "fbt", Duration::from_secs(5)).unwrap();
     let p = policy(1000, 0.2, 10, WindowMode::Sliding);
     let w = s.withdraw(&dep("skewed"), &p).await.unwrap();
-    let clock_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    let clock_ms = fleet_budget::clock::now_ms();
     println!("SKEWED {clock_ms} {}", w.snapshot.window_index);
 }
 
@@ -645,6 +639,39 @@ async fn scripts_refuse_bad_arguments_with_a_clear_error() {
     }
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert!(keys.is_empty(), "a refused call writes nothing");
+}
+
+#[tokio::test]
+async fn dependencies_are_discovered_from_the_budget_keys_under_the_prefix() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    assert!(s.discover_dependencies().await.unwrap().is_empty());
+    let p = policy(60_000, 0.2, 10, WindowMode::Sliding);
+    for name in ["search", "mail", "search"] {
+        s.withdraw(&dep(name), &p).await.unwrap();
+    }
+    let other = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "other",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    other.withdraw(&dep("billing"), &p).await.unwrap();
+    let _: () = server.cmd(&["SET", "fbt:v1:not-a-budget", "x"]);
+    let _: () = server.cmd(&["SET", "fbt:v2:{future}", "x"]);
+    assert_eq!(
+        s.discover_dependencies().await.unwrap(),
+        [dep("mail"), dep("search")]
+    );
+    assert_eq!(
+        other.discover_dependencies().await.unwrap(),
+        [dep("billing")]
+    );
+    let mut down = server;
+    let url = down.url();
+    down.stop();
+    let e = s.discover_dependencies().await.unwrap_err();
+    assert_eq!(e.node, url);
 }
 
 #[tokio::test]

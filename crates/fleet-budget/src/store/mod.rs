@@ -12,13 +12,15 @@ use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
 
+mod discovery;
 mod local;
 mod redis;
+mod scripts;
 
+pub use discovery::DiscoveryError;
 pub use local::LocalStore;
-pub use redis::{
-    DEPOSIT_SCRIPT, RedisStore, RedisTarget, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply,
-};
+pub use redis::{RedisStore, RedisTarget};
+pub use scripts::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

@@ -5,7 +5,7 @@
 //! (`docs/BENCHMARKS.md`). Scripts go through [`redis::Script`]: `EVALSHA`, and on `NOSCRIPT`
 //! (after a restart or `SCRIPT FLUSH`) `SCRIPT LOAD` and again.
 
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -13,27 +13,18 @@ use futures::future::{BoxFuture, Shared};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Script, ScriptInvocation};
+use redis::{Client, ScriptInvocation};
 use tokio::sync::OnceCell;
 
+use super::scripts::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply, policy_args};
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
-use crate::allowance::{BudgetSnapshot, WindowCounters};
+use crate::allowance::BudgetSnapshot;
 use crate::config::RedisSettings;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::keys::budget_key;
 use crate::policy::BudgetPolicy;
 use crate::redact::redact_url;
-
-/// `lua/spend.lua`: try to spend one retry.
-pub static SPEND_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
-/// `lua/deposit.lua`: record deposits.
-pub static DEPOSIT_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
-/// `lua/status.lua`: read a budget.
-pub static STATUS_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
 
 /// Where the fleet budgets live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +176,12 @@ impl RedisStore {
         &self.prefix
     }
 
+    /// The deadline of every call.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The budget key of `dependency`.
     #[must_use]
     pub fn key(&self, dependency: &Dependency) -> String {
@@ -273,75 +270,6 @@ impl RedisStore {
     }
 }
 
-fn policy_args<'a>(invocation: &mut ScriptInvocation<'a>, policy: &BudgetPolicy) {
-    invocation
-        .arg(policy.ratio.to_string())
-        .arg(policy.min_allowance)
-        .arg(policy.deposit.script_code())
-        .arg(policy.mode.as_str());
-}
-
-/// Decodes the 14-integer reply shared by the scripts: `granted` (1, 0, or -1 when not a
-/// withdrawal) and the snapshot.
-pub fn parse_reply(
-    script: &'static str,
-    reply: &[i64],
-) -> Result<(i64, BudgetSnapshot), StoreError> {
-    let bad = |detail: String| StoreError::BadReply { script, detail };
-    if reply.len() < 14 {
-        return Err(bad(format!(
-            "expected at least 14 integers, got {}",
-            reply.len()
-        )));
-    }
-    let mut fields = [0u64; 13];
-    for (i, (slot, value)) in fields.iter_mut().zip(reply.iter().skip(1)).enumerate() {
-        *slot = u64::try_from(*value)
-            .map_err(|_| bad(format!("field {} is negative: {value}", i + 2)))?;
-    }
-    let [
-        allowance,
-        window_index,
-        window_ms,
-        elapsed_ms,
-        previous_weight_ms,
-        cs,
-        ca,
-        cr,
-        cd,
-        ps,
-        pa,
-        pr,
-        pd,
-    ] = fields;
-    if window_ms == 0 {
-        return Err(bad("window_ms is 0".to_owned()));
-    }
-    let granted = reply.first().copied().unwrap_or(-1);
-    Ok((
-        granted,
-        BudgetSnapshot {
-            window_ms,
-            window_index,
-            elapsed_ms,
-            previous_weight_ms,
-            current: WindowCounters {
-                successes: cs,
-                first_attempts: ca,
-                retries: cr,
-                denied: cd,
-            },
-            previous: WindowCounters {
-                successes: ps,
-                first_attempts: pa,
-                retries: pr,
-                denied: pd,
-            },
-            allowance,
-        },
-    ))
-}
-
 impl BudgetStore for RedisStore {
     fn deposit<'a>(
         &'a self,
@@ -404,23 +332,5 @@ impl BudgetStore for RedisStore {
             RedisTarget::Single(_) => "redis",
             RedisTarget::Cluster(_) => "redis-cluster",
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn malformed_replies_are_errors_not_panics() {
-        assert!(parse_reply("spend", &[]).is_err());
-        assert!(parse_reply("spend", &[1; 13]).is_err());
-        assert!(parse_reply("spend", &[1, -5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
-        assert!(parse_reply("spend", &[1, 5, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).is_err());
-        let (g, s) =
-            parse_reply("spend", &[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
-        assert_eq!(g, 1);
-        assert_eq!(s.allowance, 10);
-        assert_eq!(s.previous.denied, 8);
     }
 }
