@@ -34,6 +34,13 @@ fn run(args: &[&str]) -> Output {
     budgetctl().args(args).output().expect("run budgetctl")
 }
 
+/// Runs `budgetctl` with the `global` flags, then `command` split at spaces.
+fn run_with(global: &[&str], command: &str) -> Output {
+    let mut args = global.to_vec();
+    args.extend(command.split_whitespace());
+    run(&args)
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -4,7 +4,7 @@ use fleet_budget::DeadLetterReason;
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::testing::{TestBroker, block_on};
 
-use crate::{assert_exit, has_fields, json, run, stderr, stdout, temp_file, unique};
+use crate::{assert_exit, has_fields, json, run, run_with, stderr, stdout, temp_file, unique};
 
 /// Ready messages in `queue`.
 fn depth(broker: &TestBroker, queue: &str) -> u32 {
@@ -33,24 +33,20 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     let cfg = config.to_str().unwrap();
     let redis_prefix = unique("replay");
     let base = ["--config", cfg, "--key-prefix", redis_prefix.as_str()];
-    let with = |extra: &[&str]| {
-        let mut args = base.to_vec();
-        args.extend_from_slice(extra);
-        run(&args)
-    };
+    let with = |command: &str| run_with(&base, command);
 
-    let plan = json(&with(&["migrate", "--dry-run", "--json"]));
+    let plan = json(&with("migrate --dry-run --json"));
     assert_eq!(plan["dry_run"], true);
     assert!(plan["created"].as_u64().unwrap() >= 6, "{plan}");
     has_fields(&plan["steps"][0], &["version", "object", "state"]);
-    let applied = json(&with(&["migrate", "--json"]));
+    let applied = json(&with("migrate --json"));
     assert_eq!(applied["created"], plan["created"]);
     assert_eq!(
-        json(&with(&["migrate", "--json"]))["created"],
+        json(&with("migrate --json"))["created"],
         0,
         "migrate is idempotent"
     );
-    let text = stdout(&with(&["migrate"]));
+    let text = stdout(&with("migrate"));
     assert!(
         text.contains("unchanged") && !text.contains("guest:guest"),
         "{text}"
@@ -60,7 +56,7 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
     dead_letter(&broker, "search", DeadLetterReason::BudgetExhausted);
     dead_letter(&broker, "mail", DeadLetterReason::AttemptsExhausted);
 
-    let stats = json(&with(&["dlq", "stats", "--json"]));
+    let stats = json(&with("dlq stats --json"));
     assert_eq!(stats["dead_letter"]["depth"], 3, "{stats}");
     assert_eq!(stats["parked"]["depth"], 0, "{stats}");
     let by = stats["dead_letter"]["by_dependency_reason"]
@@ -82,17 +78,11 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
         stats["dead_letter"]["oldest_age_secs"].as_f64().unwrap() >= 0.9,
         "{stats}"
     );
-    assert!(stdout(&with(&["dlq", "stats"])).contains("budget_exhausted"));
+    assert!(stdout(&with("dlq stats")).contains("budget_exhausted"));
     // Reading for stats puts the messages back.
     assert_eq!(depth(&broker, &broker.topology.dead_queue), 3);
 
-    let dry = json(&with(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--dry-run",
-        "--json",
-    ]));
+    let dry = json(&with("replay --dependency search --dry-run --json"));
     for f in ["matched", "moved", "parked", "skipped", "failed", "dry_run"] {
         assert!(dry.get(f).is_some(), "{f} missing: {dry}");
     }
@@ -105,65 +95,35 @@ fn migrate_dlq_stats_and_replay_against_rabbitmq() {
         "a dry run moves nothing"
     );
 
-    let none = json(&with(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--reason",
-        "non_retryable",
-        "--dry-run",
-        "--json",
-    ]));
+    let none = json(&with(
+        "replay --dependency search --reason non_retryable --dry-run --json",
+    ));
     assert_eq!(none["matched"], 0, "{none}");
 
-    let limited = json(&with(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--limit",
-        "1",
-        "--dry-run",
-        "--json",
-    ]));
+    let limited = json(&with(
+        "replay --dependency search --limit 1 --dry-run --json",
+    ));
     assert_eq!(limited["moved"], 1, "{limited}");
     assert_eq!(limited["skipped"], 2, "{limited}");
-    let one = json(&with(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--limit",
-        "1",
-        "--json",
-    ]));
+    let one = json(&with("replay --dependency search --limit 1 --json"));
     assert_eq!(one["moved"], 1, "{one}");
     assert_eq!(one["skipped"], 2, "{one}");
     assert_eq!(depth(&broker, &broker.topology.work_queue), 1);
     assert_eq!(depth(&broker, &broker.topology.dead_queue), 2);
 
-    let done = json(&with(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--rate",
-        "100",
-        "--since",
-        "1h",
-        "--json",
-    ]));
+    let done = json(&with(
+        "replay --dependency search --rate 100 --since 1h --json",
+    ));
     assert_eq!(done["dry_run"], false);
     assert_eq!(done["moved"], 1, "{done}");
     assert_eq!(done["skipped"], 1, "{done}");
     assert_eq!(done["failed"], 0, "{done}");
     assert_eq!(depth(&broker, &broker.topology.work_queue), 2);
     assert_eq!(depth(&broker, &broker.topology.dead_queue), 1);
-    assert_exit(
-        &with(&["replay", "--dependency", "search", "--limit", "0"]),
-        2,
-        "--limit",
-    );
+    assert_exit(&with("replay --dependency search --limit 0"), 2, "--limit");
 
     assert_exit(
-        &with(&["replay", "--dependency", "search", "--since", "yesterday"]),
+        &with("replay --dependency search --since yesterday"),
         2,
         "--since",
     );

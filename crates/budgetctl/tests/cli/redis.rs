@@ -4,29 +4,20 @@ use std::process::Stdio;
 
 use fleet_budget::testing::{RedisCluster, RedisServer};
 
-use crate::{assert_exit, budgetctl, has_fields, json, run, stderr, stdout, temp_file, unique};
+use crate::{
+    assert_exit, budgetctl, has_fields, json, run, run_with, stderr, stdout, temp_file, unique,
+};
 
 #[test]
 fn bench_and_status_against_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
     let prefix = unique("bench");
-    let o = run(&[
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "bench",
-        "--dependency",
-        "search",
-        "--successes",
-        "500",
-        "--retries",
-        "300",
-        "--concurrency",
-        "4",
-        "--json",
-    ]);
+    let on = ["--redis-url", url.as_str(), "--key-prefix", prefix.as_str()];
+    let o = run_with(
+        &on,
+        "bench --dependency search --successes 500 --retries 300 --concurrency 4 --json",
+    );
     let v = json(&o);
     has_fields(
         &v,
@@ -46,15 +37,7 @@ fn bench_and_status_against_redis() {
     assert_eq!(v["granted"], 100, "{v}");
     assert_eq!(v["denied"], 200, "{v}");
 
-    let o = run(&[
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "status",
-        "--json",
-    ]);
-    let v = json(&o);
+    let v = json(&run_with(&on, "status --json"));
     let deps = v["dependencies"].as_array().unwrap();
     assert_eq!(deps.len(), 1, "{v}");
     let s = &deps[0];
@@ -80,13 +63,7 @@ fn bench_and_status_against_redis() {
     assert_eq!(s["allowance"], 100);
     assert_eq!(s["remaining"], 0);
 
-    let text = stdout(&run(&[
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "status",
-    ]));
+    let text = stdout(&run_with(&on, "status"));
     assert!(
         text.contains("search") && text.contains("DENYING"),
         "{text}"
@@ -96,16 +73,10 @@ fn bench_and_status_against_redis() {
         &format!("{prefix}.toml"),
         "[dependencies.mail]\ntasks = [\"send\"]\n",
     );
-    let v = json(&run(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "status",
-        "--json",
-    ]));
+    let v = json(&run_with(
+        &[&["--config", config.to_str().unwrap()][..], &on].concat(),
+        "status --json",
+    ));
     let names: Vec<&str> = v["dependencies"]
         .as_array()
         .unwrap()
@@ -113,16 +84,7 @@ fn bench_and_status_against_redis() {
         .map(|d| d["dependency"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["mail", "search"]);
-    let v = json(&run(&[
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "status",
-        "--dependency",
-        "mail",
-        "--json",
-    ]));
+    let v = json(&run_with(&on, "status --dependency mail --json"));
     assert_eq!(v["dependencies"][0]["allowance"], 10);
 }
 
@@ -161,29 +123,22 @@ fn several_bench_processes_together_never_exceed_the_allowance() {
         &format!("{prefix}.toml"),
         "[defaults]\nwindow_secs = 86400\nratio = 0.2\nmin_allowance = 10\n",
     );
+    let on = [
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        url.as_str(),
+        "--key-prefix",
+        prefix.as_str(),
+    ];
     let children: Vec<_> = (0..3)
         .map(|_| {
             budgetctl()
-                .args([
-                    "--config",
-                    config.to_str().unwrap(),
-                    "--redis-url",
-                    &url,
-                    "--key-prefix",
-                    &prefix,
-                ])
-                .args([
-                    "bench",
-                    "--dependency",
-                    "search",
-                    "--successes",
-                    "100",
-                    "--retries",
-                    "200",
-                    "--concurrency",
-                    "8",
-                    "--json",
-                ])
+                .args(on)
+                .args(
+                    "bench --dependency search --successes 100 --retries 200 --concurrency 8 --json"
+                        .split_whitespace(),
+                )
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -202,16 +157,7 @@ fn several_bench_processes_together_never_exceed_the_allowance() {
     // All deposits in: allowance = 0.2 × 300 = 60. Every process saw at most that.
     assert!(granted <= 60, "granted {granted} > allowance 60");
     assert!(granted >= 10, "the floor alone grants 10: {granted}");
-    let v = json(&run(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--redis-url",
-        &url,
-        "--key-prefix",
-        &prefix,
-        "status",
-        "--json",
-    ]));
+    let v = json(&run_with(&on, "status --json"));
     assert_eq!(v["dependencies"][0]["retries"].as_u64().unwrap(), granted);
     assert_eq!(
         v["dependencies"][0]["denied"].as_u64().unwrap(),
@@ -223,21 +169,8 @@ fn several_bench_processes_together_never_exceed_the_allowance() {
 fn redis_unreachable_is_a_runtime_failure_naming_the_redacted_url() {
     let port = fleet_budget::testing::free_port();
     let url = format!("redis://admin:hunter2@127.0.0.1:{port}");
-    for args in [
-        vec!["status"],
-        vec![
-            "bench",
-            "--dependency",
-            "s",
-            "--successes",
-            "1",
-            "--retries",
-            "1",
-        ],
-    ] {
-        let mut full = vec!["--redis-url", url.as_str()];
-        full.extend(args);
-        let o = run(&full);
+    for command in ["status", "bench --dependency s --successes 1 --retries 1"] {
+        let o = run_with(&["--redis-url", url.as_str()], command);
         assert_exit(&o, 1, &format!("redis://admin:***@127.0.0.1:{port}"));
         assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
         assert!(
@@ -272,21 +205,10 @@ fn status_on_a_cluster_lists_budgets_found_on_every_master() {
     // over the masters by their hash tags.
     let deps: Vec<String> = (0..12).map(|i| format!("unmapped-{i}")).collect();
     for d in &deps {
-        let o = run(&[
-            "--config",
-            config,
-            "bench",
-            "--dependency",
-            d,
-            "--successes",
-            "10",
-            "--retries",
-            "1",
-            "--concurrency",
-            "1",
-            "--json",
-        ]);
-        json(&o);
+        json(&run_with(
+            &["--config", config],
+            &format!("bench --dependency {d} --successes 10 --retries 1 --concurrency 1 --json"),
+        ));
     }
     let v = json(&run(&["--config", config, "status", "--json"]));
     let listed: Vec<&str> = v["dependencies"]

@@ -1,6 +1,6 @@
 //! Usage errors: exit 2, naming the flag, the key or the file.
 
-use crate::{assert_exit, budgetctl, run, stderr, stdout, temp_file};
+use crate::{assert_exit, budgetctl, run, run_with, stderr, stdout, temp_file};
 
 #[test]
 fn help_and_version_exit_zero() {
@@ -28,114 +28,49 @@ fn unknown_flags_and_commands_exit_2_naming_them() {
 
 #[test]
 fn bad_values_exit_2_naming_the_flag() {
-    assert_exit(
-        &run(&[
-            "simulate",
-            "capacity",
+    for (command, flag) in [
+        (
+            "simulate capacity --incoming 1000000 --ticks 10000",
             "--incoming",
-            "1000000",
-            "--ticks",
-            "10000",
-        ]),
-        2,
-        "--incoming",
-    );
+        ),
+        ("simulate brownout --failure-rate 1.5", "--failure-rate"),
+        ("simulate brownout --failure-rate abc", "--failure-rate"),
+        ("simulate brownout --failure-rate NaN", "--failure-rate"),
+        ("simulate brownout", "--failure-rate"),
+        (
+            "simulate brownout --failure-rate 0.5 --budget-ratio -1",
+            "--budget-ratio",
+        ),
+        (
+            "simulate brownout --failure-rate 0.5 --deposit maybe",
+            "--deposit",
+        ),
+        ("simulate capacity --ticks 0", "--ticks"),
+        (
+            "bench --dependency x --successes -3 --retries 1",
+            "--successes",
+        ),
+        (
+            "bench --dependency a{b} --successes 1 --retries 1",
+            "--dependency",
+        ),
+        ("replay --dependency search --reason bored", "--reason"),
+        ("demo --phase-secs 0", "--phase-secs"),
+        ("--redis-url http://u:hunter2@h status", "--redis-url"),
+        ("--amqp-url redis://h dlq stats", "--amqp-url"),
+        ("--key-prefix a{b} status", "--key-prefix"),
+    ] {
+        let o = run_with(&[], command);
+        assert_exit(&o, 2, flag);
+        assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
+    }
+    assert_exit(&run(&["status", "--dependency", ""]), 2, "--dependency");
     let o = budgetctl()
         .env("FLEET_BUDGET_REDIS_URL", "http://u:pw@h")
         .arg("status")
         .output()
         .unwrap();
     assert_exit(&o, 2, "FLEET_BUDGET_REDIS_URL");
-    assert_exit(
-        &run(&["simulate", "brownout", "--failure-rate", "1.5"]),
-        2,
-        "--failure-rate",
-    );
-    assert_exit(
-        &run(&["simulate", "brownout", "--failure-rate", "abc"]),
-        2,
-        "--failure-rate",
-    );
-    assert_exit(
-        &run(&[
-            "simulate",
-            "brownout",
-            "--failure-rate",
-            "0.5",
-            "--budget-ratio",
-            "-1",
-        ]),
-        2,
-        "--budget-ratio",
-    );
-    assert_exit(
-        &run(&[
-            "simulate",
-            "brownout",
-            "--failure-rate",
-            "0.5",
-            "--deposit",
-            "maybe",
-        ]),
-        2,
-        "--deposit",
-    );
-    assert_exit(
-        &run(&["simulate", "brownout", "--failure-rate", "NaN"]),
-        2,
-        "--failure-rate",
-    );
-    assert_exit(&run(&["simulate", "brownout"]), 2, "--failure-rate");
-    assert_exit(
-        &run(&["simulate", "capacity", "--ticks", "0"]),
-        2,
-        "--ticks",
-    );
-    assert_exit(
-        &run(&[
-            "bench",
-            "--dependency",
-            "x",
-            "--successes",
-            "-3",
-            "--retries",
-            "1",
-        ]),
-        2,
-        "--successes",
-    );
-    assert_exit(
-        &run(&[
-            "bench",
-            "--dependency",
-            "a{b}",
-            "--successes",
-            "1",
-            "--retries",
-            "1",
-        ]),
-        2,
-        "--dependency",
-    );
-    assert_exit(&run(&["status", "--dependency", ""]), 2, "--dependency");
-    assert_exit(
-        &run(&["replay", "--dependency", "search", "--reason", "bored"]),
-        2,
-        "--reason",
-    );
-    assert_exit(&run(&["demo", "--phase-secs", "0"]), 2, "--phase-secs");
-    assert_exit(
-        &run(&["--redis-url", "http://u:hunter2@h", "status"]),
-        2,
-        "--redis-url",
-    );
-    assert!(!stderr(&run(&["--redis-url", "http://u:hunter2@h", "status"])).contains("hunter2"));
-    assert_exit(
-        &run(&["--amqp-url", "redis://h", "dlq", "stats"]),
-        2,
-        "--amqp-url",
-    );
-    assert_exit(&run(&["--key-prefix", "a{b}", "status"]), 2, "--key-prefix");
 }
 
 #[test]
@@ -151,17 +86,10 @@ fn missing_or_malformed_config_exits_2_naming_it() {
     );
     let invalid = temp_file("invalid.toml", "[dependencies.search]\nratio = -1.0\n");
     assert_exit(
-        &run(&[
-            "--config",
-            invalid.to_str().unwrap(),
-            "bench",
-            "--dependency",
-            "s",
-            "--successes",
-            "1",
-            "--retries",
-            "1",
-        ]),
+        &run_with(
+            &["--config", invalid.to_str().unwrap()],
+            "bench --dependency s --successes 1 --retries 1",
+        ),
         2,
         "dependencies.search.ratio",
     );
