@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_budget::Config;
-use fleet_budget::Dependency;
 use fleet_budget::store::{RedisStore, RedisTarget};
 
 /// How long the CLI waits for one Redis call: the configured deadline, but at least a second
@@ -38,18 +37,4 @@ pub(crate) fn unreachable(shown: &str, e: &dyn std::fmt::Display) -> anyhow::Err
         "Redis at {shown} does not answer: {}. Start one with `docker compose up -d` (repository root) or point --redis-url / FLEET_BUDGET_REDIS_URL at yours",
         fleet_budget::redact::redact_text(&e.to_string())
     )
-}
-
-/// Dependencies with a budget key under the configured prefix, on the server or on every master
-/// of a Redis Cluster ([`RedisStore::discover_dependencies`]).
-pub(crate) async fn scan_dependencies(
-    config: &Config,
-    timeout: Duration,
-) -> anyhow::Result<Vec<Dependency>> {
-    let store = RedisStore::new(target(config), &config.redis.key_prefix, timeout)
-        .map_err(|e| unreachable(&target(config).display(), &e))?;
-    store
-        .discover_dependencies()
-        .await
-        .map_err(|e| unreachable(&e.node, &e.source))
 }

@@ -1,8 +1,8 @@
 //! `budgetctl dlq stats`: what waits in the dead-letter and parked queues.
 
 use clap::Subcommand;
+use fleet_budget::clock::now_ms;
 use fleet_budget::redact::redact_url;
-use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{AmqpError, ReplayOptions, Replayer, Topology, WorkerConfig};
 use serde::Serialize;
 
@@ -106,7 +106,7 @@ async fn queue_stats(
         .source_queue(queue)
         .dry_run(options)
         .await?;
-    let now = headers::now_ms();
+    let now = now_ms();
     #[allow(clippy::cast_precision_loss)]
     let oldest_age_secs = report
         .oldest_dead_lettered_ms

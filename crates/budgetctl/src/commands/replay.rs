@@ -4,8 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use fleet_budget::clock::now_ms;
 use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
-use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{
     ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
 };
@@ -96,9 +96,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         ))
     })?;
     let since_ms = match &args.since {
-        Some(s) => {
-            Some(parse_since(s, headers::now_ms()).map_err(|e| usage(format!("--since {e}")))?)
-        }
+        Some(s) => Some(parse_since(s, now_ms()).map_err(|e| usage(format!("--since {e}")))?),
         None => None,
     };
     let mut options = ReplayOptions::new(config);

@@ -4,8 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
-use fleet_budget::store::BudgetStore;
-use fleet_budget::{BudgetSnapshot, Config, Dependency};
+use fleet_budget::store::{BudgetStore, RedisStore};
+use fleet_budget::{BudgetSnapshot, Config, Dependency, WindowCounters};
 use serde::Serialize;
 
 use crate::exit::usage;
@@ -47,30 +47,23 @@ pub(crate) struct DependencyStatus {
     pub(crate) amplification: Option<f64>,
 }
 
-#[allow(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss
-)]
-fn estimate(s: &BudgetSnapshot, current: u64, previous: u64) -> u64 {
-    let window = s.window_ms.max(1) as f64;
-    let est = (current as f64 * window + previous as f64 * s.previous_weight_ms as f64) / window;
-    est.floor().max(0.0) as u64
-}
-
 impl DependencyStatus {
     #[allow(clippy::cast_precision_loss)]
     pub(crate) fn new(dependency: &Dependency, s: &BudgetSnapshot) -> Self {
-        let first_attempts = estimate(s, s.current.first_attempts, s.previous.first_attempts);
-        let retries = estimate(s, s.current.retries, s.previous.retries);
+        let WindowCounters {
+            successes,
+            first_attempts,
+            retries,
+            denied,
+        } = s.estimates();
         Self {
             dependency: dependency.to_string(),
             window_secs: s.window_ms as f64 / 1000.0,
             window_remaining_secs: s.ms_until_roll() as f64 / 1000.0,
-            successes: estimate(s, s.current.successes, s.previous.successes),
+            successes,
             first_attempts,
             retries,
-            denied: estimate(s, s.current.denied, s.previous.denied),
+            denied,
             allowance: s.allowance,
             remaining: s.remaining(),
             amplification: (first_attempts > 0)
@@ -108,11 +101,10 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
         ),
         None => None,
     };
-    let timeout = redis_conn::cli_timeout(config);
-    let store = redis_conn::connect(config, timeout).await?;
+    let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
     let mut first = true;
     loop {
-        let report = collect(config, &*store, only.as_ref(), timeout).await?;
+        let report = collect(config, &store, only.as_ref()).await?;
         if args.json {
             return print_json(&report);
         }
@@ -140,16 +132,19 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
 
 async fn collect(
     config: &Config,
-    store: &dyn BudgetStore,
+    store: &RedisStore,
     only: Option<&Dependency>,
-    timeout: Duration,
 ) -> anyhow::Result<StatusReport> {
     let shown = config.redis_display();
     let dependencies: Vec<Dependency> = match only {
         Some(d) => vec![d.clone()],
         None => {
             let mut deps: Vec<Dependency> = config.policies.keys().cloned().collect();
-            deps.extend(redis_conn::scan_dependencies(config, timeout).await?);
+            let found = store
+                .discover_dependencies()
+                .await
+                .map_err(|e| redis_conn::unreachable(&e.node, &e.source))?;
+            deps.extend(found);
             deps.sort();
             deps.dedup();
             deps

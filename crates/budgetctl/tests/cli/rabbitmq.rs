@@ -1,7 +1,7 @@
 //! `migrate`, `dlq stats` and `replay` against RabbitMQ.
 
 use fleet_budget::DeadLetterReason;
-use fleet_budget_amqp::headers;
+use fleet_budget::clock::now_ms;
 use fleet_budget_amqp::testing::{TestBroker, block_on};
 
 use crate::{assert_exit, has_fields, json, run, run_with, stderr, stdout, temp_file, unique};
@@ -16,7 +16,7 @@ fn depth(broker: &TestBroker, queue: &str) -> u32 {
 fn dead_letter(broker: &TestBroker, dependency: &str, reason: DeadLetterReason) {
     block_on(async {
         let publisher = broker.publisher().await;
-        let record = broker.dead_letter_record(dependency, reason, headers::now_ms() - 1000);
+        let record = broker.dead_letter_record(dependency, reason, now_ms() - 1000);
         broker.publish_dead_letter(&publisher, &record, b"{}").await;
         publisher.close().await;
     });

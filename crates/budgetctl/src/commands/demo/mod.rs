@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use fleet_budget::clock::{Clock, SystemClock};
 use fleet_budget::{
     Backoff, BudgetPolicy, Config, DeadLetterReason, DepositBasis, Failure, FleetBudget, Metrics,
     WindowMode,
@@ -200,7 +199,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
     let run_id = format!(
         "{}-{}",
         std::process::id(),
-        SystemClock.now_ms() % 1_000_000
+        fleet_budget::clock::now_ms() % 1_000_000
     );
     eprintln!(
         "drill: {} workers, {} jobs/s for {:.0}s; dependency `{DEPENDENCY}` serves {}/s, drops to {}/s from {:.0}s to {:.0}s, then recovers",
