@@ -9,8 +9,6 @@
 //! deduplicate on it (delivery is at least once). A message that arrives without one gets one on
 //! its first republish, and keeps it from then on.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use fleet_budget::redact::{redact_text, truncate};
 use lapin::BasicProperties;
 use lapin::types::ShortString;
@@ -132,13 +130,9 @@ pub fn error_text(message: &str) -> String {
     truncate(&redact_text(message), ERROR_TEXT_MAX_BYTES)
 }
 
-/// Milliseconds since the Unix epoch, now.
-#[must_use]
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+/// Milliseconds since the Unix epoch, now: the time headers carry (`fb-dead-lettered-ms`, ...).
+/// The core's [`fleet_budget::clock::now_ms`], the one read of the system clock.
+pub use fleet_budget::clock::now_ms;
 
 /// Headers the broker adds to a delivery (`x-delivery-count`, `x-death`, `x-first-death-*`,
 /// `x-last-death-*`): they describe that delivery, not the message, so copies drop them.

@@ -70,10 +70,9 @@ pub struct BudgetHeaders {
 
 impl From<&BudgetSnapshot> for BudgetHeaders {
     fn from(s: &BudgetSnapshot) -> Self {
-        let window = u128::from(s.window_ms.max(1));
         Self {
             allowance: s.allowance,
-            retries: u64::try_from(s.retries_scaled() / window).unwrap_or(u64::MAX),
+            retries: s.estimates().retries,
             window_ms: s.window_ms,
             window_index: s.window_index,
         }
@@ -401,6 +400,34 @@ mod tests {
         }
         .write(&mut t);
         assert_eq!(get_u64(&t, NOT_BEFORE_MS).unwrap(), None);
+    }
+
+    #[test]
+    fn dead_letters_carry_the_sliding_estimate_of_retries_rounded_down() {
+        let snapshot = BudgetSnapshot {
+            window_ms: 60_000,
+            window_index: 9,
+            previous_weight_ms: 30_000,
+            current: fleet_budget::WindowCounters {
+                retries: 3,
+                ..Default::default()
+            },
+            previous: fleet_budget::WindowCounters {
+                retries: 11,
+                ..Default::default()
+            },
+            allowance: 10,
+            ..BudgetSnapshot::default()
+        };
+        assert_eq!(
+            BudgetHeaders::from(&snapshot),
+            BudgetHeaders {
+                allowance: 10,
+                retries: 8, // 3 + 11 × 0.5, rounded down
+                window_ms: 60_000,
+                window_index: 9,
+            }
+        );
     }
 
     #[test]
