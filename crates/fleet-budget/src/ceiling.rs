@@ -117,7 +117,7 @@ impl Backoff {
     /// with `Σ_{k=0}^{n−1} min(cap, base × factor^k) ≥ recovery`.
     ///
     /// With base 2 s, factor 2 and cap 600 s: 60 s → 5, 900 s → 9, 4 h → 32 (see the note on
-    /// the published "4 h → 30" in `docs/semantics-notes.md`). Returns at least 1, at most 1000.
+    /// the published "4 h → 30" in `docs/semantics.md`, "Notes"). Returns at least 1, at most 1000.
     #[must_use]
     pub fn attempts_for_recovery_window(&self, recovery: Duration) -> u32 {
         let mut covered = Duration::ZERO;
@@ -178,7 +178,7 @@ mod tests {
         let b = Backoff::default();
         assert_eq!(b.attempts_for_recovery_window(Duration::from_secs(60)), 5);
         assert_eq!(b.attempts_for_recovery_window(Duration::from_secs(900)), 9);
-        // 30 attempts cover 13,622 s (3.8 h); 4 h needs 32. See docs/semantics-notes.md.
+        // 30 attempts cover 13,622 s (3.8 h); 4 h needs 32. See docs/semantics.md, "Notes".
         assert_eq!(
             b.attempts_for_recovery_window(Duration::from_secs(4 * 3600)),
             32
