@@ -1,4 +1,5 @@
-//! What the tests of this package share.
+//! What the tests of this package share (each test uses some of it).
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
