@@ -13,7 +13,7 @@ use futures::future::{BoxFuture, Shared};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, ScriptInvocation};
+use redis::{Client, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
 use super::scripts::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply, policy_args};
@@ -248,6 +248,28 @@ impl RedisStore {
             .clone())
     }
 
+    /// Runs `script` (called `name` in errors) on `dependency`'s key with the arguments of
+    /// `lua/README.md`: the window, the script's `own`, then the policy's; decodes the reply.
+    async fn run(
+        &self,
+        script: &Script,
+        name: &'static str,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        own: &[u64],
+    ) -> Result<(i64, BudgetSnapshot), StoreError> {
+        let mut invocation = script.key(self.key(dependency));
+        invocation.arg(policy.window_ms());
+        for arg in own {
+            invocation.arg(*arg);
+        }
+        for arg in policy_args(policy) {
+            invocation.arg(arg);
+        }
+        let reply = self.invoke(name, invocation).await?;
+        parse_reply(name, &reply)
+    }
+
     async fn invoke(
         &self,
         script: &'static str,
@@ -278,14 +300,11 @@ impl BudgetStore for RedisStore {
         deposits: Deposits,
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
-            let mut invocation = DEPOSIT_SCRIPT.key(self.key(dependency));
-            invocation
-                .arg(policy.window_ms())
-                .arg(deposits.successes)
-                .arg(deposits.first_attempts);
-            policy_args(&mut invocation, policy);
-            let reply = self.invoke("deposit", invocation).await?;
-            Ok(parse_reply("deposit", &reply)?.1)
+            let own = [deposits.successes, deposits.first_attempts];
+            let (_, snapshot) = self
+                .run(&DEPOSIT_SCRIPT, "deposit", dependency, policy, &own)
+                .await?;
+            Ok(snapshot)
         })
     }
 
@@ -295,11 +314,9 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, Withdrawal> {
         Box::pin(async move {
-            let mut invocation = SPEND_SCRIPT.key(self.key(dependency));
-            invocation.arg(policy.window_ms());
-            policy_args(&mut invocation, policy);
-            let reply = self.invoke("spend", invocation).await?;
-            let (granted, snapshot) = parse_reply("spend", &reply)?;
+            let (granted, snapshot) = self
+                .run(&SPEND_SCRIPT, "spend", dependency, policy, &[])
+                .await?;
             match granted {
                 0 | 1 => Ok(Withdrawal {
                     granted: granted == 1,
@@ -319,11 +336,10 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
-            let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
-            invocation.arg(policy.window_ms());
-            policy_args(&mut invocation, policy);
-            let reply = self.invoke("status", invocation).await?;
-            Ok(parse_reply("status", &reply)?.1)
+            let (_, snapshot) = self
+                .run(&STATUS_SCRIPT, "status", dependency, policy, &[])
+                .await?;
+            Ok(snapshot)
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::Script;
 
 use crate::allowance::{BudgetSnapshot, WindowCounters};
 use crate::error::StoreError;
@@ -19,13 +19,16 @@ pub static DEPOSIT_SCRIPT: LazyLock<Script> =
 pub static STATUS_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
 
-/// Appends the arguments every script takes after its own: ratio, floor, deposit basis, mode.
-pub(super) fn policy_args<'a>(invocation: &mut ScriptInvocation<'a>, policy: &BudgetPolicy) {
-    invocation
-        .arg(policy.ratio.to_string())
-        .arg(policy.min_allowance)
-        .arg(policy.deposit.script_code())
-        .arg(policy.mode.as_str());
+/// The arguments every script takes after its own, as `lua/README.md` lists them: the ratio,
+/// the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).
+#[must_use]
+pub fn policy_args(policy: &BudgetPolicy) -> [String; 4] {
+    [
+        policy.ratio.to_string(),
+        policy.min_allowance.to_string(),
+        policy.deposit.script_code().to_owned(),
+        policy.mode.as_str().to_owned(),
+    ]
 }
 
 /// Decodes the 14-integer reply shared by the scripts: `granted` (1, 0, or -1 when not a

@@ -1,0 +1,154 @@
+//! The Redis store against the physical limit, side by side in one run (issue 3, item 4).
+//!
+//! ```text
+//! cargo run --release -p fleet-budget --example redis_bench -- [--decisions N] [--smoke]
+//! ```
+//!
+//! Starts its own `redis-server` processes through the test harness (a single node and a
+//! 3-master cluster, on free ports; never the shared 6379) and prints, each beside its
+//! reference measured in the same run:
+//!
+//! 1. retry-decision latency p50/p99 against `PING` on the same connection (sequential calls);
+//! 2. decisions/s from 32 concurrent tasks on one store against `redis-benchmark` calling the same
+//!    script by `EVALSHA` with 32 connections and no pipelining (the same 32 requests in flight);
+//! 3. the naive client-side GET / INCR / EXPIRE budget: p50 and round trips per decision;
+//! 4. Redis round trips per successful job with coalesced deposits at ≥ 1,000 jobs/s;
+//! 5. Redis memory per active dependency (`MEMORY USAGE`), and the keys left after two idle windows;
+//! 6. decisions/s for 100 dependencies on a 3-master cluster against one node.
+//!
+//! Round trips are counted by the server (`INFO commandstats` after `CONFIG RESETSTAT`), leaving
+//! out the commands a script runs inside the server. `--smoke` runs everything with tiny counts
+//! (a few seconds; the idle-window check still waits its two 1 s windows).
+//!
+//! `measure.rs` holds what the sections measure with; `sections.rs` one function per section.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::cast_precision_loss
+)]
+
+mod measure;
+mod sections;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{BudgetPolicy, Dependency};
+
+pub(crate) struct Args {
+    pub(crate) decisions: usize,
+    pub(crate) latency_calls: usize,
+    pub(crate) jobs_seconds: f64,
+    pub(crate) smoke: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        decisions: 200_000,
+        latency_calls: 20_000,
+        jobs_seconds: 3.0,
+        smoke: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--decisions" => {
+                a.decisions = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--decisions N");
+            }
+            "--smoke" => {
+                a = Args {
+                    decisions: 2_000,
+                    latency_calls: 300,
+                    jobs_seconds: 0.5,
+                    smoke: true,
+                };
+            }
+            other => {
+                panic!("unknown argument {other:?}; usage: redis_bench [--decisions N] [--smoke]")
+            }
+        }
+    }
+    a
+}
+
+/// What one section needs: the private server, a store on it, and the always-granting policy
+/// on one dependency.
+pub(crate) struct Bench {
+    pub(crate) args: Args,
+    pub(crate) server: RedisServer,
+    pub(crate) store: Arc<RedisStore>,
+    pub(crate) dependency: Dependency,
+    pub(crate) policy: BudgetPolicy,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let server = RedisServer::start();
+    let version: String = server.cmd(&["INFO", "server"]);
+    let version = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    println!(
+        "redis_bench: redis-server {version} on 127.0.0.1:{} (private), {} cores, load average {}, decisions={} latency_calls={}{}",
+        server.port(),
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        args.decisions,
+        args.latency_calls,
+        if args.smoke { " (smoke)" } else { "" }
+    );
+    let store = Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(server.url()),
+            "fbb",
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    let dependency = Dependency::new("bench").unwrap();
+    // Always grants: the same path for every call (a denial costs the same script time).
+    let policy = BudgetPolicy {
+        min_allowance: u64::MAX >> 12,
+        ..BudgetPolicy::default()
+    };
+    for _ in 0..500 {
+        store.withdraw(&dependency, &policy).await.unwrap();
+        store.ping().await.unwrap();
+    }
+    let bench = Bench {
+        args,
+        server,
+        store,
+        dependency,
+        policy,
+    };
+
+    let mut summary: Vec<String> = Vec::new();
+    let decision = sections::latency(&bench, &mut summary).await;
+    sections::naive(&bench, &decision, &mut summary).await;
+    sections::throughput(&bench, &mut summary).await;
+    sections::coalescing(&bench, &mut summary).await;
+    sections::memory(&bench, &mut summary).await;
+    sections::cluster(&bench, &mut summary).await;
+
+    println!("\n## summary");
+    for line in summary {
+        println!("- {line}");
+    }
+}

@@ -1,0 +1,348 @@
+//! The six sections, in the order they run; each prints its table and adds its summary lines.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_budget::BudgetPolicy;
+use fleet_budget::Dependency;
+use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget, SPEND_SCRIPT};
+use fleet_budget::testing::{RedisCluster, RedisServer};
+use redis::aio::ConnectionManager;
+
+use crate::Bench;
+use crate::measure::{
+    CONCURRENCY, Latency, coalescing as drive_jobs, latency as percentiles, naive_decision,
+    redis_benchmark, reset_stats, round_trips, throughput as decisions_per_second, usec_per_call,
+};
+
+/// Sequential retry decisions as section 1 measured them.
+pub(crate) struct Sequential {
+    latency: Latency,
+    round_trips: f64,
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+/// Section 1: decision latency against PING on the same connection, interleaved; then the
+/// same on a current-thread runtime.
+pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential {
+    let (server, store, bench, policy) = (&b.server, &b.store, &b.dependency, b.policy);
+    reset_stats(server);
+    let (mut pings, mut decisions) = (
+        Vec::with_capacity(b.args.latency_calls),
+        Vec::with_capacity(b.args.latency_calls),
+    );
+    for _ in 0..b.args.latency_calls {
+        let t = Instant::now();
+        store.ping().await.unwrap();
+        pings.push(t.elapsed());
+        let t = Instant::now();
+        store.withdraw(bench, &policy).await.unwrap();
+        decisions.push(t.elapsed());
+    }
+    let calls = server.command_calls();
+    let ours_trips =
+        (calls.get("evalsha").copied().unwrap_or(0)) as f64 / b.args.latency_calls as f64;
+    let (ping, decision) = (percentiles(pings), percentiles(decisions));
+    println!(
+        "\n## 1. latency, sequential, one multiplexed ConnectionManager, {} calls each (interleaved)",
+        b.args.latency_calls
+    );
+    println!(
+        "PING (RedisStore::ping)            p50 {:>7.1} µs  p99 {:>7.1} µs",
+        ping.p50, ping.p99
+    );
+    println!(
+        "decision (RedisStore::withdraw)    p50 {:>7.1} µs  p99 {:>7.1} µs",
+        decision.p50, decision.p99
+    );
+    let ratio = decision.p50 / ping.p50;
+    summary.push(format!(
+        "decision p50 / PING p50 = {ratio:.2} (target <= 1.30: {})",
+        met(ratio <= 1.3)
+    ));
+    // The same on a current-thread runtime: the caller and the connection's driver share one
+    // thread, so no cross-thread wake-up is paid (how much of the gap is the runtime's).
+    let (url, calls) = (server.url(), b.args.latency_calls);
+    let (ping_ct, decision_ct) = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let store =
+                RedisStore::new(RedisTarget::Single(url), "fbb", Duration::from_secs(2)).unwrap();
+            let (mut pings, mut decisions) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+            for i in 0..calls + 500 {
+                let t = Instant::now();
+                store.ping().await.unwrap();
+                let p = t.elapsed();
+                let t = Instant::now();
+                store
+                    .withdraw(&Dependency::new("bench").unwrap(), &policy)
+                    .await
+                    .unwrap();
+                if i >= 500 {
+                    pings.push(p);
+                    decisions.push(t.elapsed());
+                }
+            }
+            (percentiles(pings), percentiles(decisions))
+        })
+    })
+    .await
+    .unwrap();
+    println!("same, on a current-thread runtime:");
+    println!(
+        "PING (RedisStore::ping)            p50 {:>7.1} µs  p99 {:>7.1} µs",
+        ping_ct.p50, ping_ct.p99
+    );
+    println!(
+        "decision (RedisStore::withdraw)    p50 {:>7.1} µs  p99 {:>7.1} µs   ratio {:.2}",
+        decision_ct.p50,
+        decision_ct.p99,
+        decision_ct.p50 / ping_ct.p50
+    );
+    Sequential {
+        latency: decision,
+        round_trips: ours_trips,
+    }
+}
+
+/// Section 3: the naive GET / INCR / EXPIRE budget on the same kind of connection, beside
+/// section 1's decisions.
+pub(crate) async fn naive(b: &Bench, ours: &Sequential, summary: &mut Vec<String>) {
+    let server = &b.server;
+    let mut naive_conn = ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        naive_decision(&mut naive_conn, "bench", u64::MAX).await;
+    }
+    reset_stats(server);
+    let mut naive = Vec::with_capacity(b.args.latency_calls);
+    for _ in 0..b.args.latency_calls {
+        let t = Instant::now();
+        naive_decision(&mut naive_conn, "bench", u64::MAX).await;
+        naive.push(t.elapsed());
+    }
+    let naive_trips = round_trips(server) as f64 / b.args.latency_calls as f64;
+    let naive = percentiles(naive);
+    let (decision, ours_trips) = (&ours.latency, ours.round_trips);
+    println!("\n## 3. naive client-side budget (GET, INCR, EXPIRE; not atomic), same run");
+    println!(
+        "naive GET/INCR/EXPIRE              p50 {:>7.1} µs  p99 {:>7.1} µs  round trips/decision {naive_trips:.2}",
+        naive.p50, naive.p99
+    );
+    println!(
+        "decision (spend.lua)               p50 {:>7.1} µs  p99 {:>7.1} µs  round trips/decision {ours_trips:.2}",
+        decision.p50, decision.p99
+    );
+    let faster = naive.p50 / decision.p50;
+    let fewer = naive_trips / ours_trips;
+    summary.push(format!(
+        "naive p50 / decision p50 = {faster:.2}x (target >= 2: {})",
+        met(faster >= 2.0)
+    ));
+    summary.push(format!(
+        "naive round trips / ours = {fewer:.2}x (target >= 2.5: {})",
+        met(fewer >= 2.5)
+    ));
+}
+
+/// Section 2: throughput, 32 tasks on one store against `redis-benchmark` calling the same script.
+pub(crate) async fn throughput(b: &Bench, summary: &mut Vec<String>) {
+    let (server, store, bench, policy) = (&b.server, &b.store, &b.dependency, b.policy);
+    let decisions = b.args.decisions;
+    reset_stats(server);
+    let ours = decisions_per_second(
+        store.clone(),
+        std::slice::from_ref(bench),
+        policy,
+        decisions,
+    )
+    .await;
+    let server_usec = usec_per_call(server, "evalsha");
+    let sha = SPEND_SCRIPT.get_hash().to_owned();
+    let loaded = SPEND_SCRIPT
+        .load(&mut server.connection().unwrap())
+        .unwrap();
+    assert_eq!(loaded, sha);
+    let mut command = vec!["EVALSHA".to_owned(), sha, "1".to_owned(), store.key(bench)];
+    command.push(policy.window_ms().to_string());
+    command.extend(fleet_budget::store::policy_args(&policy));
+    let (rb, rb_cmd) = redis_benchmark(server.port(), decisions, 1, &command);
+    let (rb_p16, rb_p16_cmd) = redis_benchmark(server.port(), decisions, 16, &command);
+    let ours_again = decisions_per_second(
+        store.clone(),
+        std::slice::from_ref(bench),
+        policy,
+        decisions,
+    )
+    .await;
+    let ours_best = ours.max(ours_again);
+    println!("\n## 2. throughput, {decisions} decisions, {CONCURRENCY} in flight");
+    println!(
+        "fleet-budget, 32 tasks, 1 store    {ours:>10.0} /s, again after redis-benchmark {ours_again:>10.0} /s"
+    );
+    println!("redis-benchmark -c 32 -P 1         {rb:>10.0} /s   `{rb_cmd}`");
+    println!(
+        "redis-benchmark -c 32 -P 16        {rb_p16:>10.0} /s   (server ceiling with pipelining) `{rb_p16_cmd}`"
+    );
+    println!(
+        "server CPU per decision (INFO commandstats usec_per_call of EVALSHA): {server_usec:.2} µs -> at most {:.0} decisions/s per Redis core",
+        1e6 / server_usec.max(0.01)
+    );
+    summary.push(format!(
+        "decisions/s, 32 tasks = {ours_best:.0} (target >= 100000: {})",
+        met(ours_best >= 100_000.0)
+    ));
+    summary.push(format!(
+        "decisions/s vs redis-benchmark -c 32 -P 1 = {:.0}% (target >= 70%: {})",
+        100.0 * ours_best / rb,
+        met(ours_best >= 0.7 * rb)
+    ));
+}
+
+/// Section 4: round trips per successful job with coalesced deposits.
+pub(crate) async fn coalescing(b: &Bench, summary: &mut Vec<String>) {
+    println!("\n## 4. coalesced deposits (flush every 100 ms), round trips per successful job");
+    let mut at_2000 = f64::MAX;
+    for (deps, rate) in [(1usize, 1_000u64), (1, 2_000), (1, 10_000), (10, 10_000)] {
+        let (achieved, per_job, trips) =
+            drive_jobs(&b.server, deps, rate, b.args.jobs_seconds).await;
+        println!(
+            "{deps:>3} dependencies at {achieved:>7.0} jobs/s: {trips:>4} round trips, {per_job:.4} per job"
+        );
+        if deps == 1 && rate == 2_000 {
+            at_2000 = per_job;
+        }
+    }
+    summary.push(format!(
+        "round trips per job at 2,000 jobs/s = {at_2000:.4} (target <= 0.01: {})",
+        met(at_2000 <= 0.01)
+    ));
+}
+
+/// Section 5: memory per active dependency, and expiry after two idle windows (window 1 s).
+pub(crate) async fn memory(b: &Bench, summary: &mut Vec<String>) {
+    let server = &b.server;
+    let short = BudgetPolicy {
+        window: Duration::from_secs(1),
+        ..BudgetPolicy::default()
+    };
+    let mem_store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbmem",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let n_deps = if b.args.smoke { 50 } else { 1000 };
+    let _: String = server.cmd(&["FLUSHALL"]);
+    let used = |s: &RedisServer| -> u64 {
+        let info: String = s.cmd(&["INFO", "memory"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before = used(server);
+    let deps: Vec<Dependency> = (0..n_deps)
+        .map(|i| Dependency::new(&format!("dependency-{i:04}")).unwrap())
+        .collect();
+    for d in &deps {
+        mem_store
+            .deposit(
+                d,
+                &short,
+                Deposits {
+                    successes: 120,
+                    first_attempts: 130,
+                },
+            )
+            .await
+            .unwrap();
+        mem_store.withdraw(d, &short).await.unwrap();
+    }
+    let after = used(server);
+    let sizes: Vec<u64> = deps
+        .iter()
+        .map(|d| server.cmd::<u64>(&["MEMORY", "USAGE", &mem_store.key(d), "SAMPLES", "0"]))
+        .collect();
+    let avg = sizes.iter().sum::<u64>() as f64 / sizes.len() as f64;
+    let max = sizes.iter().max().copied().unwrap_or(0);
+    let encoding: String = server.cmd(&["OBJECT", "ENCODING", &mem_store.key(&deps[0])]);
+    println!(
+        "\n## 5. memory per active dependency ({n_deps} dependencies, one deposit + one decision each)"
+    );
+    println!(
+        "MEMORY USAGE per key: avg {avg:.0} B, max {max} B ({encoding}); used_memory growth {:.0} B per dependency",
+        (after.saturating_sub(before)) as f64 / n_deps as f64
+    );
+    summary.push(format!(
+        "MEMORY USAGE per dependency = {avg:.0} B avg, {max} B max (target <= 256: {})",
+        met(max <= 256)
+    ));
+    let idle_from = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_050)).await;
+    let visible: usize = deps
+        .iter()
+        .map(|d| server.cmd::<usize>(&["EXISTS", &mem_store.key(d)]))
+        .sum();
+    let mut dbsize: u64 = server.cmd(&["DBSIZE"]);
+    while dbsize > 0 && idle_from.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        dbsize = server.cmd(&["DBSIZE"]);
+    }
+    println!(
+        "after two idle windows (2.05 s at window 1 s): {visible} keys exist; DBSIZE 0 after {:.2} s of idleness",
+        idle_from.elapsed().as_secs_f64()
+    );
+    summary.push(format!(
+        "keys after two idle windows = {visible} (target 0: {})",
+        met(visible == 0)
+    ));
+}
+
+/// Section 6: 100 dependencies, a 3-master cluster against one node.
+pub(crate) async fn cluster(b: &Bench, summary: &mut Vec<String>) {
+    let (policy, decisions) = (b.policy, b.args.decisions);
+    let cluster = RedisCluster::start(3);
+    let deps100: Vec<Dependency> = (0..100)
+        .map(|i| Dependency::new(&format!("dep-{i:03}")).unwrap())
+        .collect();
+    let single = Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(b.server.url()),
+            "fb100",
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    let clustered = Arc::new(
+        RedisStore::new(
+            RedisTarget::Cluster(cluster.urls()),
+            "fb100",
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    for d in &deps100 {
+        single.withdraw(d, &policy).await.unwrap();
+        clustered.withdraw(d, &policy).await.unwrap();
+    }
+    let one_node = decisions_per_second(single.clone(), &deps100, policy, decisions).await;
+    let three = decisions_per_second(clustered.clone(), &deps100, policy, decisions).await;
+    let one_node_again = decisions_per_second(single, &deps100, policy, decisions).await;
+    println!("\n## 6. 100 dependencies, 32 tasks, one store, {decisions} decisions");
+    println!(
+        "1 node                             {one_node:>10.0} /s, again {one_node_again:>10.0} /s"
+    );
+    println!("3-master cluster                   {three:>10.0} /s");
+    summary.push(format!(
+        "cluster / 1 node decisions/s = {:.2} (reported, no target)",
+        three / one_node.max(one_node_again)
+    ));
+}
