@@ -6,7 +6,7 @@
 //! call goes straight to the fallback instead of each waiting for a deadline. The fallback
 //! (`redis.fallback`) is the local store (`local`), a refusal (`deny`) or a grant (`allow`).
 //!
-//! Every store result goes through [`Inner::record`], the one place that moves a dependency into
+//! Every store result goes through `Inner::record`, the one place that moves a dependency into
 //! or out of the fallback.
 
 use std::collections::HashMap;

@@ -297,7 +297,7 @@ impl FleetBudget {
     ///
     /// # Errors
     /// The store failed. Deposits it refused stay pending and are sent by a later flush; those
-    /// of a call that passed its deadline are not sent again (see the module documentation).
+    /// of a call that passed its deadline are not sent again (see [`coalesce`]).
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush_pending(true).await
     }

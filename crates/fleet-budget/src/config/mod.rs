@@ -3,7 +3,8 @@
 //!
 //! Parsing never panics. Every problem names the key, the value and what is allowed, and all
 //! problems of a file are reported together. Each section is resolved in its own file
-//! ([`redis`], [`defaults`], `dependencies`, `tasks`); [`check`] holds the checks they share.
+//! (`redis.rs`, `defaults.rs`, `dependencies.rs`, `tasks.rs`); `check.rs` holds the checks they
+//! share ([`Checker`], [`check_url`], [`check_key_prefix`]).
 //!
 //! The file may hold sections of other crates: `fleet-budget-amqp` reads `[amqp]` from the same
 //! file and loads both through its `WorkerConfig` ([`Config::from_toml_ignoring`]). This crate
