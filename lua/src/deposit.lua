@@ -4,10 +4,11 @@
 -- KEYS[1]  budget hash, e.g. "fb:v1:{search}"
 -- ARGV     window_ms, successes (n >= 0), first_attempts (n >= 0),
 --          ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
---          (the last four only shape the snapshot in the reply)
+--          (the caller's policy: see lua/README.md, "The policy in force")
 -- Reply    {-1, allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
---           prev_successes, prev_first_attempts, prev_retries, prev_denied}
+--           prev_successes, prev_first_attempts, prev_retries, prev_denied,
+--           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
 -- @include window_arg.lua
 if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 15 then
   return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 10^15')
@@ -18,6 +19,7 @@ end
 local successes = tonumber(ARGV[2])
 local first_attempts = tonumber(ARGV[3])
 local at = 4
+local propose = true
 -- @include budget.lua
 cur[1] = cur[1] + successes
 cur[2] = cur[2] + first_attempts
@@ -31,5 +33,6 @@ else
   if successes > 0 then redis.call('HINCRBY', KEYS[1], 'cs', ARGV[2]) end
   if first_attempts > 0 then redis.call('HINCRBY', KEYS[1], 'ca', ARGV[3]) end
 end
+-- @include heard.lua
 -- @include reply.lua
 return reply

@@ -6,9 +6,12 @@
 --          mode ("sliding" | "fixed")
 -- Reply    {granted (1|0), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
---           prev_successes, prev_first_attempts, prev_retries, prev_denied}
+--           prev_successes, prev_first_attempts, prev_retries, prev_denied,
+--           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
+--          (window_ms and the last four: the policy in force, which may differ from ARGV)
 -- @include window_arg.lua
 local at = 2
+local propose = true
 -- @include budget.lua
 -- @include estimate.lua
 
@@ -22,8 +25,8 @@ else
   cur[4] = cur[4] + 1
 end
 
--- Write the whole hash when the window rolled (or the key is new), else only the counter that
--- changed.
+-- Write the whole hash when the window rolled (or the key is new, or the policy in force is
+-- new), else only the counter that changed.
 if rolled then
   -- @include save.lua
 elseif granted == 1 then
@@ -31,6 +34,7 @@ elseif granted == 1 then
 else
   redis.call('HINCRBY', KEYS[1], 'cd', 1)
 end
+-- @include heard.lua
 -- @include reply.lua
 reply[1] = granted
 return reply

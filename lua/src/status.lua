@@ -6,12 +6,22 @@
 -- ARGV     window_ms, ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
 -- Reply    {-1, allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
---           prev_successes, prev_first_attempts, prev_retries, prev_denied, ttl_ms}
---          (the state as the next spend would see it; ttl_ms is -2 when the key does not exist)
+--           prev_successes, prev_first_attempts, prev_retries, prev_denied,
+--           conflict, frozen, overridden, ratio, min_allowance, basis, mode,
+--           ttl_ms, conflicts, conflicting_policy, conflict_age_ms}
+--          (the state as the next spend would see it, under the policy in force; ttl_ms is -2
+--          when the key does not exist; conflicts counts the calls that sent another policy,
+--          the last of which sent conflicting_policy ("" if none) conflict_age_ms ago (-1))
 -- @include window_arg.lua
 local at = 2
+local propose = false
 -- @include budget.lua
 -- @include estimate.lua
 -- @include reply.lua
-reply[15] = redis.call('PTTL', KEYS[1])
+local x = redis.call('HMGET', KEYS[1], 'xn', 'xp', 'xt')
+reply[22] = redis.call('PTTL', KEYS[1])
+reply[23] = tonumber(x[1]) or 0
+reply[24] = x[2] or ''
+reply[25] = -1
+if tonumber(x[3]) then reply[25] = now - tonumber(x[3]) end
 return reply

@@ -144,6 +144,7 @@ impl BudgetState {
             current: self.current,
             previous: self.previous,
             allowance: 0,
+            control: Control::default(),
         };
         snapshot.allowance = allowance(
             policy.ratio,
@@ -230,8 +231,23 @@ pub struct BudgetSnapshot {
     pub current: WindowCounters,
     /// Counters of the previous window.
     pub previous: WindowCounters,
-    /// Retries allowed in the last window: `max(min_allowance, floor(ratio × deposits_est))`.
+    /// Retries allowed in the last window: `max(min_allowance, floor(ratio × deposits_est))`
+    /// (0 while the dependency is frozen).
     pub allowance: u64,
+    /// What the fleet store said about the policy and the overrides (all false from the local
+    /// store, which has neither).
+    pub control: Control,
+}
+
+/// How the fleet store's answer relates to the caller's policy and to operators' overrides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Control {
+    /// The caller's policy differs from the policy in force, which served the call instead.
+    pub conflict: bool,
+    /// A freeze is in force: no retry is granted, the floor included.
+    pub frozen: bool,
+    /// A `set` override replaces the ratio and/or the floor.
+    pub overridden: bool,
 }
 
 impl BudgetSnapshot {

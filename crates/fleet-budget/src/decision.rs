@@ -107,23 +107,29 @@ pub enum DeadLetterReason {
     AttemptsExhausted,
     /// The dependency's fleet-wide retry budget refused the retry.
     BudgetExhausted,
+    /// An operator froze the dependency's retries (`budgetctl budget freeze`): none is granted,
+    /// the floor included, until the freeze expires or is lifted.
+    BudgetFrozen,
 }
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [Self; 3] = [
+    pub const ALL: [Self; 4] = [
         Self::NonRetryable,
         Self::AttemptsExhausted,
         Self::BudgetExhausted,
+        Self::BudgetFrozen,
     ];
 
-    /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`).
+    /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`,
+    /// `budget_frozen`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NonRetryable => "non_retryable",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::BudgetExhausted => "budget_exhausted",
+            Self::BudgetFrozen => "budget_frozen",
         }
     }
 
@@ -207,7 +213,7 @@ pub enum Decision {
         dependency: Dependency,
         /// Why.
         reason: DeadLetterReason,
-        /// The budget as seen when it refused (only for `budget_exhausted`).
+        /// The budget as seen when it refused (only for `budget_exhausted` and `budget_frozen`).
         snapshot: Option<BudgetSnapshot>,
         /// Which budget refused (`NotConsulted` unless the reason is `budget_exhausted`).
         source: BudgetSource,

@@ -15,6 +15,12 @@ pub fn budget_key(prefix: &str, dependency: &Dependency) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:{{{dependency}}}")
 }
 
+/// The audit stream under `prefix`: every override, replay, purge and migration.
+#[must_use]
+pub fn audit_key(prefix: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:audit")
+}
+
 /// The glob matching every budget key under `prefix`, for `SCAN`.
 #[must_use]
 pub fn budget_key_pattern(prefix: &str) -> String {
@@ -42,5 +48,6 @@ mod tests {
         assert_eq!(dependency_of_key("fb", &key), Some(d));
         assert_eq!(dependency_of_key("fb", "fb:v1:search"), None);
         assert_eq!(dependency_of_key("other", &key), None);
+        assert_eq!(dependency_of_key("fb", &audit_key("fb")), None);
     }
 }

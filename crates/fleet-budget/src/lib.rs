@@ -56,7 +56,7 @@ pub mod store;
 #[cfg(feature = "test-harness")]
 pub mod testing;
 
-pub use allowance::{BudgetSnapshot, WindowCounters};
+pub use allowance::{BudgetSnapshot, Control, WindowCounters};
 pub use budget::{FleetBudget, FleetBudgetBuilder};
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};

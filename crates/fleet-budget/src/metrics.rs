@@ -15,9 +15,13 @@
 //! | `fleet_budget_store_errors_total` | counter | kind | store calls that failed (`timeout`, `connection`, `server`, `bad_reply`) |
 //! | `fleet_budget_fallback_decisions_total` | counter | mode | retry decisions taken by the fallback |
 //! | `fleet_budget_deposits_pending` | gauge | — | deposits counted locally, not yet flushed |
+//! | `fleet_budget_policy_conflicts_total` | counter | dependency | store calls whose policy differed from the one in force in Redis (served by that one; logged once per dependency) |
 //!
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained `retries_denied_total` rates, not on single spikes.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -42,7 +46,14 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     fallback_decisions: IntCounterVec,
     deposits_pending: IntGauge,
+    policy_conflicts: IntCounterVec,
+    /// Dependencies whose policy conflict was logged (at most [`CONFLICT_LOG_LIMIT`]).
+    conflicts_logged: Arc<Mutex<HashSet<Dependency>>>,
 }
+
+/// At most this many dependencies get their first policy conflict logged: the set is bounded
+/// whatever task names the broker delivers.
+const CONFLICT_LOG_LIMIT: usize = 1024;
 
 impl Metrics {
     /// Metrics registered on a new registry of their own.
@@ -66,6 +77,7 @@ impl Metrics {
             &m.dead_letters,
             &m.store_errors,
             &m.fallback_decisions,
+            &m.policy_conflicts,
         ] {
             registry.register(Box::new(c.clone()))?;
         }
@@ -146,6 +158,12 @@ impl Metrics {
                 "fleet_budget_deposits_pending",
                 "Deposits counted locally and not yet flushed to the store.",
             )?,
+            policy_conflicts: counter(
+                "fleet_budget_policy_conflicts_total",
+                "Store calls whose policy differed from the one in force (served by that one).",
+                dep,
+            )?,
+            conflicts_logged: Arc::new(Mutex::new(HashSet::new())),
             registry,
         })
     }
@@ -192,12 +210,36 @@ impl Metrics {
     }
 
     pub(crate) fn snapshot(&self, d: &Dependency, s: &BudgetSnapshot) {
+        if s.control.conflict {
+            self.policy_conflict(d);
+        }
         self.allowance
             .with_label_values(&[d.as_str()])
             .set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
         self.headroom
             .with_label_values(&[d.as_str()])
             .set(i64::try_from(s.remaining()).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a call whose policy differed from the one in force, and logs the first per
+    /// dependency (a rolling deploy makes many; one line says it).
+    fn policy_conflict(&self, d: &Dependency) {
+        self.policy_conflicts.with_label_values(&[d.as_str()]).inc();
+        let first = {
+            let mut logged = self
+                .conflicts_logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            logged.len() < CONFLICT_LOG_LIMIT && logged.insert(d.clone())
+        };
+        if first {
+            tracing::warn!(
+                dependency = %d,
+                "this worker's budget policy differs from the one in force in Redis, which \
+                 decides instead (see `budgetctl status`); counted in \
+                 fleet_budget_policy_conflicts_total"
+            );
+        }
     }
 
     pub(crate) fn fallback(&self, active: bool) {
@@ -223,7 +265,7 @@ impl Metrics {
     }
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
-    /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`).
+    /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`, `policy_conflicts`).
     #[must_use]
     pub fn counter(&self, name: &str, dependency: &str) -> u64 {
         let c = match name {
@@ -232,6 +274,7 @@ impl Metrics {
             "executions" => &self.executions,
             "retries_granted" => &self.retries_granted,
             "retries_denied" => &self.retries_denied,
+            "policy_conflicts" => &self.policy_conflicts,
             _ => return 0,
         };
         c.with_label_values(&[dependency]).get()

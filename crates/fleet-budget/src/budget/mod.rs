@@ -223,12 +223,12 @@ impl FleetBudget {
             .metrics
             .snapshot(&dependency, &withdrawal.snapshot);
         if !withdrawal.granted {
-            return Ok(self.dead_letter(
-                dependency,
-                DeadLetterReason::BudgetExhausted,
-                Some(withdrawal.snapshot),
-                source,
-            ));
+            let reason = if withdrawal.snapshot.control.frozen {
+                DeadLetterReason::BudgetFrozen
+            } else {
+                DeadLetterReason::BudgetExhausted
+            };
+            return Ok(self.dead_letter(dependency, reason, Some(withdrawal.snapshot), source));
         }
         let delay = {
             let mut rng = self

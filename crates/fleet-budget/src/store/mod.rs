@@ -20,7 +20,9 @@ mod scripts;
 pub use discovery::DiscoveryError;
 pub use local::LocalStore;
 pub use redis::{RedisStore, RedisTarget};
-pub use scripts::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply, policy_args};
+pub use scripts::{
+    DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
+};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

@@ -16,7 +16,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
-use super::scripts::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, parse_reply, policy_args};
+use super::scripts::{
+    DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
+};
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
 use crate::allowance::BudgetSnapshot;
 use crate::config::RedisSettings;
@@ -257,7 +259,7 @@ impl RedisStore {
         dependency: &Dependency,
         policy: &BudgetPolicy,
         own: &[u64],
-    ) -> Result<(i64, BudgetSnapshot), StoreError> {
+    ) -> Result<ScriptReply, StoreError> {
         let mut invocation = script.key(self.key(dependency));
         invocation.arg(policy.window_ms());
         for arg in own {
@@ -270,13 +272,17 @@ impl RedisStore {
         parse_reply(name, &reply)
     }
 
-    async fn invoke(
+    /// Runs `invocation` (its keys and arguments set) within the store's deadline.
+    ///
+    /// # Errors
+    /// The call failed or passed its deadline.
+    pub async fn invoke(
         &self,
         script: &'static str,
         invocation: ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<redis::Value>, StoreError> {
         let call = async {
-            let reply: Vec<i64> = match self.connection().await? {
+            let reply: Vec<redis::Value> = match self.connection().await? {
                 Connection::Single(mut c) => invocation.invoke_async(&mut c).await?,
                 Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await?,
             };
@@ -301,10 +307,10 @@ impl BudgetStore for RedisStore {
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
             let own = [deposits.successes, deposits.first_attempts];
-            let (_, snapshot) = self
+            let reply = self
                 .run(&DEPOSIT_SCRIPT, "deposit", dependency, policy, &own)
                 .await?;
-            Ok(snapshot)
+            Ok(reply.snapshot)
         })
     }
 
@@ -314,7 +320,9 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, Withdrawal> {
         Box::pin(async move {
-            let (granted, snapshot) = self
+            let ScriptReply {
+                granted, snapshot, ..
+            } = self
                 .run(&SPEND_SCRIPT, "spend", dependency, policy, &[])
                 .await?;
             match granted {
@@ -336,10 +344,10 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
-            let (_, snapshot) = self
+            let reply = self
                 .run(&STATUS_SCRIPT, "status", dependency, policy, &[])
                 .await?;
-            Ok(snapshot)
+            Ok(reply.snapshot)
         })
     }
 
