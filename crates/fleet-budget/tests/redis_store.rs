@@ -216,7 +216,19 @@ async fn sliding_mode_has_no_cliff_at_the_boundary_and_fixed_mode_does() {
     let sliding = policy(2000, 0.2, 10, WindowMode::Sliding);
     let fixed = policy(2000, 0.2, 10, WindowMode::Fixed);
     let d = dep("cliff");
+    // One dependency per mode: a key keeps the policy in force of its first caller.
+    let df = dep("cliff-fixed");
     wait_for_window_start(&s, &d, &sliding).await;
+    s.deposit(
+        &df,
+        &fixed,
+        Deposits {
+            successes: 1000,
+            first_attempts: 0,
+        },
+    )
+    .await
+    .unwrap();
     let before = s
         .deposit(
             &d,
@@ -229,14 +241,14 @@ async fn sliding_mode_has_no_cliff_at_the_boundary_and_fixed_mode_does() {
         .await
         .unwrap();
     assert_eq!(before.allowance, 200);
-    assert_eq!(s.status(&d, &fixed).await.unwrap().allowance, 200);
+    assert_eq!(s.status(&df, &fixed).await.unwrap().allowance, 200);
     // Cross into the next window and look right after the boundary.
     tokio::time::sleep(Duration::from_millis(
         s.status(&d, &sliding).await.unwrap().ms_until_roll() + 10,
     ))
     .await;
     let after_sliding = s.status(&d, &sliding).await.unwrap();
-    let after_fixed = s.status(&d, &fixed).await.unwrap();
+    let after_fixed = s.status(&df, &fixed).await.unwrap();
     assert_eq!(after_sliding.window_index, before.window_index + 1);
     assert_eq!(
         after_fixed.allowance, 10,
