@@ -14,6 +14,8 @@
 //! * [`capacity`]: ticks of load against a dependency whose capacity drops for a while; failed
 //!   attempts retry next tick while attempts remain and the budget (a sliding window of W ticks)
 //!   grants.
+//! * [`concurrency`]: a dependency with a cap on calls in flight; what retries, a separate
+//!   retry pool and a concurrency budget put in flight at a failure rate (pure arithmetic).
 //! * [`upstream`], [`queue`] and [`accounting`]: the pieces of the incident drill
 //!   (`budgetctl demo`): a dependency that browns out on a schedule, a queue with delayed
 //!   retries, a dead-letter queue and a parking lot, and the tally that accounts for every job.
@@ -40,6 +42,7 @@ pub mod accounting;
 pub mod brownout;
 mod budget;
 pub mod capacity;
+pub mod concurrency;
 pub mod queue;
 pub mod upstream;
 

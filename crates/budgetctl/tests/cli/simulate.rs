@@ -140,3 +140,75 @@ fn simulate_capacity_json_shape_reference_and_svg() {
     ]));
     assert!(text.contains("peak offered"), "{text}");
 }
+
+#[test]
+fn simulate_concurrency_reproduces_the_issue_arithmetic() {
+    let v = json(&run(&[
+        "simulate",
+        "concurrency",
+        "--cap",
+        "20",
+        "--primary",
+        "16",
+        "--failure-rate",
+        "0.2",
+        "--json",
+    ]));
+    // The independent calculation, written out: the budget's share of the cap left after the
+    // primary calls; one retry per failure; a primary pool sized to the cap beside a pool of
+    // the remaining slots.
+    let (cap, primary, rate) = (20.0_f64, 16.0_f64, 0.2_f64);
+    let fraction = (cap - primary) / primary;
+    let offered = primary + primary * rate;
+    let separate = cap + (cap - primary);
+    let close = |field: &str, want: f64| {
+        let got = v[field].as_f64().unwrap_or(f64::NAN);
+        assert!((got - want).abs() < 1e-9, "{field}: {got} != {want} in {v}");
+    };
+    close("max_retry_fraction", fraction);
+    close("offered_in_flight", offered);
+    close("separate_pools_worst_case", separate);
+    assert!((fraction - 0.25).abs() < 1e-12 && (offered - 19.2).abs() < 1e-12);
+    assert!((separate - 24.0).abs() < 1e-12);
+    // 3.2 retries fit in the 4 slots: the budget refuses none.
+    close("offered_in_flight_with_budget", offered);
+
+    // At 40% the storm passes the cap; the budget holds the sum at the cap.
+    let v = json(&run(&[
+        "simulate",
+        "concurrency",
+        "--failure-rate",
+        "0.4",
+        "--json",
+    ]));
+    let offered = primary + primary * 0.4;
+    assert!(
+        (v["offered_in_flight"].as_f64().unwrap() - offered).abs() < 1e-9,
+        "{v}"
+    );
+    assert!(offered > cap);
+    assert!(
+        (v["offered_in_flight_with_budget"].as_f64().unwrap() - cap).abs() < 1e-9,
+        "{v}"
+    );
+
+    // Two retries per failure: 16 × (0.5 + 0.25) = 12 retries asked for.
+    let v = json(&run(&[
+        "simulate",
+        "concurrency",
+        "--failure-rate",
+        "0.5",
+        "--retries",
+        "2",
+        "--json",
+    ]));
+    assert!(
+        (v["retry_demand"].as_f64().unwrap() - 12.0).abs() < 1e-9,
+        "{v}"
+    );
+
+    let text = stdout(&run(&["simulate", "concurrency"]));
+    assert!(text.contains("19.2") && text.contains("24"), "{text}");
+    let o = run(&["simulate", "concurrency", "--primary", "30"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -4,6 +4,7 @@
 mod brownout;
 mod capacity;
 mod chart;
+mod concurrency;
 
 use clap::{Subcommand, ValueEnum};
 use fleet_budget::DepositBasis;
@@ -12,6 +13,7 @@ use fleet_budget_sim::BudgetParams;
 
 pub(crate) use self::brownout::BrownoutArgs;
 pub(crate) use self::capacity::CapacityArgs;
+pub(crate) use self::concurrency::ConcurrencyArgs;
 use crate::cli::number_in;
 
 /// The most jobs one `simulate` command models, so that no input makes it run for hours.
@@ -24,6 +26,8 @@ pub(crate) enum SimulateCommand {
     Brownout(BrownoutArgs),
     /// Ticks of load against a dependency whose capacity drops for a while, with and without budget.
     Capacity(CapacityArgs),
+    /// Calls in flight against a dependency's cap: no budget, separate pools, concurrency budget.
+    Concurrency(ConcurrencyArgs),
 }
 
 /// Runs a `simulate` subcommand.
@@ -31,6 +35,7 @@ pub(crate) fn run(command: &SimulateCommand) -> anyhow::Result<()> {
     match command {
         SimulateCommand::Brownout(args) => brownout::run(args),
         SimulateCommand::Capacity(args) => capacity::run(args),
+        SimulateCommand::Concurrency(args) => concurrency::run(args),
     }
 }
 
