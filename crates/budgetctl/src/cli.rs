@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
-    bench::BenchArgs, config::ConfigCommand, demo::DemoArgs, dlq::DlqCommand, migrate::MigrateArgs,
-    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
+    audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
+    demo::DemoArgs, dlq::DlqCommand, migrate::MigrateArgs, replay::ReplayArgs,
+    simulate::SimulateCommand, status::StatusArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
@@ -80,6 +81,11 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Move dead-lettered jobs back to their queues after an incident.
     Replay(ReplayArgs),
+    /// Operators' overrides of a dependency's budget (freeze, set, with expiry), audited.
+    #[command(subcommand)]
+    Budget(BudgetCommand),
+    /// The audit trail of overrides, replays, purges and migrations, kept in Redis.
+    Audit(AuditArgs),
     /// Dead-letter queue commands.
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -140,6 +146,9 @@ mod tests {
             &["simulate", "brownout"],
             &["simulate", "capacity"],
             &["status"],
+            &["budget", "freeze"],
+            &["budget", "set"],
+            &["audit"],
             &["bench"],
             &["replay"],
             &["dlq", "stats"],

@@ -13,6 +13,7 @@ mod commands;
 mod exit;
 mod redis_conn;
 mod settings;
+mod when;
 
 use std::process::ExitCode;
 
@@ -22,7 +23,7 @@ use fleet_budget_amqp::WorkerConfig;
 use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
-use crate::commands::{bench, demo, dlq, migrate, replay, simulate, status};
+use crate::commands::{audit, bench, budget, demo, dlq, migrate, replay, simulate, status};
 use crate::exit::UsageError;
 
 fn main() -> ExitCode {
@@ -69,6 +70,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(DlqCommand::Stats(args)) => {
             with_config(global, async |c| dlq::stats(c, args.json).await)
         }
+        Command::Budget(command) => {
+            with_config(global, async |c| budget::run(&c.budget, &command).await)
+        }
+        Command::Audit(args) => with_config(global, async |c| audit::run(&c.budget, &args).await),
         Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
     }
 }

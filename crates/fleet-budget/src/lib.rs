@@ -45,6 +45,7 @@ pub mod budget;
 pub mod ceiling;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod decision;
 pub mod dependency;
 pub mod error;

@@ -1,7 +1,9 @@
 //! One module per command, named after it: its arguments, what it calls in the libraries, and
 //! how it prints.
 
+pub(crate) mod audit;
 pub(crate) mod bench;
+pub(crate) mod budget;
 pub(crate) mod config;
 pub(crate) mod demo;
 pub(crate) mod dlq;

@@ -4,7 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
-use fleet_budget::store::{BudgetStore, RedisStore};
+use fleet_budget::control::{FleetStatus, Overrides, fleet_status};
+use fleet_budget::store::RedisStore;
 use fleet_budget::{BudgetSnapshot, Config, Dependency, WindowCounters};
 use serde::Serialize;
 
@@ -45,11 +46,23 @@ pub(crate) struct DependencyStatus {
     pub(crate) remaining: u64,
     /// Executions per job, `(first_attempts + retries) / first_attempts`; null without traffic.
     pub(crate) amplification: Option<f64>,
+    /// The policy in force in Redis (`window_ms ratio min_allowance basis mode`), not the CLI's.
+    pub(crate) policy_in_force: String,
+    /// Calls that sent another policy, the last of them, and how long ago (s).
+    pub(crate) conflicts: u64,
+    pub(crate) conflicting_policy: Option<String>,
+    pub(crate) conflict_age_secs: Option<f64>,
+    /// The operators' overrides in force, with who, why and when they expire.
+    pub(crate) overrides: Overrides,
+    /// Server ms of the read (override times are server ms too).
+    pub(crate) now_ms: u64,
 }
 
 impl DependencyStatus {
     #[allow(clippy::cast_precision_loss)]
-    pub(crate) fn new(dependency: &Dependency, s: &BudgetSnapshot) -> Self {
+    pub(crate) fn new(dependency: &Dependency, fleet: &FleetStatus) -> Self {
+        let s: &BudgetSnapshot = &fleet.snapshot;
+        let p = &fleet.policy;
         let WindowCounters {
             successes,
             first_attempts,
@@ -68,12 +81,65 @@ impl DependencyStatus {
             remaining: s.remaining(),
             amplification: (first_attempts > 0)
                 .then(|| (first_attempts + retries) as f64 / first_attempts as f64),
+            policy_in_force: format!(
+                "window {}ms, ratio {}, min_allowance {}, deposit {}, mode {}",
+                p.window_ms(),
+                p.ratio,
+                p.min_allowance,
+                p.deposit.as_str(),
+                p.mode.as_str()
+            ),
+            conflicts: fleet.conflicts,
+            conflicting_policy: fleet.conflicting_policy.clone(),
+            conflict_age_secs: fleet.conflict_age_ms.map(|ms| ms as f64 / 1000.0),
+            overrides: fleet.overrides.clone(),
+            now_ms: fleet.now_ms,
         }
+    }
+
+    /// The lines under the table: policy in force, conflicts, overrides.
+    #[allow(clippy::cast_precision_loss)]
+    fn details(&self) -> String {
+        let secs = |until: u64| until.saturating_sub(self.now_ms) as f64 / 1000.0;
+        let mut out = format!(
+            "{}: policy in force: {}\n",
+            self.dependency, self.policy_in_force
+        );
+        if let (Some(policy), Some(age)) = (&self.conflicting_policy, self.conflict_age_secs) {
+            out.push_str(&format!(
+                "  CONFLICT: {} calls sent another policy, the last `{policy}` {age:.1}s ago \
+                 (window_ms ratio min_allowance basis mode); they are served by the policy in force\n",
+                self.conflicts
+            ));
+        }
+        if let Some(f) = &self.overrides.freeze {
+            out.push_str(&format!(
+                "  FROZEN by {} ({:?}): no retry granted, expires in {:.1}s\n",
+                f.actor,
+                f.reason,
+                secs(f.until_ms)
+            ));
+        }
+        if let Some(o) = &self.overrides.set {
+            let ratio = o.ratio.map_or_else(String::new, |r| format!(" ratio {r}"));
+            let floor = o
+                .min_allowance
+                .map_or_else(String::new, |m| format!(" min_allowance {m}"));
+            out.push_str(&format!(
+                "  SET{ratio}{floor} by {} ({:?}), expires in {:.1}s\n",
+                o.actor,
+                o.reason,
+                secs(o.until_ms)
+            ));
+        }
+        out
     }
 
     /// What an operator should look at, if anything.
     pub(crate) fn alert(&self) -> &'static str {
-        if self.denied > 0 && self.remaining == 0 {
+        if self.overrides.freeze.is_some() {
+            "FROZEN: an operator froze retries"
+        } else if self.denied > 0 && self.remaining == 0 {
             "DENYING: budget exhausted, retries are dead-lettered"
         } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
             "AMPLIFIED: retries above 50% of traffic"
@@ -153,11 +219,10 @@ async fn collect(
     let mut rows = Vec::new();
     for dependency in &dependencies {
         let policy = config.policy(dependency);
-        let snapshot = store
-            .status(dependency, &policy)
+        let fleet = fleet_status(store, dependency, &policy)
             .await
             .map_err(|e| redis_conn::unreachable(&shown, &e))?;
-        rows.push(DependencyStatus::new(dependency, &snapshot));
+        rows.push(DependencyStatus::new(dependency, &fleet));
     }
     Ok(StatusReport {
         redis: shown,
@@ -209,5 +274,8 @@ fn render(report: &StatusReport) -> String {
         ]);
     }
     out.push_str(&table_aligned(&rows, &[0, 10]));
+    for d in &report.dependencies {
+        out.push_str(&d.details());
+    }
     out
 }

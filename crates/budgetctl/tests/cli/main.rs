@@ -9,6 +9,7 @@
     missing_docs
 )]
 
+mod budget;
 mod config_check;
 mod demo;
 mod rabbitmq;

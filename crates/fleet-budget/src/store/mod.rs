@@ -15,13 +15,14 @@ use crate::policy::BudgetPolicy;
 mod discovery;
 mod local;
 mod redis;
-mod scripts;
+pub(crate) mod scripts;
 
 pub use discovery::DiscoveryError;
 pub use local::LocalStore;
 pub use redis::{RedisStore, RedisTarget};
 pub use scripts::{
-    DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
+    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
+    policy_args,
 };
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).

@@ -272,6 +272,23 @@ impl RedisStore {
         parse_reply(name, &reply)
     }
 
+    /// Runs one command within the store's deadline (for tools: overrides, the audit stream).
+    ///
+    /// # Errors
+    /// The call failed or passed its deadline.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let call = async {
+            let reply: T = match self.connection().await? {
+                Connection::Single(mut c) => cmd.query_async(&mut c).await?,
+                Connection::Cluster(mut c) => cmd.query_async(&mut c).await?,
+            };
+            Ok::<_, StoreError>(reply)
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
     /// Runs `invocation` (its keys and arguments set) within the store's deadline.
     ///
     /// # Errors

@@ -21,6 +21,10 @@ pub static DEPOSIT_SCRIPT: LazyLock<Script> =
 pub static STATUS_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
 
+/// `lua/override.lua`: an operator's freeze or set override, or its removal.
+pub static OVERRIDE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/override.lua")));
+
 /// The arguments every script takes after its own, as `lua/README.md` lists them: the ratio,
 /// the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).
 #[must_use]

@@ -386,3 +386,51 @@ async fn budget_exhaustion_dead_letters_at_once_and_the_allowance_holds_across_w
     );
     assert!(at_once >= 25);
 }
+
+/// An operator's freeze (`budgetctl budget freeze`): no retry is granted, the floor included;
+/// each failed job is dead-lettered at once with the reason `budget_frozen`.
+#[tokio::test]
+async fn a_frozen_dependency_dead_letters_failed_jobs_as_budget_frozen() {
+    use fleet_budget::control::{AuditLog, OverrideAction, overrides};
+    use fleet_budget::store::RedisStore;
+
+    let env = Env::new(
+        "frozen",
+        "fallback = \"deny\"",
+        "max_attempts = 10",
+        "[dependencies.search]\ntasks = [\"t\"]\nmin_allowance = 50\n",
+    )
+    .await;
+    let store = RedisStore::from_settings(&env.config.budget.redis).unwrap();
+    let search = Dependency::new("search").unwrap();
+    overrides::apply(
+        &store,
+        &AuditLog::default(),
+        &search,
+        OverrideAction::Freeze {
+            duration: Duration::from_secs(3600),
+        },
+        "test",
+        "incident drill",
+    )
+    .await
+    .unwrap();
+    let runner = start(env.budget().await, &env, |_job| async {
+        Err(Failure::retryable("503").with_class("http_503"))
+    });
+    for _ in 0..4 {
+        env.publish_one(b"x").await;
+    }
+    wait_until(LONG, "4 dead-letters", || async {
+        env.depth(&env.topology.dead_queue).await == 4
+    })
+    .await;
+    assert_eq!(stop(runner).await.retried, 0, "a freeze grants nothing");
+    for (props, _) in &env.drain(&env.topology.dead_queue).await {
+        assert_eq!(
+            header_str(props, headers::REASON).as_deref(),
+            Some("budget_frozen")
+        );
+        assert_eq!(header_u64(props, headers::ATTEMPTS), Some(1));
+    }
+}

@@ -1,0 +1,80 @@
+//! `budgetctl audit`: the trail of overrides, replays, purges and migrations kept in Redis
+//! (`fleet_budget::control::audit`).
+
+use clap::Args;
+use fleet_budget::Config;
+use fleet_budget::control::AuditLog;
+
+use crate::output::{print_json, table_aligned};
+use crate::redis_conn;
+use crate::when::{self, When};
+
+/// `audit`.
+#[derive(Debug, Args)]
+pub(crate) struct AuditArgs {
+    /// Only entries since this time: RFC 3339 or a duration ago (`1h30m`).
+    #[arg(long, value_parser = when::when)]
+    since: Option<When>,
+    /// Only entries until this time: RFC 3339 or a duration ago.
+    #[arg(long, value_parser = when::when)]
+    until: Option<When>,
+    /// Only this dependency.
+    #[arg(long)]
+    dependency: Option<String>,
+    /// At most this many (the newest).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    limit: u64,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command.
+pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()> {
+    let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
+    let entries = AuditLog::default()
+        .read(
+            &store,
+            args.since.map(When::unix_ms),
+            args.until.map(When::unix_ms),
+            args.dependency.as_deref(),
+            usize::try_from(args.limit).unwrap_or(usize::MAX),
+        )
+        .await
+        .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
+    if args.json {
+        return print_json(&serde_json::json!({ "entries": entries }));
+    }
+    if entries.is_empty() {
+        outln!("no audit entries");
+        return Ok(());
+    }
+    let mut rows = vec![
+        [
+            "time",
+            "actor",
+            "action",
+            "dependency",
+            "reason",
+            "before → after",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for e in &entries {
+        let json = |v: &Option<serde_json::Value>| {
+            v.as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string)
+        };
+        rows.push(vec![
+            when::rfc3339_ms(e.at_ms),
+            e.actor.clone(),
+            e.action.clone(),
+            e.dependency.clone().unwrap_or_else(|| "-".to_owned()),
+            e.reason.clone(),
+            format!("{} → {}", json(&e.before), json(&e.after)),
+        ]);
+    }
+    out!("{}", table_aligned(&rows, &[0, 1, 2, 3, 4, 5]));
+    Ok(())
+}

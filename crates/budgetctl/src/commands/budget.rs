@@ -1,0 +1,181 @@
+//! `budgetctl budget freeze|unfreeze|set|clear`: operators' overrides of a dependency's budget,
+//! with expiry, read by every worker's next script call; each recorded in the audit trail.
+//! The logic is `fleet_budget::control::overrides`; this module parses and prints.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use fleet_budget::control::{AuditLog, Change, OverrideAction, overrides};
+use fleet_budget::{Config, Dependency};
+
+use crate::exit::usage;
+use crate::output::print_json;
+use crate::redis_conn;
+use crate::when;
+
+/// `budget`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BudgetCommand {
+    /// No retry is granted for DEP (the floor included) until it expires or is lifted; first
+    /// attempts are untouched; refused jobs are dead-lettered `budget_frozen`.
+    Freeze(FreezeArgs),
+    /// Lifts a freeze.
+    Unfreeze(PlainArgs),
+    /// Replaces the ratio and/or the floor of DEP for a while.
+    Set(SetArgs),
+    /// Removes every override of DEP.
+    Clear(PlainArgs),
+}
+
+/// Who and why, for every override.
+#[derive(Debug, Args)]
+pub(crate) struct Who {
+    /// Why (recorded in the audit trail and shown by `status`).
+    #[arg(long)]
+    reason: String,
+    /// Who (default `$USER@<hostname>`).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `budget freeze`.
+#[derive(Debug, Args)]
+pub(crate) struct FreezeArgs {
+    /// The dependency.
+    dependency: String,
+    /// How long (`30m`, `1h30m`).
+    #[arg(long = "for", value_name = "DURATION", value_parser = when::duration)]
+    duration: Duration,
+    #[command(flatten)]
+    who: Who,
+}
+
+/// `budget set`.
+#[derive(Debug, Args)]
+pub(crate) struct SetArgs {
+    /// The dependency.
+    dependency: String,
+    /// Retries allowed per deposit meanwhile (0–1000).
+    #[arg(long, value_parser = |s: &str| crate::cli::number_in(s, 0.0..=1000.0, "from 0 to 1000"))]
+    ratio: Option<f64>,
+    /// Retries always allowed per window meanwhile.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    min_allowance: Option<u64>,
+    /// How long (`30m`, `1h30m`).
+    #[arg(long = "for", value_name = "DURATION", value_parser = when::duration)]
+    duration: Duration,
+    #[command(flatten)]
+    who: Who,
+}
+
+/// `budget unfreeze` and `budget clear`.
+#[derive(Debug, Args)]
+pub(crate) struct PlainArgs {
+    /// The dependency.
+    dependency: String,
+    #[command(flatten)]
+    who: Who,
+}
+
+/// Runs the command.
+pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Result<()> {
+    let (dependency, who, action) = match command {
+        BudgetCommand::Freeze(a) => (
+            &a.dependency,
+            &a.who,
+            OverrideAction::Freeze {
+                duration: a.duration,
+            },
+        ),
+        BudgetCommand::Unfreeze(a) => (&a.dependency, &a.who, OverrideAction::Unfreeze),
+        BudgetCommand::Set(a) => {
+            if a.ratio.is_none() && a.min_allowance.is_none() {
+                return Err(usage("budget set needs --ratio and/or --min-allowance"));
+            }
+            (
+                &a.dependency,
+                &a.who,
+                OverrideAction::Set {
+                    duration: a.duration,
+                    ratio: a.ratio,
+                    min_allowance: a.min_allowance,
+                },
+            )
+        }
+        BudgetCommand::Clear(a) => (&a.dependency, &a.who, OverrideAction::Clear),
+    };
+    let dep = Dependency::new(dependency)
+        .map_err(|e| usage(format!("{dependency:?}: a dependency name {e}")))?;
+    let actor = who.actor.clone().unwrap_or_else(when::default_actor);
+    let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
+    let change = overrides::apply(
+        &store,
+        &AuditLog::default(),
+        &dep,
+        action,
+        &actor,
+        &who.reason,
+    )
+    .await
+    .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
+    if who.json {
+        return print_json(&serde_json::json!({
+            "dependency": dep.as_str(),
+            "action": action.as_str(),
+            "actor": actor,
+            "reason": who.reason,
+            "change": change,
+        }));
+    }
+    outln!("{}", describe(&dep, action, &change));
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn describe(dep: &Dependency, action: OverrideAction, change: &Change) -> String {
+    let ends = |until: u64| {
+        format!(
+            "until {} (in {:.0}s)",
+            when::rfc3339_ms(until),
+            until.saturating_sub(change.at_ms) as f64 / 1000.0
+        )
+    };
+    match action {
+        OverrideAction::Freeze { .. } => change.after.freeze.as_ref().map_or_else(
+            || format!("{dep}: freeze not in force"),
+            |f| format!("{dep}: frozen {}: no retry is granted", ends(f.until_ms)),
+        ),
+        OverrideAction::Set { .. } => change.after.set.as_ref().map_or_else(
+            || format!("{dep}: set override not in force"),
+            |s| {
+                format!(
+                    "{dep}: ratio {} min_allowance {} {}",
+                    s.ratio
+                        .map_or_else(|| "(policy's)".to_owned(), |r| r.to_string()),
+                    s.min_allowance
+                        .map_or_else(|| "(policy's)".to_owned(), |m| m.to_string()),
+                    ends(s.until_ms)
+                )
+            },
+        ),
+        OverrideAction::Unfreeze => format!(
+            "{dep}: unfrozen{}",
+            if change.before.freeze.is_some() {
+                ""
+            } else {
+                " (was not frozen)"
+            }
+        ),
+        OverrideAction::Clear => format!(
+            "{dep}: overrides cleared{}",
+            if change.before.is_empty() {
+                " (there were none)"
+            } else {
+                ""
+            }
+        ),
+    }
+}

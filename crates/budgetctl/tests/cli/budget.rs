@@ -1,0 +1,115 @@
+//! `budget freeze|unfreeze|set|clear`, `status` showing the overrides, and `audit`, against a
+//! private Redis.
+
+use std::time::{Duration, Instant};
+
+use fleet_budget::testing::RedisServer;
+
+use crate::{assert_exit, json, run_with, stdout, unique};
+
+#[test]
+fn overrides_with_expiry_show_in_status_and_in_the_audit_trail() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let prefix = unique("ovr");
+    let on = ["--redis-url", url.as_str(), "--key-prefix", prefix.as_str()];
+
+    let v = json(&run_with(
+        &on,
+        "budget freeze search --for 1h --reason db-failover --actor alice --json",
+    ));
+    assert_eq!(v["change"]["after"]["freeze"]["actor"], "alice", "{v}");
+    assert_eq!(
+        v["change"]["before"]["freeze"],
+        serde_json::Value::Null,
+        "{v}"
+    );
+    let s = json(&run_with(&on, "status --dependency search --json"));
+    let d = &s["dependencies"][0];
+    assert_eq!(d["allowance"], 0, "frozen: not even the floor: {s}");
+    assert_eq!(d["overrides"]["freeze"]["reason"], "db-failover", "{s}");
+    let text = stdout(&run_with(&on, "status --dependency search"));
+    assert!(text.contains("FROZEN by alice"), "{text}");
+    assert!(
+        text.contains("policy in force: window 60000ms, ratio 0.2"),
+        "{text}"
+    );
+
+    // A set override for one second: in force, then gone by itself.
+    let text = stdout(&run_with(
+        &on,
+        "budget set search --ratio 0.5 --min-allowance 3 --for 1s --reason tighten --actor bob",
+    ));
+    assert!(text.contains("ratio 0.5 min_allowance 3"), "{text}");
+    let text = stdout(&run_with(
+        &on,
+        "budget unfreeze search --reason recovered --actor alice",
+    ));
+    assert!(text.contains("search: unfrozen"), "{text}");
+    let s = json(&run_with(&on, "status --dependency search --json"));
+    let d = &s["dependencies"][0];
+    if d["overrides"]["set"].is_object() {
+        assert_eq!(d["allowance"], 3, "the set floor: {s}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = json(&run_with(&on, "status --dependency search --json"));
+        let d = &s["dependencies"][0];
+        if d["overrides"]["set"].is_null() {
+            assert_eq!(d["allowance"], 10, "back to the policy's floor: {s}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the set override never ended: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = stdout(&run_with(
+        &on,
+        "budget clear search --reason done --actor carol",
+    ));
+    assert!(
+        text.contains("overrides cleared (there were none)"),
+        "{text}"
+    );
+
+    // The trail: four entries, in order, with who, why, before and after.
+    let v = json(&run_with(&on, "audit --json"));
+    let entries = v["entries"].as_array().unwrap();
+    let actions: Vec<&str> = entries
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["freeze", "set", "unfreeze", "clear"], "{v}");
+    assert_eq!(entries[0]["actor"], "alice");
+    assert_eq!(entries[0]["dependency"], "search");
+    assert_eq!(entries[0]["reason"], "db-failover");
+    assert_eq!(entries[2]["before"]["freeze"]["actor"], "alice", "{v}");
+    assert_eq!(
+        entries[2]["after"]["freeze"],
+        serde_json::Value::Null,
+        "{v}"
+    );
+    let text = stdout(&run_with(&on, "audit --since 1h --dependency search"));
+    assert!(
+        text.contains("db-failover") && text.contains("carol"),
+        "{text}"
+    );
+    let v = json(&run_with(&on, "audit --dependency other --json"));
+    assert_eq!(v["entries"].as_array().unwrap().len(), 0, "{v}");
+    let v = json(&run_with(&on, "audit --since 2099-01-01T00:00:00Z --json"));
+    assert_eq!(v["entries"].as_array().unwrap().len(), 0, "{v}");
+    let v = json(&run_with(&on, "audit --until 2000-01-01T00:00:00Z --json"));
+    assert_eq!(v["entries"].as_array().unwrap().len(), 0, "{v}");
+
+    // Usage errors name what is wrong and change nothing.
+    let o = run_with(&on, "budget set search --for 1h --reason x");
+    assert_exit(&o, 2, "--ratio and/or --min-allowance");
+    let o = run_with(&on, "budget freeze search --for soon --reason x");
+    assert_exit(&o, 2, "not a duration");
+    let o = run_with(&on, "audit --since yesterday-ish");
+    assert_exit(&o, 2, "RFC 3339");
+    let v = json(&run_with(&on, "audit --json"));
+    assert_eq!(v["entries"].as_array().unwrap().len(), 4, "{v}");
+}

@@ -1,0 +1,181 @@
+//! The audit trail: every override, replay, purge and migration, in one Redis stream per key
+//! prefix (`<prefix>:v1:audit`), bounded by count (`XADD MAXLEN ~`) and by age (`XTRIM MINID ~`).
+//! Times are the server's (the stream id), so entries from hosts with skewed clocks sort right.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::StoreError;
+use crate::keys::audit_key;
+use crate::store::RedisStore;
+
+/// How much of the trail Redis keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditLog {
+    /// At most about this many entries (trimmed approximately, as Redis does cheaply).
+    pub max_entries: u64,
+    /// Entries older than this are trimmed.
+    pub max_age: Duration,
+}
+
+impl Default for AuditLog {
+    /// The last 10,000 entries or 90 days, whichever is less.
+    fn default() -> Self {
+        Self {
+            max_entries: 10_000,
+            max_age: Duration::from_secs(90 * 24 * 3600),
+        }
+    }
+}
+
+/// One entry of the trail.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditEntry {
+    /// The stream id (`<ms>-<seq>`), empty before it is recorded.
+    pub id: String,
+    /// Server ms (from the id), 0 before it is recorded.
+    pub at_ms: u64,
+    /// Who (`--actor`, default user@host).
+    pub actor: String,
+    /// What: `freeze`, `unfreeze`, `set`, `clear`, `replay`, `purge`, `migrate`, ...
+    pub action: String,
+    /// Which dependency, when the action has one.
+    pub dependency: Option<String>,
+    /// Why.
+    pub reason: String,
+    /// The state before (JSON), when the action has one.
+    pub before: Option<serde_json::Value>,
+    /// The state after (JSON), when the action has one.
+    pub after: Option<serde_json::Value>,
+}
+
+/// Keeps at most `max` characters of `text`.
+fn bounded(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+impl AuditEntry {
+    /// A new entry (actor kept to 200 characters, reason to 1,000).
+    #[must_use]
+    pub fn new(actor: &str, action: &str, dependency: Option<&str>, reason: &str) -> Self {
+        Self {
+            id: String::new(),
+            at_ms: 0,
+            actor: bounded(actor, 200),
+            action: bounded(action, 50),
+            dependency: dependency.map(|d| bounded(d, 200)),
+            reason: bounded(reason, 1000),
+            before: None,
+            after: None,
+        }
+    }
+
+    /// With the state before and after.
+    #[must_use]
+    pub fn with_before_after(mut self, before: &impl Serialize, after: &impl Serialize) -> Self {
+        self.before = serde_json::to_value(before).ok();
+        self.after = serde_json::to_value(after).ok();
+        self
+    }
+}
+
+impl AuditLog {
+    /// Appends `entry` to `store`'s trail and trims it; returns the entry's id.
+    ///
+    /// # Errors
+    /// Redis failed or passed the store's deadline.
+    pub async fn record(
+        &self,
+        store: &RedisStore,
+        entry: &AuditEntry,
+    ) -> Result<String, StoreError> {
+        let key = audit_key(store.prefix());
+        let json =
+            |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string).unwrap_or_default();
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.max_entries.max(1))
+            .arg("*")
+            .arg("actor")
+            .arg(&entry.actor)
+            .arg("action")
+            .arg(&entry.action)
+            .arg("dependency")
+            .arg(entry.dependency.as_deref().unwrap_or_default())
+            .arg("reason")
+            .arg(&entry.reason)
+            .arg("before")
+            .arg(json(&entry.before))
+            .arg("after")
+            .arg(json(&entry.after));
+        let id: String = store.query(&xadd).await?;
+        let now_ms = id_ms(&id);
+        let max_age = u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX);
+        if now_ms > max_age {
+            let mut trim = redis::cmd("XTRIM");
+            trim.arg(&key).arg("MINID").arg("~").arg(now_ms - max_age);
+            let _: u64 = store.query(&trim).await?;
+        }
+        Ok(id)
+    }
+
+    /// The entries since server ms `since_ms` (and until `until_ms`, if given), oldest first,
+    /// for `dependency` if given, at most `limit` (the newest of them).
+    ///
+    /// # Errors
+    /// Redis failed or passed the store's deadline.
+    pub async fn read(
+        &self,
+        store: &RedisStore,
+        since_ms: Option<u64>,
+        until_ms: Option<u64>,
+        dependency: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut xrange = redis::cmd("XREVRANGE");
+        xrange
+            .arg(audit_key(store.prefix()))
+            .arg(until_ms.map_or_else(|| "+".to_owned(), |ms| ms.to_string()))
+            .arg(since_ms.map_or_else(|| "-".to_owned(), |ms| ms.to_string()))
+            .arg("COUNT")
+            .arg(self.max_entries.max(1));
+        let raw: Vec<(String, Vec<(String, String)>)> = store.query(&xrange).await?;
+        let mut entries: Vec<AuditEntry> = raw
+            .into_iter()
+            .map(|(id, fields)| parse_entry(id, &fields))
+            .filter(|e| dependency.is_none_or(|d| e.dependency.as_deref() == Some(d)))
+            .take(limit)
+            .collect();
+        entries.reverse();
+        Ok(entries)
+    }
+}
+
+/// The ms part of a stream id.
+fn id_ms(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_default()
+}
+
+fn parse_entry(id: String, fields: &[(String, String)]) -> AuditEntry {
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default()
+    };
+    let json = |name: &str| serde_json::from_str(get(name)).ok();
+    let dependency = Some(get("dependency")).filter(|d| !d.is_empty());
+    let mut entry = AuditEntry::new(get("actor"), get("action"), dependency, get("reason"));
+    entry.before = json("before");
+    entry.after = json("after");
+    entry.at_ms = id_ms(&id);
+    entry.id = id;
+    entry
+}

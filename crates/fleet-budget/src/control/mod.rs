@@ -1,0 +1,20 @@
+//! The incident control plane: what an on-call engineer (or any tool) reads and changes in Redis
+//! while workers run.
+//!
+//! Why here and not in `budgetctl`: the CLI is one client among others (a chat bot, a runbook
+//! automation); each must see the same policy in force, write overrides the scripts understand,
+//! and leave the same audit trail. How the parts fit:
+//! - [`status`]: a dependency's budget as the fleet sees it: the policy in force (which may
+//!   differ from the caller's), conflicts, overrides;
+//! - [`overrides`]: freeze / set / unfreeze / clear, written by `lua/override.lua` into the
+//!   budget hash, where every script reads them, each with its own expiry;
+//! - [`audit`]: a bounded Redis stream of every override, replay, purge and migration, with
+//!   who, why, and before/after.
+
+pub mod audit;
+pub mod overrides;
+pub mod status;
+
+pub use audit::{AuditEntry, AuditLog};
+pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
+pub use status::{FleetStatus, fleet_status};
