@@ -1,0 +1,17 @@
+"""fleet_budget: fleet-wide retry budgets in Redis, shared with the Rust ``fleet-budget`` library.
+
+Same configuration, same Lua scripts, same decision order. See ``clients/python/README.md``.
+"""
+
+from .budget import PROBE_INTERVAL_MS, FleetBudget, InvalidTask
+from .config import Config, ConfigError, Problem
+from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .metrics import Metrics
+from .policy import Backoff, BudgetPolicy, TaskCeiling
+from .snapshot import BudgetSnapshot, WindowCounters
+
+__all__ = [
+    "ATTEMPTS_EXHAUSTED", "BUDGET_EXHAUSTED", "NON_RETRYABLE", "PROBE_INTERVAL_MS",
+    "Backoff", "BudgetPolicy", "BudgetSnapshot", "Config", "ConfigError", "DeadLetter", "Decision",
+    "Failure", "FleetBudget", "InvalidTask", "Metrics", "Problem", "Retry", "TaskCeiling", "WindowCounters",
+]

@@ -1,0 +1,300 @@
+"""``FleetBudget``: the Rust library's decision order, deposits, fallback and metrics, on the
+same Redis scripts (``crates/fleet-budget/src/budget``)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import redis
+
+from . import scripts
+from .config import Config, ConfigError, dependency_name_problem, redact_url
+from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .local import LocalStore
+from .metrics import Metrics
+from .snapshot import BudgetSnapshot
+
+log = logging.getLogger("fleet_budget")
+
+#: How often a dependency whose store calls failed is tried again (the Rust ``PROBE_INTERVAL``).
+PROBE_INTERVAL_MS = 200
+
+
+class InvalidTask(ValueError):
+    """A task with no mapping whose name cannot be a dependency name."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def error_kind(error: BaseException) -> str:
+    """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply."""
+    if isinstance(error, redis.exceptions.TimeoutError):
+        return "timeout"
+    if isinstance(error, redis.exceptions.ConnectionError):
+        return "connection"
+    if isinstance(error, scripts.BadReply):
+        return "bad_reply"
+    return "server"
+
+
+class FleetBudget:
+    """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown."""
+
+    def __init__(
+        self,
+        config: Optional[Config] = None,
+        *,
+        redis_url: Optional[str] = None,
+        key_prefix: Optional[str] = None,
+        metrics: Optional[Metrics] = None,
+        clock: Callable[[], int] = _now_ms,
+        seed: Optional[int] = None,
+        client: Any = None,
+    ) -> None:
+        self.config = config if config is not None else Config()
+        if redis_url is not None:
+            self.config.redis.url = redis_url
+        if key_prefix is not None:
+            self.config.redis.key_prefix = key_prefix
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self.local = LocalStore(clock)
+        settings = self.config.redis
+        timeout = settings.timeout_ms / 1000
+        if client is None:
+            try:
+                client = redis.Redis.from_url(
+                    settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
+                )
+            except ValueError as e:
+                raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
+        self._redis = client
+        self._spend = client.register_script(scripts.text("spend"))
+        self._deposit = client.register_script(scripts.text("deposit"))
+        self._status = client.register_script(scripts.text("status"))
+        self._health_lock = threading.Lock()
+        self._degraded: dict[str, int] = {}
+        # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].
+        self._pending: dict[str, list[int]] = {}
+        self._pending_lock = threading.Lock()
+        self._flush_ms = settings.deposit_flush_ms
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._flusher: Optional[threading.Thread] = None
+        if self._flush_ms > 0:
+            self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
+            self._flusher.start()
+
+    @classmethod
+    def from_config(cls, path: str, **kwargs: Any) -> "FleetBudget":
+        """A budget from a TOML file (``FLEET_BUDGET_REDIS_URL`` over ``redis.url``)."""
+        return cls(Config.from_path(path), **kwargs)
+
+    # The contract's three calls.
+
+    def dependency(self, task: str) -> str:
+        dependency = self.config.dependency(task)
+        wrong = dependency_name_problem(dependency)
+        if wrong:
+            raise InvalidTask(f"task {task!r} has no dependency mapping and {wrong}")
+        return dependency
+
+    def on_attempt(self, task: str, attempt: int) -> None:
+        """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
+        dependency = self.dependency(task)
+        first = attempt <= 1
+        self.metrics.executions.labels(dependency).inc()
+        if first:
+            self.metrics.first_attempts.labels(dependency).inc()
+            self._deposit_counts(dependency, 0, 1)
+
+    def on_success(self, task: str) -> None:
+        dependency = self.dependency(task)
+        self.metrics.successes.labels(dependency).inc()
+        self._deposit_counts(dependency, 1, 0)
+
+    def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
+        """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""
+        dependency = self.dependency(task)
+        attempt = max(1, int(attempt))
+        if not failure.is_retryable:
+            return self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
+        ceiling = self.config.ceiling(task)
+        if attempt >= ceiling.max_attempts:
+            return self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
+        granted, snapshot, source = self.withdraw(dependency)
+        (self.metrics.retries_granted if granted else self.metrics.retries_denied).labels(dependency).inc()
+        self.metrics.snapshot(dependency, snapshot)
+        if not granted:
+            return self._dead_letter(dependency, BUDGET_EXHAUSTED, snapshot, source)
+        with self._rng_lock:
+            delay = ceiling.backoff.delay(attempt, failure.retry_after, self._rng)
+        return Retry(dependency, delay, attempt + 1, snapshot, source)
+
+    def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
+        """Spend one retry: (granted, snapshot, source)."""
+        policy = self.config.policy(dependency)
+        if self._should_try(dependency):
+            try:
+                reply = self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                    args=scripts.spend_args(policy))
+                granted, snapshot = scripts.parse_reply("spend", reply)
+            except (redis.exceptions.RedisError, scripts.BadReply) as e:
+                self._failed(dependency, e)
+            else:
+                self._ok(dependency)
+                return granted == 1, snapshot, "fleet"
+        mode = self.config.redis.fallback
+        self.metrics.fallback_decisions.labels(mode).inc()
+        if mode == "local":
+            granted, snapshot = self.local.withdraw(dependency, policy)
+            return granted, snapshot, "local_fallback"
+        return mode == "allow", self.local.status(dependency, policy), "blind"
+
+    def status(self, dependency: str) -> tuple[BudgetSnapshot, str]:
+        policy = self.config.policy(dependency)
+        try:
+            reply = self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                 args=scripts.status_args(policy))
+            _, snapshot = scripts.parse_reply("status", reply)
+        except (redis.exceptions.RedisError, scripts.BadReply) as e:
+            self._failed(dependency, e)
+            return self.local.status(dependency, policy), "local_fallback"
+        self._ok(dependency)
+        return snapshot, "fleet"
+
+    @property
+    def in_fallback(self) -> bool:
+        with self._health_lock:
+            return bool(self._degraded)
+
+    def pending_deposits(self) -> int:
+        with self._pending_lock:
+            return sum(s + a for s, a, _ in self._pending.values())
+
+    def flush(self) -> None:
+        """Send the coalesced deposits now (one ``deposit.lua`` call per dependency)."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, {}
+        now = self._clock()
+        for dependency, (s, a, since) in batch.items():
+            policy = self.config.policy(dependency)
+            if now - since > policy.window_ms:
+                continue  # older than a window: dropped, never credited all at once
+            if not self._send_deposit(dependency, s, a):
+                continue
+        self._set_pending_gauge()
+
+    def close(self) -> None:
+        """Stop the flusher, send what is pending, close the connection."""
+        self._closed.set()
+        self._wake.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=5)
+        self.flush()
+        self._redis.close()
+
+    def __enter__(self) -> "FleetBudget":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Deposits.
+
+    def _deposit_counts(self, dependency: str, successes: int, first_attempts: int) -> None:
+        policy = self.config.policy(dependency)
+        self.local.deposit(dependency, policy, successes, first_attempts)
+        if self._flush_ms == 0 and self._should_try(dependency):
+            self._send_deposit(dependency, successes, first_attempts)
+            return
+        with self._pending_lock:
+            entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
+            entry[0] += successes
+            entry[1] += first_attempts
+            total = sum(s + a for s, a, _ in self._pending.values())
+        self.metrics.deposits_pending.set(total)
+        if total >= self.config.redis.deposit_flush_count:
+            self._wake.set()
+
+    def _send_deposit(self, dependency: str, successes: int, first_attempts: int) -> bool:
+        policy = self.config.policy(dependency)
+        try:
+            reply = self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                  args=scripts.deposit_args(policy, successes, first_attempts))
+            scripts.parse_reply("deposit", reply)
+        except (redis.exceptions.RedisError, scripts.BadReply) as e:
+            self._failed(dependency, e)
+            if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
+                # Refused by a dead connection: kept for a later flush. A call past its deadline
+                # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").
+                with self._pending_lock:
+                    entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
+                    entry[0] += successes
+                    entry[1] += first_attempts
+            return False
+        self._ok(dependency)
+        return True
+
+    def _set_pending_gauge(self) -> None:
+        self.metrics.deposits_pending.set(self.pending_deposits())
+
+    def _flush_loop(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self._flush_ms / 1000)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self.flush()
+            except Exception:  # the flusher must outlive any one failure
+                log.exception("fleet budget: flushing deposits failed")
+
+    # Health: a dependency whose store call failed is decided by the fallback, and probed again
+    # once per PROBE_INTERVAL_MS.
+
+    def _should_try(self, dependency: str) -> bool:
+        with self._health_lock:
+            next_probe = self._degraded.get(dependency)
+            if next_probe is None:
+                return True
+            now = self._clock()
+            if now >= next_probe or next_probe > now + PROBE_INTERVAL_MS:
+                self._degraded[dependency] = now + PROBE_INTERVAL_MS
+                return True
+            return False
+
+    def _ok(self, dependency: str) -> None:
+        with self._health_lock:
+            if self._degraded.pop(dependency, None) is None:
+                return
+            left = len(self._degraded)
+        self.metrics.fallback_dependencies.set(left)
+        if left == 0:
+            self.metrics.fallback_active.set(0)
+            log.info("fleet budget store answers again; leaving fallback")
+
+    def _failed(self, dependency: str, error: BaseException) -> None:
+        self.metrics.store_errors.labels(error_kind(error)).inc()
+        with self._health_lock:
+            new = dependency not in self._degraded
+            self._degraded[dependency] = self._clock() + PROBE_INTERVAL_MS
+            count = len(self._degraded)
+        if new:
+            self.metrics.fallback_dependencies.set(count)
+            if count == 1:
+                self.metrics.fallback_active.set(1)
+                log.warning("fleet budget store failed for %s (%s); entering fallback %s",
+                            dependency, redact_url(str(error)), self.config.redis.fallback)
+
+    def _dead_letter(self, dependency: str, reason: str, snapshot: Optional[BudgetSnapshot], source: str) -> DeadLetter:
+        self.metrics.dead_letters.labels(dependency, reason).inc()
+        return DeadLetter(dependency, reason, snapshot, source)

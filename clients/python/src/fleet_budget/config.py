@@ -1,0 +1,310 @@
+"""The TOML configuration the Rust library reads (``crates/fleet-budget/src/config``): the same
+sections, keys, limits and defaults, every problem reported at once, ``FLEET_BUDGET_REDIS_URL``
+over ``redis.url``. Sections of other components (``[amqp]``) are ignored, as the Rust worker does."""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .policy import CLASS_MAX_ATTEMPTS, Backoff, BudgetPolicy, TaskCeiling
+
+ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
+REDIS_SCHEMES = ("redis", "rediss", "redis+unix", "unix")
+MAX_WINDOW_SECS = 86_400
+MAX_RATIO = 10.0
+MAX_DEPENDENCY_LEN = 200
+OTHER_SECTIONS = ("amqp",)
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: str
+    allowed: str
+
+    def __str__(self) -> str:
+        return f"{self.key} = {self.value}: {self.allowed}"
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used: unreadable, not TOML, or values out of range."""
+
+    def __init__(self, origin: str, message: str, problems: Optional[list[Problem]] = None) -> None:
+        self.origin = origin
+        self.problems = problems or []
+        super().__init__(f"{origin}: {message}")
+
+
+@dataclass
+class RedisSettings:
+    url: str = "redis://127.0.0.1:6379"
+    timeout_ms: int = 50
+    key_prefix: str = "fb"
+    fallback: str = "local"
+    deposit_flush_ms: int = 100
+    deposit_flush_count: int = 1000
+
+
+@dataclass
+class Config:
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    defaults: BudgetPolicy = field(default_factory=BudgetPolicy)
+    policies: dict[str, BudgetPolicy] = field(default_factory=dict)
+    tasks: dict[str, str] = field(default_factory=dict)
+    default_ceiling: TaskCeiling = field(default_factory=TaskCeiling)
+    ceilings: dict[str, TaskCeiling] = field(default_factory=dict)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str]) -> "Config":
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(str(path), f"cannot read configuration file: {e.strerror or e}") from None
+        config = cls.from_toml(text, str(path))
+        config.apply_env(os.environ)
+        return config
+
+    @classmethod
+    def from_toml(cls, text: str, origin: str = "<toml>") -> "Config":
+        try:
+            root = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(origin, str(e)) from None
+        return _resolve(root, origin)
+
+    def apply_env(self, env: Mapping[str, str]) -> None:
+        url = env.get(ENV_REDIS_URL, "")
+        if url:
+            self.redis.url = url
+
+    def dependency(self, task: str) -> str:
+        """The dependency whose budget ``task`` spends: its own name when unmapped."""
+        return self.tasks.get(task, task)
+
+    def policy(self, dependency: str) -> BudgetPolicy:
+        return self.policies.get(dependency, self.defaults)
+
+    def ceiling(self, task: str) -> TaskCeiling:
+        return self.ceilings.get(task, self.default_ceiling)
+
+
+def dependency_name_problem(name: str) -> Optional[str]:
+    """What is wrong with a dependency name, or None (the Rust ``validate_name``)."""
+    if not name:
+        return "dependency name is empty"
+    if len(name.encode("utf-8")) > MAX_DEPENDENCY_LEN:
+        return f"dependency name is {len(name.encode('utf-8'))} bytes long, at most {MAX_DEPENDENCY_LEN} allowed"
+    for c in name:
+        if c in "{}" or _is_control(c):
+            return f"dependency name contains {c!r}; `{{`, `}}` and control characters are not allowed"
+    return None
+
+
+def _is_control(c: str) -> bool:
+    o = ord(c)
+    return o < 0x20 or 0x7F <= o <= 0x9F
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def problem(self, key: str, value: object, allowed: str) -> None:
+        self.problems.append(Problem(key, str(value), allowed))
+
+    def int_in(self, key: str, value: Any, lo: int, hi: int, default: int) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(key, repr(value), f"must be an integer from {lo} to {hi}")
+            return default
+        if not lo <= value <= hi:
+            self.problem(key, value, f"must be an integer from {lo} to {hi}")
+            return default
+        return value
+
+    def ratio(self, key: str, value: Any, default: float) -> float:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.problem(key, repr(value), f"must be a finite number from 0 to {MAX_RATIO:g} (retries per deposit)")
+            return default
+        v = float(value)
+        if not math.isfinite(v) or not 0.0 <= v <= MAX_RATIO:
+            self.problem(key, f"{v:g}", f"must be a finite number from 0 to {MAX_RATIO:g} (retries per deposit)")
+            return default
+        return v
+
+    def choice(self, key: str, value: Any, allowed: tuple[str, ...], default: str) -> str:
+        if value is None:
+            return default
+        if value not in allowed:
+            self.problem(key, repr(value), "must be one of " + ", ".join(f'"{a}"' for a in allowed))
+            return default
+        return str(value)
+
+
+def _table(c: _Checker, key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        c.problem(key, repr(value), "must be a table")
+        return {}
+    return value
+
+
+def _unknown(c: _Checker, at: str, table: Mapping[str, Any], known: tuple[str, ...]) -> None:
+    for k in table:
+        if k not in known:
+            c.problem(f"{at}.{k}" if at else k, "", "unknown key; expected one of " + ", ".join(known))
+
+
+_POLICY_KEYS = ("window_secs", "ratio", "min_allowance", "deposit", "mode")
+
+
+def _policy(c: _Checker, at: str, t: Mapping[str, Any], base: BudgetPolicy) -> BudgetPolicy:
+    return BudgetPolicy(
+        window_secs=c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, MAX_WINDOW_SECS, base.window_secs),
+        ratio=c.ratio(f"{at}.ratio", t.get("ratio"), base.ratio),
+        min_allowance=c.int_in(f"{at}.min_allowance", t.get("min_allowance"), 0, 1_000_000_000, base.min_allowance),
+        deposit=c.choice(f"{at}.deposit", t.get("deposit"), ("success", "request"), base.deposit),
+        mode=c.choice(f"{at}.mode", t.get("mode"), ("sliding", "fixed"), base.mode),
+    )
+
+
+def _backoff(c: _Checker, at: str, t: Mapping[str, Any], default: Backoff) -> Backoff:
+    day = 86_400_000
+    base = c.int_in(f"{at}.backoff_base_ms", t.get("backoff_base_ms"), 1, day, round(default.base * 1000))
+    cap = c.int_in(f"{at}.backoff_cap_ms", t.get("backoff_cap_ms"), 1, day, round(default.cap * 1000))
+    if cap < base:
+        c.problem(f"{at}.backoff_cap_ms", cap, f"must be at least backoff_base_ms ({base})")
+    return Backoff(base=base / 1000, factor=default.factor, cap=cap / 1000)
+
+
+def _resolve(root: dict[str, Any], origin: str) -> Config:
+    c = _Checker()
+    root = {k: v for k, v in root.items() if k not in OTHER_SECTIONS}
+    _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks"))
+    config = Config()
+
+    r = _table(c, "redis", root.get("redis"))
+    _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
+                             "deposit_flush_ms", "deposit_flush_count"))
+    if "url" in r:
+        url = r["url"]
+        if not isinstance(url, str) or not _url_ok(url):
+            c.problem("redis.url", repr(_redact(str(url))),
+                      "must be a URL of the form " + " or ".join(f"{s}://..." for s in REDIS_SCHEMES))
+        else:
+            config.redis.url = url
+    if "cluster_urls" in r:
+        c.problem("redis.cluster_urls", "[...]", "Redis Cluster is not supported by the Python client yet")
+    config.redis.timeout_ms = c.int_in("redis.timeout_ms", r.get("timeout_ms"), 1, 60_000, 50)
+    if "key_prefix" in r:
+        prefix = r["key_prefix"]
+        if (not isinstance(prefix, str) or not 1 <= len(prefix) <= 64
+                or any(ch in "{} " or _is_control(ch) for ch in prefix)):
+            c.problem("redis.key_prefix", repr(prefix),
+                      "must be 1 to 64 characters without `{`, `}`, spaces or control characters")
+        else:
+            config.redis.key_prefix = prefix
+    config.redis.fallback = c.choice("redis.fallback", r.get("fallback"), ("local", "deny", "allow"), "local")
+    config.redis.deposit_flush_ms = c.int_in("redis.deposit_flush_ms", r.get("deposit_flush_ms"), 0, 10_000, 100)
+    config.redis.deposit_flush_count = c.int_in(
+        "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
+
+    d = _table(c, "defaults", root.get("defaults"))
+    _unknown(c, "defaults", d, (*_POLICY_KEYS, "max_attempts", "backoff_base_ms", "backoff_cap_ms"))
+    config.defaults = _policy(c, "defaults", d, BudgetPolicy())
+    config.default_ceiling = TaskCeiling(
+        max_attempts=c.int_in("defaults.max_attempts", d.get("max_attempts"), 1, 1000, 5),
+        backoff=_backoff(c, "defaults", d, Backoff()),
+    )
+
+    for name, dep in _table(c, "dependencies", root.get("dependencies")).items():
+        at = f"dependencies.{_toml_key(name)}"
+        dep = _table(c, at, dep)
+        _unknown(c, at, dep, ("tasks", *_POLICY_KEYS))
+        wrong = dependency_name_problem(name)
+        if wrong:
+            c.problem(at, repr(name), wrong)
+        policy = _policy(c, at, dep, config.defaults)
+        if wrong:
+            continue
+        config.policies[name] = policy
+        tasks = dep.get("tasks", [])
+        if not isinstance(tasks, list):
+            c.problem(f"{at}.tasks", repr(tasks), "must be a list of task names")
+            continue
+        for i, task in enumerate(tasks):
+            key = f"{at}.tasks[{i}]"
+            if not isinstance(task, str) or not task or any(_is_control(ch) for ch in task):
+                c.problem(key, repr(task), "a task name must be non-empty and hold no control characters")
+            elif task in config.tasks:
+                first = config.tasks[task]
+                c.problem(key, repr(task), "is listed twice in this dependency" if first == name else
+                          f"is already mapped to dependency {first!r}; a task spends exactly one dependency's budget")
+            else:
+                config.tasks[task] = name
+
+    for task, t in _table(c, "tasks", root.get("tasks")).items():
+        at = f"tasks.{_toml_key(task)}"
+        t = _table(c, at, t)
+        _unknown(c, at, t, ("class", "max_attempts", "recovery_window_secs", "backoff_base_ms", "backoff_cap_ms"))
+        if task not in config.tasks:
+            wrong = dependency_name_problem(task)
+            if wrong:
+                c.problem(at, repr(task), wrong)
+        if sum(k in t for k in ("class", "max_attempts", "recovery_window_secs")) > 1:
+            c.problem(at, "class, max_attempts and recovery_window_secs", "set at most one of them")
+        backoff = _backoff(c, at, t, config.default_ceiling.backoff)
+        if "class" in t:
+            cls = c.choice(f"{at}.class", t["class"], tuple(CLASS_MAX_ATTEMPTS), "")
+            max_attempts = CLASS_MAX_ATTEMPTS.get(cls, config.default_ceiling.max_attempts)
+        elif "max_attempts" in t:
+            max_attempts = c.int_in(f"{at}.max_attempts", t["max_attempts"], 1, 1000, 5)
+        elif "recovery_window_secs" in t:
+            secs = c.int_in(f"{at}.recovery_window_secs", t["recovery_window_secs"], 1, 7 * 86_400, 60)
+            max_attempts = backoff.attempts_for_recovery_window(secs)
+        else:
+            max_attempts = config.default_ceiling.max_attempts
+        config.ceilings[task] = TaskCeiling(max_attempts=max_attempts, backoff=backoff)
+
+    if c.problems:
+        raise ConfigError(origin, "invalid configuration:\n" + "\n".join(f"  - {p}" for p in c.problems),
+                          c.problems)
+    return config
+
+
+def _toml_key(name: str) -> str:
+    if name and all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name):
+        return name
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _url_ok(url: str) -> bool:
+    for scheme in REDIS_SCHEMES:
+        rest = url.removeprefix(scheme)
+        if rest != url and rest.startswith("://") and len(rest) > 3:
+            return True
+    return False
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (secrets never print)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    auth, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = auth.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+redact_url = _redact

@@ -1,0 +1,71 @@
+"""Failures and decisions (the Rust ``decision.rs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from .snapshot import BudgetSnapshot
+
+#: Why a job was dead-lettered, as the ``fb-reason`` header and the metrics spell it.
+NON_RETRYABLE = "non_retryable"
+ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a job failed: ``retryable``, ``non_retryable``, ``retry_after`` or ``poison``."""
+
+    kind: str
+    message: str
+    cls: str = "error"
+    retry_after: Optional[float] = None
+
+    @classmethod
+    def retryable(cls, error: object) -> "Failure":
+        return cls("retryable", str(error))
+
+    @classmethod
+    def non_retryable(cls, error: object) -> "Failure":
+        return cls("non_retryable", str(error))
+
+    @classmethod
+    def after(cls, seconds: float, error: object) -> "Failure":
+        """Retryable, not before ``seconds`` (a ``Retry-After``)."""
+        return cls("retry_after", str(error), retry_after=max(0.0, float(seconds)))
+
+    @classmethod
+    def poison(cls, error: object) -> "Failure":
+        return cls("poison", str(error), cls="poison")
+
+    def with_class(self, name: str) -> "Failure":
+        return Failure(self.kind, self.message, name, self.retry_after)
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.kind in ("retryable", "retry_after")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry after ``delay`` seconds as attempt ``next_attempt``."""
+
+    dependency: str
+    delay: float
+    next_attempt: int
+    snapshot: BudgetSnapshot
+    source: str
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Give up: ``reason`` is one of the constants above; ``snapshot`` when the budget was asked."""
+
+    dependency: str
+    reason: str
+    snapshot: Optional[BudgetSnapshot]
+    source: str
+
+
+Decision = Union[Retry, DeadLetter]

@@ -1,0 +1,44 @@
+"""The Prometheus metrics, with the Rust library's names and labels (``metrics.rs``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from .snapshot import BudgetSnapshot
+
+
+class Metrics:
+    """One set of metrics in ``registry`` (a private registry when none is given)."""
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r, dep = self.registry, ["dependency"]
+        # prometheus_client appends _total to counters itself.
+        self.successes = Counter("fleet_budget_successes", "Successful jobs.", dep, registry=r)
+        self.first_attempts = Counter("fleet_budget_first_attempts", "First executions of jobs.", dep, registry=r)
+        self.executions = Counter("fleet_budget_executions", "All executions (first + retries).", dep, registry=r)
+        self.retries_granted = Counter("fleet_budget_retries_granted", "Retries the budget granted.", dep, registry=r)
+        self.retries_denied = Counter("fleet_budget_retries_denied", "Retries the budget refused.", dep, registry=r)
+        self.dead_letters = Counter(
+            "fleet_budget_dead_letters", "Dead-letter decisions.", ["dependency", "reason"], registry=r)
+        self.allowance = Gauge("fleet_budget_allowance", "Allowance at the last decision.", dep, registry=r)
+        self.headroom = Gauge("fleet_budget_headroom", "Retries still grantable at the last decision.", dep, registry=r)
+        self.fallback_active = Gauge(
+            "fleet_budget_fallback_active", "1 while the fleet store is unreachable.", registry=r)
+        self.fallback_dependencies = Gauge(
+            "fleet_budget_fallback_dependencies", "Dependencies whose store calls fail now.", registry=r)
+        self.store_errors = Counter("fleet_budget_store_errors", "Store calls that failed.", ["kind"], registry=r)
+        self.fallback_decisions = Counter(
+            "fleet_budget_fallback_decisions", "Retry decisions taken by the fallback.", ["mode"], registry=r)
+        self.deposits_pending = Gauge(
+            "fleet_budget_deposits_pending", "Deposits counted locally, not yet flushed.", registry=r)
+
+    def snapshot(self, dependency: str, snap: BudgetSnapshot) -> None:
+        self.allowance.labels(dependency).set(snap.allowance)
+        self.headroom.labels(dependency).set(snap.remaining())
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's value (0 when never set), e.g. ``value("fleet_budget_successes_total", dependency="x")``."""
+        return self.registry.get_sample_value(name, labels) or 0.0

@@ -1,0 +1,43 @@
+"""What a script replies: the two windows' counters and the allowance (Rust ``allowance.rs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WindowCounters:
+    successes: int = 0
+    first_attempts: int = 0
+    retries: int = 0
+    denied: int = 0
+
+
+@dataclass(frozen=True)
+class BudgetSnapshot:
+    window_ms: int
+    window_index: int
+    elapsed_ms: int
+    previous_weight_ms: int
+    current: WindowCounters
+    previous: WindowCounters
+    allowance: int
+
+    def estimate(self, current: int, previous: int) -> int:
+        window = max(1, self.window_ms)
+        return (current * self.window_ms + previous * self.previous_weight_ms) // window
+
+    def estimates(self) -> WindowCounters:
+        c, p = self.current, self.previous
+        return WindowCounters(
+            self.estimate(c.successes, p.successes),
+            self.estimate(c.first_attempts, p.first_attempts),
+            self.estimate(c.retries, p.retries),
+            self.estimate(c.denied, p.denied),
+        )
+
+    def remaining(self) -> int:
+        """Retries that would still be granted now (the headroom)."""
+        window = max(1, self.window_ms)
+        retries = self.current.retries * self.window_ms + self.previous.retries * self.previous_weight_ms
+        return max(0, self.allowance * window - retries) // window

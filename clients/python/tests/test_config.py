@@ -1,0 +1,76 @@
+"""The configuration: the Rust library's keys, limits and messages."""
+
+import pytest
+
+from fleet_budget import Config, ConfigError, FleetBudget
+
+README = """
+[defaults]
+window_secs = 60
+ratio = 0.2
+min_allowance = 10
+[dependencies.search]
+tasks = ["index_document", "reindex_tenant", "bulk_import"]
+[dependencies.mail]
+tasks = ["send_receipt"]
+ratio = 0.1
+[tasks.index_document]
+class = "idempotent"
+[tasks.send_receipt]
+max_attempts = 3
+[tasks.bulk_import]
+recovery_window_secs = 900
+[amqp]
+prefetch = 4
+"""
+
+
+def test_the_readme_example_parses_like_rust():
+    c = Config.from_toml(README)
+    assert c.dependency("reindex_tenant") == "search"
+    assert c.dependency("unlisted") == "unlisted"
+    assert c.policy("mail").ratio == 0.1 and c.policy("search").ratio == 0.2
+    assert c.ceiling("index_document").max_attempts == 8
+    assert c.ceiling("send_receipt").max_attempts == 3
+    assert c.ceiling("bulk_import").max_attempts == 9
+    assert c.ceiling("other").max_attempts == 5
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml("[defaults]\nratio = -1.0\nwindow_secs = 0\nmin_allowance = -3\n", "t.toml")
+    assert [p.key for p in e.value.problems] == ["defaults.window_secs", "defaults.ratio", "defaults.min_allowance"]
+    assert str(e.value).startswith("t.toml: invalid configuration:\n  - ")
+    for value in ["nan", "-0.1", "11.0", "inf"]:
+        with pytest.raises(ConfigError) as e:
+            Config.from_toml(f"[defaults]\nratio = {value}\n")
+        assert "from 0 to 10" in str(e.value)
+
+
+def test_bad_text_unknown_keys_and_secrets():
+    with pytest.raises(ConfigError):
+        Config.from_toml("[defaults\n")
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml("[defaults]\nratoi = 0.2\n")
+    assert "ratoi" in str(e.value) and "window_secs" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml('[redis]\nurl = "http://u:hunter2@h"\n')
+    assert "redis.url" in str(e.value) and "hunter2" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml('[dependencies."a{b"]\n[dependencies.x]\ntasks = ["t", "t"]\n')
+    assert len(e.value.problems) == 2
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml("[tasks.t]\nclass = \"paid\"\nmax_attempts = 2\n")
+    assert "at most one" in str(e.value)
+
+
+def test_the_file_and_the_environment(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as e:
+        Config.from_path(tmp_path / "missing.toml")
+    assert "cannot read" in str(e.value)
+    path = tmp_path / "fb.toml"
+    path.write_text('[redis]\nurl = "redis://example:1"\nkey_prefix = "p"\n')
+    monkeypatch.setenv("FLEET_BUDGET_REDIS_URL", "redis://127.0.0.1:7")
+    budget = FleetBudget.from_config(str(path))
+    assert budget.config.redis.url == "redis://127.0.0.1:7" and budget.config.redis.key_prefix == "p"
+    budget.close()

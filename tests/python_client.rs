@@ -1,0 +1,222 @@
+//! The Python client (`clients/python`) and the Rust library decide alike: the same random
+//! sequence of attempts, successes and failures is run by both against one private
+//! redis-server, each under its own key prefix, and every decision (retry or dead letter, the
+//! reason, the next attempt, the source, the snapshot) and the final budget must be equal. The
+//! delays are random (equal jitter): each must lie in the same bounds.
+//!
+//! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
+//! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{Config, Decision, Dependency, Failure, FleetBudget};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Reads one operation per line, prints one JSON answer per line.
+const DRIVER: &str = r#"
+import json, sys
+from fleet_budget import Config, DeadLetter, Failure, FleetBudget
+budget = FleetBudget(Config.from_toml(sys.argv[1]), seed=1)
+def snap(s):
+    if s is None:
+        return None
+    c = s.current
+    return [s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied]
+for line in sys.stdin:
+    op = json.loads(line)
+    if op[0] == "attempt":
+        budget.on_attempt(op[1], op[2]); out = None
+    elif op[0] == "success":
+        budget.on_success(op[1]); out = None
+    else:
+        _, task, attempt, kind, after = op
+        failure = {"retryable": Failure.retryable("x"), "non_retryable": Failure.non_retryable("x"),
+                   "after": Failure.after(after, "x")}[kind]
+        d = budget.on_failure(task, attempt, failure)
+        if isinstance(d, DeadLetter):
+            out = ["dead", d.reason, d.source, snap(d.snapshot)]
+        else:
+            out = ["retry", d.next_attempt, d.source, snap(d.snapshot), d.delay]
+    print(json.dumps(out), flush=True)
+budget.close()
+"#;
+
+fn python() -> PathBuf {
+    std::env::var_os("FLEET_BUDGET_PYTHON").map_or_else(
+        || common::repo_root().join(".venv/bin/python"),
+        PathBuf::from,
+    )
+}
+
+fn snap(s: Option<&fleet_budget::BudgetSnapshot>) -> String {
+    s.map_or_else(
+        || "null".to_owned(),
+        |s| {
+            let c = &s.current;
+            format!(
+                "[{}, {}, {}, {}, {}, {}]",
+                s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied
+            )
+        },
+    )
+}
+
+#[tokio::test]
+async fn python_and_rust_decide_alike_on_random_sequences() {
+    let server = RedisServer::start();
+    for seed in 0..6u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let basis = if rng.random_bool(0.5) {
+            "success"
+        } else {
+            "request"
+        };
+        let mode = if rng.random_bool(0.5) {
+            "sliding"
+        } else {
+            "fixed"
+        };
+        let policy = format!(
+            "[defaults]\nwindow_secs = 3600\nratio = {}\nmin_allowance = {}\ndeposit = \"{basis}\"\nmode = \"{mode}\"\n\
+             [dependencies.search]\ntasks = [\"index\", \"reindex\"]\n[tasks.index]\nmax_attempts = 4\n\
+             [tasks.reindex]\nclass = \"idempotent\"\nbackoff_base_ms = 100\n",
+            [0.1, 0.2, 0.5, 1.0][rng.random_range(0..4)],
+            rng.random_range(0..5),
+        );
+        let redis = |prefix: &str| {
+            format!(
+                "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n{policy}",
+                server.url()
+            )
+        };
+        let rust_config = Config::from_toml(&redis("rs"), "rust").unwrap();
+        let rust = FleetBudget::from_config(&rust_config).await.unwrap();
+        let mut child = Command::new(python())
+            .args(["-c", DRIVER, &redis("py")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run the Python driver (scripts/test makes .venv)");
+        let mut to_py = child.stdin.take().unwrap();
+        let mut from_py = BufReader::new(child.stdout.take().unwrap());
+        for step in 0..200 {
+            let task = ["index", "reindex", "lone"][rng.random_range(0..3)];
+            let (op, expected) = match rng.random_range(0..10) {
+                0..=2 => {
+                    let attempt = rng.random_range(1..3);
+                    rust.on_attempt(task, attempt).await.unwrap();
+                    (
+                        format!("[\"attempt\", \"{task}\", {attempt}]"),
+                        "null".to_owned(),
+                    )
+                }
+                3..=4 => {
+                    rust.on_success(task).await.unwrap();
+                    (format!("[\"success\", \"{task}\"]"), "null".to_owned())
+                }
+                _ => {
+                    let attempt = rng.random_range(1..10u32);
+                    let (kind, after) = match rng.random_range(0..6) {
+                        0 => ("non_retryable", 0),
+                        1 => ("after", rng.random_range(0..5)),
+                        _ => ("retryable", 0),
+                    };
+                    let failure = match kind {
+                        "non_retryable" => Failure::non_retryable("x"),
+                        "after" => Failure::retry_after(Duration::from_secs(after), "x"),
+                        _ => Failure::retryable("x"),
+                    };
+                    let d = rust.on_failure(task, attempt, &failure).await.unwrap();
+                    let op = format!("[\"failure\", \"{task}\", {attempt}, \"{kind}\", {after}]");
+                    let expected = match &d {
+                        Decision::DeadLetter {
+                            reason,
+                            source,
+                            snapshot,
+                            ..
+                        } => format!(
+                            "[\"dead\", \"{reason}\", \"{}\", {}]",
+                            source.as_str(),
+                            snap(snapshot.as_ref())
+                        ),
+                        Decision::Retry {
+                            next_attempt,
+                            source,
+                            snapshot,
+                            delay,
+                            ..
+                        } => {
+                            let nominal = rust.ceiling(task).backoff.nominal(attempt);
+                            let (lo, hi) =
+                                if kind == "after" && Duration::from_secs(after) > nominal / 2 {
+                                    (0.0, f64::MAX)
+                                } else {
+                                    (nominal.as_secs_f64() / 2.0, nominal.as_secs_f64())
+                                };
+                            assert!(*delay >= nominal / 2 || kind == "after", "{delay:?}");
+                            format!(
+                                "[\"retry\", {next_attempt}, \"{}\", {}, {lo}, {hi}]",
+                                source.as_str(),
+                                snap(Some(snapshot))
+                            )
+                        }
+                    };
+                    (op, expected)
+                }
+            };
+            writeln!(to_py, "{op}").unwrap();
+            let mut answer = String::new();
+            from_py.read_line(&mut answer).unwrap();
+            let answer = answer.trim();
+            if let Some(bounds) = expected.strip_prefix("[\"retry\"") {
+                // Compare all but the delay, then the delay against Rust's bounds.
+                let (head, delay) = answer.rsplit_once(", ").unwrap();
+                let (want_head, hi) = expected.rsplit_once(", ").unwrap();
+                let (want_head, lo) = want_head.rsplit_once(", ").unwrap();
+                assert_eq!(head, want_head, "seed {seed} step {step}: {op} ({bounds})");
+                let delay: f64 = delay.trim_end_matches(']').parse().unwrap();
+                let (lo, hi): (f64, f64) = (
+                    lo.parse().unwrap(),
+                    hi.trim_end_matches(']').parse().unwrap(),
+                );
+                assert!(
+                    delay >= lo - 1e-9 && delay <= hi + 1e-9,
+                    "seed {seed} step {step}: {op}: delay {delay} not in [{lo}, {hi}]"
+                );
+            } else {
+                assert_eq!(answer, expected, "seed {seed} step {step}: {op}");
+            }
+        }
+        drop(to_py);
+        assert!(child.wait().unwrap().success(), "the Python driver failed");
+        // Both left the same budget in Redis.
+        for dependency in ["search", "lone"] {
+            let d = Dependency::new(dependency).unwrap();
+            let mine = rust.status(&d).await.0;
+            let theirs: Vec<String> = server.cmd(&[
+                "HMGET",
+                &format!("py:v1:{{{dependency}}}"),
+                "cs",
+                "ca",
+                "cr",
+                "cd",
+            ]);
+            let c = &mine.current;
+            assert_eq!(
+                theirs,
+                [c.successes, c.first_attempts, c.retries, c.denied].map(|n| n.to_string()),
+                "seed {seed}: {dependency}"
+            );
+        }
+        rust.shutdown().await.unwrap();
+    }
+}
