@@ -1,8 +1,9 @@
 //! The Python client (`clients/python`) and the Rust library decide alike: the same random
 //! sequence of attempts, successes and failures is run by both against one private
-//! redis-server, each under its own key prefix, and every decision (retry or dead letter, the
+//! redis-server, each under its own key prefix (one pair per sequence, so each starts from empty budgets), and every decision (retry or dead letter, the
 //! reason, the next attempt, the source, the snapshot) and the final budget must be equal. The
-//! delays are random (equal jitter): each must lie in the same bounds.
+//! delays are random (equal jitter): each must lie in the same bounds. Python's keys, read at
+//! the end with Rust's policy, report no policy conflict: both sent the same policy.
 //!
 //! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
 //! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{Config, Decision, Dependency, Failure, FleetBudget};
 use rand::rngs::SmallRng;
@@ -28,8 +30,9 @@ budget = FleetBudget(Config.from_toml(sys.argv[1]), seed=1)
 def snap(s):
     if s is None:
         return None
-    c = s.current
-    return [s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied]
+    c, k = s.current, s.control
+    return [s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied,
+            int(k.conflict), int(k.frozen), int(k.overridden)]
 for line in sys.stdin:
     op = json.loads(line)
     if op[0] == "attempt":
@@ -60,10 +63,18 @@ fn snap(s: Option<&fleet_budget::BudgetSnapshot>) -> String {
     s.map_or_else(
         || "null".to_owned(),
         |s| {
-            let c = &s.current;
+            let (c, k) = (&s.current, &s.control);
             format!(
-                "[{}, {}, {}, {}, {}, {}]",
-                s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied
+                "[{}, {}, {}, {}, {}, {}, {}, {}, {}]",
+                s.allowance,
+                s.window_index,
+                c.successes,
+                c.first_attempts,
+                c.retries,
+                c.denied,
+                u8::from(k.conflict),
+                u8::from(k.frozen),
+                u8::from(k.overridden)
             )
         },
     )
@@ -88,7 +99,7 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
             "[defaults]\nwindow_secs = 3600\nratio = {}\nmin_allowance = {}\ndeposit = \"{basis}\"\nmode = \"{mode}\"\n\
              [dependencies.search]\ntasks = [\"index\", \"reindex\"]\n[tasks.index]\nmax_attempts = 4\n\
              [tasks.reindex]\nclass = \"idempotent\"\nbackoff_base_ms = 100\n",
-            [0.1, 0.2, 0.5, 1.0][rng.random_range(0..4)],
+            [0.1, 1.0, 0.2, 2.0, 0.5, 0.25][usize::try_from(seed).unwrap()],
             rng.random_range(0..5),
         );
         let redis = |prefix: &str| {
@@ -97,10 +108,10 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
                 server.url()
             )
         };
-        let rust_config = Config::from_toml(&redis("rs"), "rust").unwrap();
+        let rust_config = Config::from_toml(&redis(&format!("rs{seed}")), "rust").unwrap();
         let rust = FleetBudget::from_config(&rust_config).await.unwrap();
         let mut child = Command::new(python())
-            .args(["-c", DRIVER, &redis("py")])
+            .args(["-c", DRIVER, &redis(&format!("py{seed}"))])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -198,13 +209,24 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
         }
         drop(to_py);
         assert!(child.wait().unwrap().success(), "the Python driver failed");
-        // Both left the same budget in Redis.
+        // Both left the same budget in Redis, and Python's keys hold the policy Rust sends.
+        let python_keys = RedisStore::new(
+            RedisTarget::Single(server.url()),
+            "py",
+            Duration::from_secs(5),
+        )
+        .unwrap();
         for dependency in ["search", "lone"] {
             let d = Dependency::new(dependency).unwrap();
             let mine = rust.status(&d).await.0;
+            let seen = python_keys.status(&d, &rust.policy(&d)).await.unwrap();
+            assert!(
+                !seen.control.conflict,
+                "seed {seed}: {dependency}: {policy}"
+            );
             let theirs: Vec<String> = server.cmd(&[
                 "HMGET",
-                &format!("py:v1:{{{dependency}}}"),
+                &format!("py{seed}:v1:{{{dependency}}}"),
                 "cs",
                 "ca",
                 "cr",

@@ -100,3 +100,22 @@ def test_a_task_that_cannot_be_a_dependency_is_refused(redis_url):
             continue
         raise AssertionError(task)
     b.close()
+
+
+def test_a_freeze_dead_letters_as_budget_frozen_and_conflicts_are_counted(redis_url):
+    from conftest import REPO
+
+    r = redis.Redis.from_url(redis_url)
+    freeze = r.register_script((REPO / "lua" / "override.lua").read_text())
+    b = budget(redis_url)
+    b.on_success("index_document")
+    freeze(keys=["fb:v1:{search}"], args=["freeze", 60_000, "ops", "incident"])
+    d = b.on_failure("index_document", 1, Failure.retryable("503"))
+    assert d.reason == "budget_frozen" and d.snapshot.control.frozen and d.snapshot.allowance == 0
+    other = budget(redis_url, TOML.replace("min_allowance = 3", "min_allowance = 4"))
+    d = other.on_failure("index_document", 1, Failure.retryable("503"))
+    assert d.snapshot.control.conflict
+    assert other.metrics.value("fleet_budget_policy_conflicts_total", dependency="search") == 1
+    assert b.metrics.value("fleet_budget_policy_conflicts_total", dependency="search") == 0
+    b.close()
+    other.close()

@@ -15,18 +15,34 @@ def test_shipped_scripts_are_the_repositorys():
 
 
 def test_arguments_follow_the_readme():
-    p = BudgetPolicy(window_secs=60, ratio=0.2, min_allowance=10, deposit="request", mode="fixed")
+    p = BudgetPolicy(window_ms=60_000, ratio=0.2, min_allowance=10, deposit="request", mode="fixed")
     assert scripts.spend_args(p) == ["60000", "0.2", "10", "a", "fixed"]
     assert scripts.deposit_args(p, 3, 4) == ["60000", "3", "4", "0.2", "10", "a", "fixed"]
     assert scripts.keys("fb", "search") == ["fb:v1:{search}"]
 
 
+def test_the_ratio_is_spelled_as_rust_spells_it():
+    # Rust's f64 Display: the scripts compare the text, so "1.0" would be another policy than "1".
+    for ratio, text in [(0.2, "0.2"), (1.0, "1"), (10.0, "10"), (0.1, "0.1"), (1e-7, "0.0000001"), (0.0, "0")]:
+        assert scripts.ratio_text(ratio) == text
+
+
+def reply(*ints, tail=(0, 1, 0, b"0.2", 10, b"s", b"sliding")):
+    return [*ints, *tail]
+
+
 def test_malformed_replies_are_errors():
-    for bad in [None, b"x", [], [1] * 13, [1, -5] + [1] * 12, [1, 5, 1, 0] + [1] * 10, [1, b"2"] + [1] * 12]:
+    good = (1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8)
+    for bad in [None, b"x", [], reply(*[1] * 13), reply(1, -5, *good[2:]), reply(1, 5, 1, 0, *good[4:]),
+                reply(1, b"2", *good[2:]), reply(*good, tail=(0, 0, 0, b"nan", 10, b"s", b"sliding")),
+                reply(*good, tail=(0, 0, 0, b"0.2", 10, b"x", b"sliding")),
+                reply(*good, tail=(0, 0, 0, b"0.2", 10, b"s", 5))]:
         try:
             scripts.parse_reply("spend", bad)
         except scripts.BadReply:
             continue
         raise AssertionError(f"accepted {bad!r}")
-    granted, snap = scripts.parse_reply("spend", [1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8])
+    granted, snap, policy = scripts.parse_reply("spend", reply(*good))
     assert granted == 1 and snap.allowance == 10 and snap.previous.denied == 8
+    assert snap.control.frozen and not snap.control.conflict
+    assert policy == BudgetPolicy(window_ms=1000, ratio=0.2, min_allowance=10)

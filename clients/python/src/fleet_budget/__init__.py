@@ -5,13 +5,13 @@ Same configuration, same Lua scripts, same decision order. See ``clients/python/
 
 from .budget import PROBE_INTERVAL_MS, FleetBudget, InvalidTask
 from .config import Config, ConfigError, Problem
-from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
 from .metrics import Metrics
 from .policy import Backoff, BudgetPolicy, TaskCeiling
-from .snapshot import BudgetSnapshot, WindowCounters
+from .snapshot import BudgetSnapshot, Control, WindowCounters
 
 __all__ = [
-    "ATTEMPTS_EXHAUSTED", "BUDGET_EXHAUSTED", "NON_RETRYABLE", "PROBE_INTERVAL_MS",
-    "Backoff", "BudgetPolicy", "BudgetSnapshot", "Config", "ConfigError", "DeadLetter", "Decision",
+    "ATTEMPTS_EXHAUSTED", "BUDGET_EXHAUSTED", "BUDGET_FROZEN", "NON_RETRYABLE", "PROBE_INTERVAL_MS",
+    "Backoff", "BudgetPolicy", "BudgetSnapshot", "Config", "Control", "ConfigError", "DeadLetter", "Decision",
     "Failure", "FleetBudget", "InvalidTask", "Metrics", "Problem", "Retry", "TaskCeiling", "WindowCounters",
 ]

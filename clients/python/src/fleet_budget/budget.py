@@ -13,7 +13,7 @@ import redis
 
 from . import scripts
 from .config import Config, ConfigError, dependency_name_problem, redact_url
-from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
 from .local import LocalStore
 from .metrics import Metrics
 from .snapshot import BudgetSnapshot
@@ -134,7 +134,8 @@ class FleetBudget:
         (self.metrics.retries_granted if granted else self.metrics.retries_denied).labels(dependency).inc()
         self.metrics.snapshot(dependency, snapshot)
         if not granted:
-            return self._dead_letter(dependency, BUDGET_EXHAUSTED, snapshot, source)
+            reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
+            return self._dead_letter(dependency, reason, snapshot, source)
         with self._rng_lock:
             delay = ceiling.backoff.delay(attempt, failure.retry_after, self._rng)
         return Retry(dependency, delay, attempt + 1, snapshot, source)
@@ -146,7 +147,7 @@ class FleetBudget:
             try:
                 reply = self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                     args=scripts.spend_args(policy))
-                granted, snapshot = scripts.parse_reply("spend", reply)
+                granted, snapshot, _ = scripts.parse_reply("spend", reply)
             except (redis.exceptions.RedisError, scripts.BadReply) as e:
                 self._failed(dependency, e)
             else:
@@ -164,7 +165,7 @@ class FleetBudget:
         try:
             reply = self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                  args=scripts.status_args(policy))
-            _, snapshot = scripts.parse_reply("status", reply)
+            _, snapshot, _ = scripts.parse_reply("status", reply)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"

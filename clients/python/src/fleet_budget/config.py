@@ -169,7 +169,8 @@ _POLICY_KEYS = ("window_secs", "ratio", "min_allowance", "deposit", "mode")
 
 def _policy(c: _Checker, at: str, t: Mapping[str, Any], base: BudgetPolicy) -> BudgetPolicy:
     return BudgetPolicy(
-        window_secs=c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, MAX_WINDOW_SECS, base.window_secs),
+        window_ms=1000 * c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, MAX_WINDOW_SECS,
+                                  max(1, base.window_ms // 1000)),
         ratio=c.ratio(f"{at}.ratio", t.get("ratio"), base.ratio),
         min_allowance=c.int_in(f"{at}.min_allowance", t.get("min_allowance"), 0, 1_000_000_000, base.min_allowance),
         deposit=c.choice(f"{at}.deposit", t.get("deposit"), ("success", "request"), base.deposit),

@@ -11,6 +11,8 @@ from .snapshot import BudgetSnapshot
 NON_RETRYABLE = "non_retryable"
 ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 BUDGET_EXHAUSTED = "budget_exhausted"
+#: An operator froze the dependency's retries (``budgetctl budget freeze``).
+BUDGET_FROZEN = "budget_frozen"
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .snapshot import BudgetSnapshot
+
+log = logging.getLogger("fleet_budget")
+
+#: At most this many dependencies get their first policy conflict logged (bounded whatever task
+#: names arrive).
+CONFLICT_LOG_LIMIT = 1024
 
 
 class Metrics:
@@ -34,8 +42,22 @@ class Metrics:
             "fleet_budget_fallback_decisions", "Retry decisions taken by the fallback.", ["mode"], registry=r)
         self.deposits_pending = Gauge(
             "fleet_budget_deposits_pending", "Deposits counted locally, not yet flushed.", registry=r)
+        self.policy_conflicts = Counter(
+            "fleet_budget_policy_conflicts",
+            "Store calls whose policy differed from the one in force (served by that one).", dep, registry=r)
+        self._conflicts_logged: set[str] = set()
+        self._lock = threading.Lock()
 
     def snapshot(self, dependency: str, snap: BudgetSnapshot) -> None:
+        if snap.control.conflict:
+            self.policy_conflicts.labels(dependency).inc()
+            with self._lock:
+                first = len(self._conflicts_logged) < CONFLICT_LOG_LIMIT and dependency not in self._conflicts_logged
+                self._conflicts_logged.add(dependency) if first else None
+            if first:
+                log.warning("this worker's budget policy for %s differs from the one in force in Redis, which "
+                            "decides instead (see `budgetctl status`); counted in "
+                            "fleet_budget_policy_conflicts_total", dependency)
         self.allowance.labels(dependency).set(snap.allowance)
         self.headroom.labels(dependency).set(snap.remaining())
 

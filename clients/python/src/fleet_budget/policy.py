@@ -14,15 +14,11 @@ CLASS_MAX_ATTEMPTS = {"idempotent": 8, "metered": 4, "paid": 2, "side_effect": 1
 class BudgetPolicy:
     """window, ratio, floor, what counts as a deposit (``success`` | ``request``), mode."""
 
-    window_secs: int = 60
+    window_ms: int = 60_000
     ratio: float = 0.2
     min_allowance: int = 10
     deposit: str = "success"
     mode: str = "sliding"
-
-    @property
-    def window_ms(self) -> int:
-        return max(1, self.window_secs * 1000)
 
     @property
     def basis_code(self) -> str:

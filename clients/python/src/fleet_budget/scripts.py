@@ -7,11 +7,12 @@ the package; ``tests/test_scripts.py`` fails when they differ from the repositor
 
 from __future__ import annotations
 
+from decimal import Decimal
 from importlib import resources
 from typing import Any, Sequence
 
 from .policy import BudgetPolicy
-from .snapshot import BudgetSnapshot, WindowCounters
+from .snapshot import BudgetSnapshot, Control, WindowCounters
 
 NAMES = ("spend", "deposit", "status")
 
@@ -29,9 +30,19 @@ def text(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+def ratio_text(ratio: float) -> str:
+    """The ratio as the Rust library sends it (``f64``'s ``Display``: the shortest round-trip
+    digits, no exponent, no ``.0``). The scripts compare the number but keep the text of the
+    policy in force (``budgetctl status`` shows it): both languages write the same one."""
+    text = format(Decimal(repr(float(ratio))), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
 def policy_args(policy: BudgetPolicy) -> list[str]:
     """ratio, min_allowance, basis and mode, as every script takes them after its own."""
-    return [repr(float(policy.ratio)), str(policy.min_allowance), policy.basis_code, policy.mode]
+    return [ratio_text(policy.ratio), str(policy.min_allowance), policy.basis_code, policy.mode]
 
 
 def spend_args(policy: BudgetPolicy) -> list[str]:
@@ -46,23 +57,43 @@ def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int) -> l
     return [str(policy.window_ms), str(successes), str(first_attempts), *policy_args(policy)]
 
 
-def parse_reply(script: str, reply: Any) -> tuple[int, BudgetSnapshot]:
-    """``granted`` (1, 0, or -1 when not a withdrawal) and the snapshot of a script's reply."""
+def parse_reply(script: str, reply: Any) -> tuple[int, BudgetSnapshot, BudgetPolicy]:
+    """``granted`` (1, 0, or -1 when not a withdrawal), the snapshot and the policy in force, from
+    the 21 fields every script replies with (``lua/README.md``, "Reply")."""
     if not isinstance(reply, (list, tuple)):
         raise BadReply(script, f"expected an array, got {type(reply).__name__}")
-    if len(reply) < 14:
-        raise BadReply(script, f"expected at least 14 integers, got {len(reply)}")
+    if len(reply) < 21:
+        raise BadReply(script, f"expected at least 21 fields, got {len(reply)}")
     values: list[int] = []
-    for i, value in enumerate(reply[:14]):
+    for i in (*range(17), 18):
+        value = reply[i]
         if not isinstance(value, int) or isinstance(value, bool):
-            raise BadReply(script, f"field {i + 1} is not an integer: {value!r}")
+            raise BadReply(script, f"field {i + 1} is not an integer: {value!r:.100}")
         if i > 0 and value < 0:
             raise BadReply(script, f"field {i + 1} is negative: {value}")
         values.append(value)
+    texts: list[str] = []
+    for i in (17, 19, 20):
+        value = reply[i]
+        if isinstance(value, bytes):
+            value = value[:1024].decode("utf-8", "replace")
+        if not isinstance(value, str):
+            raise BadReply(script, f"field {i + 1} is not text: {value!r:.100}")
+        texts.append(value)
     granted, allowance, index, window_ms, elapsed, weight = values[:6]
     if window_ms == 0:
         raise BadReply(script, "window_ms is 0")
-    return granted, BudgetSnapshot(
+    try:
+        ratio = float(texts[0])
+    except ValueError:
+        ratio = -1.0
+    if not ratio >= 0.0 or ratio == float("inf"):
+        raise BadReply(script, f"ratio is not a number >= 0: {texts[0]!r:.100}")
+    if texts[1] not in ("s", "a"):
+        raise BadReply(script, f"basis is {texts[1]!r:.100}")
+    if texts[2] not in ("sliding", "fixed"):
+        raise BadReply(script, f"mode is {texts[2]!r:.100}")
+    snapshot = BudgetSnapshot(
         window_ms=window_ms,
         window_index=index,
         elapsed_ms=elapsed,
@@ -70,7 +101,16 @@ def parse_reply(script: str, reply: Any) -> tuple[int, BudgetSnapshot]:
         current=WindowCounters(*values[6:10]),
         previous=WindowCounters(*values[10:14]),
         allowance=allowance,
+        control=Control(conflict=values[14] == 1, frozen=values[15] == 1, overridden=values[16] == 1),
     )
+    in_force = BudgetPolicy(
+        window_ms=window_ms,
+        ratio=ratio,
+        min_allowance=values[17],
+        deposit="request" if texts[1] == "a" else "success",
+        mode=texts[2],
+    )
+    return granted, snapshot, in_force
 
 
 def keys(prefix: str, dependency: str) -> Sequence[str]:

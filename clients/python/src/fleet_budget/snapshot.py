@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,15 @@ class WindowCounters:
 
 
 @dataclass(frozen=True)
+class Control:
+    """What Redis said about the policy and the operators' overrides (all false locally)."""
+
+    conflict: bool = False  # the caller's policy differs from the one in force, which decided
+    frozen: bool = False  # a freeze is in force: no retry is granted, the floor included
+    overridden: bool = False  # a set override replaces the ratio and/or the floor
+
+
+@dataclass(frozen=True)
 class BudgetSnapshot:
     window_ms: int
     window_index: int
@@ -22,6 +31,7 @@ class BudgetSnapshot:
     current: WindowCounters
     previous: WindowCounters
     allowance: int
+    control: Control = field(default_factory=Control)
 
     def estimate(self, current: int, previous: int) -> int:
         window = max(1, self.window_ms)
