@@ -2,7 +2,7 @@
 
 This is the one module that knows the scripts' argument lists (``lua/README.md``, "Arguments"):
 when the contract changes, this file changes. The texts are copies of ``lua/*.lua`` shipped in
-the package; ``tests/test_scripts.py`` fails when they differ from the repository's.
+the package; ``clients/python/tests/test_scripts.py`` fails when they differ from the repository's.
 """
 
 from __future__ import annotations
