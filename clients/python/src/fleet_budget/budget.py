@@ -71,9 +71,7 @@ class FleetBudget:
         timeout = settings.timeout_ms / 1000
         if client is None:
             try:
-                client = redis.Redis.from_url(
-                    settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
-                )
+                client = self._new_client(settings.url, timeout)
             except ValueError as e:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
         self._redis = client
@@ -90,8 +88,14 @@ class FleetBudget:
         self._closed = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         if self._flush_ms > 0:
-            self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
-            self._flusher.start()
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
+        self._flusher.start()
+
+    def _new_client(self, url: str, timeout: float) -> Any:
+        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     @classmethod
     def from_config(cls, path: str, **kwargs: Any) -> "FleetBudget":
@@ -109,28 +113,52 @@ class FleetBudget:
 
     def on_attempt(self, task: str, attempt: int) -> None:
         """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
-        dependency = self.dependency(task)
-        first = attempt <= 1
-        self.metrics.executions.labels(dependency).inc()
-        if first:
-            self.metrics.first_attempts.labels(dependency).inc()
-            self._deposit_counts(dependency, 0, 1)
+        dependency = self._attempt(task, attempt)
+        if dependency is not None and self._count(dependency, 0, 1):
+            self._send_deposit(dependency, 0, 1)
 
     def on_success(self, task: str) -> None:
-        dependency = self.dependency(task)
-        self.metrics.successes.labels(dependency).inc()
-        self._deposit_counts(dependency, 1, 0)
+        dependency = self._success(task)
+        if self._count(dependency, 1, 0):
+            self._send_deposit(dependency, 1, 0)
 
     def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
         """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""
+        dependency, early = self._before_budget(task, attempt, failure)
+        if early is not None:
+            return early
+        return self._after_budget(task, attempt, failure, *self.withdraw(dependency))
+
+    # The steps around the I/O, shared with the asyncio flavour (fleet_budget.aio).
+
+    def _attempt(self, task: str, attempt: int) -> Optional[str]:
+        """Counts an execution; the dependency when it is a first attempt (a deposit)."""
+        dependency = self.dependency(task)
+        self.metrics.executions.labels(dependency).inc()
+        if attempt > 1:
+            return None
+        self.metrics.first_attempts.labels(dependency).inc()
+        return dependency
+
+    def _success(self, task: str) -> str:
+        dependency = self.dependency(task)
+        self.metrics.successes.labels(dependency).inc()
+        return dependency
+
+    def _before_budget(self, task: str, attempt: int, failure: Failure) -> tuple[str, Optional[DeadLetter]]:
         dependency = self.dependency(task)
         attempt = max(1, int(attempt))
         if not failure.is_retryable:
-            return self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
+            return dependency, self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
+        if attempt >= self.config.ceiling(task).max_attempts:
+            return dependency, self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
+        return dependency, None
+
+    def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,
+                      snapshot: BudgetSnapshot, source: str) -> Decision:
+        dependency = self.dependency(task)
+        attempt = max(1, int(attempt))
         ceiling = self.config.ceiling(task)
-        if attempt >= ceiling.max_attempts:
-            return self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
-        granted, snapshot, source = self.withdraw(dependency)
         (self.metrics.retries_granted if granted else self.metrics.retries_denied).labels(dependency).inc()
         self.metrics.snapshot(dependency, snapshot)
         if not granted:
@@ -153,6 +181,10 @@ class FleetBudget:
             else:
                 self._ok(dependency)
                 return granted == 1, snapshot, "fleet"
+        return self._fallback(dependency)
+
+    def _fallback(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
+        policy = self.config.policy(dependency)
         mode = self.config.redis.fallback
         self.metrics.fallback_decisions.labels(mode).inc()
         if mode == "local":
@@ -172,6 +204,14 @@ class FleetBudget:
         self._ok(dependency)
         return snapshot, "fleet"
 
+    def _take_pending(self) -> list[tuple[str, int, int]]:
+        """What :meth:`flush` sends: the pending deposits younger than their window."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, {}
+        now = self._clock()
+        # Older than a window: dropped, never credited all at once to the current window.
+        return [(d, s, a) for d, (s, a, since) in batch.items() if now - since <= self.config.policy(d).window_ms]
+
     @property
     def in_fallback(self) -> bool:
         with self._health_lock:
@@ -183,15 +223,8 @@ class FleetBudget:
 
     def flush(self) -> None:
         """Send the coalesced deposits now (one ``deposit.lua`` call per dependency)."""
-        with self._pending_lock:
-            batch, self._pending = self._pending, {}
-        now = self._clock()
-        for dependency, (s, a, since) in batch.items():
-            policy = self.config.policy(dependency)
-            if now - since > policy.window_ms:
-                continue  # older than a window: dropped, never credited all at once
-            if not self._send_deposit(dependency, s, a):
-                continue
+        for dependency, s, a in self._take_pending():
+            self._send_deposit(dependency, s, a)
         self._set_pending_gauge()
 
     def close(self) -> None:
@@ -211,12 +244,12 @@ class FleetBudget:
 
     # Deposits.
 
-    def _deposit_counts(self, dependency: str, successes: int, first_attempts: int) -> None:
+    def _count(self, dependency: str, successes: int, first_attempts: int) -> bool:
+        """Counts deposits locally and, when coalescing, as pending; True: send them now."""
         policy = self.config.policy(dependency)
         self.local.deposit(dependency, policy, successes, first_attempts)
         if self._flush_ms == 0 and self._should_try(dependency):
-            self._send_deposit(dependency, successes, first_attempts)
-            return
+            return True
         with self._pending_lock:
             entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
             entry[0] += successes
@@ -225,6 +258,7 @@ class FleetBudget:
         self.metrics.deposits_pending.set(total)
         if total >= self.config.redis.deposit_flush_count:
             self._wake.set()
+        return False
 
     def _send_deposit(self, dependency: str, successes: int, first_attempts: int) -> bool:
         policy = self.config.policy(dependency)
@@ -233,17 +267,20 @@ class FleetBudget:
                                   args=scripts.deposit_args(policy, successes, first_attempts))
             scripts.parse_reply("deposit", reply)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._failed(dependency, e)
-            if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
-                # Refused by a dead connection: kept for a later flush. A call past its deadline
-                # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").
-                with self._pending_lock:
-                    entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
-                    entry[0] += successes
-                    entry[1] += first_attempts
+            self._deposit_failed(dependency, successes, first_attempts, e)
             return False
         self._ok(dependency)
         return True
+
+    def _deposit_failed(self, dependency: str, successes: int, first_attempts: int, e: BaseException) -> None:
+        self._failed(dependency, e)
+        if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
+            # Refused by a dead connection: kept for a later flush. A call past its deadline
+            # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").
+            with self._pending_lock:
+                entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
+                entry[0] += successes
+                entry[1] += first_attempts
 
     def _set_pending_gauge(self) -> None:
         self.metrics.deposits_pending.set(self.pending_deposits())

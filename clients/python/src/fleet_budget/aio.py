@@ -1,0 +1,127 @@
+"""The asyncio flavour: ``fleet_budget.aio.FleetBudget`` has the same names as
+``fleet_budget.FleetBudget``, its calls are coroutines on ``redis.asyncio``. The decision order,
+the fallback, the metrics and the deposit rules are the synchronous class's own steps."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Optional
+
+import redis
+import redis.asyncio
+
+from . import budget as _sync
+from . import scripts
+from .config import Config
+from .decision import Decision, Failure
+from .snapshot import BudgetSnapshot
+
+log = logging.getLogger("fleet_budget")
+
+
+class FleetBudget(_sync.FleetBudget):
+    """Use from one event loop; ``await budget.close()`` at shutdown (it flushes deposits)."""
+
+    def _new_client(self, url: str, timeout: float) -> Any:
+        return redis.asyncio.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def _start_flusher(self) -> None:
+        self._task: Optional[asyncio.Task[None]] = None  # started by the first deposit, in its loop
+
+    @classmethod
+    def from_config(cls, path: str, **kwargs: Any) -> "FleetBudget":
+        return cls(Config.from_path(path), **kwargs)
+
+    async def on_attempt(self, task: str, attempt: int) -> None:  # type: ignore[override]
+        dependency = self._attempt(task, attempt)
+        if dependency is not None:
+            await self._deposit_async(dependency, 0, 1)
+
+    async def on_success(self, task: str) -> None:  # type: ignore[override]
+        await self._deposit_async(self._success(task), 1, 0)
+
+    async def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:  # type: ignore[override]
+        dependency, early = self._before_budget(task, attempt, failure)
+        if early is not None:
+            return early
+        return self._after_budget(task, attempt, failure, *await self.withdraw(dependency))
+
+    async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
+        policy = self.config.policy(dependency)
+        if self._should_try(dependency):
+            try:
+                reply = await self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                          args=scripts.spend_args(policy))
+                granted, snapshot, _ = scripts.parse_reply("spend", reply)
+            except (redis.exceptions.RedisError, scripts.BadReply) as e:
+                self._failed(dependency, e)
+            else:
+                self._ok(dependency)
+                return granted == 1, snapshot, "fleet"
+        return self._fallback(dependency)
+
+    async def status(self, dependency: str) -> tuple[BudgetSnapshot, str]:  # type: ignore[override]
+        policy = self.config.policy(dependency)
+        try:
+            reply = await self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                       args=scripts.status_args(policy))
+            _, snapshot, _ = scripts.parse_reply("status", reply)
+        except (redis.exceptions.RedisError, scripts.BadReply) as e:
+            self._failed(dependency, e)
+            return self.local.status(dependency, policy), "local_fallback"
+        self._ok(dependency)
+        return snapshot, "fleet"
+
+    async def flush(self) -> None:  # type: ignore[override]
+        for dependency, s, a in self._take_pending():
+            await self._send_deposit_async(dependency, s, a)
+        self._set_pending_gauge()
+
+    async def close(self) -> None:  # type: ignore[override]
+        self._closed.set()
+        task = getattr(self, "_task", None)
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.flush()
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> "FleetBudget":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _deposit_async(self, dependency: str, successes: int, first_attempts: int) -> None:
+        if self._count(dependency, successes, first_attempts):
+            await self._send_deposit_async(dependency, successes, first_attempts)
+            return
+        if self._flush_ms > 0 and getattr(self, "_task", None) is None and not self._closed.is_set():
+            self._task = asyncio.get_running_loop().create_task(self._flush_loop_async())
+        if self._wake.is_set():
+            self._wake.clear()
+            await self.flush()
+
+    async def _send_deposit_async(self, dependency: str, successes: int, first_attempts: int) -> bool:
+        policy = self.config.policy(dependency)
+        try:
+            reply = await self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                        args=scripts.deposit_args(policy, successes, first_attempts))
+            scripts.parse_reply("deposit", reply)
+        except (redis.exceptions.RedisError, scripts.BadReply) as e:
+            self._deposit_failed(dependency, successes, first_attempts, e)
+            return False
+        self._ok(dependency)
+        return True
+
+    async def _flush_loop_async(self) -> None:
+        while not self._closed.is_set():
+            await asyncio.sleep(self._flush_ms / 1000)
+            try:
+                await self.flush()
+            except Exception:  # the flusher must outlive any one failure
+                log.exception("fleet budget: flushing deposits failed")
