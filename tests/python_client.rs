@@ -5,6 +5,9 @@
 //! delays are random (equal jitter): each must lie in the same bounds. Python's keys, read at
 //! the end with Rust's policy, report no policy conflict: both sent the same policy.
 //!
+//! A second test feeds bad configurations to both: each refuses the same ones, naming the same
+//! keys (or refusing the whole text: bad TOML, an unknown key).
+//!
 //! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
 //! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
@@ -241,4 +244,68 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
         }
         rust.shutdown().await.unwrap();
     }
+}
+
+/// Prints, for each configuration text on stdin (JSON lines), the keys the Python client names
+/// as invalid, or "parse" when it refuses the text as a whole (bad TOML, an unknown key).
+const CONFIG_DRIVER: &str = r#"
+import json, sys
+from fleet_budget import Config, ConfigError
+for line in sys.stdin:
+    try:
+        Config.from_toml(json.loads(line))
+        out = "ok"
+    except ConfigError as e:
+        out = sorted(p.key for p in e.problems) if e.problems else "parse"
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn bad_configurations_are_refused_alike() {
+    let texts = [
+        "[defaults]\nratio = -1.0\nwindow_secs = 0\nmin_allowance = -3\n",
+        "[defaults]\nratio = nan\n",
+        "[defaults]\nratio = 11.0\n",
+        "[defaults]\nwindow_secs = 86401\n",
+        "[defaults]\nratoi = 0.2\n",
+        "[redsi]\nurl = \"x\"\n",
+        "[defaults\n",
+        "[redis]\nurl = \"http://u:hunter2@h\"\n",
+        "[redis]\ntimeout_ms = 0\nkey_prefix = \"a b\"\ndeposit_flush_ms = 10001\n",
+        "[dependencies.\"a{b\"]\n",
+        "[dependencies.x]\ntasks = [\"t\", \"t\"]\n[dependencies.y]\ntasks = [\"t\"]\n",
+        "[tasks.t]\nclass = \"paid\"\nmax_attempts = 2\n",
+        "[tasks.t]\nbackoff_base_ms = 500\nbackoff_cap_ms = 100\n",
+        "[tasks.t]\nrecovery_window_secs = 0\n",
+        "[amqp]\nprefetch = 4\n[defaults]\nratio = 0.5\n",
+        "",
+    ];
+    let mut child = Command::new(python())
+        .args(["-c", CONFIG_DRIVER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    for text in texts {
+        let rust = match Config::from_toml_ignoring(text, "t", &["amqp"]) {
+            Ok(_) => "\"ok\"".to_owned(),
+            Err(fleet_budget::ConfigError::Invalid { problems, .. }) => {
+                let mut keys: Vec<String> =
+                    problems.iter().map(|p| format!("{:?}", p.key)).collect();
+                keys.sort();
+                format!("[{}]", keys.join(", "))
+            }
+            Err(_) => "\"parse\"".to_owned(),
+        };
+        let json = format!("{text:?}").replace("\\'", "'");
+        writeln!(to_py, "{json}").unwrap();
+        let mut answer = String::new();
+        from_py.read_line(&mut answer).unwrap();
+        assert_eq!(answer.trim(), rust, "{text}");
+    }
+    drop(to_py);
+    assert!(child.wait().unwrap().success());
 }

@@ -75,7 +75,10 @@ class Config:
             root = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(origin, str(e)) from None
-        return _resolve(root, origin)
+        try:
+            return _resolve(root, origin)
+        except _Unknown as e:
+            raise ConfigError(origin, str(e)) from None
 
     def apply_env(self, env: Mapping[str, str]) -> None:
         url = env.get(ENV_REDIS_URL, "")
@@ -158,10 +161,15 @@ def _table(c: _Checker, key: str, value: Any) -> dict[str, Any]:
     return value
 
 
+class _Unknown(Exception):
+    """An unknown key: like the Rust parser, the first one is the error (a misspelt key)."""
+
+
 def _unknown(c: _Checker, at: str, table: Mapping[str, Any], known: tuple[str, ...]) -> None:
     for k in table:
         if k not in known:
-            c.problem(f"{at}.{k}" if at else k, "", "unknown key; expected one of " + ", ".join(known))
+            where = f" in `{at}`" if at else ""
+            raise _Unknown(f"unknown field `{k}`{where}, expected one of " + ", ".join(f"`{n}`" for n in known))
 
 
 _POLICY_KEYS = ("window_secs", "ratio", "min_allowance", "deposit", "mode")
