@@ -1,8 +1,9 @@
 //! The Python client (`clients/python`) and the Rust library decide alike: the same random
 //! sequence of attempts, successes and failures is run by both against one private
-//! redis-server, each under its own key prefix (one pair per sequence, so each starts from empty budgets), and every decision (retry or dead letter, the
-//! reason, the next attempt, the source, the snapshot) and the final budget must be equal. The
-//! delays are random (equal jitter): each must lie in the same bounds. Python's keys, read at
+//! redis-server, each under its own key prefix (a fresh pair per sequence, so each starts from
+//! empty budgets), and every decision (retry or dead letter, the reason, the next attempt, the
+//! source, the snapshot) and the final budget must be equal. The delays are random (equal
+//! jitter): each must lie in the same bounds. Python's keys, read at
 //! the end with Rust's policy, report no policy conflict: both sent the same policy.
 //!
 //! A second test feeds bad configurations to both: each refuses the same ones, naming the same
