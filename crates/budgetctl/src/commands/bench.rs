@@ -3,6 +3,10 @@
 //! Records N successes (one deposit), then makes M retry requests from C concurrent tasks and
 //! times each decision; then times PINGs on the same connection, same run, as the reference
 //! for what a round trip costs here.
+//!
+//! Safe by default: its deposits are fake successes, which would raise a production
+//! dependency's allowance. So it refuses a key prefix holding budgets it did not create (those it
+//! did are listed in the set `<prefix>:v1:bench-owned`) unless `--i-know-this-is-live`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +36,55 @@ pub(crate) struct BenchArgs {
     /// Concurrent tasks making them.
     #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     concurrency: u32,
+    /// Run even though the prefix holds budgets bench did not create (live workers' budgets:
+    /// the fake successes raise their allowance).
+    #[arg(long = "i-know-this-is-live")]
+    live: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// Refuses a prefix with budgets bench did not create (unless `live`); then marks `dependency`
+/// as bench's own.
+async fn guard_live_prefix(
+    store: &RedisStore,
+    dependency: &Dependency,
+    live: bool,
+    fail: &dyn Fn(&dyn std::fmt::Display) -> anyhow::Error,
+) -> anyhow::Result<()> {
+    let owned_key = format!(
+        "{}:v{}:bench-owned",
+        store.prefix(),
+        fleet_budget::keys::KEY_SCHEMA_VERSION
+    );
+    if !live {
+        let found = store
+            .discover_dependencies()
+            .await
+            .map_err(|e| redis_conn::unreachable(&e.node, &e.source))?;
+        let mut smembers = redis::cmd("SMEMBERS");
+        smembers.arg(&owned_key);
+        let owned: Vec<String> = store.query(&smembers).await.map_err(|e| fail(&e))?;
+        let foreign: Vec<String> = found
+            .iter()
+            .map(ToString::to_string)
+            .filter(|d| !owned.contains(d))
+            .collect();
+        if !foreign.is_empty() {
+            return Err(usage(format!(
+                "key prefix `{}` holds budgets bench did not create ({}): its fake successes \
+                 would raise their allowance. Use another --key-prefix, or \
+                 --i-know-this-is-live",
+                store.prefix(),
+                foreign.join(", ")
+            )));
+        }
+    }
+    let mut sadd = redis::cmd("SADD");
+    sadd.arg(&owned_key).arg(dependency.as_str());
+    let _: u64 = store.query(&sadd).await.map_err(|e| fail(&e))?;
+    Ok(())
 }
 
 #[derive(Debug, Serialize)]
@@ -67,6 +117,7 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     let timeout = redis_conn::cli_timeout(config).max(Duration::from_secs(2));
     let store = redis_conn::connect(config, timeout).await?;
     let fail = |e: &dyn std::fmt::Display| redis_conn::unreachable(&shown, e);
+    guard_live_prefix(&store, &dependency, args.live, &fail).await?;
 
     if args.successes > 0 {
         store

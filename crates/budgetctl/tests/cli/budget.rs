@@ -113,3 +113,26 @@ fn overrides_with_expiry_show_in_status_and_in_the_audit_trail() {
     let v = json(&run_with(&on, "audit --json"));
     assert_eq!(v["entries"].as_array().unwrap().len(), 4, "{v}");
 }
+
+/// Regression: `bench` deposited fake successes into the live prefix, raising a production
+/// dependency's allowance.
+#[test]
+fn bench_refuses_a_prefix_with_budgets_it_did_not_create() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let prefix = unique("live");
+    let on = ["--redis-url", url.as_str(), "--key-prefix", prefix.as_str()];
+    let bench = "bench --dependency search --successes 10 --retries 1 --json";
+    // Its own budgets are fine, run after run.
+    json(&run_with(&on, bench));
+    json(&run_with(&on, bench));
+    // A worker's budget under the prefix: refused, and nothing deposited.
+    let live = format!("{prefix}:v1:{{orders}}");
+    let _: i64 = redis.cmd(&["HSET", &live, "w", "60000", "i", "1", "cs", "5"]);
+    let o = run_with(&on, bench);
+    assert_exit(&o, 2, "holds budgets bench did not create (orders)");
+    let s = json(&run_with(&on, "status --dependency search --json"));
+    assert_eq!(s["dependencies"][0]["successes"], 20, "{s}");
+    let v = json(&run_with(&on, &format!("{bench} --i-know-this-is-live")));
+    assert_eq!(v["successes_recorded"], 10, "{v}");
+}
