@@ -187,7 +187,9 @@ impl FleetBudget {
     /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
     /// delay with backoff and jitter, at least any `Retry-After`.
     ///
-    /// `attempt` is the number of the execution that failed (1 for the first).
+    /// `attempt` is the number of the execution that failed (1 for the first). A task with a
+    /// recovery window is held to its derived count here; a caller that knows when the job
+    /// first failed calls [`FleetBudget::on_failure_since`] to hold it to its window.
     ///
     /// # Errors
     /// See [`FleetBudget::dependency`]. A failing store is not an error: the fallback decides.
@@ -196,6 +198,23 @@ impl FleetBudget {
         task: &str,
         attempt: u32,
         failure: &Failure,
+    ) -> Result<Decision, Error> {
+        self.on_failure_since(task, attempt, failure, None).await
+    }
+
+    /// [`FleetBudget::on_failure`] for a job that first failed `since_first_failure` ago (zero
+    /// when this failure is its first): a task with a recovery window retries until the window
+    /// has passed, its last delay fitted to end at it (`ceiling::window`). `None` is
+    /// [`FleetBudget::on_failure`].
+    ///
+    /// # Errors
+    /// See [`FleetBudget::dependency`].
+    pub async fn on_failure_since(
+        &self,
+        task: &str,
+        attempt: u32,
+        failure: &Failure,
+        since_first_failure: Option<Duration>,
     ) -> Result<Decision, Error> {
         let dependency = self.dependency(task)?;
         let attempt = attempt.max(1);
@@ -208,7 +227,7 @@ impl FleetBudget {
             ));
         }
         let ceiling = self.ceiling(task);
-        if attempt >= ceiling.max_attempts {
+        if ceiling.exhausted(attempt, since_first_failure) {
             return Ok(self.dead_letter(
                 dependency,
                 DeadLetterReason::AttemptsExhausted,
@@ -236,9 +255,12 @@ impl FleetBudget {
                 .rng
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            ceiling
-                .backoff
-                .delay(attempt, failure.retry_after_hint(), &mut *rng)
+            ceiling.delay(
+                attempt,
+                since_first_failure,
+                failure.retry_after_hint(),
+                &mut *rng,
+            )
         };
         Ok(Decision::Retry {
             dependency,

@@ -48,6 +48,7 @@ impl RawDefaults {
                 self.backoff_cap_ms,
                 Backoff::default(),
             ),
+            recovery_window: None,
         };
         (policy, ceiling)
     }

@@ -265,7 +265,15 @@ pub(super) mod tests {
         assert!((c.policy(&search).ratio - 0.2).abs() < f64::EPSILON);
         assert_eq!(c.ceilings.for_task("index_document").max_attempts, 8);
         assert_eq!(c.ceilings.for_task("send_receipt").max_attempts, 3);
-        assert_eq!(c.ceilings.for_task("bulk_import").max_attempts, 9);
+        let bulk = c.ceilings.for_task("bulk_import");
+        assert_eq!(
+            bulk.max_attempts, 10,
+            "derived from the window, for planning"
+        );
+        assert_eq!(
+            bulk.recovery_window,
+            Some(std::time::Duration::from_secs(900))
+        );
         assert_eq!(c.ceilings.for_task("other").max_attempts, 5);
     }
 

@@ -20,8 +20,8 @@ pub(super) struct RawTask {
     backoff_cap_ms: Option<i64>,
 }
 
-/// The ceiling of each task with a section: from its class, its `max_attempts`, or the attempts
-/// its backoff fits into its recovery window (at most one of the three), else `default`'s.
+/// The ceiling of each task with a section: from its class, its `max_attempts`, or its recovery
+/// window (a ceiling by time; at most one of the three), else `default`'s.
 pub(super) fn resolve(
     c: &mut Checker,
     sections: BTreeMap<String, RawTask>,
@@ -48,10 +48,25 @@ pub(super) fn resolve(
             );
         }
         let backoff = backoff(c, &at, t.backoff_base_ms, t.backoff_cap_ms, default.backoff);
-        let max_attempts = if let Some(class) = t.class {
-            class.max_attempts()
+        let ceiling = if let Some(class) = t.class {
+            TaskCeiling {
+                max_attempts: class.max_attempts(),
+                backoff,
+                recovery_window: None,
+            }
         } else if let Some(n) = t.max_attempts {
-            u32::try_from(c.int_in(&format!("{at}.max_attempts"), Some(n), 1, 1000, 5)).unwrap_or(5)
+            TaskCeiling {
+                max_attempts: u32::try_from(c.int_in(
+                    &format!("{at}.max_attempts"),
+                    Some(n),
+                    1,
+                    1000,
+                    5,
+                ))
+                .unwrap_or(5),
+                backoff,
+                recovery_window: None,
+            }
         } else if let Some(secs) = t.recovery_window_secs {
             let secs = c.int_in(
                 &format!("{at}.recovery_window_secs"),
@@ -60,19 +75,14 @@ pub(super) fn resolve(
                 7 * 86_400,
                 60,
             );
-            backoff.attempts_for_recovery_window(Duration::from_secs(
-                u64::try_from(secs).unwrap_or(60),
-            ))
-        } else {
-            default.max_attempts
-        };
-        ceilings.insert(
-            task,
-            TaskCeiling {
-                max_attempts,
+            TaskCeiling::recovery_window(
                 backoff,
-            },
-        );
+                Duration::from_secs(u64::try_from(secs).unwrap_or(60)),
+            )
+        } else {
+            TaskCeiling { backoff, ..default }
+        };
+        ceilings.insert(task, ceiling);
     }
     ceilings
 }
