@@ -31,7 +31,9 @@ pub struct AmqpSettings {
     pub prefetch: u16,
     /// The broker's delivery limit on work queues, a safety net above every ceiling (default 50).
     pub delivery_limit: u32,
-    /// Retry delay tiers (default 1 s, 5 s, 30 s, 2 min, 10 min).
+    /// Retry delay tiers: queues with one TTL each that a retry waits in, hop after hop, until
+    /// its delay has passed (default the powers of two 1, 2, 4, … 1,024 s: any delay within
+    /// 1 s, in at most 11 hops up to 34 min).
     pub retry_tiers: Vec<Duration>,
     /// Replays after which a message is parked instead of replayed again (default 3).
     pub max_replays: u32,
@@ -44,10 +46,7 @@ impl Default for AmqpSettings {
             prefix: "fleet".to_owned(),
             prefetch: 32,
             delivery_limit: 50,
-            retry_tiers: [1, 5, 30, 120, 600]
-                .into_iter()
-                .map(Duration::from_secs)
-                .collect(),
+            retry_tiers: fleet_budget::ceiling::hops::powers_of_two(Duration::from_secs(1), 11),
             max_replays: 3,
         }
     }
@@ -191,8 +190,20 @@ impl RawAmqp {
     }
 }
 
-/// The delay tiers, when each is from 1 ms to a day and they strictly increase.
+/// Most tiers accepted: each is an exchange and a queue on the broker.
+pub const MAX_RETRY_TIERS: usize = 32;
+
+/// The delay tiers, when each is from 1 ms to a day, they strictly increase and there are at
+/// most [`MAX_RETRY_TIERS`].
 fn retry_tiers(c: &mut Checker, tiers: &[f64]) -> Option<Vec<Duration>> {
+    if tiers.len() > MAX_RETRY_TIERS {
+        c.problem(
+            "amqp.retry_tiers_secs",
+            format!("{} tiers", tiers.len()),
+            format!("must list at most {MAX_RETRY_TIERS} delays"),
+        );
+        return None;
+    }
     let mut ok = Vec::new();
     for (i, t) in tiers.iter().enumerate() {
         if t.is_finite() && *t >= 0.001 && *t <= 86_400.0 {
@@ -275,6 +286,12 @@ mod tests {
         );
         assert_eq!(p.len(), 3, "{p:?}");
         assert_eq!(p[2].allowed, "must list at least one delay");
+        let many: Vec<String> = (1..=33).map(|i| i.to_string()).collect();
+        let p = problems(&format!(
+            "[amqp]\nretry_tiers_secs = [{}]\n",
+            many.join(", ")
+        ));
+        assert_eq!(p[0].allowed, "must list at most 32 delays");
     }
 
     #[test]

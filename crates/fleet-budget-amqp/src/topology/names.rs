@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use fleet_budget::ceiling::hops;
 use lapin::types::ShortString;
 
 use crate::config::AmqpSettings;
@@ -113,16 +114,29 @@ impl Topology {
         }
     }
 
-    /// The tier a retry with backoff `delay` waits in: the shortest tier at or above `delay`,
-    /// so a retry never comes back before its backoff (the jittered delay picks the tier); the
-    /// longest tier when `delay` exceeds them all (the worker then sends it to wait again when
-    /// it comes back early, see [`crate::headers::NOT_BEFORE_MS`]). `None` only without tiers.
+    /// The tier to wait in next with `remaining` still to wait: a delay is waited out hop by
+    /// hop through the tiers, never shorter than itself and longer by less than the shortest
+    /// tier ([`fleet_budget::ceiling::hops`]). `None` when the wait is over or without tiers.
     #[must_use]
-    pub fn tier_for(&self, delay: Duration) -> Option<&RetryTier> {
-        self.retry_tiers
-            .iter()
-            .find(|t| t.delay >= delay)
-            .or_else(|| self.retry_tiers.last())
+    pub fn next_hop(&self, remaining: Duration) -> Option<&RetryTier> {
+        let hop = hops::next_hop(remaining, &self.tier_delays())?;
+        self.retry_tiers.iter().find(|t| t.delay == hop)
+    }
+
+    /// Every hop of a wait of `delay`, in order (at most 64; empty without tiers).
+    #[must_use]
+    pub fn hop_plan(&self, delay: Duration) -> Vec<Duration> {
+        hops::hop_plan(delay, &self.tier_delays(), 64)
+    }
+
+    /// How late a wait through the tiers can end (the shortest tier); `None` without tiers.
+    #[must_use]
+    pub fn resolution(&self) -> Option<Duration> {
+        hops::resolution(&self.tier_delays())
+    }
+
+    fn tier_delays(&self) -> Vec<Duration> {
+        self.retry_tiers.iter().map(|t| t.delay).collect()
     }
 
     /// Every queue (work, dead-letter, parked, then the tiers).
@@ -162,25 +176,23 @@ pub(crate) fn tier_delays(settings: &AmqpSettings) -> Vec<Duration> {
 mod tests {
     use super::*;
 
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
     #[test]
-    fn tiers_are_never_shorter_than_the_delay() {
+    fn the_default_tiers_are_powers_of_two_and_reach_any_delay() {
         let t = Topology::new(&AmqpSettings::default());
-        assert_eq!(
-            t.tier_for(Duration::from_millis(10)).unwrap().delay,
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            t.tier_for(Duration::from_millis(1001)).unwrap().delay,
-            Duration::from_secs(5)
-        );
-        assert_eq!(
-            t.tier_for(Duration::from_secs(5)).unwrap().delay,
-            Duration::from_secs(5)
-        );
-        assert_eq!(
-            t.tier_for(Duration::from_secs(9999)).unwrap().delay,
-            Duration::from_secs(600)
-        );
         assert_eq!(t.retry_tiers[0].queue, "fleet.retry.1000ms");
+        assert_eq!(t.retry_tiers.len(), 11);
+        assert_eq!(t.resolution(), Some(secs(1)));
+        let hop = |d| t.next_hop(d).map(|t| t.delay);
+        assert_eq!(hop(Duration::from_millis(10)), Some(secs(1)));
+        assert_eq!(hop(secs(5)), Some(secs(4)));
+        assert_eq!(hop(Duration::from_millis(4500)), Some(secs(4)));
+        assert_eq!(hop(Duration::from_millis(3500)), Some(secs(4)));
+        assert_eq!(hop(secs(9999)), Some(secs(1024)));
+        assert_eq!(hop(Duration::ZERO), None);
+        assert_eq!(t.hop_plan(secs(26)), [secs(16), secs(8), secs(2)]);
     }
 }

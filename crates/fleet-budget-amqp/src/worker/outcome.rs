@@ -71,9 +71,10 @@ pub enum Outcome {
     /// The job succeeded: ack it, then count the success.
     Ack,
     /// Publish a copy with `record`'s headers to `tier`, to come back after the tier's delay;
-    /// ack the original once the copy is confirmed.
+    /// ack the original once the copy is confirmed. A delay longer than the tier has the
+    /// record's `not_before_ms`: the copy comes back early and waits again ([`Outcome::Wait`]).
     Retry {
-        /// The tier it waits in: the shortest at or above the delay ([`Topology::tier_for`]).
+        /// The first hop of its delay ([`Topology::next_hop`]).
         tier: RetryTier,
         /// The headers of the copy.
         record: RetryRecord,
@@ -81,6 +82,17 @@ pub enum Outcome {
     /// Publish a copy with the record's headers to the dead-letter exchange; ack the original
     /// once the copy is confirmed.
     DeadLetter(DeadLetterRecord),
+    /// Send the delivery to wait in `tier` without running it, spending an attempt or asking
+    /// the budget: publish a copy with every header kept, [`crate::headers::NOT_BEFORE_MS`]
+    /// set to `not_before_ms` and [`crate::headers::RETRY_TIER_MS`] to the tier; ack the
+    /// original once the copy is confirmed. Back from the tier before `not_before_ms`, it
+    /// waits again, hop by hop, until its time ([`Outcome::wait`]).
+    Wait {
+        /// The next hop.
+        tier: RetryTier,
+        /// When it may run (Unix ms).
+        not_before_ms: u64,
+    },
     /// A retry was granted but the topology has no tier to wait in: put the delivery back.
     Requeue,
 }
@@ -99,7 +111,7 @@ impl Outcome {
                 delay,
                 next_attempt,
                 ..
-            } => match topology.tier_for(*delay) {
+            } => match first_hop(topology, *delay) {
                 None => Self::Requeue,
                 Some(tier) => Self::Retry {
                     tier: tier.clone(),
@@ -134,6 +146,24 @@ impl Outcome {
         }
     }
 
+    /// A delivery that is to wait until `not_before_ms` (Unix ms) before it runs, at `now_ms`:
+    /// the next hop through the tiers (a retry that came back early, or any job told to wait).
+    /// `None` when its time has come (run it now); [`Outcome::Requeue`] without tiers.
+    #[must_use]
+    pub fn wait(topology: &Topology, now_ms: u64, not_before_ms: u64) -> Option<Self> {
+        let remaining = Duration::from_millis(not_before_ms.checked_sub(now_ms)?);
+        if remaining.is_zero() {
+            return None;
+        }
+        Some(match topology.next_hop(remaining) {
+            None => Self::Requeue,
+            Some(tier) => Self::Wait {
+                tier: tier.clone(),
+                not_before_ms,
+            },
+        })
+    }
+
     /// A task the budget cannot map to a dependency: dead-lettered as `non_retryable`, class
     /// `invalid_task`, without a dependency.
     #[must_use]
@@ -165,6 +195,14 @@ impl Outcome {
             BudgetSource::NotConsulted,
         ))
     }
+}
+
+/// The first hop of a retry's `delay`; a zero delay still goes through the shortest tier, so
+/// that the retry is a new delivery with its new attempt number.
+fn first_hop(topology: &Topology, delay: Duration) -> Option<&RetryTier> {
+    topology
+        .next_hop(delay)
+        .or_else(|| topology.retry_tiers.first())
 }
 
 fn millis(d: Duration) -> u64 {
@@ -213,22 +251,22 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_waits_in_the_shortest_tier_at_or_above_its_delay() {
+    fn a_retry_waits_its_first_hop_and_the_rest_when_it_comes_back() {
         let t = topology();
         let Outcome::Retry { tier, record } =
             Outcome::of_decision(&t, &job(), &failure(), &retry(Duration::from_millis(1200)))
         else {
             panic!("a retry");
         };
-        assert_eq!(tier, t.retry_tiers[1]);
+        assert_eq!(tier, t.retry_tiers[0]);
         assert_eq!(
             record,
             RetryRecord {
                 task: "index".into(),
                 attempt: 3,
                 delay_ms: 1200,
-                tier_ms: 5000,
-                not_before_ms: None,
+                tier_ms: 1000,
+                not_before_ms: Some(51_200),
                 original_exchange: "fleet.work".into(),
                 original_routing_key: "index".into(),
                 original_queue: "fleet.work".into(),
@@ -237,6 +275,43 @@ mod tests {
                 error: "503".into(),
             }
         );
+    }
+
+    #[test]
+    fn a_wait_goes_hop_by_hop_until_its_time() {
+        let t = topology();
+        let hop = |now| match Outcome::wait(&t, now, 50_000) {
+            Some(Outcome::Wait {
+                tier,
+                not_before_ms,
+            }) => {
+                assert_eq!(not_before_ms, 50_000);
+                Some(tier.delay)
+            }
+            None => None,
+            Some(other) => panic!("{other:?}"),
+        };
+        assert_eq!(hop(43_800), Some(Duration::from_secs(5)));
+        assert_eq!(hop(48_800), Some(Duration::from_secs(1)));
+        assert_eq!(hop(49_300), Some(Duration::from_secs(1)), "late by < 1 s");
+        assert_eq!(hop(50_000), None);
+        assert_eq!(hop(60_000), None);
+        let bare = Topology {
+            retry_tiers: Vec::new(),
+            ..t
+        };
+        assert_eq!(Outcome::wait(&bare, 0, 1), Some(Outcome::Requeue));
+    }
+
+    #[test]
+    fn a_zero_delay_still_goes_through_a_tier() {
+        let Outcome::Retry { tier, record } =
+            Outcome::of_decision(&topology(), &job(), &failure(), &retry(Duration::ZERO))
+        else {
+            panic!("a retry");
+        };
+        assert_eq!(tier.delay, Duration::from_secs(1));
+        assert_eq!(record.not_before_ms, None);
     }
 
     #[test]

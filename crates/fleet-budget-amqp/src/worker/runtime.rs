@@ -191,18 +191,15 @@ where
         .filter(|k| !k.is_empty())
         .or_else(|| parsed.as_ref().ok().and_then(|h| h.task.clone()))
         .unwrap_or_else(|| delivery.routing_key.as_str().to_owned());
-    // A retry whose delay is longer than the longest tier comes back early: it waits again.
+    // A delivery not due yet (a retry between hops of its delay) waits in the next tier.
     if let Ok(JobHeaders {
         not_before_ms: Some(not_before),
         ..
     }) = &parsed
+        && let Some(wait) = Outcome::wait(&s.topology, headers::now_ms(), *not_before)
     {
-        let now = headers::now_ms();
-        if *not_before > now {
-            s.wait_again(&delivery, &table, Duration::from_millis(not_before - now))
-                .await;
-            return;
-        }
+        s.carry_out(&delivery, &table, &task, wait).await;
+        return;
     }
     let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &s.queue);
     let outcome = match &parsed {
@@ -282,9 +279,16 @@ where
     result.unwrap_or_else(|_| Err(Failure::retryable("the handler panicked").with_class("panic")))
 }
 
-/// Asks the budget about `failure` and maps its decision to an outcome.
+/// Asks the budget about `failure` and maps its decision to an outcome. The time since the
+/// job's first failure (zero when this is the first) holds a task with a recovery window to it.
 async fn decide(s: &Settler, job: &mut JobContext, failure: &Failure) -> Outcome {
-    let decision = s.budget.on_failure(&job.task, job.attempt, failure).await;
+    let failed_ms = headers::now_ms();
+    let since_first_failure =
+        Duration::from_millis(failed_ms.saturating_sub(job.first_failure_ms.unwrap_or(failed_ms)));
+    let decision = s
+        .budget
+        .on_failure_since(&job.task, job.attempt, failure, Some(since_first_failure))
+        .await;
     job.now_ms = headers::now_ms();
     match decision {
         Ok(decision) => Outcome::of_decision(&s.topology, job, failure, &decision),

@@ -1,6 +1,6 @@
 //! Step 4 of the worker: carrying an [`Outcome`] out on the broker.
 //!
-//! A copy (retry, dead-letter, or a retry that came back early and waits again) goes through
+//! A copy (retry, dead-letter, or a delivery that waits a hop in a tier) goes through
 //! one [`Settler::publish_then_ack`]: published with confirms, and the original acked only after
 //! `Ack` without a return. When the copy is not confirmed the original is nacked with requeue
 //! after a pause and comes back: nothing is lost, a duplicate is possible.
@@ -78,39 +78,31 @@ impl Settler {
                 )
                 .await;
             }
+            Outcome::Wait {
+                tier,
+                not_before_ms,
+            } => {
+                let mut t = table.clone();
+                headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
+                headers::set_u64(
+                    &mut t,
+                    headers::RETRY_TIER_MS,
+                    u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
+                );
+                self.publish_then_ack(
+                    delivery,
+                    &tier.exchange,
+                    &self.queue,
+                    t,
+                    &self.stats.waited_again,
+                )
+                .await;
+            }
             Outcome::Requeue => {
                 tracing::error!("no retry tiers configured; requeueing");
                 self.requeue(delivery).await;
             }
         }
-    }
-
-    /// Sends a retry that came back before its time to wait in a tier again (no handler, no
-    /// budget): `remaining` picks the tier.
-    pub(super) async fn wait_again(
-        &self,
-        delivery: &Delivery,
-        table: &FieldTable,
-        remaining: Duration,
-    ) {
-        let Some(tier) = self.topology.tier_for(remaining) else {
-            self.requeue(delivery).await;
-            return;
-        };
-        let mut t = table.clone();
-        headers::set_u64(
-            &mut t,
-            headers::RETRY_TIER_MS,
-            u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
-        );
-        self.publish_then_ack(
-            delivery,
-            &tier.exchange,
-            &self.queue,
-            t,
-            &self.stats.waited_again,
-        )
-        .await;
     }
 
     /// Publishes a persistent copy of `delivery` (same message id and body, `headers`) and acks

@@ -14,6 +14,7 @@ use crate::common::Env;
 mod end_to_end;
 mod lifecycle;
 mod no_loss;
+mod recovery_window;
 
 const LONG: Duration = Duration::from_secs(60);
 
