@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
-    demo::DemoArgs, dlq::DlqCommand, migrate::MigrateArgs, replay::ReplayArgs,
+    demo::DemoArgs, dlq::DlqCommand, migrate::MigrateArgs, plan::PlanArgs, replay::ReplayArgs,
     simulate::SimulateCommand, status::StatusArgs,
 };
 
@@ -75,6 +75,9 @@ pub(crate) enum Command {
     /// Model retry storms with the project's real budget code (no services needed).
     #[command(subcommand)]
     Simulate(SimulateCommand),
+    /// The retry schedule of a recovery window or attempt count: attempts, delays with their
+    /// jitter, hops through the delay tiers, and the guide's table of windows (no services).
+    Plan(PlanArgs),
     /// Live per-dependency budget state read from Redis.
     Status(StatusArgs),
     /// Deterministic load against a budget in Redis, with a PING reference.
@@ -145,6 +148,7 @@ mod tests {
             &["demo"][..],
             &["simulate", "brownout"],
             &["simulate", "capacity"],
+            &["plan"],
             &["status"],
             &["budget", "freeze"],
             &["budget", "set"],

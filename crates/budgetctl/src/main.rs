@@ -23,7 +23,7 @@ use fleet_budget_amqp::WorkerConfig;
 use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
-use crate::commands::{audit, bench, budget, demo, dlq, migrate, replay, simulate, status};
+use crate::commands::{audit, bench, budget, demo, dlq, migrate, plan, replay, simulate, status};
 use crate::exit::UsageError;
 
 fn main() -> ExitCode {
@@ -62,6 +62,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;
     match cli.command {
         Command::Simulate(command) => simulate::run(&command),
+        Command::Plan(args) => plan::run(&args),
         Command::Config(ConfigCommand::Check(args)) => commands::config::check(&args),
         Command::Status(args) => with_config(global, async |c| status::run(&c.budget, &args).await),
         Command::Bench(args) => with_config(global, async |c| bench::run(&c.budget, &args).await),

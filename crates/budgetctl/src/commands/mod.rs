@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod demo;
 pub(crate) mod dlq;
 pub(crate) mod migrate;
+pub(crate) mod plan;
 pub(crate) mod replay;
 pub(crate) mod simulate;
 pub(crate) mod status;

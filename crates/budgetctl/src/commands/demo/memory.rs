@@ -174,11 +174,21 @@ async fn handle(shared: &Shared, job: Job) -> Settle {
     };
     match outcome {
         Outcome::Ack => Settle::Ack,
-        // Back after the tier's delay, or later: a retry longer than the longest tier waits
-        // there again until its own delay has passed.
+        // Back after the hops of its delay through the tiers (the first is `tier`).
         Outcome::Retry { tier, record } => Settle::Retry {
             next_attempt: record.attempt,
-            due: now + tier.delay.max(Duration::from_millis(record.delay_ms)),
+            due: now
+                + shared
+                    .topology
+                    .hop_plan(Duration::from_millis(record.delay_ms))
+                    .iter()
+                    .sum::<Duration>()
+                    .max(tier.delay),
+        },
+        // Runs when its time has come, the attempt unchanged.
+        Outcome::Wait { not_before_ms, .. } => Settle::Retry {
+            next_attempt: job.attempt,
+            due: Duration::from_millis(not_before_ms).max(now),
         },
         Outcome::DeadLetter(record) => Settle::DeadLetter(record.reason),
         // Put back as it is, to run again.
