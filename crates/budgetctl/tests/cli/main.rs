@@ -12,6 +12,7 @@
 mod budget;
 mod config_check;
 mod demo;
+mod plan;
 mod rabbitmq;
 mod redis;
 mod simulate;
