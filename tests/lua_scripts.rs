@@ -105,6 +105,14 @@ fn the_library_loads_the_shipped_scripts() {
         ("spend", &*SPEND_SCRIPT),
         ("deposit", &*DEPOSIT_SCRIPT),
         ("status", &*STATUS_SCRIPT),
+        (
+            "lease_acquire",
+            &*fleet_budget::concurrency::LEASE_ACQUIRE_SCRIPT,
+        ),
+        (
+            "lease_release",
+            &*fleet_budget::concurrency::LEASE_RELEASE_SCRIPT,
+        ),
     ] {
         let loaded: String =
             server.cmd(&["SCRIPT", "LOAD", &common::read(&format!("lua/{name}.lua"))]);

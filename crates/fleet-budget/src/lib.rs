@@ -44,6 +44,7 @@ pub mod allowance;
 pub mod budget;
 pub mod ceiling;
 pub mod clock;
+pub mod concurrency;
 pub mod config;
 pub mod control;
 pub mod decision;

@@ -1,0 +1,207 @@
+//! [`ConcurrencyBudget`]: taking and giving back slots, one atomic script call each.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis::Script;
+
+use super::policy::ConcurrencyPolicy;
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::store::RedisStore;
+
+/// `lua/lease_acquire.lua`: take a slot.
+pub static LEASE_ACQUIRE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/lease_acquire.lua")));
+/// `lua/lease_release.lua`: give a slot back.
+pub static LEASE_RELEASE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/lease_release.lua")));
+
+/// Which kind of call a slot is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// A first attempt: counted, refused only at the cap when primaries wait.
+    Primary,
+    /// A retry (or a hedge): needs room under the cap and in the retry share.
+    Retry,
+}
+
+impl LeaseKind {
+    fn code(self) -> &'static str {
+        match self {
+            Self::Primary => "p",
+            Self::Retry => "r",
+        }
+    }
+}
+
+/// Why a slot was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The calls in flight are at the cap.
+    Cap,
+    /// The retries in flight fill the retry share.
+    RetryShare,
+}
+
+impl Refusal {
+    /// The dead-letter reason of a retry refused for this: `concurrency_cap` or
+    /// `concurrency_retry_share` (the rate budget's is `budget_exhausted`).
+    #[must_use]
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Cap => "concurrency_cap",
+            Self::RetryShare => "concurrency_retry_share",
+        }
+    }
+}
+
+/// Calls in flight fleet-wide, as the script saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    /// Primary calls holding a lease.
+    pub primaries: u64,
+    /// Retries holding a lease.
+    pub retries: u64,
+}
+
+/// A slot held. Give it back with [`ConcurrencyBudget::release`]; if its holder dies, it expires
+/// one lease after it was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The dependency.
+    pub dependency: Dependency,
+    /// Primary or retry.
+    pub kind: LeaseKind,
+    /// The lease id, unique in the fleet.
+    pub id: String,
+    /// Server ms at which the lease expires.
+    pub expires_at_ms: u64,
+}
+
+/// The answer to one acquire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    /// The slot, or why there is none.
+    pub lease: Result<Lease, Refusal>,
+    /// Calls in flight after the call.
+    pub in_flight: InFlight,
+    /// Retry slots with the primaries in flight before the call.
+    pub retry_slots: u64,
+}
+
+/// Concurrency budgets in Redis, next to the rate budgets of the same store (same prefix, same
+/// hash tag: `<prefix>:v1:{<dependency>}:lp` and `:lr`).
+#[derive(Debug, Clone)]
+pub struct ConcurrencyBudget {
+    store: Arc<RedisStore>,
+    /// This process's lease ids: a random stem and a counter.
+    stem: String,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl ConcurrencyBudget {
+    /// Concurrency budgets on `store`.
+    #[must_use]
+    pub fn new(store: Arc<RedisStore>) -> Self {
+        let stem = format!("{:x}-{:016x}", std::process::id(), rand::random::<u64>());
+        Self { store, stem }
+    }
+
+    /// The two lease sets of `dependency`: primary, retry.
+    #[must_use]
+    pub fn keys(&self, dependency: &Dependency) -> [String; 2] {
+        let base = self.store.key(dependency);
+        [format!("{base}:lp"), format!("{base}:lr")]
+    }
+
+    /// Asks for one slot of `kind`: granted or refused at once, never waiting.
+    ///
+    /// # Errors
+    /// The store failed, passed its deadline, or answered out of contract.
+    pub async fn acquire(
+        &self,
+        dependency: &Dependency,
+        policy: &ConcurrencyPolicy,
+        kind: LeaseKind,
+    ) -> Result<Acquired, StoreError> {
+        let id = format!(
+            "{}-{:x}",
+            self.stem,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let [lp, lr] = self.keys(dependency);
+        let mut invocation = LEASE_ACQUIRE_SCRIPT.key(lp);
+        invocation
+            .key(lr)
+            .arg(kind.code())
+            .arg(&id)
+            .arg(u64::try_from(policy.lease.as_millis()).unwrap_or(u64::MAX))
+            .arg(policy.cap)
+            .arg(policy.max_retry_fraction.to_string())
+            .arg(policy.min_retry_slots)
+            .arg(if policy.primary_waits { "1" } else { "0" });
+        let reply = self.store.invoke("lease_acquire", invocation).await?;
+        let field = |i| count_at("lease_acquire", &reply, i);
+        let (granted, refusal) = (field(0)?, field(1)?);
+        let in_flight = InFlight {
+            primaries: field(2)?,
+            retries: field(3)?,
+        };
+        let (retry_slots, now) = (field(4)?, field(5)?);
+        let lease = match (granted, refusal) {
+            (1, 0) => Ok(Lease {
+                dependency: dependency.clone(),
+                kind,
+                id,
+                expires_at_ms: now
+                    .saturating_add(u64::try_from(policy.lease.as_millis()).unwrap_or(u64::MAX)),
+            }),
+            (0, 1) => Err(Refusal::Cap),
+            (0, 2) => Err(Refusal::RetryShare),
+            other => {
+                return Err(StoreError::BadReply {
+                    script: "lease_acquire",
+                    detail: format!("granted and refusal are {other:?}"),
+                });
+            }
+        };
+        Ok(Acquired {
+            lease,
+            in_flight,
+            retry_slots,
+        })
+    }
+
+    /// Gives `lease` back. Harmless if it already expired.
+    ///
+    /// # Errors
+    /// The store failed, passed its deadline, or answered out of contract. The slot then comes
+    /// back when the lease expires.
+    pub async fn release(&self, lease: &Lease) -> Result<InFlight, StoreError> {
+        let [lp, lr] = self.keys(&lease.dependency);
+        let mut invocation = LEASE_RELEASE_SCRIPT.key(lp);
+        invocation.key(lr).arg(&lease.id);
+        let reply = self.store.invoke("lease_release", invocation).await?;
+        let field = |i| count_at("lease_release", &reply, i);
+        Ok(InFlight {
+            primaries: field(1)?,
+            retries: field(2)?,
+        })
+    }
+}
+
+/// The non-negative integer at 0-based `index` of `script`'s reply.
+fn count_at(script: &'static str, reply: &[redis::Value], index: usize) -> Result<u64, StoreError> {
+    let detail = match reply.get(index) {
+        Some(redis::Value::Int(v)) => match u64::try_from(*v) {
+            Ok(v) => return Ok(v),
+            Err(_) => format!("field {} is negative: {v}", index + 1),
+        },
+        Some(_) => format!("field {} is not an integer", index + 1),
+        None => format!("field {} is missing", index + 1),
+    };
+    Err(StoreError::BadReply { script, detail })
+}
