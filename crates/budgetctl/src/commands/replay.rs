@@ -21,12 +21,25 @@ pub(crate) struct ReplayArgs {
     /// Replay the dead letters of this dependency.
     #[arg(long)]
     dependency: String,
-    /// Only this reason (`budget_exhausted`, `attempts_exhausted`, `non_retryable`).
+    /// Only this reason (`budget_exhausted`, `budget_frozen`, `attempts_exhausted`, `non_retryable`).
     #[arg(long, value_parser = reason)]
     reason: Option<String>,
-    /// Only messages dead-lettered at or after this time (Unix seconds, or an age like `30m`).
+    /// Only messages dead-lettered at or after this time (Unix seconds, RFC 3339, or an age
+    /// like `30m`, `1h30m`).
     #[arg(long, value_name = "T")]
     since: Option<String>,
+    /// Only messages dead-lettered before this time (same forms as `--since`).
+    #[arg(long, value_name = "T")]
+    until: Option<String>,
+    /// Only jobs of this task.
+    #[arg(long)]
+    task: Option<String>,
+    /// Only the message with this id.
+    #[arg(long)]
+    message_id: Option<String>,
+    /// Only messages whose (redacted) error text contains this.
+    #[arg(long, value_name = "TEXT")]
+    error_contains: Option<String>,
     /// Messages moved per second at most.
     #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rate: u32,
@@ -45,7 +58,7 @@ fn reason(s: &str) -> Result<String, String> {
     match DeadLetterReason::parse(s) {
         Some(r) => Ok(r.as_str().to_owned()),
         None => Err(format!(
-            "`{s}` is not a dead-letter reason (budget_exhausted, attempts_exhausted, non_retryable)"
+            "`{s}` is not a dead-letter reason (budget_exhausted, budget_frozen, attempts_exhausted, non_retryable)"
         )),
     }
 }
@@ -65,26 +78,24 @@ struct ReplayOutput {
     paused_secs: f64,
 }
 
-/// Parses `--since`: Unix seconds, or an age like `90s`, `30m`, `2h`, `1d`. Returns Unix ms.
+/// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
+/// age (humantime: `90s`, `30m`, `1h30m`, `1d`). Returns Unix ms.
 fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     let t = text.trim();
-    let unit = |suffix: char, ms: u64| -> Option<Result<u64, String>> {
-        t.strip_suffix(suffix).map(|n| {
-            n.parse::<u64>()
-                .map_err(|_| format!("`{text}` is not a number of {suffix}"))
-                .map(|n| now_ms.saturating_sub(n.saturating_mul(ms)))
-        })
-    };
-    if let Some(r) = unit('s', 1000)
-        .or_else(|| unit('m', 60_000))
-        .or_else(|| unit('h', 3_600_000))
-        .or_else(|| unit('d', 86_400_000))
-    {
-        return r;
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(secs.saturating_mul(1000));
     }
-    t.parse::<u64>()
-        .map(|secs| secs.saturating_mul(1000))
-        .map_err(|_| format!("`{text}` is neither Unix seconds nor an age like 90s, 30m, 2h, 1d"))
+    if let Ok(at) = humantime::parse_rfc3339_weak(t) {
+        return Ok(crate::when::When(at).unix_ms());
+    }
+    humantime::parse_duration(t)
+        .map(|ago| now_ms.saturating_sub(u64::try_from(ago.as_millis()).unwrap_or(u64::MAX)))
+        .map_err(|_| {
+            format!(
+                "`{text}` is neither Unix seconds, an RFC 3339 time (2026-11-30T04:00:00Z) nor an \
+                 age like 90s, 30m, 1h30m, 1d"
+            )
+        })
 }
 
 /// `budgetctl replay`: the library replayer, with a progress display.
@@ -99,12 +110,19 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         Some(s) => Some(parse_since(s, now_ms()).map_err(|e| usage(format!("--since {e}")))?),
         None => None,
     };
+    let until_ms = match &args.until {
+        Some(s) => Some(parse_since(s, now_ms()).map_err(|e| usage(format!("--until {e}")))?),
+        None => None,
+    };
     let mut options = ReplayOptions::new(config);
     options.filter = ReplayFilter {
         dependency: Some(dependency.to_string()),
         reason: args.reason.as_deref().and_then(DeadLetterReason::parse),
         since_ms,
-        ..ReplayFilter::default()
+        until_ms,
+        task: args.task.clone(),
+        message_id: args.message_id.clone(),
+        error_contains: args.error_contains.clone(),
     };
     options.rate = Some(f64::from(args.rate));
     options.limit = args.limit;
@@ -238,6 +256,11 @@ mod tests {
         assert_eq!(parse_since("2h", now), Ok(now - 7_200_000));
         assert_eq!(parse_since("1d", 100), Ok(0));
         assert_eq!(parse_since("1700000000", now), Ok(1_700_000_000_000));
+        assert_eq!(parse_since("1h30m", now), Ok(now - 5_400_000));
+        assert_eq!(
+            parse_since("2026-11-30T04:00:00Z", now),
+            Ok(1_796_011_200_000)
+        );
         assert!(parse_since("yesterday", now).is_err());
         assert!(parse_since("-5m", now).is_err());
     }

@@ -21,15 +21,37 @@ pub struct ReplayFilter {
     pub since_ms: Option<u64>,
     /// Only messages dead-lettered before this time (Unix ms).
     pub until_ms: Option<u64>,
+    /// Only jobs of this task.
+    pub task: Option<String>,
+    /// Only the message with this id.
+    pub message_id: Option<String>,
+    /// Only messages whose (redacted) error text contains this.
+    pub error_contains: Option<String>,
 }
 
 impl ReplayFilter {
-    /// Whether `record` is selected.
+    /// Whether `record`, of the message with id `message_id`, is selected.
+    #[must_use]
+    pub fn matches_message(&self, record: &DeadLetterRecord, message_id: Option<&str>) -> bool {
+        self.matches(record)
+            && self
+                .message_id
+                .as_deref()
+                .is_none_or(|id| message_id == Some(id))
+    }
+
+    /// Whether `record` is selected (every field but `message_id`, which the record lacks).
     #[must_use]
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {
-        self.dependency
-            .as_ref()
-            .is_none_or(|d| *d == record.dependency)
+        self.task.as_ref().is_none_or(|t| *t == record.task)
+            && self
+                .error_contains
+                .as_deref()
+                .is_none_or(|e| record.error.contains(e))
+            && self
+                .dependency
+                .as_ref()
+                .is_none_or(|d| *d == record.dependency)
             && self.reason.is_none_or(|r| r == record.reason)
             && self.since_ms.is_none_or(|t| record.dead_lettered_ms >= t)
             && self.until_ms.is_none_or(|t| record.dead_lettered_ms < t)
@@ -120,7 +142,12 @@ impl<'a> Selection<'a> {
             }
             Ok(r) => r,
         };
-        if !self.options.filter.matches(&record) {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str());
+        if !self.options.filter.matches_message(&record, id) {
             Class::Skip
         } else if record.replays >= self.options.max_replays {
             Class::Looping(record)

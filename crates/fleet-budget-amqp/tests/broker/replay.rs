@@ -455,7 +455,7 @@ async fn dry_run_counts_and_filters_select() {
         dependency: Some("search".into()),
         reason: None,
         since_ms: Some(now - 600_000),
-        until_ms: None,
+        ..ReplayFilter::default()
     };
     let dry = replayer(&env).dry_run(&only).await.unwrap();
     assert_eq!((dry.would_move, dry.skipped), (4, 5), "{dry:?}");
@@ -480,8 +480,8 @@ async fn dry_run_counts_and_filters_select() {
     only.filter = ReplayFilter {
         dependency: None,
         reason: Some(DeadLetterReason::AttemptsExhausted),
-        since_ms: None,
         until_ms: Some(now - 600_000),
+        ..ReplayFilter::default()
     };
     let report = replayer(&env).run(&only, |_| {}).await.unwrap();
     assert_eq!((report.moved, report.skipped), (2, 3), "{report:?}");
@@ -573,4 +573,43 @@ async fn a_limit_moves_at_most_that_many() {
     );
     assert_eq!(env.depth(&env.topology.dead_queue).await, 3);
     assert_eq!(env.depth(&env.topology.work_queue).await, 2);
+}
+
+/// `replay --task`, `--message-id` and `--error-contains` (issue 11) select on the record and
+/// the message id.
+#[tokio::test]
+async fn filters_select_by_task_message_id_and_error_text() {
+    let env = Env::new("filters", "", "", "").await;
+    let mut record = env
+        .broker
+        .dead_letter_record("search", DeadLetterReason::BudgetFrozen, 1_000);
+    record.task = "index".to_owned();
+    record.error = "search returned 503 (shard 7)".to_owned();
+    let by = |f: ReplayFilter, id: Option<&str>| f.matches_message(&record, id);
+    assert!(by(ReplayFilter::default(), None));
+    let task = |t: &str| ReplayFilter {
+        task: Some(t.to_owned()),
+        ..ReplayFilter::default()
+    };
+    assert!(by(task("index"), None));
+    assert!(!by(task("mail"), None));
+    let id = ReplayFilter {
+        message_id: Some("m-1".to_owned()),
+        ..ReplayFilter::default()
+    };
+    assert!(by(id.clone(), Some("m-1")));
+    assert!(!by(id.clone(), Some("m-2")));
+    assert!(!by(id, None));
+    let text = |t: &str| ReplayFilter {
+        error_contains: Some(t.to_owned()),
+        ..ReplayFilter::default()
+    };
+    assert!(by(text("shard 7"), None));
+    assert!(!by(text("timeout"), None));
+    let until = ReplayFilter {
+        reason: Some(DeadLetterReason::BudgetFrozen),
+        until_ms: Some(1_001),
+        ..ReplayFilter::default()
+    };
+    assert!(by(until, None));
 }
