@@ -1,8 +1,12 @@
-//! Migrations against the real broker: dry-run plan, idempotent apply, and the error for a queue
-//! declared with other arguments.
+//! Migrations against the real broker: dry-run plan, idempotent apply, the error for a queue
+//! declared with other arguments, and the upgrade to the powers-of-two retry tiers.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use fleet_budget_amqp::{
-    AmqpError, Migrations, StepState, Topology, delete_topology, migrate, queue_depth,
+    AmqpError, AmqpSettings, Migrations, Object, StepState, Topology, delete_topology, migrate,
+    queue_depth,
 };
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -176,5 +180,51 @@ async fn a_deleted_topology_is_gone_and_deleting_it_again_is_fine() {
         "{plan}"
     );
     delete_topology(&conn, &env.topology).await.unwrap();
+    let _ = conn.close(200, ShortString::from("bye")).await;
+}
+
+/// An existing deployment with the old tiers (1, 5, 30, 120, 600 s) upgrades with `migrate`:
+/// the powers-of-two tiers of the new default are created, nothing else changes, and the old
+/// tier queues stay (they drain back to the work queue; `migrate` never deletes).
+#[tokio::test]
+async fn migrate_upgrades_a_deployment_with_the_old_tiers_to_the_powers_of_two() {
+    let mut env = Env::new("upgrade", "", "", "").await;
+    let mut old = env.config.amqp.clone();
+    old.prefix = format!("{}.old", old.prefix);
+    old.retry_tiers = [1, 5, 30, 120, 600].map(Duration::from_secs).to_vec();
+    let new = AmqpSettings {
+        retry_tiers: AmqpSettings::default().retry_tiers,
+        ..old.clone()
+    };
+    env.broker.also_delete(Topology::new(&old));
+    env.broker.also_delete(Topology::new(&new));
+    let migrations = Migrations::embedded().unwrap();
+    migrate(&env.url, &old, &migrations, false).await.unwrap();
+
+    let upgrade = migrate(&env.url, &new, &migrations, false).await.unwrap();
+    let created: BTreeSet<String> = upgrade
+        .steps
+        .iter()
+        .filter(|(_, s)| *s == StepState::Created)
+        .filter_map(|(op, _)| match &op.object {
+            Object::Exchange { name, .. } | Object::Queue { name, .. } => Some(name.clone()),
+            Object::Binding { .. } => None,
+        })
+        .collect();
+    let expected: BTreeSet<String> = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+        .iter()
+        .map(|s| format!("{}.retry.{}ms", old.prefix, s * 1000))
+        .collect();
+    assert_eq!(created, expected, "{upgrade}");
+    assert_eq!(
+        upgrade.created(),
+        2 * expected.len(),
+        "an exchange and a queue per tier"
+    );
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    for t in &Topology::new(&old).retry_tiers {
+        assert!(queue_depth(&ch, &t.queue).await.is_ok(), "{} kept", t.queue);
+    }
     let _ = conn.close(200, ShortString::from("bye")).await;
 }
