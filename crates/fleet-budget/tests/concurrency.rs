@@ -291,3 +291,32 @@ async fn a_retry_is_answered_at_once_and_says_which_limit_refused() {
     let after = b.release(&held[0]).await.unwrap();
     assert_eq!((after.primaries, after.retries), (0, 0));
 }
+
+#[tokio::test]
+async fn a_hedge_is_refused_when_the_retry_share_is_spent() {
+    let server = RedisServer::start();
+    let b = budget(&server.url());
+    let p = policy(Duration::from_secs(30), false);
+    // 2 primaries: one slot of share; a hedge takes it, and the next hedge and a retry are refused.
+    for _ in 0..2 {
+        b.acquire(&dep(), &p, LeaseKind::Primary).await.unwrap();
+    }
+    let h = b.try_hedge(&dep(), &p).await.unwrap();
+    let lease = h.lease.unwrap();
+    assert_eq!(lease.kind, LeaseKind::Hedge);
+    assert!(lease.id.starts_with('h'), "{}", lease.id);
+    assert_eq!(h.in_flight.retries, 1);
+    let again = b.try_hedge(&dep(), &p).await.unwrap();
+    assert_eq!(again.lease, Err(Refusal::RetryShare), "{again:?}");
+    let retry = b.acquire(&dep(), &p, LeaseKind::Retry).await.unwrap();
+    assert_eq!(retry.lease, Err(Refusal::RetryShare), "{retry:?}");
+    // Given back, the share serves a retry again.
+    b.release(&lease).await.unwrap();
+    assert!(
+        b.acquire(&dep(), &p, LeaseKind::Retry)
+            .await
+            .unwrap()
+            .lease
+            .is_ok()
+    );
+}

@@ -23,15 +23,19 @@ pub static LEASE_RELEASE_SCRIPT: LazyLock<Script> =
 pub enum LeaseKind {
     /// A first attempt: counted, refused only at the cap when primaries wait.
     Primary,
-    /// A retry (or a hedge): needs room under the cap and in the retry share.
+    /// A retry: needs room under the cap and in the retry share.
     Retry,
+    /// A hedged request: amplification like a retry, so it draws from the same retry share and
+    /// cap (it is held in the retry set, under an id starting `h`); told apart here so that
+    /// callers count it apart.
+    Hedge,
 }
 
 impl LeaseKind {
     fn code(self) -> &'static str {
         match self {
             Self::Primary => "p",
-            Self::Retry => "r",
+            Self::Retry | Self::Hedge => "r",
         }
     }
 }
@@ -128,7 +132,8 @@ impl ConcurrencyBudget {
         kind: LeaseKind,
     ) -> Result<Acquired, StoreError> {
         let id = format!(
-            "{}-{:x}",
+            "{}{}-{:x}",
+            if kind == LeaseKind::Hedge { "h" } else { "" },
             self.stem,
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
@@ -173,6 +178,19 @@ impl ConcurrencyBudget {
             in_flight,
             retry_slots,
         })
+    }
+
+    /// Asks for a hedge's slot: granted only while a retry would be (same cap, same share),
+    /// never waiting. A hedge refused here is simply not sent.
+    ///
+    /// # Errors
+    /// As [`ConcurrencyBudget::acquire`].
+    pub async fn try_hedge(
+        &self,
+        dependency: &Dependency,
+        policy: &ConcurrencyPolicy,
+    ) -> Result<Acquired, StoreError> {
+        self.acquire(dependency, policy, LeaseKind::Hedge).await
     }
 
     /// Gives `lease` back. Harmless if it already expired.
