@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use fleet_budget::store::{DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT};
+use fleet_budget::store::{DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT};
 use fleet_budget::testing::RedisServer;
 
 /// Set to `1` to write the generated scripts instead of checking them.
@@ -103,6 +103,7 @@ fn the_library_loads_the_shipped_scripts() {
     let server = RedisServer::start();
     for (name, script) in [
         ("spend", &*SPEND_SCRIPT),
+        ("spend_many", &*SPEND_MANY_SCRIPT),
         ("deposit", &*DEPOSIT_SCRIPT),
         ("status", &*STATUS_SCRIPT),
         (
@@ -183,6 +184,36 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
             "status",
             vec!["1000", "0.2", "10", "s", "Sliding"],
             "ARGV[5] mode must be \"sliding\" or \"fixed\"",
+        ),
+        (
+            "spend_many",
+            vec!["0", "3", "0.2", "10", "s", "sliding"],
+            "ARGV[1] window_ms must be a positive integer",
+        ),
+        (
+            "spend_many",
+            vec!["1000", "0", "0.2", "10", "s", "sliding"],
+            "ARGV[2] n must be an integer from 1 to 10000",
+        ),
+        (
+            "spend_many",
+            vec!["1000", "10001", "0.2", "10", "s", "sliding"],
+            "ARGV[2] n must be an integer from 1 to 10000",
+        ),
+        (
+            "spend_many",
+            vec!["1000", "2.5", "0.2", "10", "s", "sliding"],
+            "ARGV[2] n must be an integer from 1 to 10000",
+        ),
+        (
+            "spend_many",
+            vec!["1000", "3", "-1", "10", "s", "sliding"],
+            "ARGV[3] ratio must be a number >= 0",
+        ),
+        (
+            "spend_many",
+            vec!["1000", "3", "0.2", "10", "s", "slow"],
+            "ARGV[6] mode must be \"sliding\" or \"fixed\"",
         ),
         (
             "deposit",

@@ -109,6 +109,8 @@ async fn atomicity_64_tasks_over_4_connections_grant_exactly_the_allowance() {
 enum Op {
     Deposit(u64, u64),
     Spend,
+    /// `n` withdrawals in one `spend_many.lua` call (group commit's batch).
+    SpendMany(u64),
     Status,
     Sleep(u64),
 }
@@ -141,7 +143,8 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
         for step in 0..70 {
             let op = match rng.random_range(0..10) {
                 0..=2 => Op::Deposit(rng.random_range(0..30), rng.random_range(0..30)),
-                3..=6 => Op::Spend,
+                3..=5 => Op::Spend,
+                6 => Op::SpendMany(rng.random_range(1..12)),
                 7 => Op::Status,
                 _ => Op::Sleep(rng.random_range(50..400)),
             };
@@ -150,6 +153,22 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
             let (redis_granted, redis_snap) = match op {
                 Op::Sleep(ms) => {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
+                    continue;
+                }
+                Op::SpendMany(n) => {
+                    // The batch answers each request as n spends in a row at its instant would.
+                    let batch = redis.withdraw_many(&d, &p, n).await.unwrap();
+                    assert_eq!(batch.len() as u64, n);
+                    let at = batch[0].snapshot;
+                    clock.set_ms(at.window_index * at.window_ms + at.elapsed_ms);
+                    for (k, w) in batch.iter().enumerate() {
+                        let l = local.withdraw_now(&d, &p);
+                        assert_eq!(w, &l, "case {case} step {step} {op:?} request {k}");
+                    }
+                    if last_index.is_some_and(|i| i != at.window_index) {
+                        crossed += 1;
+                    }
+                    last_index = Some(at.window_index);
                     continue;
                 }
                 Op::Deposit(s, a) => (
@@ -190,7 +209,7 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
                     (Some(w.granted), w.snapshot)
                 }
                 Op::Status => (None, local.status_now(&d, &p)),
-                Op::Sleep(_) => unreachable!(),
+                Op::Sleep(_) | Op::SpendMany(_) => unreachable!(),
             };
             assert_eq!(
                 redis_granted, local_granted,

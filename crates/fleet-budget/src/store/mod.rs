@@ -13,16 +13,18 @@ use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
 
 mod discovery;
+mod group_commit;
 mod local;
 mod redis;
 pub(crate) mod scripts;
 
 pub use discovery::DiscoveryError;
+pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT, batch_answer};
 pub use local::LocalStore;
 pub use redis::{RedisStore, RedisTarget};
 pub use scripts::{
-    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
-    policy_args,
+    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply,
+    parse_reply, policy_args,
 };
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).

@@ -16,8 +16,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
+use super::group_commit::{
+    DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, Leading, Turn, Waiter, Waiting, Wake,
+    batch_answer, copy_error,
+};
 use super::scripts::{
-    DEPOSIT_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
+    DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
+    policy_args,
 };
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
 use crate::allowance::BudgetSnapshot;
@@ -76,6 +81,8 @@ pub struct RedisStore {
     connection: OnceCell<Connection>,
     /// The cluster connection being made, when it is (see `RedisStore::connection`).
     connecting: Mutex<Option<Connecting>>,
+    /// Group commit of withdrawals (`None`: one `spend.lua` call per decision).
+    group: Option<GroupCommit>,
 }
 
 /// A cluster connection being made in a task of its own, awaited by any number of callers.
@@ -87,6 +94,7 @@ impl std::fmt::Debug for RedisStore {
             .field("target", &self.target.display())
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("max_batch", &self.max_batch())
             .finish_non_exhaustive()
     }
 }
@@ -130,7 +138,155 @@ impl RedisStore {
             cluster_client,
             connection,
             connecting: Mutex::new(None),
+            group: Some(GroupCommit::new(DEFAULT_MAX_BATCH)),
         })
+    }
+
+    /// Sets group commit of withdrawals: `Some(max_batch)` (on by default, with
+    /// [`DEFAULT_MAX_BATCH`](super::DEFAULT_MAX_BATCH); clamped to 1..=10,000) or `None` for one
+    /// `spend.lua` call per decision. While a decision for a dependency is in flight, the ones
+    /// that arrive for it wait and then go together as one `spend_many.lua` call (up to
+    /// `max_batch` decisions); a lone decision never waits.
+    #[must_use]
+    pub fn with_group_commit(mut self, max_batch: Option<usize>) -> Self {
+        self.group = max_batch.map(GroupCommit::new);
+        self
+    }
+
+    /// The largest batch of a group commit, `None` when it is off.
+    #[must_use]
+    pub fn max_batch(&self) -> Option<usize> {
+        self.group.as_ref().map(GroupCommit::max_batch)
+    }
+
+    /// How many withdrawal calls this store sent and the decisions they carried (zero when group
+    /// commit is off).
+    #[must_use]
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.group
+            .as_ref()
+            .map(GroupCommit::stats)
+            .unwrap_or_default()
+    }
+
+    /// Decides `n` (1 to 10,000) withdrawals for `dependency` in one `spend_many.lua` call, as
+    /// `n` calls of `spend.lua` at that instant would, in order.
+    ///
+    /// # Errors
+    /// `n` out of range (an error reply), or the store failed or timed out.
+    pub async fn withdraw_many(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        n: u64,
+    ) -> Result<Vec<Withdrawal>, StoreError> {
+        let ScriptReply {
+            granted, snapshot, ..
+        } = self
+            .run(&SPEND_MANY_SCRIPT, "spend_many", dependency, policy, &[n])
+            .await?;
+        let granted = u64::try_from(granted).map_err(|_| StoreError::BadReply {
+            script: "spend_many",
+            detail: format!("granted is {granted}"),
+        })?;
+        (0..n)
+            .map(|k| batch_answer(&snapshot, n, granted, k))
+            .collect()
+    }
+
+    async fn withdraw_one(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> Result<Withdrawal, StoreError> {
+        let ScriptReply {
+            granted, snapshot, ..
+        } = self
+            .run(&SPEND_SCRIPT, "spend", dependency, policy, &[])
+            .await?;
+        match granted {
+            0 | 1 => Ok(Withdrawal {
+                granted: granted == 1,
+                snapshot,
+            }),
+            other => Err(StoreError::BadReply {
+                script: "spend",
+                detail: format!("granted is {other}, expected 0 or 1"),
+            }),
+        }
+    }
+
+    /// A withdrawal by group commit (see `store/group_commit.rs`): lead a batch now, or wait
+    /// for an answer or for the lead of the next batch; all within the store's deadline.
+    async fn withdraw_grouped(
+        &self,
+        group: &GroupCommit,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> Result<Withdrawal, StoreError> {
+        let mut lane = self.key(dependency);
+        lane.push('\0');
+        lane.push_str(&policy.window_ms().to_string());
+        for arg in policy_args(policy) {
+            lane.push('\0');
+            lane.push_str(&arg);
+        }
+        let lane = lane.as_str();
+        let turn = async {
+            let followers = match group.join(lane) {
+                Turn::Lead => Vec::new(),
+                Turn::Wait(rx) => {
+                    let mut waiting = Waiting { group, lane, rx };
+                    match (&mut waiting.rx).await {
+                        Ok(Wake::Answer(answer)) => return answer,
+                        Ok(Wake::Lead(followers)) => followers,
+                        // The leader was dropped with our decision in flight: it may have been
+                        // counted, so it is not sent again.
+                        Err(_) => return Err(StoreError::Timeout(self.timeout)),
+                    }
+                }
+            };
+            let _leading = Leading { group, lane };
+            self.lead(group, dependency, policy, followers).await
+        };
+        tokio::time::timeout(self.timeout, turn)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+    }
+
+    /// Sends the leader's decision with its followers' (the leader's is first), and answers them.
+    async fn lead(
+        &self,
+        group: &GroupCommit,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        followers: Vec<Waiter>,
+    ) -> Result<Withdrawal, StoreError> {
+        group.sent(followers.len() + 1);
+        if followers.is_empty() {
+            return self.withdraw_one(dependency, policy).await;
+        }
+        let n = u64::try_from(followers.len() + 1).unwrap_or(u64::MAX);
+        match self.withdraw_many(dependency, policy, n).await {
+            Ok(answers) => {
+                let mut answers = answers.into_iter();
+                let own = answers.next();
+                for (follower, answer) in followers.into_iter().zip(answers) {
+                    // A follower that gave up is not there to answer; its decision stays counted.
+                    let _ = follower.send(Wake::Answer(Ok(answer)));
+                }
+                own.ok_or_else(|| StoreError::BadReply {
+                    script: "spend_many",
+                    detail: "no answers".to_owned(),
+                })
+            }
+            Err(error) => {
+                for follower in followers {
+                    let _ = follower.send(Wake::Answer(Err(copy_error(&error))));
+                }
+                Err(error)
+            }
+        }
     }
 
     /// A store as `settings` describe it: target, key prefix and deadline.
@@ -337,20 +493,9 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, Withdrawal> {
         Box::pin(async move {
-            let ScriptReply {
-                granted, snapshot, ..
-            } = self
-                .run(&SPEND_SCRIPT, "spend", dependency, policy, &[])
-                .await?;
-            match granted {
-                0 | 1 => Ok(Withdrawal {
-                    granted: granted == 1,
-                    snapshot,
-                }),
-                other => Err(StoreError::BadReply {
-                    script: "spend",
-                    detail: format!("granted is {other}, expected 0 or 1"),
-                }),
+            match &self.group {
+                Some(group) => self.withdraw_grouped(group, dependency, policy).await,
+                None => self.withdraw_one(dependency, policy).await,
             }
         })
     }

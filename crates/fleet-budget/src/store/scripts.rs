@@ -14,6 +14,9 @@ use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 /// `lua/spend.lua`: try to spend one retry.
 pub static SPEND_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
+/// `lua/spend_many.lua`: decide n retry requests together (group commit).
+pub static SPEND_MANY_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend_many.lua")));
 /// `lua/deposit.lua`: record deposits.
 pub static DEPOSIT_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
