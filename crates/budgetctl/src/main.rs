@@ -54,8 +54,16 @@ fn init_logging() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .with_env_filter(filter)
         .try_init();
+}
+
+/// Colour codes only on a terminal, and never when `NO_COLOR` is set to anything but empty
+/// (<https://no-color.org>): a log file or a pipe gets plain text.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -25,7 +25,9 @@ pub enum InvalidName {
         max: usize,
     },
     /// The name holds a character that would break the Redis hash tag or a log line.
-    #[error("contains {found:?}; `{{`, `}}` and control characters are not allowed")]
+    #[error(
+        "contains {found:?}; `{{`, `}}`, control and bidirectional control characters are not allowed"
+    )]
     ForbiddenChar {
         /// The first offending character.
         found: char,
@@ -72,11 +74,18 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     }
     if let Some(c) = name
         .chars()
-        .find(|c| *c == '{' || *c == '}' || c.is_control())
+        .find(|c| *c == '{' || *c == '}' || c.is_control() || is_bidi_control(*c))
     {
         return Err(InvalidName::ForbiddenChar { found: c });
     }
     Ok(())
+}
+
+/// Whether `c` changes the direction of the text around it (U+061C, U+200E, U+200F,
+/// U+202A to U+202E, U+2066 to U+2069): a name holding one prints as something it is not.
+#[must_use]
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 impl fmt::Display for Dependency {
@@ -163,6 +172,14 @@ mod tests {
     #[test]
     fn invalid_names_are_refused() {
         assert_eq!(Dependency::new(""), Err(InvalidName::Empty));
+        assert!(matches!(
+            Dependency::new("pay\u{202E}lanoitan"),
+            Err(InvalidName::ForbiddenChar { found: '\u{202E}' })
+        ));
+        assert!(matches!(
+            Dependency::new("a\u{2067}b"),
+            Err(InvalidName::ForbiddenChar { found: '\u{2067}' })
+        ));
         assert!(matches!(
             Dependency::new("a{b"),
             Err(InvalidName::ForbiddenChar { found: '{' })
