@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use fleet_budget::store::{BudgetStore, Deposits, RedisStore};
+use fleet_budget::store::{BudgetStore, DEFAULT_MAX_BATCH, Deposits, RedisStore};
 use fleet_budget::{Config, Dependency};
 use serde::Serialize;
 
@@ -40,6 +40,10 @@ pub(crate) struct BenchArgs {
     /// the fake successes raise their allowance).
     #[arg(long = "i-know-this-is-live")]
     live: bool,
+    /// One `spend.lua` call per decision, for comparison (by default, decisions for the
+    /// dependency that arrive while one is in flight go together: group commit).
+    #[arg(long)]
+    no_group_commit: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -102,6 +106,10 @@ struct BenchReport {
     ping_p99_us: u64,
     /// The allowance at the last decision of this process.
     allowance: u64,
+    /// The largest batch of the group commit; `null` with `--no-group-commit`.
+    group_commit_max_batch: Option<usize>,
+    /// Script calls the decisions took (group commit only; 0 without).
+    withdrawal_calls: u64,
 }
 
 /// Runs the command.
@@ -116,6 +124,11 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     let shown = config.redis_display();
     let timeout = redis_conn::cli_timeout(config).max(Duration::from_secs(2));
     let store = redis_conn::connect(config, timeout).await?;
+    let max_batch = (!args.no_group_commit).then_some(DEFAULT_MAX_BATCH);
+    let store = match Arc::try_unwrap(store) {
+        Ok(store) => Arc::new(store.with_group_commit(max_batch)),
+        Err(_) => anyhow::bail!("bench: the Redis store is shared"),
+    };
     let fail = |e: &dyn std::fmt::Display| redis_conn::unreachable(&shown, e);
     guard_live_prefix(&store, &dependency, args.live, &fail).await?;
 
@@ -132,8 +145,12 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
             .await
             .map_err(|e| fail(&e))?;
     }
+    let mode = match max_batch {
+        Some(n) => format!("group commit on, batches of up to {n}; --no-group-commit to compare"),
+        None => "group commit off: one spend.lua call per decision".to_owned(),
+    };
     eprintln!(
-        "bench: {} retry requests for {dependency} from {} tasks against {shown}",
+        "bench: {} retry requests for {dependency} from {} tasks against {shown} ({mode})",
         args.retries, args.concurrency
     );
 
@@ -194,6 +211,8 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
         ping_p50_us: percentile(&pings, 50),
         ping_p99_us: percentile(&pings, 99),
         allowance,
+        group_commit_max_batch: max_batch,
+        withdrawal_calls: store.group_commit_stats().calls,
     };
     if args.json {
         return print_json(&report);
@@ -208,6 +227,13 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
         report.allowance
     );
     outln!("decisions per sec   {:.0}", report.decisions_per_sec);
+    match report.group_commit_max_batch {
+        Some(n) => outln!(
+            "group commit        on (batches up to {n}): {} script calls",
+            report.withdrawal_calls
+        ),
+        None => outln!("group commit        off (--no-group-commit): one call per decision"),
+    }
     outln!(
         "decision p50 / p99  {} µs / {} µs",
         report.p50_us,
