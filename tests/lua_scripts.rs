@@ -149,6 +149,58 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
             vec!["1000", "-0.1", "10", "s", "sliding"],
             "ARGV[2] ratio must be a number >= 0",
         ),
+        // Out of range: never stored (a window of inf or 1e300 made a key PEXPIREAT refused,
+        // one that never expired; ratio inf granted everything).
+        (
+            "spend",
+            vec!["inf", "0.2", "10", "s", "sliding"],
+            "ARGV[1] window_ms must be a positive integer, at most 86400000",
+        ),
+        (
+            "spend",
+            vec!["1e300", "0.2", "10", "s", "sliding"],
+            "ARGV[1] window_ms must be a positive integer, at most 86400000",
+        ),
+        (
+            "spend",
+            vec!["86400001", "0.2", "10", "s", "sliding"],
+            "ARGV[1] window_ms must be a positive integer, at most 86400000",
+        ),
+        (
+            "spend",
+            vec!["1000", "inf", "10", "s", "sliding"],
+            "ARGV[2] ratio must be a number >= 0, at most 10",
+        ),
+        (
+            "spend",
+            vec!["1000", "1e300", "10", "s", "sliding"],
+            "ARGV[2] ratio must be a number >= 0, at most 10",
+        ),
+        (
+            "spend",
+            vec!["1000", "0.2", "inf", "s", "sliding"],
+            "ARGV[3] min_allowance must be an integer >= 0, at most 10^9",
+        ),
+        (
+            "status",
+            vec!["inf", "0.2", "10", "s", "sliding"],
+            "ARGV[1] window_ms must be a positive integer, at most 86400000",
+        ),
+        (
+            "deposit",
+            vec!["1e300", "1", "0"],
+            "ARGV[1] window_ms must be a positive integer, at most 86400000",
+        ),
+        (
+            "deposit",
+            vec!["1000", "1", "0", "inf"],
+            "ARGV[4] ratio must be a number >= 0, at most 10",
+        ),
+        (
+            "deposit",
+            vec!["1000", "1", "0", "0.2", "1e300"],
+            "ARGV[5] min_allowance must be an integer >= 0, at most 10^9",
+        ),
         (
             "spend",
             vec!["1000", "0.2", "1.5", "s", "sliding"],
@@ -289,4 +341,97 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
     }
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert!(keys.is_empty(), "a refused call writes nothing: {keys:?}");
+}
+
+/// The largest arguments the scripts accept still make keys that expire: no call, however
+/// hostile its numbers, leaves a key without an expiry.
+#[test]
+fn no_call_leaves_a_key_without_an_expiry() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let windows = ["86400000", "86400001", "inf", "1e300", "-inf", "nan", "1"];
+    let ratios = ["10", "inf", "1e300", "0"];
+    let mins = ["1000000000", "inf", "0"];
+    for (n, w) in windows.iter().enumerate() {
+        for r in ratios {
+            for m in mins {
+                let key = format!("fbt:v1:{{d{n}}}");
+                for name in ["spend", "deposit", "status"] {
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(common::read(&format!("lua/{name}.lua")))
+                        .arg(1)
+                        .arg(&key)
+                        .arg(*w);
+                    if name == "deposit" {
+                        cmd.arg("1").arg("1");
+                    }
+                    cmd.arg(r).arg(m).arg("s").arg("sliding");
+                    let _ = cmd.query::<redis::Value>(&mut c);
+                }
+            }
+        }
+    }
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(!keys.is_empty(), "the valid calls made keys");
+    for key in keys {
+        let ttl: i64 = server.cmd(&["PTTL", &key]);
+        assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
+    }
+}
+
+/// A key of another type, or a budget field that is not an integer, is refused before any
+/// write with an error that names the key; other keys are unaffected.
+#[test]
+fn a_wrong_type_or_tampered_key_is_named() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let _: () = server.cmd(&["SET", "fbt:v1:{str}", "hello"]);
+    let _: i64 = server.cmd(&[
+        "HSET",
+        "fbt:v1:{tampered}",
+        "w",
+        "1000",
+        "i",
+        "1",
+        "cr",
+        "lots",
+    ]);
+    let _: i64 = server.cmd(&[
+        "HSET",
+        "fbt:v1:{huge}",
+        "w",
+        "1000",
+        "cs",
+        "99999999999999999999",
+    ]);
+    for (key, needle) in [
+        ("fbt:v1:{str}", "is not a budget hash"),
+        ("fbt:v1:{tampered}", "field cr is not a valid number"),
+        ("fbt:v1:{huge}", "field cs is not a valid number"),
+    ] {
+        for name in ["spend", "deposit", "status"] {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(common::read(&format!("lua/{name}.lua")))
+                .arg(1)
+                .arg(key)
+                .arg("1000");
+            if name == "deposit" {
+                cmd.arg("1").arg("0");
+            }
+            cmd.arg("0.2").arg("10").arg("s").arg("sliding");
+            let err = cmd.query::<redis::Value>(&mut c).unwrap_err();
+            assert_eq!(err.code(), Some("fleet-budget:"), "{name} {key}: {err}");
+            let detail = err.detail().unwrap_or_default();
+            assert!(
+                detail.starts_with(&format!("key {key} ")) && detail.contains(needle),
+                "{name} {key}: {err}"
+            );
+        }
+    }
+    let tampered: Vec<Option<String>> = server.cmd(&["HMGET", "fbt:v1:{tampered}", "cr", "cd"]);
+    assert_eq!(
+        tampered,
+        vec![Some("lots".to_owned()), None],
+        "nothing was written"
+    );
 }

@@ -39,6 +39,11 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
             .set_key_prefix(prefix)
             .map_err(|p| usage(format!("--key-prefix {}: {}", p.value, p.allowed)))?;
     }
+    // Every AMQP step of the command (connect, channel, declare, confirm) ends in a named
+    // timeout error at these deadlines, never a hang.
+    fleet_budget_amqp::connection::set_timeouts(fleet_budget_amqp::connection::Timeouts::of(
+        &config.amqp,
+    ));
     Ok(config)
 }
 

@@ -37,6 +37,12 @@ pub struct AmqpSettings {
     pub retry_tiers: Vec<Duration>,
     /// Replays after which a message is parked instead of replayed again (default 3).
     pub max_replays: u32,
+    /// How long connecting may take, TCP and AMQP handshake (default 10 s;
+    /// `amqp.connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// How long one broker step may take: opening a channel, a declare, a publisher confirm
+    /// (default 30 s; `amqp.operation_timeout_ms`).
+    pub operation_timeout: Duration,
 }
 
 impl Default for AmqpSettings {
@@ -48,6 +54,8 @@ impl Default for AmqpSettings {
             delivery_limit: 50,
             retry_tiers: fleet_budget::ceiling::hops::powers_of_two(Duration::from_secs(1), 11),
             max_replays: 3,
+            connect_timeout: crate::connection::Timeouts::DEFAULT.connect,
+            operation_timeout: crate::connection::Timeouts::DEFAULT.operation,
         }
     }
 }
@@ -150,6 +158,8 @@ struct RawAmqp {
     delivery_limit: Option<i64>,
     retry_tiers_secs: Option<Vec<f64>>,
     max_replays: Option<i64>,
+    connect_timeout_ms: Option<i64>,
+    operation_timeout_ms: Option<i64>,
 }
 
 impl RawAmqp {
@@ -186,6 +196,23 @@ impl RawAmqp {
         }
         let replays = c.int_in("amqp.max_replays", self.max_replays, 0, 1000, 3);
         amqp.max_replays = u32::try_from(replays).unwrap_or(3);
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let connect = c.int_in(
+            "amqp.connect_timeout_ms",
+            self.connect_timeout_ms,
+            1,
+            3_600_000,
+            ms(amqp.connect_timeout),
+        );
+        amqp.connect_timeout = Duration::from_millis(connect.unsigned_abs());
+        let operation = c.int_in(
+            "amqp.operation_timeout_ms",
+            self.operation_timeout_ms,
+            1,
+            3_600_000,
+            ms(amqp.operation_timeout),
+        );
+        amqp.operation_timeout = Duration::from_millis(operation.unsigned_abs());
         amqp
     }
 }

@@ -80,6 +80,15 @@ pub enum AmqpError {
         /// What is wrong.
         message: String,
     },
+    /// A network step did not finish within its deadline (a broker that accepts TCP and never
+    /// answers, a confirm that never comes).
+    #[error("RabbitMQ did not answer within {after:?}: {step} timed out")]
+    Timeout {
+        /// What was being done.
+        step: String,
+        /// The deadline.
+        after: std::time::Duration,
+    },
     /// A name that AMQP cannot carry (over 255 bytes).
     #[error("{what} {name:?} is not a valid AMQP name: {reason}")]
     InvalidName {
@@ -104,7 +113,7 @@ impl AmqpError {
     #[must_use]
     pub fn is_connection_error(&self) -> bool {
         match self {
-            Self::Connect { .. } => true,
+            Self::Connect { .. } | Self::Timeout { .. } => true,
             Self::Broker { source, .. } => is_connection_error(source),
             _ => false,
         }

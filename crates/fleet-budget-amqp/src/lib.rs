@@ -54,7 +54,8 @@ pub use error::{AmqpError, ArgumentDifference};
 pub use headers::{DeadLetterRecord, HeaderError, JobHeaders, RetryRecord};
 pub use publish::{PublishError, Publisher};
 pub use replay::{
-    DryRunReport, ReplayFilter, ReplayOptions, ReplayProgress, ReplayReport, Replayer,
+    DryRunReport, InspectOptions, Inspection, ReplayFilter, ReplayOptions, ReplayProgress,
+    ReplayReport, Replayer, inspect_queue,
 };
 pub use topology::{
     Migration, MigrationReport, Migrations, Object, Operation, QueueDepths, RetryTier, StepState,

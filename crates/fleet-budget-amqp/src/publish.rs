@@ -7,7 +7,7 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio::sync::Mutex;
 
-use crate::connection::connect;
+use crate::connection::{connect, timeouts};
 use crate::error::AmqpError;
 use crate::headers;
 
@@ -43,6 +43,45 @@ pub enum PublishError {
     /// A name too long for AMQP.
     #[error("{0}")]
     InvalidName(String),
+    /// The broker did not confirm (or open the channel) within the operation deadline
+    /// ([`crate::connection::Timeouts::operation`]): not known to be delivered.
+    #[error("publish to {exchange:?}: no answer from the broker within {after:?}")]
+    Timeout {
+        /// The exchange.
+        exchange: String,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+}
+
+impl PublishError {
+    /// Whether publishing the same message again can never succeed: a name over 255 bytes, or
+    /// the broker refusing the message itself (`PRECONDITION_FAILED`, e.g. over its maximum
+    /// message size; a frame it cannot parse). A caller parks such a message in a form that can
+    /// be published instead of trying again; anything else is transient and backs off.
+    #[must_use]
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::InvalidName(_) => true,
+            Self::Channel { source, .. } => crate::error::protocol_message(source)
+                .is_some_and(|(code, _)| matches!(code, 406 | 501 | 502 | 505)),
+            Self::Nacked { .. } | Self::Returned { .. } | Self::Timeout { .. } => false,
+        }
+    }
+}
+
+/// The longest AMQP short string (exchange names, routing keys), in bytes.
+pub const SHORT_STRING_MAX: usize = 255;
+
+/// `routing_key` for a fanout exchange (which ignores it): itself when it is a valid short
+/// string, else empty (the original stays in its long-string header).
+#[must_use]
+pub fn fanout_key(routing_key: &str) -> &str {
+    if routing_key.len() <= SHORT_STRING_MAX {
+        routing_key
+    } else {
+        ""
+    }
 }
 
 /// A publisher with confirms on its own channel, reopened when the broker closes it.
@@ -115,11 +154,20 @@ impl Publisher {
         let ch = match (&self.opener, &self.connection) {
             (ChannelSource::Borrowed(ch), _) => ch.clone(),
             (ChannelSource::Own, Some(conn)) => {
-                let ch = conn.create_channel().await.map_err(fail)?;
-                ch.confirm_select(ConfirmSelectOptions::default())
+                let timeout = || PublishError::Timeout {
+                    exchange: exchange.to_owned(),
+                    after: timeouts().operation,
+                };
+                let open = async {
+                    let ch = conn.create_channel().await.map_err(fail)?;
+                    ch.confirm_select(ConfirmSelectOptions::default())
+                        .await
+                        .map_err(fail)?;
+                    Ok(ch)
+                };
+                tokio::time::timeout(timeouts().operation, open)
                     .await
-                    .map_err(fail)?;
-                ch
+                    .map_err(|_| timeout())??
             }
             (ChannelSource::Own, None) => {
                 return Err(PublishError::InvalidName(
@@ -242,7 +290,11 @@ pub async fn confirmed(pending: PendingConfirm) -> Result<(), PublishError> {
         exchange,
         routing_key,
     } = pending;
-    match confirm.await {
+    let after = timeouts().operation;
+    let Ok(answer) = tokio::time::timeout(after, confirm).await else {
+        return Err(PublishError::Timeout { exchange, after });
+    };
+    match answer {
         Ok(Confirmation::Ack(None)) => Ok(()),
         Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
             Err(PublishError::Returned {

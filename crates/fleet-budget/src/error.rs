@@ -24,6 +24,17 @@ pub enum StoreError {
         /// What was wrong.
         detail: String,
     },
+    /// The dependency's key cannot be used: it is of another type, or a budget field was
+    /// tampered with (not an integer). The scripts refuse it before any write; other
+    /// dependencies are unaffected.
+    #[error("budget key {key} cannot be used: {detail}")]
+    BadKey {
+        /// The key.
+        key: String,
+        /// What the script found (`is not a budget hash: WRONGTYPE ...`, `field cr is not an
+        /// integer`).
+        detail: String,
+    },
 }
 
 impl StoreError {
@@ -33,7 +44,7 @@ impl StoreError {
         match self {
             Self::Timeout(_) => true,
             Self::Redis(e) => e.is_timeout(),
-            Self::BadReply { .. } => false,
+            Self::BadReply { .. } | Self::BadKey { .. } => false,
         }
     }
 
@@ -44,11 +55,11 @@ impl StoreError {
             Self::Redis(e) => {
                 e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
             }
-            Self::Timeout(_) | Self::BadReply { .. } => false,
+            Self::Timeout(_) | Self::BadReply { .. } | Self::BadKey { .. } => false,
         }
     }
 
-    /// A short label for metrics: `timeout`, `connection`, `server` or `bad_reply`.
+    /// A short label for metrics: `timeout`, `connection`, `server`, `bad_reply` or `bad_key`.
     #[must_use]
     pub fn kind_label(&self) -> &'static str {
         if self.is_timeout() {
@@ -57,6 +68,8 @@ impl StoreError {
             "connection"
         } else if matches!(self, Self::BadReply { .. }) {
             "bad_reply"
+        } else if matches!(self, Self::BadKey { .. }) {
+            "bad_key"
         } else {
             "server"
         }

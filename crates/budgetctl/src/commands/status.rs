@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use clap::Args;
+use fleet_budget::StoreError;
 use fleet_budget::control::{FleetStatus, Overrides, fleet_status};
 use fleet_budget::store::RedisStore;
 use fleet_budget::{BudgetSnapshot, Config, Dependency, WindowCounters};
@@ -151,11 +152,40 @@ impl DependencyStatus {
     }
 }
 
+/// A dependency whose key the scripts refuse (of another type, or tampered with): shown beside
+/// the healthy ones, and `status` exits 1 after printing everything.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct KeyProblem {
+    pub(crate) dependency: String,
+    pub(crate) key: String,
+    pub(crate) error: String,
+}
+
 #[derive(Debug, Serialize)]
 struct StatusReport {
     redis: String,
     key_prefix: String,
     dependencies: Vec<DependencyStatus>,
+    unusable: Vec<KeyProblem>,
+}
+
+impl StatusReport {
+    /// The error to exit with after printing, when a key was unusable.
+    fn failure(&self) -> anyhow::Result<()> {
+        match self.unusable.as_slice() {
+            [] => Ok(()),
+            [one] => Err(anyhow::anyhow!(
+                "budget key {} of dependency {} cannot be used: {}",
+                one.key,
+                one.dependency,
+                one.error
+            )),
+            many => Err(anyhow::anyhow!(
+                "{} budget keys cannot be used (listed above)",
+                many.len()
+            )),
+        }
+    }
 }
 
 /// Runs the command.
@@ -172,7 +202,8 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
     loop {
         let report = collect(config, &store, only.as_ref()).await?;
         if args.json {
-            return print_json(&report);
+            print_json(&report)?;
+            return report.failure();
         }
         let text = render(&report);
         let mut out = std::io::stdout().lock();
@@ -187,7 +218,7 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
         drop(out);
         first = false;
         if !args.watch {
-            return Ok(());
+            return report.failure();
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -217,17 +248,24 @@ async fn collect(
         }
     };
     let mut rows = Vec::new();
+    let mut unusable = Vec::new();
     for dependency in &dependencies {
         let policy = config.policy(dependency);
-        let fleet = fleet_status(store, dependency, &policy)
-            .await
-            .map_err(|e| redis_conn::unreachable(&shown, &e))?;
-        rows.push(DependencyStatus::new(dependency, &fleet));
+        match fleet_status(store, dependency, &policy).await {
+            Ok(fleet) => rows.push(DependencyStatus::new(dependency, &fleet)),
+            Err(StoreError::BadKey { key, detail }) => unusable.push(KeyProblem {
+                dependency: dependency.to_string(),
+                key,
+                error: fleet_budget::redact::redact_text(&detail),
+            }),
+            Err(e) => return Err(redis_conn::unreachable(&shown, &e)),
+        }
     }
     Ok(StatusReport {
         redis: shown,
         key_prefix: config.redis.key_prefix.clone(),
         dependencies: rows,
+        unusable,
     })
 }
 
@@ -236,7 +274,7 @@ fn render(report: &StatusReport) -> String {
         "budgets in {} under `{}` (sliding estimates over the last window)\n",
         report.redis, report.key_prefix
     );
-    if report.dependencies.is_empty() {
+    if report.dependencies.is_empty() && report.unusable.is_empty() {
         out.push_str("no dependency configured or found in Redis\n");
         return out;
     }
@@ -276,6 +314,13 @@ fn render(report: &StatusReport) -> String {
     out.push_str(&table_aligned(&rows, &[0, 10]));
     for d in &report.dependencies {
         out.push_str(&d.details());
+    }
+    for p in &report.unusable {
+        out.push_str(&format!(
+            "UNUSABLE {}: key {} {}
+",
+            p.dependency, p.key, p.error
+        ));
     }
     out
 }

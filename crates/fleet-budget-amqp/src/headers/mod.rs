@@ -14,9 +14,11 @@ use lapin::BasicProperties;
 use lapin::types::ShortString;
 use rand::Rng;
 
+pub mod copy;
 pub mod fields;
 pub mod records;
 
+pub use copy::{put_back, without_expiration};
 pub use fields::{
     HeaderError, get_str, get_u64, remove, set_str, set_u64, table, without_broker_headers,
 };
@@ -73,6 +75,8 @@ pub const REPLAYED_MS: &str = "fb-replayed-ms";
 pub const PARK_REASON: &str = "fb-park-reason";
 /// When the message was parked (Unix milliseconds).
 pub const PARKED_MS: &str = "fb-parked-ms";
+/// The producer's per-message `expiration`, kept when a copy drops it (see [`copy`]).
+pub const ORIGINAL_EXPIRATION: &str = "fb-original-expiration";
 
 /// Headers that describe one dead-lettering; removed when the message is replayed.
 pub const DEAD_LETTER_HEADERS: [&str; 15] = [
@@ -162,7 +166,7 @@ mod tests {
     use super::*;
 
     /// The names that are not in [`DEAD_LETTER_HEADERS`].
-    const OTHERS: [&str; 10] = [
+    const OTHERS: [&str; 11] = [
         ATTEMPT,
         REPLAYS,
         TASK,
@@ -172,6 +176,7 @@ mod tests {
         REPLAYED_MS,
         PARK_REASON,
         PARKED_MS,
+        ORIGINAL_EXPIRATION,
         "fb-",
     ];
 

@@ -7,7 +7,8 @@
 //! * headers missing or malformed, or not a dead-letter at all → **parked** with the reason
 //!   ([`crate::headers::PARK_REASON`]), whatever the filter: nothing could ever replay it;
 //! * not matching the filter (dependency, reason, dead-letter time) → **skipped**: left in the
-//!   dead-letter queue (nacked with requeue at the end of the run);
+//!   dead-letter queue, put back as a copy the way [`inspect`] does (a nack with requeue would
+//!   count against the queue's delivery limit);
 //! * replayed `max_replays` times already → **parked** (loop protection);
 //! * otherwise → **moved**: republished to its original exchange and routing key with the same
 //!   message id and body, the attempt counter reset and the replay count incremented, at the
@@ -20,24 +21,27 @@
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack);
-//! [`inspect`] counts what a run would do without moving anything.
+//! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
+//! the non-destructive read.
 
 use fleet_budget::FleetBudget;
 use lapin::Channel;
 use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
 
-use crate::connection::connect;
+use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
 use crate::topology::{Topology, queue_depth};
 
+pub mod dry_run;
 pub mod inspect;
 pub mod run;
 pub mod select;
 
-pub use inspect::DryRunReport;
+pub use dry_run::DryRunReport;
+pub use inspect::{InspectOptions, Inspection, inspect_queue};
 pub use run::{ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
@@ -74,22 +78,21 @@ impl Replayer {
     /// Connects, opens a channel and reads the depth of the source queue (the run's bound).
     async fn open(&self, what: &str) -> Result<(Publisher, Channel, u64), AmqpError> {
         let conn = connect(&self.url, what).await?;
-        let ch = conn
-            .create_channel()
-            .await
-            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        let ch = within("open a channel", conn.create_channel()).await?;
         let depth = queue_depth(&ch, &self.source_queue).await?;
         Ok((Publisher::on(conn), ch, u64::from(depth)))
     }
 
     async fn consume(&self, ch: &Channel, tag: &str) -> Result<lapin::Consumer, AmqpError> {
-        ch.basic_consume(
-            amqp_name("queue", &self.source_queue)?,
-            amqp_name("consumer tag", tag)?,
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
+        within(
+            format!("consume {}", self.source_queue),
+            ch.basic_consume(
+                amqp_name("queue", &self.source_queue)?,
+                amqp_name("consumer tag", tag)?,
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
         )
         .await
-        .map_err(|e| AmqpError::broker(format!("consume {}", self.source_queue), e))
     }
 }

@@ -9,15 +9,16 @@ use fleet_budget::Dependency;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::Acker;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::ShortString;
 use tokio::time::Instant;
 
 use super::Replayer;
 use super::select::{Class, ReplayOptions, Selection};
+use crate::connection::within;
 use crate::error::AmqpError;
 use crate::headers;
-use crate::publish::{PublishError, Publisher, confirmed};
+use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
 use crate::topology::inspect::exchange_exists;
 use crate::topology::names::amqp_name;
 
@@ -66,11 +67,13 @@ pub struct ReplayReport {
     pub elapsed: Duration,
 }
 
-/// What a copy is: a move back to the original exchange, or a park.
+/// What a copy is: a move back to the original exchange, a park, or a skipped message put
+/// back into the dead-letter queue (see [`super::inspect`]).
 #[derive(Clone, Copy)]
 enum Kind {
     Move,
     Park,
+    Keep,
 }
 
 impl Replayer {
@@ -103,6 +106,16 @@ impl Replayer {
             report.elapsed = started.elapsed();
             return Ok(report);
         }
+        // With at most `prefetch` unacked, acks past `ack_budget` wait for the cancel: the broker
+        // then never pushes a delivery beyond the bound (one pushed and not read would be
+        // returned at the close, and counted against the queue's delivery limit).
+        let prefetch = u16::try_from(total).unwrap_or(u16::MAX).min(PREFETCH);
+        within(
+            "set the prefetch",
+            ch.basic_qos(prefetch, BasicQosOptions::default()),
+        )
+        .await?;
+        let mut gate = AckGate::new(total - u64::from(prefetch));
         let tag = format!("fleet-budget-replay-{}", headers::new_message_id());
         let mut consumer = self.consume(&ch, &tag).await?;
         let mut pacer = Pacer::new(options.rate);
@@ -132,9 +145,12 @@ impl Replayer {
             let (kind, exchange, routing_key, new_table) = match selection.sort(&d) {
                 Class::Skip => {
                     p.skipped += 1;
-                    held.push(d.acker);
-                    progress(&p);
-                    continue;
+                    (
+                        Kind::Keep,
+                        String::new(),
+                        self.source_queue.clone(),
+                        table.clone(),
+                    )
                 }
                 Class::Malformed(reason) => {
                     report.malformed += 1;
@@ -154,7 +170,7 @@ impl Replayer {
                     (
                         Kind::Park,
                         self.topology.parked_exchange.clone(),
-                        r.original_routing_key,
+                        fanout_key(&r.original_routing_key).to_owned(),
                         headers::park_headers(&table, &reason),
                     )
                 }
@@ -196,13 +212,12 @@ impl Replayer {
                 }
             };
             let acker = d.acker;
+            let props = match kind {
+                Kind::Keep => headers::put_back(&props),
+                Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
+            };
             match publisher
-                .send(
-                    &exchange,
-                    &routing_key,
-                    &d.data,
-                    props.with_headers(new_table),
-                )
+                .send(&exchange, &routing_key, &d.data, props)
                 .await
             {
                 Ok(pending) => {
@@ -210,20 +225,25 @@ impl Replayer {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
-                    p.failed += 1;
+                    if !matches!(kind, Kind::Keep) {
+                        p.failed += 1;
+                    }
                     held.push(acker);
                 }
             }
             while inflight.len() >= options.window.max(1) {
                 if let Some(done) = inflight.next().await
                     && let Some(acker) = count_confirmed(done, &mut p, &mut held)
+                    && let Some(acker) = gate.admit(acker)
                 {
                     acks.push(ack(acker));
                 }
             }
             // Settle the confirms that have already arrived, so progress is current.
             while let Some(Some(done)) = inflight.next().now_or_never() {
-                if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
+                if let Some(acker) = count_confirmed(done, &mut p, &mut held)
+                    && let Some(acker) = gate.admit(acker)
+                {
                     acks.push(ack(acker));
                 }
             }
@@ -231,7 +251,9 @@ impl Replayer {
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
+            if let Some(acker) = count_confirmed(done, &mut p, &mut held)
+                && let Some(acker) = gate.admit(acker)
+            {
                 acks.push(ack(acker));
             }
         }
@@ -244,6 +266,9 @@ impl Replayer {
                 BasicCancelOptions::default(),
             )
             .await;
+        for acker in gate.deferred {
+            ack(acker).await;
+        }
         for acker in held {
             let _ = acker
                 .nack(BasicNackOptions {
@@ -348,13 +373,47 @@ fn count_confirmed(
             match kind {
                 Kind::Move => p.moved += 1,
                 Kind::Park => p.parked += 1,
+                Kind::Keep => {}
             }
             Some(acker)
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
-            p.failed += 1;
+            if !matches!(kind, Kind::Keep) {
+                p.failed += 1;
+            }
             held.push(acker);
+            None
+        }
+    }
+}
+
+/// Most deliveries a run holds unacked (its prefetch).
+const PREFETCH: u16 = 256;
+
+/// Lets acks through until `budget` of them were sent; defers the rest until the consumer is
+/// cancelled.
+struct AckGate {
+    budget: u64,
+    sent: u64,
+    deferred: Vec<Acker>,
+}
+
+impl AckGate {
+    fn new(budget: u64) -> Self {
+        Self {
+            budget,
+            sent: 0,
+            deferred: Vec::new(),
+        }
+    }
+
+    fn admit(&mut self, acker: Acker) -> Option<Acker> {
+        if self.sent < self.budget {
+            self.sent += 1;
+            Some(acker)
+        } else {
+            self.deferred.push(acker);
             None
         }
     }

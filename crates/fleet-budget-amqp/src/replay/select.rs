@@ -9,6 +9,7 @@ use lapin::message::Delivery;
 
 use crate::config::WorkerConfig;
 use crate::headers::{self, DeadLetterRecord};
+use crate::publish::SHORT_STRING_MAX;
 
 /// Which dead-lettered messages a replay is about. Empty fields match everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -142,6 +143,14 @@ impl<'a> Selection<'a> {
             }
             Ok(r) => r,
         };
+        if record.original_routing_key.len() > SHORT_STRING_MAX
+            || record.original_exchange.len() > SHORT_STRING_MAX
+        {
+            // It could never be published back: parked, not failed on every run forever.
+            return Class::Malformed(format!(
+                "its original exchange or routing key is over {SHORT_STRING_MAX} bytes: it can never be published back"
+            ));
+        }
         let id = delivery
             .properties
             .message_id()

@@ -23,7 +23,7 @@ use super::inspect::{
 use super::names::{Topology, amqp_name};
 use super::plan::{ArgumentValue, Migrations, Object, Operation, exchange_kind};
 use crate::config::AmqpSettings;
-use crate::connection::connect;
+use crate::connection::{connect, deadline, within};
 use crate::error::{AmqpError, ArgumentDifference, protocol_message};
 
 /// What [`migrate`] found or did for one operation.
@@ -136,15 +136,17 @@ async fn apply(
                 routing_key,
             } => {
                 let ch = probe.channel().await?;
-                ch.queue_bind(
-                    amqp_name("queue", queue)?,
-                    amqp_name("exchange", exchange)?,
-                    amqp_name("routing key", routing_key)?,
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
+                within(
+                    format!("bind {queue} to {exchange}"),
+                    ch.queue_bind(
+                        amqp_name("queue", queue)?,
+                        amqp_name("exchange", exchange)?,
+                        amqp_name("routing key", routing_key)?,
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    ),
                 )
-                .await
-                .map_err(|e| AmqpError::broker(format!("bind {queue} to {exchange}"), e))?;
+                .await?;
                 StepState::Bound
             }
         };
@@ -215,11 +217,7 @@ impl<'a> Probe<'a> {
         {
             return Ok(ch.clone());
         }
-        let ch = self
-            .conn
-            .create_channel()
-            .await
-            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        let ch = within("open a channel", self.conn.create_channel()).await?;
         self.channel = Some(ch.clone());
         Ok(ch)
     }
@@ -249,14 +247,16 @@ impl<'a> Probe<'a> {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        match ch
-            .exchange_declare(
+        match deadline(
+            format!("declare exchange {name}"),
+            ch.exchange_declare(
                 amqp_name("exchange", name)?,
                 kind_value,
                 opts,
                 FieldTable::default(),
-            )
-            .await
+            ),
+        )
+        .await?
         {
             Ok(()) => Ok(if exists {
                 StepState::Unchanged
@@ -313,9 +313,11 @@ impl<'a> Probe<'a> {
                 durable,
                 ..QueueDeclareOptions::default()
             };
-            match ch
-                .queue_declare(amqp_name("queue", name)?, opts, args)
-                .await
+            match deadline(
+                format!("declare queue {name}"),
+                ch.queue_declare(amqp_name("queue", name)?, opts, args),
+            )
+            .await?
             {
                 Ok(_) => break,
                 Err(e) => {

@@ -10,7 +10,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
 
 use super::names::{Topology, amqp_name};
-use crate::connection::connect;
+use crate::connection::{connect, deadline, within};
 use crate::error::{AmqpError, ArgumentDifference, protocol_message};
 
 /// The broker's reply code for something absent.
@@ -54,9 +54,11 @@ pub(crate) async fn exchange_exists(channel: &Channel, exchange: &str) -> Result
         ..ExchangeDeclareOptions::default()
     };
     let name = amqp_name("exchange", exchange)?;
-    match channel
-        .exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default())
-        .await
+    match deadline(
+        format!("check exchange {exchange}"),
+        channel.exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default()),
+    )
+    .await?
     {
         Ok(()) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
@@ -74,10 +76,12 @@ async fn declare_queue_passively(
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    Ok(channel
-        .queue_declare(name, opts, FieldTable::default())
-        .await
-        .map(|q| q.message_count()))
+    Ok(deadline(
+        format!("inspect queue {queue}"),
+        channel.queue_declare(name, opts, FieldTable::default()),
+    )
+    .await?
+    .map(|q| q.message_count()))
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {
@@ -130,10 +134,7 @@ impl QueueDepths {
 pub async fn queue_depths(url: &str, topology: &Topology) -> Result<QueueDepths, AmqpError> {
     let conn = connect(url, "fleet-budget queue depths").await?;
     let result = async {
-        let ch = conn
-            .create_channel()
-            .await
-            .map_err(|e| AmqpError::broker("open a channel", e))?;
+        let ch = within("open a channel", conn.create_channel()).await?;
         QueueDepths::read(&ch, topology).await
     }
     .await;

@@ -75,9 +75,11 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Options from `config.amqp`, consuming `topology`'s work queue.
+    /// Options from `config.amqp`, consuming `topology`'s work queue. Applies the `[amqp]`
+    /// deadlines to the process ([`crate::connection::set_timeouts`]).
     #[must_use]
     pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
+        crate::connection::set_timeouts(crate::connection::Timeouts::of(&config.amqp));
         Self {
             url: config.amqp.url.clone(),
             queue: topology.work_queue.clone(),
@@ -145,6 +147,9 @@ pub struct WorkerCounts {
     /// Retries that arrived before their delay (longer than the longest tier) and were sent to
     /// wait in a tier again, without running.
     pub waited_again: u64,
+    /// Jobs whose copy could never be published (a name over 255 bytes, a message the broker
+    /// refuses) and that were parked instead, then acked.
+    pub parked: u64,
 }
 
 #[derive(Debug, Default)]
@@ -157,6 +162,7 @@ struct Stats {
     ack_failed: AtomicU64,
     connections: AtomicU64,
     waited_again: AtomicU64,
+    parked: AtomicU64,
 }
 
 impl Stats {
@@ -171,6 +177,7 @@ impl Stats {
             ack_failed: l(&self.ack_failed),
             connections: l(&self.connections),
             waited_again: l(&self.waited_again),
+            parked: l(&self.parked),
         }
     }
 }

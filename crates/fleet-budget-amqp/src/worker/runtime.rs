@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::outcome::{JobContext, Outcome};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
-use crate::connection::connect;
+use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::headers::{self, JobHeaders};
 use crate::publish::Publisher;
@@ -97,25 +97,24 @@ impl Worker {
     {
         let o = &self.options;
         let conn = connect(&o.url, &o.name).await?;
-        let channel = conn
-            .create_channel()
-            .await
-            .map_err(|e| AmqpError::broker("open a channel", e))?;
-        channel
-            .basic_qos(o.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::broker("set prefetch", e))?;
+        let channel = within("open a channel", conn.create_channel()).await?;
+        within(
+            "set prefetch",
+            channel.basic_qos(o.prefetch, BasicQosOptions::default()),
+        )
+        .await?;
         let queue = amqp_name("queue", &o.queue)?;
         let tag = ShortString::from(format!("fleet-budget-{}", headers::new_message_id()));
-        let mut consumer = channel
-            .basic_consume(
+        let mut consumer = within(
+            format!("consume {}", o.queue),
+            channel.basic_consume(
                 queue,
                 tag.clone(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
-            )
-            .await
-            .map_err(|e| AmqpError::broker(format!("consume {}", o.queue), e))?;
+            ),
+        )
+        .await?;
         *connected = true;
         bump(&self.stats.connections);
         tracing::info!(queue = %o.queue, prefetch = o.prefetch, "worker consuming");

@@ -17,7 +17,7 @@ use lapin::types::FieldTable;
 use super::outcome::Outcome;
 use super::{Stats, bump};
 use crate::headers;
-use crate::publish::Publisher;
+use crate::publish::{Publisher, fanout_key};
 use crate::topology::Topology;
 
 /// What settling the deliveries of one connection needs.
@@ -69,10 +69,12 @@ impl Settler {
             Outcome::DeadLetter(record) => {
                 let mut t = table.clone();
                 record.write(&mut t);
+                // The dead-letter exchange is a fanout: an original routing key over 255 bytes
+                // (kept in its header) must not make the copy unpublishable.
                 self.publish_then_ack(
                     delivery,
                     &self.topology.dead_exchange,
-                    &record.original_routing_key,
+                    fanout_key(&record.original_routing_key),
                     t,
                     &self.stats.dead_lettered,
                 )
@@ -105,8 +107,10 @@ impl Settler {
         }
     }
 
-    /// Publishes a persistent copy of `delivery` (same message id and body, `headers`) and acks
-    /// the original once the broker confirmed it, counting `done`; requeues it otherwise.
+    /// Publishes a persistent copy of `delivery` (same message id and body, `headers`, no
+    /// `expiration`: see [`headers::copy`]) and acks the original once the broker confirmed it,
+    /// counting `done`. A transient failure requeues the original after a pause; a permanent
+    /// one ([`crate::PublishError::is_permanent`]) parks it instead, so it never loops.
     async fn publish_then_ack(
         &self,
         delivery: &Delivery,
@@ -115,24 +119,52 @@ impl Settler {
         headers: FieldTable,
         done: &AtomicU64,
     ) {
-        let properties = headers::with_message_id(delivery.properties.clone())
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        match self
+        let properties = headers::without_expiration(
+            &headers::with_message_id(delivery.properties.clone()),
+            headers,
+        )
+        .with_delivery_mode(2);
+        let published = self
             .publisher
-            .publish(exchange, routing_key, &delivery.data, properties)
-            .await
-        {
-            Ok(()) => match delivery.acker.ack(BasicAckOptions::default()).await {
-                Ok(_) => bump(done),
-                Err(e) => {
-                    bump(&self.stats.ack_failed);
-                    tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
+            .publish(exchange, routing_key, &delivery.data, properties.clone())
+            .await;
+        let counted = match published {
+            Ok(()) => done,
+            Err(e) if e.is_permanent() => {
+                tracing::warn!(error = %e, "copy can never be published; the job is parked instead");
+                let t = headers::park_headers(
+                    &headers::table(&properties),
+                    &format!("its copy to {exchange:?} could not be published: {e}"),
+                );
+                match self
+                    .publisher
+                    .publish(
+                        &self.topology.parked_exchange,
+                        "",
+                        &delivery.data,
+                        properties.with_headers(t),
+                    )
+                    .await
+                {
+                    Ok(()) => &self.stats.parked,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "parked copy not confirmed; the original is requeued, not acked");
+                        self.requeue(delivery).await;
+                        return;
+                    }
                 }
-            },
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "copy not confirmed; the original is requeued, not acked");
                 self.requeue(delivery).await;
+                return;
+            }
+        };
+        match delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(_) => bump(counted),
+            Err(e) => {
+                bump(&self.stats.ack_failed);
+                tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
             }
         }
     }

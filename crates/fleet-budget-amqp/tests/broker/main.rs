@@ -10,6 +10,7 @@
 )]
 
 mod common;
+mod inspect;
 mod replay;
 mod topology;
 mod worker;

@@ -464,11 +464,30 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(reply) => reply.map_err(|e| match e {
                 StoreError::BadReply { detail, .. } => StoreError::BadReply { script, detail },
+                StoreError::Redis(e) => bad_key(&e).unwrap_or(StoreError::Redis(e)),
                 other => other,
             }),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// The scripts' refusal of a key (`fleet-budget: key <key> ...`, lua/README.md) as a
+/// [`StoreError::BadKey`].
+fn bad_key(e: &redis::RedisError) -> Option<StoreError> {
+    if e.code() != Some("fleet-budget:") {
+        return None;
+    }
+    let rest = e.detail()?.strip_prefix("key ")?;
+    let at = [" is not a budget hash", " field "]
+        .iter()
+        .filter_map(|marker| rest.find(marker))
+        .min()?;
+    let (key, detail) = rest.split_at(at);
+    Some(StoreError::BadKey {
+        key: key.to_owned(),
+        detail: detail.trim_start().to_owned(),
+    })
 }
 
 impl BudgetStore for RedisStore {

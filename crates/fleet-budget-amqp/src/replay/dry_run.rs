@@ -1,0 +1,79 @@
+//! The dry run: what a replay would do, counted without moving anything (messages are read and
+//! put back by [`super::inspect`], so looking never brings one closer to a delivery limit).
+//! `budgetctl dlq stats` and `budgetctl replay --dry-run` read it.
+
+use std::collections::BTreeMap;
+
+use super::Replayer;
+use super::inspect::{InspectOptions, inspect_queue};
+use super::select::{Class, ReplayOptions, Selection};
+use crate::error::AmqpError;
+use crate::headers;
+
+/// What a replay would do, without doing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DryRunReport {
+    /// Messages in the dead-letter queue at the start.
+    pub total: u64,
+    /// Messages read.
+    pub seen: u64,
+    /// Matching messages by (dependency, reason).
+    pub by_dependency_reason: BTreeMap<(String, String), u64>,
+    /// Would be moved.
+    pub would_move: u64,
+    /// Would be parked for looping (replayed `max_replays` times).
+    pub would_park_looping: u64,
+    /// Would be parked as malformed.
+    pub malformed: u64,
+    /// Not matching the filter.
+    pub skipped: u64,
+    /// The earliest dead-letter time among the messages read (Unix ms), for "oldest age".
+    pub oldest_dead_lettered_ms: Option<u64>,
+}
+
+impl Replayer {
+    /// Counts what [`Replayer::run`] would do with `options`, changing nothing (messages are
+    /// read and put back).
+    ///
+    /// # Errors
+    /// The broker cannot be reached or the queue does not exist.
+    pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
+        let mut report = DryRunReport::default();
+        let mut selection = Selection::new(options);
+        let look = InspectOptions {
+            limit: None,
+            idle_timeout: options.idle_timeout,
+        };
+        let inspection = inspect_queue(&self.url, &self.source_queue, &look, |d| {
+            let at = headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
+                .ok()
+                .flatten();
+            if let Some(at) = at {
+                report.oldest_dead_lettered_ms =
+                    Some(report.oldest_dead_lettered_ms.map_or(at, |o| o.min(at)));
+            }
+            match selection.sort(d) {
+                Class::Malformed(_) => report.malformed += 1,
+                Class::Skip => report.skipped += 1,
+                Class::Looping(r) => {
+                    report.would_park_looping += 1;
+                    *report
+                        .by_dependency_reason
+                        .entry((r.dependency, r.reason.to_string()))
+                        .or_default() += 1;
+                }
+                Class::Replay(r) => {
+                    report.would_move += 1;
+                    *report
+                        .by_dependency_reason
+                        .entry((r.dependency, r.reason.to_string()))
+                        .or_default() += 1;
+                }
+            }
+        })
+        .await?;
+        report.total = inspection.total;
+        report.seen = inspection.seen;
+        Ok(report)
+    }
+}

@@ -1,0 +1,125 @@
+//! Looking is not consuming: dry runs, `dlq stats` and the messages a replay skips leave every
+//! dead-letter as fresh as it was, on a queue with RabbitMQ 4.x's default delivery limit too.
+
+use std::time::Duration;
+
+use fleet_budget::DeadLetterReason;
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::{InspectOptions, ReplayFilter, ReplayOptions, Replayer, inspect_queue};
+use lapin::BasicProperties;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use crate::common::{Env, ids};
+
+fn delivery_count(props: &BasicProperties) -> u64 {
+    headers::get_u64(&headers::table(props), "x-delivery-count")
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// 100 dry runs and skipping replays later, every dead-letter is still there, with a delivery
+/// count of 0 (a nack with requeue made it 100: on RabbitMQ 4.x, deleted at 21).
+#[tokio::test]
+async fn a_hundred_looks_leave_dead_letters_untouched() {
+    let env = Env::new("look100", "", "", "").await;
+    let publisher = env.publisher().await;
+    let seeded = env
+        .seed_dead_letters(
+            &publisher,
+            5,
+            "search",
+            DeadLetterReason::BudgetExhausted,
+            0,
+            headers::now_ms(),
+        )
+        .await;
+    publisher.close().await;
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let mut options = ReplayOptions::new(&env.config);
+    options.idle_timeout = Duration::from_secs(5);
+    for _ in 0..95 {
+        let dry = replayer.dry_run(&options).await.unwrap();
+        assert_eq!((dry.total, dry.seen, dry.would_move), (5, 5, 5), "{dry:?}");
+    }
+    // A replay whose filter matches nothing skips (and puts back) every message.
+    let mut elsewhere = options.clone();
+    elsewhere.filter = ReplayFilter {
+        dependency: Some("billing".into()),
+        ..ReplayFilter::default()
+    };
+    for _ in 0..5 {
+        let run = replayer.run(&elsewhere, |_| {}).await.unwrap();
+        assert_eq!((run.skipped, run.moved, run.failed), (5, 0, 0), "{run:?}");
+    }
+    let left = env.drain(&env.topology.dead_queue).await;
+    assert_eq!(ids(&left), seeded.into_iter().collect());
+    for (props, _) in &left {
+        assert_eq!(delivery_count(props), 0, "{props:?}");
+    }
+}
+
+/// A quorum queue with `x-delivery-limit = 20` (RabbitMQ 4.x's default) and nowhere to
+/// dead-letter to: 100 inspections delete nothing. A limited inspection reads only its limit.
+#[tokio::test]
+async fn a_queue_with_the_4x_default_limit_survives_100_inspections() {
+    let env = Env::new("look4x", "", "", "").await;
+    let queue = format!("{}.limited", env.topology.dead_queue);
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(20));
+    ch.queue_declare(
+        ShortString::from(queue.as_str()),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    let publisher = env.publisher().await;
+    let mut sent = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let id = format!("limited-{i}");
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from(id.as_str()))
+            .with_delivery_mode(2);
+        publisher.publish("", &queue, b"x", props).await.unwrap();
+        sent.insert(id);
+    }
+    publisher.close().await;
+    let look = InspectOptions::default();
+    for _ in 0..100 {
+        let mut seen = 0;
+        let i = inspect_queue(&env.url, &queue, &look, |_| seen += 1)
+            .await
+            .unwrap();
+        assert_eq!((i.total, i.seen, i.put_back, seen), (3, 3, 3, 3), "{i:?}");
+    }
+    let limited = InspectOptions {
+        limit: Some(2),
+        ..InspectOptions::default()
+    };
+    let i = inspect_queue(&env.url, &queue, &limited, |_| {})
+        .await
+        .unwrap();
+    assert_eq!((i.total, i.seen, i.put_back), (3, 2, 2), "{i:?}");
+    let left = env.drain(&queue).await;
+    let _ = ch
+        .queue_delete(
+            ShortString::from(queue.as_str()),
+            QueueDeleteOptions::default(),
+        )
+        .await;
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    assert_eq!(ids(&left), sent);
+    for (props, _) in &left {
+        assert_eq!(delivery_count(props), 0, "{props:?}");
+    }
+}
