@@ -18,10 +18,10 @@
 //! contract promises), and a crash between a copy's confirm and the original's ack leaves both
 //! (a duplicate dead-letter, never a loss).
 //!
-//! The read is bounded twice: to the messages present when it starts (the queue's depth, so it
-//! never reads its own copies) and by the prefetch. Acks are held back so the broker can never
-//! push a delivery beyond the bound: a pushed delivery that is not read would be returned when
-//! the channel closes and counted.
+//! The read is bounded to the messages present when it starts (the queue's depth, so it never
+//! reads its own copies), and it takes them one `basic.get` at a time: a consumer's prefetch
+//! would have the broker push deliveries past the bound, returned unread (and counted) at the
+//! close. Copies are pipelined, [`WINDOW`] awaiting their confirm at a time.
 
 use std::time::Duration;
 
@@ -29,10 +29,8 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lapin::Acker;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-};
-use lapin::types::{FieldTable, ShortString};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::ShortString;
 
 use crate::connection::{connect, within};
 use crate::error::AmqpError;
@@ -41,15 +39,16 @@ use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed};
 use crate::topology::names::amqp_name;
 use crate::topology::queue_depth;
 
-/// Most deliveries held unacked at a time (the consumer's prefetch).
-const PREFETCH: u16 = 256;
+/// Copies awaiting their confirmation at a time.
+pub const WINDOW: usize = 256;
 
 /// How an inspection reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InspectOptions {
     /// Read at most this many messages (`None`: every message present at the start).
     pub limit: Option<u64>,
-    /// Stop early when no message arrives for this long (another consumer took them).
+    /// Stop early when the queue answers empty before the bound (another consumer took them);
+    /// kept for callers that set it, a `basic.get` answers at once.
     pub idle_timeout: Duration,
 }
 
@@ -98,42 +97,23 @@ pub async fn inspect_queue(
             total,
             ..Inspection::default()
         };
-        if bound == 0 {
-            return Ok(report);
-        }
-        let prefetch = u16::try_from(bound).unwrap_or(PREFETCH).min(PREFETCH);
-        within(
-            "set the prefetch",
-            ch.basic_qos(prefetch, BasicQosOptions::default()),
-        )
-        .await?;
-        let tag = format!("fleet-budget-inspect-{}", headers::new_message_id());
-        let mut consumer = within(
-            format!("consume {queue}"),
-            ch.basic_consume(
-                amqp_name("queue", queue)?,
-                amqp_name("consumer tag", &tag)?,
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ),
-        )
-        .await?;
-        // Acks allowed before the consumer is cancelled: with `prefetch` unacked at most, the
-        // broker then never pushes more than `bound` deliveries.
-        let ack_budget = bound - u64::from(prefetch);
-        let mut acked = 0_u64;
-        let mut held: Vec<Acker> = Vec::new();
+        let name = amqp_name("queue", queue)?;
         let mut returned: Vec<Acker> = Vec::new();
         let mut inflight = FuturesUnordered::new();
         let mut lost = None;
         while report.seen < bound {
-            let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
-                Err(_) | Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    lost = Some(AmqpError::broker(format!("consume {queue}"), e));
+            let got = within(
+                format!("get from {queue}"),
+                ch.basic_get(name.clone(), BasicGetOptions::default()),
+            )
+            .await;
+            let d = match got {
+                Ok(Some(m)) => m.delivery,
+                Ok(None) => break,
+                Err(e) => {
+                    lost = Some(e);
                     break;
                 }
-                Ok(Some(Ok(d))) => d,
             };
             report.seen += 1;
             visit(&d);
@@ -141,43 +121,14 @@ pub async fn inspect_queue(
                 .send("", queue, &d.data, headers::put_back(&d.properties))
                 .await;
             inflight.push(settle_copy(d.acker, sent));
-            while inflight.len() >= usize::from(prefetch) {
+            while inflight.len() >= WINDOW {
                 if let Some(done) = inflight.next().await {
-                    finish(
-                        done,
-                        &mut report,
-                        &mut acked,
-                        ack_budget,
-                        &mut held,
-                        &mut returned,
-                    )
-                    .await;
+                    finish(done, &mut report, &mut returned).await;
                 }
             }
         }
         while let Some(done) = inflight.next().await {
-            finish(
-                done,
-                &mut report,
-                &mut acked,
-                ack_budget,
-                &mut held,
-                &mut returned,
-            )
-            .await;
-        }
-        let _ = ch
-            .basic_cancel(
-                amqp_name("consumer tag", &tag)?,
-                BasicCancelOptions::default(),
-            )
-            .await;
-        for acker in held {
-            if acker.ack(BasicAckOptions::default()).await.is_err() {
-                tracing::warn!(
-                    "ack of an inspected message failed; it stays beside its copy (a duplicate)"
-                );
-            }
+            finish(done, &mut report, &mut returned).await;
         }
         for acker in returned {
             let _ = acker
@@ -187,6 +138,13 @@ pub async fn inspect_queue(
                 })
                 .await;
         }
+        // A round trip behind the last acks: lapin sends the close ahead of frames still
+        // queued, and an ack overtaken by it would leave the original beside its copy.
+        let _ = within(
+            "flush the acks",
+            ch.basic_qos(1, BasicQosOptions::default()),
+        )
+        .await;
         match lost {
             Some(e) => Err(e),
             None => Ok(report),
@@ -209,30 +167,21 @@ async fn settle_copy(
     }
 }
 
-/// Acks an original whose copy was confirmed (or holds the ack until the consumer is
-/// cancelled); keeps an original whose copy failed in `returned` (nacked with requeue after
-/// the cancel, so that it is not read again).
+/// Acks an original whose copy was confirmed; keeps one whose copy failed in `returned`
+/// (nacked with requeue at the end, so that it is not read again by this inspection).
 async fn finish(
     done: (Acker, Result<(), PublishError>),
     report: &mut Inspection,
-    acked: &mut u64,
-    ack_budget: u64,
-    held: &mut Vec<Acker>,
     returned: &mut Vec<Acker>,
 ) {
     let (acker, result) = done;
     match result {
         Ok(()) => {
             report.put_back += 1;
-            if *acked < ack_budget {
-                *acked += 1;
-                if acker.ack(BasicAckOptions::default()).await.is_err() {
-                    tracing::warn!(
-                        "ack of an inspected message failed; it stays beside its copy (a duplicate)"
-                    );
-                }
-            } else {
-                held.push(acker);
+            if acker.ack(BasicAckOptions::default()).await.is_err() {
+                tracing::warn!(
+                    "ack of an inspected message failed; it stays beside its copy (a duplicate)"
+                );
             }
         }
         Err(e) => {

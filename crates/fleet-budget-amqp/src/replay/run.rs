@@ -106,16 +106,16 @@ impl Replayer {
             report.elapsed = started.elapsed();
             return Ok(report);
         }
-        // With at most `prefetch` unacked, acks past `ack_budget` wait for the cancel: the broker
-        // then never pushes a delivery beyond the bound (one pushed and not read would be
-        // returned at the close, and counted against the queue's delivery limit).
+        // A bounded prefetch: at most `prefetch` deliveries past the bound (new dead letters,
+        // the copies of skipped messages) are pushed and returned unread at the close, each
+        // counted once; the next run reads them and puts fresh copies back, so no message's
+        // delivery count grows from run to run.
         let prefetch = u16::try_from(total).unwrap_or(u16::MAX).min(PREFETCH);
         within(
             "set the prefetch",
             ch.basic_qos(prefetch, BasicQosOptions::default()),
         )
         .await?;
-        let mut gate = AckGate::new(total - u64::from(prefetch));
         let tag = format!("fleet-budget-replay-{}", headers::new_message_id());
         let mut consumer = self.consume(&ch, &tag).await?;
         let mut pacer = Pacer::new(options.rate);
@@ -234,16 +234,13 @@ impl Replayer {
             while inflight.len() >= options.window.max(1) {
                 if let Some(done) = inflight.next().await
                     && let Some(acker) = count_confirmed(done, &mut p, &mut held)
-                    && let Some(acker) = gate.admit(acker)
                 {
                     acks.push(ack(acker));
                 }
             }
             // Settle the confirms that have already arrived, so progress is current.
             while let Some(Some(done)) = inflight.next().now_or_never() {
-                if let Some(acker) = count_confirmed(done, &mut p, &mut held)
-                    && let Some(acker) = gate.admit(acker)
-                {
+                if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
                     acks.push(ack(acker));
                 }
             }
@@ -251,9 +248,7 @@ impl Replayer {
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            if let Some(acker) = count_confirmed(done, &mut p, &mut held)
-                && let Some(acker) = gate.admit(acker)
-            {
+            if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
                 acks.push(ack(acker));
             }
         }
@@ -266,9 +261,6 @@ impl Replayer {
                 BasicCancelOptions::default(),
             )
             .await;
-        for acker in gate.deferred {
-            ack(acker).await;
-        }
         for acker in held {
             let _ = acker
                 .nack(BasicNackOptions {
@@ -277,6 +269,9 @@ impl Replayer {
                 })
                 .await;
         }
+        // A round trip behind the nacks, before the close (lapin sends a close ahead of frames
+        // still queued).
+        let _ = ch.basic_qos(prefetch, BasicQosOptions::default()).await;
         // Deliveries pushed after the bound are unacked: closing the channel requeues them.
         let _ = ch.close(200, ShortString::from("replay done")).await;
         publisher.close().await;
@@ -390,34 +385,6 @@ fn count_confirmed(
 
 /// Most deliveries a run holds unacked (its prefetch).
 const PREFETCH: u16 = 256;
-
-/// Lets acks through until `budget` of them were sent; defers the rest until the consumer is
-/// cancelled.
-struct AckGate {
-    budget: u64,
-    sent: u64,
-    deferred: Vec<Acker>,
-}
-
-impl AckGate {
-    fn new(budget: u64) -> Self {
-        Self {
-            budget,
-            sent: 0,
-            deferred: Vec::new(),
-        }
-    }
-
-    fn admit(&mut self, acker: Acker) -> Option<Acker> {
-        if self.sent < self.budget {
-            self.sent += 1;
-            Some(acker)
-        } else {
-            self.deferred.push(acker);
-            None
-        }
-    }
-}
 
 /// Acks a dead-letter whose copy was confirmed. Acks are pipelined rather than awaited one by
 /// one; a failed ack leaves the message in the dead-letter queue (a possible duplicate later).

@@ -53,9 +53,13 @@ async fn a_hundred_looks_leave_dead_letters_untouched() {
         assert_eq!((run.skipped, run.moved, run.failed), (5, 0, 0), "{run:?}");
     }
     let left = env.drain(&env.topology.dead_queue).await;
+    assert_eq!(left.len(), 5, "nothing lost, nothing duplicated");
     assert_eq!(ids(&left), seeded.into_iter().collect());
+    // A replay's consumer may have the copy of a skipped message pushed past its bound and
+    // returned at its close (counted once); the next look replaces it with a fresh copy, so no
+    // count grows from look to look.
     for (props, _) in &left {
-        assert_eq!(delivery_count(props), 0, "{props:?}");
+        assert!(delivery_count(props) <= 1, "{props:?}");
     }
 }
 
@@ -111,6 +115,7 @@ async fn a_queue_with_the_4x_default_limit_survives_100_inspections() {
         .unwrap();
     assert_eq!((i.total, i.seen, i.put_back), (3, 2, 2), "{i:?}");
     let left = env.drain(&queue).await;
+    assert_eq!(left.len(), 3, "nothing lost, nothing duplicated");
     let _ = ch
         .queue_delete(
             ShortString::from(queue.as_str()),
