@@ -195,6 +195,10 @@ pub(super) fn copy_error(error: &StoreError) -> StoreError {
             script,
             detail: detail.clone(),
         },
+        StoreError::BadKey { key, detail } => StoreError::BadKey {
+            key: key.clone(),
+            detail: detail.clone(),
+        },
     }
 }
 
