@@ -1,0 +1,30 @@
+//! URL parsing and showing: the configuration's URL checks and `redact_url`. A URL shown never
+//! carries its password, query or fragment, and showing is stable.
+#![no_main]
+
+use fleet_budget::redact::redact_url;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(url) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut config = fleet_budget::Config::default();
+    let _ = config.set_redis_url(url);
+    let _ = config.redis_display();
+    let mut amqp = fleet_budget_amqp::AmqpSettings::default();
+    let _ = amqp.set_url(url);
+    let shown = redact_url(url);
+    assert_eq!(redact_url(&shown), shown, "showing is stable");
+    // A password between `user:` and the last `@` never shows.
+    if let Some((scheme, rest)) = url.split_once("://")
+        && !scheme.is_empty()
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && let Some(at) = rest.rfind('@')
+        && let Some((_, password)) = rest[..at].split_once(':')
+        && password.len() >= 4
+        && password != "***"
+    {
+        assert!(!shown.contains(password), "{url:?} -> {shown:?}");
+    }
+});
