@@ -37,7 +37,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let token_like = |c: char| c.is_ascii_alphanumeric() || "!$%*+/=_~-".contains(c);
-    if secret.len() < 8 || !secret.chars().all(token_like) || secret.contains("***") {
+    // The oracle holds for a secret that only the shape writes.
+    if secret.len() < 8
+        || !secret.chars().all(token_like)
+        || secret.contains("***")
+        || around.contains(secret)
+    {
         return;
     }
     let shape = SHAPES[usize::from(pick) % SHAPES.len()].replace("{}", secret);

@@ -332,7 +332,8 @@ fn key_values(text: &str, masks: &mut Vec<(usize, usize)>) {
         if value_end > value_start {
             masks.push((value_start, value_end));
         }
-        i = value_end.max(key_end);
+        // Scan the value too: a key inside it (`key: "password": "v"`) has a value of its own.
+        i = value_start;
     }
 }
 
