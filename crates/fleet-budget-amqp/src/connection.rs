@@ -98,8 +98,18 @@ pub async fn deadline<T>(
 /// connect deadline.
 ///
 /// # Errors
-/// [`AmqpError::Connect`], with the password redacted from the URL, or [`AmqpError::Timeout`].
+/// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`], or
+/// [`AmqpError::TlsUnavailable`] for an `amqps://` URL.
 pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
+    // Without a TLS backend lapin connects `amqps://` in plaintext: never let that happen.
+    if url
+        .get(..8)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://"))
+    {
+        return Err(AmqpError::TlsUnavailable {
+            url: redact_url(url),
+        });
+    }
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
     let after = timeouts().connect;
     match tokio::time::timeout(after, Connection::connect(url, props)).await {
@@ -111,5 +121,27 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
             step: format!("connect to RabbitMQ at {}", redact_url(url)),
             after,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_amqps_url_is_refused_before_any_connection_is_made() {
+        // A listener that records whether anything connected: nothing may reach it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        for url in [
+            format!("amqps://u:hunter2@127.0.0.1:{port}/%2f"),
+            format!("AMQPS://u:hunter2@127.0.0.1:{port}/%2f"),
+        ] {
+            let err = connect(&url, "tls test").await.expect_err("refused");
+            assert!(matches!(err, AmqpError::TlsUnavailable { .. }), "{err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+        assert!(listener.accept().is_err(), "something connected in plaintext");
     }
 }

@@ -51,6 +51,14 @@ pub enum AmqpError {
         /// Why.
         source: lapin::Error,
     },
+    /// An `amqps://` URL: this build has no TLS, and lapin would connect it in plaintext.
+    #[error(
+        "cannot connect to RabbitMQ at {url}: TLS (amqps://) is not available in this build, and the connection would not be encrypted"
+    )]
+    TlsUnavailable {
+        /// The URL, password redacted.
+        url: String,
+    },
     /// A broker operation failed.
     #[error("RabbitMQ {operation} failed: {source}")]
     Broker {

@@ -19,6 +19,9 @@ pub const MAX_KEY_PREFIX_LEN: usize = 64;
 /// # Errors
 /// The problem, when the URL has none of the schemes or nothing after `://`.
 pub fn check_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> {
+    if let Some(problem) = tls_not_built(key, url, schemes) {
+        return Err(problem);
+    }
     let ok = schemes.iter().any(|s| {
         url.strip_prefix(s)
             .and_then(|r| r.strip_prefix("://"))
@@ -32,6 +35,25 @@ pub fn check_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> 
         key,
         redact_url(url),
         format!("must be a URL of the form {}", allowed.join(" or ")),
+    ))
+}
+
+/// The TLS variant of an allowed scheme (`rediss` for `redis`, `amqps` for `amqp`): this build
+/// has no TLS, and its client libraries would connect such a URL **without encryption**, so the
+/// URL is refused as a configuration error rather than silently downgraded.
+fn tls_not_built(key: &str, url: &str, schemes: &[&str]) -> Option<Problem> {
+    let (scheme, _) = url.split_once("://")?;
+    let plain = scheme.strip_suffix('s')?;
+    if schemes.contains(&scheme) || !schemes.contains(&plain) {
+        return None;
+    }
+    Some(Problem::new(
+        key,
+        redact_url(url),
+        format!(
+            "TLS ({scheme}://) is not available in this build, and the connection would not be \
+             encrypted; use {plain}:// on a trusted network or through a TLS tunnel"
+        ),
     ))
 }
 
@@ -145,6 +167,22 @@ mod tests {
                 "must be a URL of the form redis://... or rediss://..."
             );
         }
+    }
+
+    #[test]
+    fn a_tls_scheme_this_build_cannot_honour_is_refused_not_downgraded() {
+        for (url, schemes) in [
+            ("rediss://u:hunter2@h:6380", &["redis", "unix"][..]),
+            ("amqps://u:hunter2@h/v", &["amqp"][..]),
+        ] {
+            let p = check_url("k", url, schemes).unwrap_err();
+            assert!(p.allowed.contains("not available in this build"), "{p}");
+            assert!(p.allowed.contains("not be encrypted"), "{p}");
+            assert!(!p.to_string().contains("hunter2"), "{p}");
+        }
+        // A scheme that is not the TLS form of an allowed one gets the usual problem.
+        let p = check_url("k", "https://h", &["redis"]).unwrap_err();
+        assert_eq!(p.allowed, "must be a URL of the form redis://...");
     }
 
     #[test]

@@ -10,9 +10,9 @@ use super::check::{Checker, check_key_prefix, check_url};
 pub const ENV_REDIS_URL: &str = "FLEET_BUDGET_REDIS_URL";
 
 /// The URL schemes of a single Redis server.
-pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+pub const REDIS_SCHEMES: [&str; 3] = ["redis", "redis+unix", "unix"];
 /// The URL schemes of Redis Cluster seed nodes.
-pub const CLUSTER_SCHEMES: [&str; 2] = ["redis", "rediss"];
+pub const CLUSTER_SCHEMES: [&str; 1] = ["redis"];
 
 /// What to do when the fleet store (Redis) cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
