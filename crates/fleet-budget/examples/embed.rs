@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use fleet_budget::metrics::MetricsServer;
 use fleet_budget::{Config, Decision, Failure, FleetBudget};
 
 /// A job as the queue hands it over.
@@ -40,6 +41,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "inline example",
     )?;
     let budget = FleetBudget::from_config(&config).await?;
+    // One line serves the metrics to Prometheus (a fixed port such as 9464 in production, or
+    // `[metrics] listen = "127.0.0.1:9464"` in the configuration).
+    let metrics =
+        MetricsServer::bind("127.0.0.1:0".parse()?, budget.metrics().registry().clone()).await?;
+    println!("metrics on http://{}/metrics", metrics.local_addr());
 
     let mut job = Job {
         task: "index_document",
@@ -89,5 +95,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join("\n")
     );
     budget.shutdown().await?;
+    metrics.shutdown().await;
     Ok(())
 }

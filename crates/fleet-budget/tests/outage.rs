@@ -227,7 +227,7 @@ async fn killing_redis_while_deciding_falls_back_within_the_deadline_and_restart
 
     assert!(budget.in_fallback(), "Redis is down: the fallback decides");
     assert!(
-        budget.metrics().fallback_is_active(),
+        budget.metrics().fallback_is_active("search"),
         "the fallback gauge says so"
     );
     assert!(store_errors(&budget) > 0, "store errors are counted");
@@ -282,7 +282,7 @@ async fn killing_redis_while_deciding_falls_back_within_the_deadline_and_restart
         "and again after the restart"
     );
     assert!(
-        !budget.in_fallback() && !budget.metrics().fallback_is_active(),
+        !budget.in_fallback() && !budget.metrics().fallback_is_active("search"),
         "left the fallback"
     );
     assert_eq!(
@@ -327,12 +327,12 @@ async fn client_pause_and_debug_sleep_fire_the_deadline() {
         budget.metrics().store_errors("timeout") >= 1,
         "counted as a timeout"
     );
-    assert!(budget.metrics().fallback_is_active());
+    assert!(budget.metrics().fallback_is_active("search"));
     let resumed = until_fleet(&budget, &clock).await;
     eprintln!(
         "pause: CLIENT PAUSE decision took {took:?} (deadline {DEADLINE:?}); fleet budget again {resumed:?} of its clock after the pause"
     );
-    assert!(!budget.metrics().fallback_is_active());
+    assert!(!budget.metrics().fallback_is_active("search"));
 
     // DEBUG SLEEP: the server itself is busy (like a slow script or a fork stall). Decide until
     // a decision meets the sleeping server.
@@ -400,7 +400,7 @@ async fn fallback_deny_refuses_and_fallback_allow_grants_while_blind() {
                 _ => assert!(d.is_retry(), "{mode:?}: {d:?}"),
             }
         }
-        assert!(budget.metrics().fallback_is_active());
+        assert!(budget.metrics().fallback_is_active("search"));
         assert!(store_errors(&budget) > 0);
         assert!(budget.metrics().render().contains(&format!(
             "fleet_budget_fallback_decisions_total{{mode=\"{}\"}} 50",

@@ -14,7 +14,7 @@ use super::health::Health;
 use super::{FleetBudget, Inner};
 use crate::clock::{Clock, CoarseClock};
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TimedStore};
 use crate::store::{BudgetStore, LocalStore};
 
 /// Builds a [`FleetBudget`] from parts (tests, the simulator, custom stores).
@@ -85,12 +85,20 @@ impl FleetBudgetBuilder {
         let local = self
             .local
             .unwrap_or_else(|| LocalStore::with_clock(clock.clone()));
+        let metrics = self.metrics.unwrap_or_default();
+        for dependency in c.policies.keys() {
+            metrics.healthy(dependency);
+        }
+        // Every call to the fleet store is timed (fleet_budget_store_call_duration_seconds).
+        let fleet = self.fleet.map(|store| {
+            Arc::new(TimedStore::new(store, metrics.clone())) as Arc<dyn BudgetStore>
+        });
         let inner = Arc::new(Inner {
             defaults: c.defaults,
             policies: c.policies,
             map: c.map,
             ceilings: c.ceilings,
-            fleet: self.fleet,
+            fleet,
             local,
             fallback: c.redis.fallback,
             health: Health::new(clock.clone()),
@@ -104,7 +112,7 @@ impl FleetBudgetBuilder {
             flush_count: c.redis.deposit_flush_count,
             flush_now: Notify::new(),
             flusher_running: AtomicBool::new(coalesce),
-            metrics: self.metrics.unwrap_or_default(),
+            metrics,
             rng: Mutex::new(self.seed.map_or_else(
                 || SmallRng::from_rng(&mut rand::rng()),
                 SmallRng::seed_from_u64,

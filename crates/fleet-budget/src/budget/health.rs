@@ -87,9 +87,9 @@ impl Health {
             let left = degraded.len() as u64;
             self.degraded_count.store(left, Ordering::Release);
             metrics.fallback_dependencies(left);
+            metrics.fallback(dependency, false);
             tracing::debug!(%dependency, "fleet budget store answers for this dependency again");
             if left == 0 {
-                metrics.fallback(false);
                 tracing::info!("fleet budget store answers again; leaving fallback");
             }
         }
@@ -109,8 +109,8 @@ impl Health {
             let now_degraded = degraded.len() as u64;
             self.degraded_count.store(now_degraded, Ordering::Release);
             metrics.fallback_dependencies(now_degraded);
+            metrics.fallback(dependency, true);
             if now_degraded == 1 {
-                metrics.fallback(true);
                 tracing::warn!(%error, %dependency, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
             } else {
                 tracing::debug!(%error, %dependency, "fleet budget store failed for this dependency too");
@@ -173,7 +173,8 @@ mod tests {
         let clock = ManualClock::new(1_000_000);
         let (health, d, metrics) = degraded(&clock);
         let other = Dependency::new("mail").unwrap();
-        assert!(health.any_degraded() && metrics.fallback_is_active());
+        assert!(health.any_degraded() && metrics.fallback_is_active("search"));
+        assert!(!metrics.fallback_is_active("mail"), "per dependency");
         assert!(health.should_try(&other), "only the failing dependency");
         assert!(!health.should_try(&d));
         clock.advance(PROBE_INTERVAL - Duration::from_millis(1));
@@ -184,7 +185,7 @@ mod tests {
         clock.advance(PROBE_INTERVAL);
         assert!(health.should_try(&d));
         health.ok(&d, &metrics);
-        assert!(!health.any_degraded() && !metrics.fallback_is_active());
+        assert!(!health.any_degraded() && !metrics.fallback_is_active("search"));
         assert!(health.should_try(&d) && health.should_try(&d));
     }
 

@@ -1,33 +1,82 @@
-//! Prometheus metrics, on a registry the embedding application exposes.
+//! Prometheus metrics, on a registry the embedding application exposes — or serves with
+//! [`MetricsServer`] (one line, or `[metrics] listen = "127.0.0.1:9464"` in the configuration).
+//!
+//! Counters are per process: always `sum by (dependency)` them in PromQL. The fleet's budget as
+//! Redis holds it (allowance, headroom, window counts, policy) comes from the fleet exporter
+//! (`budgetctl exporter`), not from here: a process only knows what it saw at its last decision.
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `fleet_budget_successes_total` | counter | dependency | successful jobs |
 //! | `fleet_budget_first_attempts_total` | counter | dependency | first executions of jobs |
-//! | `fleet_budget_executions_total` | counter | dependency | all executions (first + retries) |
+//! | `fleet_budget_executions_total` | counter | dependency | all executions (first attempts + retries); amplification = executions / first attempts |
+//! | `fleet_budget_successes_total` | counter | dependency | successful jobs |
 //! | `fleet_budget_retries_granted_total` | counter | dependency | retries the budget granted |
 //! | `fleet_budget_retries_denied_total` | counter | dependency | retries the budget refused (never counted as retries) |
-//! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions |
-//! | `fleet_budget_allowance` | gauge | dependency | allowance at the last decision |
-//! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at the last decision |
-//! | `fleet_budget_fallback_active` | gauge | — | 1 while the fleet store is unreachable and the fallback decides |
-//! | `fleet_budget_fallback_dependencies` | gauge | — | dependencies whose store calls fail now (on a Redis Cluster, those on a failed master) |
+//! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`) |
+//! | `fleet_budget_allowance` | gauge | dependency | allowance this process saw at its last decision |
+//! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at this process's last decision |
+//! | `fleet_budget_fallback_active` | gauge | dependency | 1 while the fleet store fails for the dependency and the fallback decides, else 0 |
+//! | `fleet_budget_fallback_dependencies` | gauge | — | dependencies in fallback now (on a Redis Cluster, those on a failed master) |
+//! | `fleet_budget_fallback_decisions_total` | counter | mode | retry decisions taken by the fallback (`local`, `deny`, `allow`) |
 //! | `fleet_budget_store_errors_total` | counter | kind | store calls that failed (`timeout`, `connection`, `server`, `bad_reply`) |
-//! | `fleet_budget_fallback_decisions_total` | counter | mode | retry decisions taken by the fallback |
+//! | `fleet_budget_store_call_duration_seconds` | histogram | op | budget store calls (`deposit`, `spend`, `status`), failed ones included; buckets around the 50 ms default deadline |
 //! | `fleet_budget_deposits_pending` | gauge | — | deposits counted locally, not yet flushed |
 //! | `fleet_budget_policy_conflicts_total` | counter | dependency | store calls whose policy differed from the one in force in Redis (served by that one; logged once per dependency) |
 //!
+//! Every label is bounded: `dependency` by the configuration (a task without a mapping is its
+//! own dependency, so keep task names a closed set), the others by the enums above.
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
-//! sustained `retries_denied_total` rates, not on single spikes.
+//! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
+
+mod server;
+mod timed_store;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+pub use server::{
+    CONNECTION_TIMEOUT, Exposition, HEAD_TIMEOUT, MAX_CONNECTIONS, MetricsServer, RenderFuture,
+    ServeError, TEXT_FORMAT, encode,
+};
+pub(crate) use timed_store::TimedStore;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::allowance::BudgetSnapshot;
 use crate::decision::DeadLetterReason;
 use crate::dependency::Dependency;
+
+/// Upper bounds of the store-call duration buckets, in seconds: fine around the 50 ms default
+/// deadline (`redis.timeout_ms`), past which a call fails and the fallback decides.
+pub const STORE_CALL_BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.25,
+];
+
+/// A budget store operation, the `op` label of `fleet_budget_store_call_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreOp {
+    /// Recording deposits (`lua/deposit.lua`).
+    Deposit,
+    /// Asking for a retry (`lua/spend.lua`).
+    Spend,
+    /// Reading a budget (`lua/status.lua`).
+    Status,
+}
+
+impl StoreOp {
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deposit => "deposit",
+            Self::Spend => "spend",
+            Self::Status => "status",
+        }
+    }
+}
 
 /// The metrics of one [`crate::FleetBudget`].
 #[derive(Debug, Clone)]
@@ -41,8 +90,9 @@ pub struct Metrics {
     dead_letters: IntCounterVec,
     allowance: IntGaugeVec,
     headroom: IntGaugeVec,
-    fallback_active: IntGauge,
+    fallback_active: IntGaugeVec,
     fallback_dependencies: IntGauge,
+    store_call_duration: HistogramVec,
     store_errors: IntCounterVec,
     fallback_decisions: IntCounterVec,
     deposits_pending: IntGauge,
@@ -81,10 +131,10 @@ impl Metrics {
         ] {
             registry.register(Box::new(c.clone()))?;
         }
-        for g in [&m.allowance, &m.headroom] {
+        for g in [&m.allowance, &m.headroom, &m.fallback_active] {
             registry.register(Box::new(g.clone()))?;
         }
-        registry.register(Box::new(m.fallback_active.clone()))?;
+        registry.register(Box::new(m.store_call_duration.clone()))?;
         registry.register(Box::new(m.fallback_dependencies.clone()))?;
         registry.register(Box::new(m.deposits_pending.clone()))?;
         Ok(m)
@@ -136,9 +186,17 @@ impl Metrics {
                 "fleet_budget_headroom",
                 "Retries still grantable at the last decision.",
             )?,
-            fallback_active: IntGauge::new(
+            fallback_active: gauge(
                 "fleet_budget_fallback_active",
-                "1 while the fleet store is unreachable and the fallback budget decides.",
+                "1 while the fleet store fails for the dependency and the fallback decides.",
+            )?,
+            store_call_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "fleet_budget_store_call_duration_seconds",
+                    "Budget store calls by operation, failed ones included.",
+                )
+                .buckets(STORE_CALL_BUCKETS.to_vec()),
+                &["op"],
             )?,
             fallback_dependencies: IntGauge::new(
                 "fleet_budget_fallback_dependencies",
@@ -242,8 +300,22 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn fallback(&self, active: bool) {
-        self.fallback_active.set(i64::from(active));
+    pub(crate) fn fallback(&self, d: &Dependency, active: bool) {
+        self.fallback_active
+            .with_label_values(&[d.as_str()])
+            .set(i64::from(active));
+    }
+
+    /// Makes `fleet_budget_fallback_active` show 0 for `d` before its first failure, so that
+    /// a dashboard and an alert see a series for every configured dependency.
+    pub(crate) fn healthy(&self, d: &Dependency) {
+        let _ = self.fallback_active.with_label_values(&[d.as_str()]);
+    }
+
+    pub(crate) fn store_call(&self, op: StoreOp, elapsed: std::time::Duration) {
+        self.store_call_duration
+            .with_label_values(&[op.as_str()])
+            .observe(elapsed.as_secs_f64());
     }
 
     pub(crate) fn store_error(&self, kind: &str) {
@@ -288,10 +360,18 @@ impl Metrics {
             .get()
     }
 
-    /// Whether the fallback is deciding now.
+    /// Whether the fallback is deciding now for `dependency`.
     #[must_use]
-    pub fn fallback_is_active(&self) -> bool {
-        self.fallback_active.get() == 1
+    pub fn fallback_is_active(&self, dependency: &str) -> bool {
+        self.fallback_active.with_label_values(&[dependency]).get() == 1
+    }
+
+    /// Store calls of `op` observed so far.
+    #[must_use]
+    pub fn store_calls(&self, op: StoreOp) -> u64 {
+        self.store_call_duration
+            .with_label_values(&[op.as_str()])
+            .get_sample_count()
     }
 
     /// Store errors of `kind`.
