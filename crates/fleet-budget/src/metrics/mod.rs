@@ -28,11 +28,14 @@
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
 
+mod fleet;
 mod server;
 mod timed_store;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
+
+pub use fleet::{DependencyBudget, FleetGauges, READ_CONCURRENCY, read_budgets};
 
 pub use server::{
     CONNECTION_TIMEOUT, Exposition, HEAD_TIMEOUT, MAX_CONNECTIONS, MetricsServer, RenderFuture,
