@@ -3,8 +3,8 @@
 //!
 //! Parsing never panics. Every problem names the key, the value and what is allowed, and all
 //! problems of a file are reported together. Each section is resolved in its own file
-//! (`redis.rs`, `defaults.rs`, `dependencies.rs`, `tasks.rs`); `check.rs` holds the checks they
-//! share ([`Checker`], [`check_url`], [`check_key_prefix`]).
+//! (`redis.rs`, `defaults.rs`, `dependencies.rs`, `tasks.rs`, `metrics.rs`); `check.rs` holds the
+//! checks they share ([`Checker`], [`check_url`], [`check_key_prefix`]).
 //!
 //! The file may hold sections of other crates: `fleet-budget-amqp` reads `[amqp]` from the same
 //! file and loads both through its `WorkerConfig` ([`Config::from_toml_ignoring`]). This crate
@@ -14,6 +14,7 @@ mod check;
 mod defaults;
 mod dependencies;
 mod error;
+mod metrics;
 mod redis;
 mod tasks;
 
@@ -25,6 +26,7 @@ use serde::Deserialize;
 pub use self::check::{Checker, MAX_KEY_PREFIX_LEN, check_key_prefix, check_url};
 pub use self::defaults::{MAX_RATIO, MAX_WINDOW_SECS};
 pub use self::error::{ConfigError, Problem};
+pub use self::metrics::MetricsSettings;
 pub use self::redis::{CLUSTER_SCHEMES, ENV_REDIS_URL, FallbackMode, REDIS_SCHEMES, RedisSettings};
 use crate::ceiling::Ceilings;
 use crate::dependency::{Dependency, DependencyMap};
@@ -44,6 +46,8 @@ pub struct Config {
     pub map: DependencyMap,
     /// Attempt ceilings and backoff per task.
     pub ceilings: Ceilings,
+    /// Where to serve `/metrics`, if anywhere.
+    pub metrics: MetricsSettings,
 }
 
 impl Config {
@@ -188,6 +192,8 @@ struct RawConfig {
     dependencies: BTreeMap<String, dependencies::RawDependency>,
     #[serde(default)]
     tasks: BTreeMap<String, tasks::RawTask>,
+    #[serde(default)]
+    metrics: metrics::RawMetrics,
 }
 
 impl RawConfig {
@@ -198,6 +204,7 @@ impl RawConfig {
         let (defaults, default_ceiling) = self.defaults.resolve(&mut c);
         let (policies, map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
         let tasks = tasks::resolve(&mut c, self.tasks, &map, default_ceiling);
+        let metrics = self.metrics.resolve(&mut c);
         let problems = c.into_problems();
         if !problems.is_empty() {
             return Err(ConfigError::invalid(origin, problems));
@@ -211,6 +218,7 @@ impl RawConfig {
                 default: default_ceiling,
                 tasks,
             },
+            metrics,
         })
     }
 }

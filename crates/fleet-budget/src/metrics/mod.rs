@@ -43,6 +43,9 @@ pub use server::{
 };
 pub(crate) use timed_store::TimedStore;
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -102,6 +105,18 @@ pub struct Metrics {
     policy_conflicts: IntCounterVec,
     /// Dependencies whose policy conflict was logged (at most [`CONFLICT_LOG_LIMIT`]).
     conflicts_logged: Arc<Mutex<HashSet<Dependency>>>,
+    extensions: Extensions,
+}
+
+/// Metrics of other crates registered on the same registry (see [`Metrics::extension`]).
+#[derive(Clone, Default)]
+struct Extensions(Arc<Mutex<HashMap<TypeId, Box<dyn Any + Send + Sync>>>>);
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |m| m.len());
+        write!(f, "Extensions({n})")
+    }
 }
 
 /// At most this many dependencies get their first policy conflict logged: the set is bounded
@@ -215,6 +230,7 @@ impl Metrics {
                 "Retry decisions taken by the fallback, by mode.",
                 &["mode"],
             )?,
+            extensions: Extensions::default(),
             deposits_pending: IntGauge::new(
                 "fleet_budget_deposits_pending",
                 "Deposits counted locally and not yet flushed to the store.",
@@ -227,6 +243,32 @@ impl Metrics {
             conflicts_logged: Arc::new(Mutex::new(HashSet::new())),
             registry,
         })
+    }
+
+    /// Metrics of another crate (`T`, e.g. the AMQP worker's), registered on this registry the
+    /// first time and shared afterwards: every worker of a process that shares one budget counts
+    /// into the same series instead of failing on a second registration.
+    ///
+    /// # Errors
+    /// `register` failed (the registry already holds metrics of its names from elsewhere).
+    pub fn extension<T: Any + Clone + Send + Sync>(
+        &self,
+        register: impl FnOnce(&Registry) -> Result<T, prometheus::Error>,
+    ) -> Result<T, prometheus::Error> {
+        let mut map = self
+            .extensions
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(existing) = map
+            .get(&TypeId::of::<T>())
+            .and_then(|b| b.downcast_ref::<T>())
+        {
+            return Ok(existing.clone());
+        }
+        let made = register(&self.registry)?;
+        map.insert(TypeId::of::<T>(), Box::new(made.clone()));
+        Ok(made)
     }
 
     /// The registry to expose (e.g. with `prometheus::TextEncoder`).
@@ -395,4 +437,33 @@ fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<Metrics>();
     is::<IntCounter>();
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use prometheus::IntCounter;
+
+    use super::Metrics;
+
+    #[test]
+    fn an_extension_is_registered_once_and_shared_by_clones() {
+        let metrics = Metrics::new();
+        let make = |r: &prometheus::Registry| {
+            let c = IntCounter::new("fleet_budget_amqp_test_total", "x")?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let a: IntCounter = metrics.extension(make).unwrap();
+        let clone = metrics.clone();
+        let b: IntCounter = clone.extension(make).unwrap();
+        a.inc();
+        b.inc();
+        assert!(
+            metrics
+                .render()
+                .contains("fleet_budget_amqp_test_total 2\n")
+        );
+    }
 }

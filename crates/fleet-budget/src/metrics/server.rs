@@ -114,6 +114,21 @@ impl MetricsServer {
         })
     }
 
+    /// Serves `exposition` on `settings.listen` when it is set (`[metrics] listen`), else
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`ServeError::Bind`] when the address cannot be bound.
+    pub async fn from_settings(
+        settings: &crate::config::MetricsSettings,
+        exposition: impl Exposition,
+    ) -> Result<Option<Self>, ServeError> {
+        match settings.listen {
+            Some(addr) => Self::bind(addr, exposition).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The address it listens on.
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
