@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
-    demo::DemoArgs, dlq::DlqCommand, migrate::MigrateArgs, plan::PlanArgs, replay::ReplayArgs,
-    simulate::SimulateCommand, status::StatusArgs,
+    demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs, migrate::MigrateArgs, plan::PlanArgs,
+    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
@@ -89,6 +89,8 @@ pub(crate) enum Command {
     Budget(BudgetCommand),
     /// The audit trail of overrides, replays, purges and migrations, kept in Redis.
     Audit(AuditArgs),
+    /// Serve the whole fleet's budgets (from Redis) on /metrics: one Prometheus scrape target.
+    Exporter(ExporterArgs),
     /// Dead-letter queue commands.
     #[command(subcommand)]
     Dlq(DlqCommand),

@@ -23,7 +23,9 @@ use fleet_budget_amqp::WorkerConfig;
 use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
-use crate::commands::{audit, bench, budget, demo, dlq, migrate, plan, replay, simulate, status};
+use crate::commands::{
+    audit, bench, budget, demo, dlq, exporter, migrate, plan, replay, simulate, status,
+};
 use crate::exit::UsageError;
 
 fn main() -> ExitCode {
@@ -83,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             with_config(global, async |c| budget::run(&c.budget, &command).await)
         }
         Command::Audit(args) => with_config(global, async |c| audit::run(&c.budget, &args).await),
+        Command::Exporter(args) => with_config(global, async |c| exporter::run(c, &args).await),
         Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
     }
 }

@@ -7,6 +7,7 @@ pub(crate) mod budget;
 pub(crate) mod config;
 pub(crate) mod demo;
 pub(crate) mod dlq;
+pub(crate) mod exporter;
 pub(crate) mod migrate;
 pub(crate) mod plan;
 pub(crate) mod replay;

@@ -90,9 +90,9 @@ impl FleetBudgetBuilder {
             metrics.healthy(dependency);
         }
         // Every call to the fleet store is timed (fleet_budget_store_call_duration_seconds).
-        let fleet = self.fleet.map(|store| {
-            Arc::new(TimedStore::new(store, metrics.clone())) as Arc<dyn BudgetStore>
-        });
+        let fleet = self
+            .fleet
+            .map(|store| Arc::new(TimedStore::new(store, metrics.clone())) as Arc<dyn BudgetStore>);
         let inner = Arc::new(Inner {
             defaults: c.defaults,
             policies: c.policies,

@@ -28,6 +28,7 @@
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
 
+mod exporter;
 mod fleet;
 mod server;
 mod timed_store;
@@ -35,6 +36,7 @@ mod timed_store;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use exporter::{ExporterSource, FleetExporter, ReadFuture};
 pub use fleet::{DependencyBudget, FleetGauges, READ_CONCURRENCY, read_budgets};
 
 pub use server::{

@@ -1,0 +1,80 @@
+//! `budgetctl exporter`: one Prometheus scrape target for the whole fleet — every dependency's
+//! budget read from Redis at scrape time, and the dead-letter and parked queues from RabbitMQ
+//! (`fleet_budget::metrics::FleetExporter`, served by `MetricsServer`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use fleet_budget::metrics::{FleetExporter, MetricsServer};
+use fleet_budget::store::RedisStore;
+use fleet_budget_amqp::WorkerConfig;
+
+use crate::exit::usage;
+use crate::redis_conn;
+
+/// `exporter`.
+#[derive(Debug, Args)]
+pub(crate) struct ExporterArgs {
+    /// Address to serve /metrics on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9465")]
+    listen: SocketAddr,
+    /// How often to look for budget keys of dependencies that are not configured (seconds;
+    /// 0: only the configured dependencies).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    discover_secs: u64,
+    /// Dependencies shown at most (configured ones first); more are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = FleetExporter::DEFAULT_MAX_DEPENDENCIES)]
+    max_dependencies: usize,
+}
+
+/// Runs the command until interrupted.
+pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::Result<()> {
+    let budget = &config.budget;
+    let target = redis_conn::target(budget);
+    let shown = target.display();
+    let timeout = redis_conn::cli_timeout(budget);
+    let store = RedisStore::new(target, &budget.redis.key_prefix, timeout)
+        .map_err(|e| usage(format!("--redis-url / redis.url {shown}: {e}")))?;
+    let exporter = Arc::new(
+        FleetExporter::new(Arc::new(store), budget)?.max_dependencies(args.max_dependencies),
+    );
+    if args.discover_secs > 0 {
+        tokio::spawn(discover(
+            budget.clone(),
+            Arc::clone(&exporter),
+            Duration::from_secs(args.discover_secs),
+            timeout,
+        ));
+    }
+    let server = MetricsServer::bind(args.listen, Arc::clone(&exporter))
+        .await
+        .map_err(|e| usage(format!("--listen {}: {e}", args.listen)))?;
+    eprintln!(
+        "exporter: serving the fleet's budgets in {shown} on http://{}/metrics",
+        server.local_addr()
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Looks for budget keys under the prefix every `every` (the scan is bounded by the CLI's
+/// own limits); a failure keeps the last list and is logged.
+async fn discover(
+    config: fleet_budget::Config,
+    exporter: Arc<FleetExporter>,
+    every: Duration,
+    timeout: Duration,
+) {
+    loop {
+        match redis_conn::scan_dependencies(&config, timeout).await {
+            Ok(found) => exporter.set_found_dependencies(found),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "exporter: looking for budget keys failed")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
