@@ -1,5 +1,5 @@
 //! The fleet exporter: one scrape target that shows the whole fleet's budgets (read from Redis
-//! at scrape time, [`super::FleetGauges`]) and whatever other sources add (the AMQP crate adds
+//! at scrape time, [`super::write_budgets`]) and whatever other sources add (the AMQP crate adds
 //! the dead-letter and parked queues). `budgetctl exporter` serves it with
 //! [`super::MetricsServer`].
 //!
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::{GaugeVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use super::fleet::{FleetGauges, read_budgets};
+use super::fleet::{read_budgets, write_budgets};
 use super::server::{Exposition, RenderFuture, encode};
 use crate::config::Config;
 use crate::dependency::Dependency;
@@ -50,7 +50,6 @@ pub struct FleetExporter {
     store: Arc<dyn BudgetStore>,
     config: Config,
     found: Mutex<Vec<Dependency>>,
-    gauges: FleetGauges,
     up: IntGaugeVec,
     read_duration: GaugeVec,
     dropped: IntGauge,
@@ -88,7 +87,6 @@ impl FleetExporter {
     /// Only if metric names clash, which they do not on a new registry.
     pub fn new(store: Arc<dyn BudgetStore>, config: &Config) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let gauges = FleetGauges::register(&registry)?;
         let up = IntGaugeVec::new(
             Opts::new(
                 "fleet_budget_exporter_up",
@@ -115,7 +113,6 @@ impl FleetExporter {
             store,
             config: config.clone(),
             found: Mutex::new(Vec::new()),
-            gauges,
             up,
             read_duration,
             dropped,
@@ -198,24 +195,20 @@ impl FleetExporter {
             let read =
                 tokio::time::timeout(self.scrape_timeout, read_budgets(&self.store, dependencies))
                     .await;
-            let ok = match read {
-                Ok((budgets, None)) => {
-                    self.gauges.set(&budgets);
-                    true
-                }
+            let budgets = match read {
+                Ok((budgets, None)) => Some(budgets),
                 Ok((_, Some(e))) => {
                     tracing::warn!(error = %e, "exporter: reading the fleet store failed");
-                    self.gauges.set(&[]);
-                    false
+                    None
                 }
                 Err(_) => {
                     tracing::warn!(timeout = ?self.scrape_timeout, "exporter: reading the fleet store timed out");
-                    self.gauges.set(&[]);
-                    false
+                    None
                 }
             };
             self.dropped.set(i64::try_from(dropped).unwrap_or(i64::MAX));
-            self.mark("redis", ok, started.elapsed());
+            self.mark("redis", budgets.is_some(), started.elapsed());
+            budgets.unwrap_or_default()
         };
         let others = futures::future::join_all(self.sources.iter().map(|source| async move {
             let started = Instant::now();
@@ -234,8 +227,12 @@ impl FleetExporter {
             };
             self.mark(source.name(), ok, started.elapsed());
         }));
-        futures::join!(redis, others);
-        encode(&self.registry.gather())
+        let (budgets, ()) = futures::join!(redis, async {
+            others.await;
+        });
+        let mut text = encode(&self.registry.gather());
+        write_budgets(&mut text, &budgets);
+        text
     }
 
     fn mark(&self, source: &str, ok: bool, took: Duration) {

@@ -37,7 +37,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use exporter::{ExporterSource, FleetExporter, ReadFuture};
-pub use fleet::{DependencyBudget, FleetGauges, READ_CONCURRENCY, read_budgets};
+pub use fleet::{DependencyBudget, READ_CONCURRENCY, read_budgets, write_budgets};
 
 pub use server::{
     CONNECTION_TIMEOUT, Exposition, HEAD_TIMEOUT, MAX_CONNECTIONS, MetricsServer, RenderFuture,
