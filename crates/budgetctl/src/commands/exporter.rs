@@ -72,7 +72,7 @@ async fn discover(
         match redis_conn::scan_dependencies(&config, timeout).await {
             Ok(found) => exporter.set_found_dependencies(found),
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "exporter: looking for budget keys failed")
+                tracing::warn!(error = %format!("{e:#}"), "exporter: looking for budget keys failed");
             }
         }
         tokio::time::sleep(every).await;
