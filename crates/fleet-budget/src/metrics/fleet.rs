@@ -50,43 +50,30 @@ pub struct DependencyBudget {
     pub snapshot: BudgetSnapshot,
 }
 
+#[allow(clippy::cast_precision_loss)]
 impl DependencyBudget {
-    /// Sliding estimate over the last window of a count whose current-window value is
-    /// `current` and previous-window value is `previous`.
-    #[must_use]
-    #[allow(clippy::cast_precision_loss)]
-    pub fn estimate(&self, current: u64, previous: u64) -> f64 {
-        let s = &self.snapshot;
-        let window = s.window_ms.max(1) as f64;
-        (current as f64 * window + previous as f64 * s.previous_weight_ms as f64) / window
-    }
-
-    /// Successes in the last window.
+    /// Successes in the last window ([`BudgetSnapshot::estimates`]).
     #[must_use]
     pub fn successes(&self) -> f64 {
-        let s = &self.snapshot;
-        self.estimate(s.current.successes, s.previous.successes)
+        self.snapshot.estimates().successes as f64
     }
 
     /// First attempts in the last window.
     #[must_use]
     pub fn first_attempts(&self) -> f64 {
-        let s = &self.snapshot;
-        self.estimate(s.current.first_attempts, s.previous.first_attempts)
+        self.snapshot.estimates().first_attempts as f64
     }
 
     /// Retries granted in the last window.
     #[must_use]
     pub fn retries_granted(&self) -> f64 {
-        let s = &self.snapshot;
-        self.estimate(s.current.retries, s.previous.retries)
+        self.snapshot.estimates().retries as f64
     }
 
     /// Retries denied in the last window.
     #[must_use]
     pub fn retries_denied(&self) -> f64 {
-        let s = &self.snapshot;
-        self.estimate(s.current.denied, s.previous.denied)
+        self.snapshot.estimates().denied as f64
     }
 
     /// Deposits in the last window (successes or first attempts, by the policy).
@@ -107,7 +94,6 @@ impl DependencyBudget {
 
     /// How far the current window has run, from 0 to 1.
     #[must_use]
-    #[allow(clippy::cast_precision_loss)]
     pub fn window_progress(&self) -> f64 {
         let s = &self.snapshot;
         (s.elapsed_ms as f64 / s.window_ms.max(1) as f64).clamp(0.0, 1.0)
