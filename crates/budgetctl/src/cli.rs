@@ -89,7 +89,8 @@ pub(crate) enum Command {
     Budget(BudgetCommand),
     /// The audit trail of overrides, replays, purges and migrations, kept in Redis.
     Audit(AuditArgs),
-    /// Serve the whole fleet's budgets (from Redis) on /metrics: one Prometheus scrape target.
+    /// Serve the whole fleet on /metrics for Prometheus: every dependency's budget (Redis) and
+    /// the dead-letter and parked queues (RabbitMQ), one scrape target.
     Exporter(ExporterArgs),
     /// Dead-letter queue commands.
     #[command(subcommand)]

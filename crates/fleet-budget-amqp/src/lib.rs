@@ -41,6 +41,7 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod headers;
+pub mod metrics;
 pub mod publish;
 pub mod replay;
 #[cfg(feature = "test-harness")]
@@ -52,6 +53,7 @@ pub use config::{AmqpSettings, WorkerConfig};
 pub use connection::connect;
 pub use error::{AmqpError, ArgumentDifference};
 pub use headers::{DeadLetterRecord, HeaderError, JobHeaders, RetryRecord};
+pub use metrics::{AmqpMetrics, QueueSource};
 pub use publish::{PublishError, Publisher};
 pub use replay::{
     DryRunReport, InspectOptions, Inspection, ReplayFilter, ReplayOptions, ReplayProgress,

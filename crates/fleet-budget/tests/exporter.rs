@@ -41,7 +41,10 @@ async fn a_scrape_shows_configured_and_found_dependencies_and_says_when_redis_is
         .await
         .unwrap();
     for _ in 0..6 {
-        store.withdraw(&search, &config.policy(&search)).await.unwrap();
+        store
+            .withdraw(&search, &config.policy(&search))
+            .await
+            .unwrap();
     }
     let exporter = FleetExporter::new(Arc::clone(&store), &config)
         .unwrap()
@@ -64,7 +67,10 @@ async fn a_scrape_shows_configured_and_found_dependencies_and_says_when_redis_is
         "fleet_budget_policy_ratio{dependency=\"search\"} 0.1",
         "fleet_budget_policy_ratio{dependency=\"mail\"} 0.2",
     ] {
-        assert!(text.contains(&format!("{line}\n")), "{line} missing in\n{text}");
+        assert!(
+            text.contains(&format!("{line}\n")),
+            "{line} missing in\n{text}"
+        );
     }
     assert!(!text.contains("zz-beyond-the-maximum"), "{text}");
 
@@ -74,5 +80,8 @@ async fn a_scrape_shows_configured_and_found_dependencies_and_says_when_redis_is
         text.contains("fleet_budget_exporter_up{source=\"redis\"} 0\n"),
         "{text}"
     );
-    assert!(!text.contains("fleet_budget_window_allowance{"), "stale: {text}");
+    assert!(
+        !text.contains("fleet_budget_window_allowance{"),
+        "stale: {text}"
+    );
 }

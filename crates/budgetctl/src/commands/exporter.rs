@@ -1,6 +1,7 @@
 //! `budgetctl exporter`: one Prometheus scrape target for the whole fleet — every dependency's
-//! budget read from Redis at scrape time, and the dead-letter and parked queues from RabbitMQ
-//! (`fleet_budget::metrics::FleetExporter`, served by `MetricsServer`).
+//! budget read from Redis at scrape time (`fleet_budget::metrics::FleetExporter`), and the work,
+//! dead-letter and parked queues from RabbitMQ (`fleet_budget_amqp::QueueSource`), served by
+//! `MetricsServer`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,8 +9,9 @@ use std::time::Duration;
 
 use clap::Args;
 use fleet_budget::metrics::{FleetExporter, MetricsServer};
+use fleet_budget::redact::redact_url;
 use fleet_budget::store::RedisStore;
-use fleet_budget_amqp::WorkerConfig;
+use fleet_budget_amqp::{QueueSource, Topology, WorkerConfig};
 
 use crate::exit::usage;
 use crate::redis_conn;
@@ -27,6 +29,9 @@ pub(crate) struct ExporterArgs {
     /// Dependencies shown at most (configured ones first); more are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = FleetExporter::DEFAULT_MAX_DEPENDENCIES)]
     max_dependencies: usize,
+    /// Do not read RabbitMQ (budgets only).
+    #[arg(long)]
+    no_rabbitmq: bool,
 }
 
 /// Runs the command until interrupted.
@@ -37,9 +42,17 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     let timeout = redis_conn::cli_timeout(budget);
     let store = RedisStore::new(target, &budget.redis.key_prefix, timeout)
         .map_err(|e| usage(format!("--redis-url / redis.url {shown}: {e}")))?;
-    let exporter = Arc::new(
-        FleetExporter::new(Arc::new(store), budget)?.max_dependencies(args.max_dependencies),
-    );
+    let mut exporter =
+        FleetExporter::new(Arc::new(store), budget)?.max_dependencies(args.max_dependencies);
+    if !args.no_rabbitmq {
+        let queues = QueueSource::register(
+            config.amqp.url.clone(),
+            Topology::new(&config.amqp),
+            exporter.registry(),
+        )?;
+        exporter = exporter.source(Box::new(queues));
+    }
+    let exporter = Arc::new(exporter);
     if args.discover_secs > 0 {
         tokio::spawn(discover(
             budget.clone(),
@@ -51,8 +64,13 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     let server = MetricsServer::bind(args.listen, Arc::clone(&exporter))
         .await
         .map_err(|e| usage(format!("--listen {}: {e}", args.listen)))?;
+    let queues = if args.no_rabbitmq {
+        String::new()
+    } else {
+        format!(" and the queues at {}", redact_url(&config.amqp.url))
+    };
     eprintln!(
-        "exporter: serving the fleet's budgets in {shown} on http://{}/metrics",
+        "exporter: serving the fleet's budgets in {shown}{queues} on http://{}/metrics",
         server.local_addr()
     );
     let _ = tokio::signal::ctrl_c().await;

@@ -283,6 +283,13 @@ impl Replayer {
         report.skipped = p.skipped;
         report.failed = p.failed;
         report.elapsed = started.elapsed();
+        if let Some(m) = self
+            .budget
+            .as_ref()
+            .and_then(crate::metrics::AmqpMetrics::of)
+        {
+            m.replayed(p.moved, p.parked, p.failed);
+        }
         match lost {
             Some(e) => Err(e),
             None => Ok(report),

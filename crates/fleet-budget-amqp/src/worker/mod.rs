@@ -72,6 +72,9 @@ pub struct WorkerOptions {
     pub unconfirmed_pause: Duration,
     /// Connection name shown by the broker.
     pub name: String,
+    /// Where to serve the budget's and this crate's metrics on `/metrics` (`[metrics] listen`),
+    /// once per process however many workers share the budget; `None` serves nothing.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -88,6 +91,7 @@ impl WorkerOptions {
             reconnect_max: Duration::from_secs(30),
             unconfirmed_pause: Duration::from_millis(250),
             name: "fleet-budget worker".to_owned(),
+            metrics_listen: config.budget.metrics.listen,
         }
     }
 }

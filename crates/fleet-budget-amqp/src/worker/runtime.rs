@@ -21,6 +21,7 @@ use super::{Job, Worker, WorkerCounts, bump};
 use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::headers::{self, JobHeaders};
+use crate::metrics::AmqpMetrics;
 use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
 
@@ -56,6 +57,13 @@ impl Worker {
         F: Future<Output = Result<(), Failure>> + Send + 'static,
     {
         let handler = Arc::new(handler);
+        if let Some(addr) = self.options.metrics_listen {
+            // A worker that cannot serve its metrics still does its work: the failure is logged.
+            match self.budget.metrics().serve(addr) {
+                Ok(at) => tracing::info!(%at, "worker metrics on /metrics"),
+                Err(e) => tracing::error!(error = %e, "worker metrics not served"),
+            }
+        }
         let mut stop = self.stop.subscribe();
         let mut delay = self.options.reconnect_min;
         loop {
@@ -126,6 +134,7 @@ impl Worker {
                 publisher: Publisher::on(conn),
                 stats: Arc::clone(&self.stats),
                 unconfirmed_pause: o.unconfirmed_pause,
+                metrics: AmqpMetrics::of(&self.budget),
             }),
             handler: Arc::clone(handler),
         };
@@ -179,6 +188,7 @@ where
     F: Future<Output = Result<(), Failure>> + Send + 'static,
 {
     let s = &ctx.settler;
+    let _in_flight = s.metrics.as_ref().map(AmqpMetrics::delivery_started);
     bump(&s.stats.deliveries);
     let table = headers::without_broker_headers(&headers::table(&delivery.properties));
     let parsed = JobHeaders::parse(&table);

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
 use lapin::message::Delivery;
@@ -17,6 +17,7 @@ use lapin::types::FieldTable;
 use super::outcome::Outcome;
 use super::{Stats, bump};
 use crate::headers;
+use crate::metrics::{AmqpMetrics, CopyKind};
 use crate::publish::{Publisher, fanout_key};
 use crate::topology::Topology;
 
@@ -29,6 +30,7 @@ pub(super) struct Settler {
     pub(super) publisher: Publisher,
     pub(super) stats: Arc<Stats>,
     pub(super) unconfirmed_pause: Duration,
+    pub(super) metrics: Option<AmqpMetrics>,
 }
 
 impl Settler {
@@ -59,9 +61,9 @@ impl Settler {
                 record.write(&mut t);
                 self.publish_then_ack(
                     delivery,
-                    &tier.exchange,
-                    &self.queue,
+                    (&tier.exchange, &self.queue),
                     t,
+                    CopyKind::Retry,
                     &self.stats.retried,
                 )
                 .await;
@@ -71,14 +73,21 @@ impl Settler {
                 record.write(&mut t);
                 // The dead-letter exchange is a fanout: an original routing key over 255 bytes
                 // (kept in its header) must not make the copy unpublishable.
-                self.publish_then_ack(
-                    delivery,
-                    &self.topology.dead_exchange,
-                    fanout_key(&record.original_routing_key),
-                    t,
-                    &self.stats.dead_lettered,
-                )
-                .await;
+                let confirmed = self
+                    .publish_then_ack(
+                        delivery,
+                        (
+                            &self.topology.dead_exchange,
+                            fanout_key(&record.original_routing_key),
+                        ),
+                        t,
+                        CopyKind::DeadLetter,
+                        &self.stats.dead_lettered,
+                    )
+                    .await;
+                if let (true, Some(m)) = (confirmed, &self.metrics) {
+                    m.dead_letter_published(record.reason);
+                }
             }
             Outcome::Wait {
                 tier,
@@ -93,9 +102,9 @@ impl Settler {
                 );
                 self.publish_then_ack(
                     delivery,
-                    &tier.exchange,
-                    &self.queue,
+                    (&tier.exchange, &self.queue),
                     t,
+                    CopyKind::WaitAgain,
                     &self.stats.waited_again,
                 )
                 .await;
@@ -110,24 +119,30 @@ impl Settler {
     /// Publishes a persistent copy of `delivery` (same message id and body, `headers`, no
     /// `expiration`: see [`headers::copy`]) and acks the original once the broker confirmed it,
     /// counting `done`. A transient failure requeues the original after a pause; a permanent
-    /// one ([`crate::PublishError::is_permanent`]) parks it instead, so it never loops.
+    /// one ([`crate::PublishError::is_permanent`]) parks it instead, so it never loops. Whether
+    /// the copy reached `(exchange, routing_key)` (a parked one did not).
     async fn publish_then_ack(
         &self,
         delivery: &Delivery,
-        exchange: &str,
-        routing_key: &str,
+        (exchange, routing_key): (&str, &str),
         headers: FieldTable,
+        kind: CopyKind,
         done: &AtomicU64,
-    ) {
+    ) -> bool {
         let properties = headers::without_expiration(
             &headers::with_message_id(delivery.properties.clone()),
             headers,
         )
         .with_delivery_mode(2);
+        let started = Instant::now();
         let published = self
             .publisher
             .publish(exchange, routing_key, &delivery.data, properties.clone())
             .await;
+        if let Some(m) = &self.metrics {
+            m.confirmed(kind, started.elapsed());
+        }
+        let confirmed = published.is_ok();
         let counted = match published {
             Ok(()) => done,
             Err(e) if e.is_permanent() => {
@@ -150,14 +165,14 @@ impl Settler {
                     Err(e) => {
                         tracing::warn!(error = %e, "parked copy not confirmed; the original is requeued, not acked");
                         self.requeue(delivery).await;
-                        return;
+                        return false;
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "copy not confirmed; the original is requeued, not acked");
                 self.requeue(delivery).await;
-                return;
+                return false;
             }
         };
         match delivery.acker.ack(BasicAckOptions::default()).await {
@@ -167,11 +182,15 @@ impl Settler {
                 tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
             }
         }
+        confirmed
     }
 
     /// Puts `delivery` back after the pause (nack with requeue).
     async fn requeue(&self, delivery: &Delivery) {
         bump(&self.stats.requeued);
+        if let Some(m) = &self.metrics {
+            m.requeued();
+        }
         tokio::time::sleep(self.unconfirmed_pause).await;
         if let Err(e) = delivery
             .acker

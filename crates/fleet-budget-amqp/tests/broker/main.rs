@@ -11,6 +11,7 @@
 
 mod common;
 mod inspect;
+mod metrics;
 mod replay;
 mod topology;
 mod worker;

@@ -252,11 +252,11 @@ impl Metrics {
     /// into the same series instead of failing on a second registration.
     ///
     /// # Errors
-    /// `register` failed (the registry already holds metrics of its names from elsewhere).
-    pub fn extension<T: Any + Clone + Send + Sync>(
+    /// `register` failed (e.g. the registry already holds metrics of its names from elsewhere).
+    pub fn extension<T: Any + Clone + Send + Sync, E>(
         &self,
-        register: impl FnOnce(&Registry) -> Result<T, prometheus::Error>,
-    ) -> Result<T, prometheus::Error> {
+        register: impl FnOnce(&Registry) -> Result<T, E>,
+    ) -> Result<T, E> {
         let mut map = self
             .extensions
             .0
@@ -271,6 +271,18 @@ impl Metrics {
         let made = register(&self.registry)?;
         map.insert(TypeId::of::<T>(), Box::new(made.clone()));
         Ok(made)
+    }
+
+    /// Serves this registry on `addr` (`/metrics`), once: later calls — other workers sharing
+    /// the budget — find the server running and get its address. It stops when the last clone
+    /// of these metrics (of the budget) is dropped.
+    ///
+    /// # Errors
+    /// Outside a tokio runtime, or the address cannot be bound.
+    pub fn serve(&self, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, ServeError> {
+        let server: Arc<MetricsServer> =
+            self.extension(|registry| MetricsServer::start(addr, registry.clone()).map(Arc::new))?;
+        Ok(server.local_addr())
     }
 
     /// The registry to expose (e.g. with `prometheus::TextEncoder`).
@@ -460,6 +472,11 @@ mod tests {
         let a: IntCounter = metrics.extension(make).unwrap();
         let clone = metrics.clone();
         let b: IntCounter = clone.extension(make).unwrap();
+        let again: Result<IntCounter, prometheus::Error> = make(metrics.registry());
+        assert!(
+            again.is_err(),
+            "a second registration fails: that is why extensions exist"
+        );
         a.inc();
         b.inc();
         assert!(
@@ -467,5 +484,14 @@ mod tests {
                 .render()
                 .contains("fleet_budget_amqp_test_total 2\n")
         );
+    }
+
+    #[tokio::test]
+    async fn serve_starts_one_server_for_every_clone() {
+        let metrics = Metrics::new();
+        let addr = metrics.serve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let clone = metrics.clone();
+        assert_eq!(clone.serve("127.0.0.1:0".parse().unwrap()).unwrap(), addr);
+        assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
     }
 }

@@ -69,6 +69,9 @@ pub fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
+    /// Not called from within a tokio runtime (the server runs on the current one).
+    #[error("the metrics server needs a tokio runtime")]
+    NoRuntime,
     /// The address could not be bound (in use, not local, no permission).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -94,18 +97,29 @@ impl MetricsServer {
     /// # Errors
     /// [`ServeError::Bind`] when the address cannot be bound.
     pub async fn bind(addr: SocketAddr, exposition: impl Exposition) -> Result<Self, ServeError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        Self::start(addr, exposition)
+    }
+
+    /// [`MetricsServer::bind`] for code that is not async (binding does not wait).
+    ///
+    /// # Errors
+    /// [`ServeError::NoRuntime`] outside a tokio runtime; [`ServeError::Bind`] when the address
+    /// cannot be bound.
+    pub fn start(addr: SocketAddr, exposition: impl Exposition) -> Result<Self, ServeError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ServeError::NoRuntime)?;
+        let bind_error = |source| ServeError::Bind {
             addr: addr.to_string(),
             source,
-        })?;
+        };
+        let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener).map_err(bind_error)?
+        };
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(accept(listener, Arc::new(exposition), stopped));
+        let task = runtime.spawn(accept(listener, Arc::new(exposition), stopped));
         tracing::info!(%local_addr, "serving metrics on /metrics");
         Ok(Self {
             local_addr,
