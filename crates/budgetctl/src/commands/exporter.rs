@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::Args;
 use fleet_budget::metrics::{FleetExporter, MetricsServer};
-use fleet_budget::redact::redact_url;
-use fleet_budget::store::RedisStore;
+use fleet_budget::redact::{redact_text, redact_url};
+use fleet_budget::store::{BudgetStore, RedisStore};
 use fleet_budget_amqp::{QueueSource, Topology, WorkerConfig};
 
 use crate::exit::usage;
@@ -40,10 +40,12 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     let target = redis_conn::target(budget);
     let shown = target.display();
     let timeout = redis_conn::cli_timeout(budget);
-    let store = RedisStore::new(target, &budget.redis.key_prefix, timeout)
-        .map_err(|e| usage(format!("--redis-url / redis.url {shown}: {e}")))?;
-    let mut exporter =
-        FleetExporter::new(Arc::new(store), budget)?.max_dependencies(args.max_dependencies);
+    let store = Arc::new(
+        RedisStore::new(target, &budget.redis.key_prefix, timeout)
+            .map_err(|e| usage(format!("--redis-url / redis.url {shown}: {e}")))?,
+    );
+    let mut exporter = FleetExporter::new(Arc::clone(&store) as Arc<dyn BudgetStore>, budget)?
+        .max_dependencies(args.max_dependencies);
     if !args.no_rabbitmq {
         let queues = QueueSource::register(
             config.amqp.url.clone(),
@@ -55,10 +57,9 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     let exporter = Arc::new(exporter);
     if args.discover_secs > 0 {
         tokio::spawn(discover(
-            budget.clone(),
+            store,
             Arc::clone(&exporter),
             Duration::from_secs(args.discover_secs),
-            timeout,
         ));
     }
     let server = MetricsServer::bind(args.listen, Arc::clone(&exporter))
@@ -78,19 +79,14 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     Ok(())
 }
 
-/// Looks for budget keys under the prefix every `every` (the scan is bounded by the CLI's
-/// own limits); a failure keeps the last list and is logged.
-async fn discover(
-    config: fleet_budget::Config,
-    exporter: Arc<FleetExporter>,
-    every: Duration,
-    timeout: Duration,
-) {
+/// Looks for budget keys under the prefix every `every` (on every master of a cluster); a
+/// failure keeps the last list and is logged.
+async fn discover(store: Arc<RedisStore>, exporter: Arc<FleetExporter>, every: Duration) {
     loop {
-        match redis_conn::scan_dependencies(&config, timeout).await {
+        match store.discover_dependencies().await {
             Ok(found) => exporter.set_found_dependencies(found),
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "exporter: looking for budget keys failed");
+                tracing::warn!(error = %redact_text(&e.to_string()), "exporter: looking for budget keys failed");
             }
         }
         tokio::time::sleep(every).await;
