@@ -405,6 +405,8 @@ scrape_configs:
         .enable_all()
         .build()
         .unwrap();
+    // Quorum queues take seconds to declare: before the clock of the drill starts.
+    runtime.block_on(broker.migrate());
     let drill_started_unix = unix_now();
     let drill = runtime.spawn(drill(config, broker));
     let mut fired_at = None;
@@ -566,7 +568,6 @@ fn unix_now() -> f64 {
 /// Publishes jobs for the whole schedule while two workers run them against the dependency;
 /// returns the broker (its topology is deleted when it is dropped).
 async fn drill(config: WorkerConfig, broker: TestBroker) -> TestBroker {
-    broker.migrate().await;
     let topology = broker.topology.clone();
     let budget = FleetBudget::from_config(&config.budget).await.unwrap();
     let upstream = Arc::new(Upstream::new(Schedule {

@@ -36,11 +36,11 @@ pub struct BrownoutParams {
 /// The result of one brownout run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct BrownoutReport {
-    /// Client requests made.
-    pub client_requests: u64,
-    /// Attempts that reached the dependency.
-    pub upstream_calls: u64,
-    /// Upstream calls per client request.
+    /// Requests made: each one's first attempt (the words of the metrics and `status`).
+    pub first_attempts: u64,
+    /// Attempts that reached the dependency, first attempts and retries.
+    pub executions: u64,
+    /// Executions per first attempt.
     pub amplification: f64,
     /// Requests that succeeded.
     pub successes: u64,
@@ -59,13 +59,13 @@ pub fn run(p: &BrownoutParams) -> Result<BrownoutReport, Error> {
     let budget = ModelBudget::new(p.budget, WINDOW, p.attempts, p.seed);
     let mut rng = SmallRng::seed_from_u64(p.seed);
     let mut r = BrownoutReport {
-        client_requests: p.requests,
+        first_attempts: p.requests,
         ..BrownoutReport::default()
     };
     for _ in 0..p.requests {
         let mut attempt = 1u32;
         loop {
-            r.upstream_calls += 1;
+            r.executions += 1;
             budget.attempt(attempt)?;
             if rng.random::<f64>() >= p.failure_rate {
                 r.successes += 1;
@@ -83,7 +83,7 @@ pub fn run(p: &BrownoutParams) -> Result<BrownoutReport, Error> {
             attempt += 1;
         }
     }
-    r.amplification = ratio(r.upstream_calls, r.client_requests);
+    r.amplification = ratio(r.executions, r.first_attempts);
     Ok(r)
 }
 
@@ -95,11 +95,11 @@ fn ratio(a: u64, b: u64) -> f64 {
 /// The means of several brownout runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct BrownoutMean {
-    /// Mean client requests.
-    pub client_requests: f64,
-    /// Mean upstream calls.
-    pub upstream_calls: f64,
-    /// Mean upstream calls per mean client requests.
+    /// Mean first attempts (requests).
+    pub first_attempts: f64,
+    /// Mean executions.
+    pub executions: f64,
+    /// Mean executions per mean first attempts.
     pub amplification: f64,
     /// Mean successes.
     pub successes: f64,
@@ -118,16 +118,16 @@ pub fn mean(reports: &[BrownoutReport]) -> BrownoutMean {
     let n = reports.len().max(1) as f64;
     let sum = |f: fn(&BrownoutReport) -> u64| reports.iter().map(f).sum::<u64>() as f64 / n;
     let mut m = BrownoutMean {
-        client_requests: sum(|r| r.client_requests),
-        upstream_calls: sum(|r| r.upstream_calls),
+        first_attempts: sum(|r| r.first_attempts),
+        executions: sum(|r| r.executions),
         successes: sum(|r| r.successes),
         retries_granted: sum(|r| r.retries_granted),
         retries_denied: sum(|r| r.retries_denied),
         runs: u32::try_from(reports.len()).unwrap_or(u32::MAX),
         amplification: 0.0,
     };
-    m.amplification = if m.client_requests > 0.0 {
-        m.upstream_calls / m.client_requests
+    m.amplification = if m.first_attempts > 0.0 {
+        m.executions / m.first_attempts
     } else {
         0.0
     };
@@ -189,8 +189,8 @@ mod tests {
             seed: 9,
         })
         .unwrap();
-        assert_eq!(r.upstream_calls, r.client_requests + r.retries_granted);
-        assert!(r.successes <= r.client_requests);
+        assert_eq!(r.executions, r.first_attempts + r.retries_granted);
+        assert!(r.successes <= r.first_attempts);
         assert_eq!(r.retries_denied, 0, "no budget, no denials");
         assert_eq!(mean(&[]), BrownoutMean::default());
     }

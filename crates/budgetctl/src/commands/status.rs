@@ -41,11 +41,13 @@ pub(crate) struct DependencyStatus {
     pub(crate) window_remaining_secs: f64,
     pub(crate) successes: u64,
     pub(crate) first_attempts: u64,
-    pub(crate) retries: u64,
-    pub(crate) denied: u64,
+    /// First attempts and retries granted.
+    pub(crate) executions: u64,
+    pub(crate) retries_granted: u64,
+    pub(crate) retries_denied: u64,
     pub(crate) allowance: u64,
     pub(crate) remaining: u64,
-    /// Executions per job, `(first_attempts + retries) / first_attempts`; null without traffic.
+    /// Executions per job, `executions / first_attempts`; null without traffic.
     pub(crate) amplification: Option<f64>,
     /// The policy in force in Redis (`window_ms ratio min_allowance basis mode`), not the CLI's.
     pub(crate) policy_in_force: String,
@@ -57,6 +59,9 @@ pub(crate) struct DependencyStatus {
     pub(crate) overrides: Overrides,
     /// Server ms of the read (override times are server ms too).
     pub(crate) now_ms: u64,
+    /// The current window's index (server time / window length), for `--watch`'s trend.
+    #[serde(skip)]
+    pub(crate) window_index: u64,
 }
 
 impl DependencyStatus {
@@ -76,8 +81,9 @@ impl DependencyStatus {
             window_remaining_secs: s.ms_until_roll() as f64 / 1000.0,
             successes,
             first_attempts,
-            retries,
-            denied,
+            executions: first_attempts + retries,
+            retries_granted: retries,
+            retries_denied: denied,
             allowance: s.allowance,
             remaining: s.remaining(),
             amplification: (first_attempts > 0)
@@ -95,6 +101,7 @@ impl DependencyStatus {
             conflict_age_secs: fleet.conflict_age_ms.map(|ms| ms as f64 / 1000.0),
             overrides: fleet.overrides.clone(),
             now_ms: fleet.now_ms,
+            window_index: s.window_index,
         }
     }
 
@@ -140,11 +147,11 @@ impl DependencyStatus {
     pub(crate) fn alert(&self) -> &'static str {
         if self.overrides.freeze.is_some() {
             "FROZEN: an operator froze retries"
-        } else if self.denied > 0 && self.remaining == 0 {
+        } else if self.retries_denied > 0 && self.remaining == 0 {
             "DENYING: budget exhausted, retries are dead-lettered"
         } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
             "AMPLIFIED: retries above 50% of traffic"
-        } else if self.denied > 0 {
+        } else if self.retries_denied > 0 {
             "denials in the last window"
         } else {
             ""
@@ -199,13 +206,18 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
     };
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
     let mut first = true;
+    let mut trend = Trend::default();
     loop {
         let report = collect(config, &store, only.as_ref()).await?;
         if args.json {
             print_json(&report)?;
             return report.failure();
         }
-        let text = render(&report);
+        let mut text = render(&report);
+        if args.watch {
+            trend.record(&report.dependencies);
+            text.push_str(&trend.render());
+        }
         let mut out = std::io::stdout().lock();
         if args.watch && std::io::stdout().is_terminal() {
             // Clear the screen and redraw in place.
@@ -284,9 +296,10 @@ fn render(report: &StatusReport) -> String {
             "window",
             "rolls in",
             "successes",
-            "first",
-            "retries",
-            "denied",
+            "first attempts",
+            "executions",
+            "retries granted",
+            "retries denied",
             "allowance",
             "remaining",
             "amplif.",
@@ -302,8 +315,9 @@ fn render(report: &StatusReport) -> String {
             format!("{:.1}s", d.window_remaining_secs),
             d.successes.to_string(),
             d.first_attempts.to_string(),
-            d.retries.to_string(),
-            d.denied.to_string(),
+            d.executions.to_string(),
+            d.retries_granted.to_string(),
+            d.retries_denied.to_string(),
             d.allowance.to_string(),
             d.remaining.to_string(),
             d.amplification
@@ -311,7 +325,7 @@ fn render(report: &StatusReport) -> String {
             d.alert().to_owned(),
         ]);
     }
-    out.push_str(&table_aligned(&rows, &[0, 10]));
+    out.push_str(&table_aligned(&rows, &[0, 11]));
     for d in &report.dependencies {
         out.push_str(&d.details());
     }
@@ -323,4 +337,141 @@ fn render(report: &StatusReport) -> String {
         ));
     }
     out
+}
+
+/// Windows `--watch` keeps per dependency for its trend.
+const TREND_WINDOWS: usize = 12;
+/// Spend against allowance, from none to all of it.
+const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+/// `--watch`'s memory: per dependency, the last reading of each of the last windows (retries
+/// granted against the allowance, and whether retries were denied). Bounded: at most
+/// [`TREND_WINDOWS`] windows for each dependency shown.
+#[derive(Debug, Default)]
+struct Trend {
+    windows: std::collections::BTreeMap<String, std::collections::VecDeque<TrendPoint>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TrendPoint {
+    window_index: u64,
+    retries_granted: u64,
+    allowance: u64,
+    denied: bool,
+}
+
+impl Trend {
+    /// Keeps the latest reading of each window; forgets dependencies no longer shown.
+    fn record(&mut self, rows: &[DependencyStatus]) {
+        self.windows
+            .retain(|d, _| rows.iter().any(|r| &r.dependency == d));
+        for r in rows {
+            let points = self.windows.entry(r.dependency.clone()).or_default();
+            let point = TrendPoint {
+                window_index: r.window_index,
+                retries_granted: r.retries_granted,
+                allowance: r.allowance,
+                denied: r.retries_denied > 0,
+            };
+            match points.back_mut() {
+                Some(last) if last.window_index == point.window_index => *last = point,
+                _ => points.push_back(point),
+            }
+            while points.len() > TREND_WINDOWS {
+                points.pop_front();
+            }
+        }
+    }
+
+    /// One line per dependency: a bar per window, the retries granted against the allowance
+    /// (`!` where retries were denied), oldest first.
+    fn render(&self) -> String {
+        let mut out = format!(
+            "\nspend against allowance, last {TREND_WINDOWS} windows (▁ none … █ all of it, ! retries denied)\n"
+        );
+        let width = self.windows.keys().map(String::len).max().unwrap_or(0);
+        for (dependency, points) in &self.windows {
+            let bars: String = points.iter().map(|p| bar(*p)).collect();
+            let now = points
+                .back()
+                .map(|p| format!("{}/{}", p.retries_granted, p.allowance))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  {dependency:<width$}  {bars:<TREND_WINDOWS$}  now {now}\n"
+            ));
+        }
+        out
+    }
+}
+
+/// The bar of one window.
+fn bar(p: TrendPoint) -> char {
+    if p.denied {
+        return '!';
+    }
+    let last = BARS.len() - 1;
+    let step = match p
+        .retries_granted
+        .saturating_mul(last as u64)
+        .checked_div(p.allowance)
+    {
+        Some(scaled) => usize::try_from(scaled).unwrap_or(last).min(last),
+        None if p.retries_granted > 0 => last,
+        None => 0,
+    };
+    BARS.get(step).copied().unwrap_or('█')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DependencyStatus, TREND_WINDOWS, Trend};
+
+    fn row(
+        dependency: &str,
+        window_index: u64,
+        granted: u64,
+        allowance: u64,
+        denied: u64,
+    ) -> DependencyStatus {
+        DependencyStatus {
+            dependency: dependency.to_owned(),
+            window_secs: 60.0,
+            window_remaining_secs: 1.0,
+            successes: 0,
+            first_attempts: 0,
+            executions: granted,
+            retries_granted: granted,
+            retries_denied: denied,
+            allowance,
+            remaining: allowance.saturating_sub(granted),
+            amplification: None,
+            policy_in_force: String::new(),
+            conflicts: 0,
+            conflicting_policy: None,
+            conflict_age_secs: None,
+            overrides: fleet_budget::control::Overrides::default(),
+            now_ms: 0,
+            window_index,
+        }
+    }
+
+    #[test]
+    fn the_trend_keeps_one_bar_per_window_and_marks_denials() {
+        let mut trend = Trend::default();
+        // Two readings in window 1: the later one counts.
+        trend.record(&[row("search", 1, 1, 10, 0), row("mail", 1, 0, 10, 0)]);
+        trend.record(&[row("search", 1, 5, 10, 0), row("mail", 1, 0, 10, 0)]);
+        trend.record(&[row("search", 2, 10, 10, 0), row("mail", 2, 0, 10, 0)]);
+        trend.record(&[row("search", 3, 10, 10, 4), row("mail", 3, 0, 10, 0)]);
+        let text = trend.render();
+        assert!(text.contains("  search  ▄█!"), "{text}");
+        assert!(text.contains("now 10/10"), "{text}");
+        assert!(text.contains("  mail    ▁▁▁"), "{text}");
+        // Bounded, and dependencies no longer shown are forgotten.
+        for w in 4..40 {
+            trend.record(&[row("search", w, 0, 10, 0)]);
+        }
+        assert_eq!(trend.windows["search"].len(), TREND_WINDOWS);
+        assert!(!trend.render().contains("mail"));
+    }
 }

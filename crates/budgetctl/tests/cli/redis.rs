@@ -49,8 +49,9 @@ fn bench_and_status_against_redis() {
             "window_remaining_secs",
             "successes",
             "first_attempts",
-            "retries",
-            "denied",
+            "executions",
+            "retries_granted",
+            "retries_denied",
             "allowance",
             "remaining",
             "amplification",
@@ -58,8 +59,8 @@ fn bench_and_status_against_redis() {
     );
     assert_eq!(s["dependency"], "search");
     assert_eq!(s["successes"], 500);
-    assert_eq!(s["retries"], 100);
-    assert_eq!(s["denied"], 200);
+    assert_eq!(s["retries_granted"], 100);
+    assert_eq!(s["retries_denied"], 200);
     assert_eq!(s["allowance"], 100);
     assert_eq!(s["remaining"], 0);
 
@@ -158,9 +159,12 @@ fn several_bench_processes_together_never_exceed_the_allowance() {
     assert!(granted <= 60, "granted {granted} > allowance 60");
     assert!(granted >= 10, "the floor alone grants 10: {granted}");
     let v = json(&run_with(&on, "status --json"));
-    assert_eq!(v["dependencies"][0]["retries"].as_u64().unwrap(), granted);
     assert_eq!(
-        v["dependencies"][0]["denied"].as_u64().unwrap(),
+        v["dependencies"][0]["retries_granted"].as_u64().unwrap(),
+        granted
+    );
+    assert_eq!(
+        v["dependencies"][0]["retries_denied"].as_u64().unwrap(),
         600 - granted
     );
 }

@@ -24,8 +24,8 @@ fn simulate_brownout_json_shape_and_reference_numbers() {
     has_fields(
         &healthy,
         &[
-            "client_requests",
-            "upstream_calls",
+            "first_attempts",
+            "executions",
             "amplification",
             "successes",
             "retries_granted",
@@ -67,7 +67,7 @@ fn simulate_brownout_json_shape_and_reference_numbers() {
         "--seed",
         "3",
     ]));
-    assert!(one["upstream_calls"].is_u64(), "{one}");
+    assert!(one["executions"].is_u64(), "{one}");
     let text = run(&["simulate", "brownout", "--failure-rate", "0.9"]);
     assert!(stdout(&text).contains("amplification"), "{}", stdout(&text));
 }

@@ -94,8 +94,8 @@ pub(super) fn run(args: &BrownoutArgs) -> anyhow::Result<()> {
     );
     let row = |name: &str, value: String| vec![name.to_owned(), value];
     let rows = vec![
-        row("client requests", format!("{:.0}", m.client_requests)),
-        row("upstream calls", format!("{:.1}", m.upstream_calls)),
+        row("first attempts", format!("{:.0}", m.first_attempts)),
+        row("executions", format!("{:.1}", m.executions)),
         row("amplification", format!("{:.3}x", m.amplification)),
         row("successes", format!("{:.1}", m.successes)),
         row("retries granted", format!("{:.1}", m.retries_granted)),
