@@ -43,10 +43,10 @@ use fleet_budget_amqp::{Worker, WorkerConfig, WorkerOptions};
 use fleet_budget_sim::upstream::{Schedule, Upstream};
 use serde_json::Value;
 
-/// Recorded signals of metrics that no crate produces yet, and the issue that adds each.
+/// Recorded signals of counters this drill never increments (and so never shows), and why.
 const NOT_PRODUCED_YET: [(&str, &str); 1] = [(
     "dependency:fleet_budget_policy_conflicts:increase10m",
-    "fleet_budget_policy_conflicts_total comes with issue 11",
+    "fleet_budget_policy_conflicts_total counts only calls whose policy differs from Redis's",
 )];
 
 /// The drill: jobs per second, and the dependency's schedule (healthy, brownout, recovered).
