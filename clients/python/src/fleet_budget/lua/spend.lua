@@ -11,11 +11,13 @@
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
 --           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
 --          (window_ms and the last four: the policy in force, which may differ from ARGV)
--- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer.
+-- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
+-- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
+-- without an expiry is never made.
 -- Sets: window.
 local window = tonumber(ARGV[1])
-if not window or window < 1 or window ~= math.floor(window) then
-  return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer')
+if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then
+  return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer, at most 86400000 (one day)')
 end
 local at = 2
 local propose = true
@@ -33,12 +35,13 @@ local propose = true
 -- cd and ps pa pr pd), rolled (the whole hash must be written).
 local ratio_text = ARGV[at] or ''
 local ratio = tonumber(ratio_text)
-if not ratio or ratio ~= ratio or ratio < 0 or #ratio_text > 32 then
-  return redis.error_reply('fleet-budget: ARGV[' .. at .. '] ratio must be a number >= 0 (at most 32 characters)')
+if not ratio or ratio ~= ratio or ratio < 0 or ratio > 10 or #ratio_text > 32 then
+  return redis.error_reply('fleet-budget: ARGV[' .. at .. '] ratio must be a number >= 0, at most 10 (at most 32 characters)')
 end
 local min_allowance = tonumber(ARGV[at + 1])
-if not min_allowance or min_allowance < 0 or min_allowance ~= math.floor(min_allowance) then
-  return redis.error_reply('fleet-budget: ARGV[' .. (at + 1) .. '] min_allowance must be an integer >= 0')
+if not min_allowance or min_allowance < 0 or min_allowance > 1000000000
+    or min_allowance ~= math.floor(min_allowance) then
+  return redis.error_reply('fleet-budget: ARGV[' .. (at + 1) .. '] min_allowance must be an integer >= 0, at most 10^9')
 end
 local basis = ARGV[at + 2]
 if basis ~= 's' and basis ~= 'a' then
@@ -58,8 +61,30 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- whose policy differs is served by the policy in force and counted as a conflict; its policy
 -- replaces the one in force only when nobody sent that one for a whole window of its own (the
 -- fleet has moved). Counters are never reset by a disagreement.
-local h = redis.call('HMGET', KEYS[1], 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-  'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm')
+-- A key of another type, or a stored number that is not one (tampered with), is refused before
+-- any write, naming the key: `fleet-budget: key <key> ...`. Counters and times are integers of at
+-- most 18 digits; ratios (r, sr) numbers from 0 to 10; floors (m, sm) integers up to 10^9.
+local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+  'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
+local h = redis.pcall('HMGET', KEYS[1], unpack(names))
+if h.err then
+  return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a budget hash: ' .. h.err)
+end
+for n = 1, 19 do
+  local v = h[n]
+  local bad = false
+  if v and (n <= 10 or n == 15 or n == 16 or n == 17) then
+    bad = not string.match(v, '^%-?%d+$') or #v > 18
+  elseif v and (n == 11 or n == 18) then
+    local x = tonumber(v)
+    bad = not x or x ~= x or x < 0 or x > 10
+  elseif v and (n == 12 or n == 19) then
+    bad = not string.match(v, '^%d+$') or #v > 10
+  end
+  if bad then
+    return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' field ' .. names[n] .. ' is not a valid number')
+  end
+end
 local sw = tonumber(h[1])
 local i = tonumber(h[2])
 local cur = { tonumber(h[3]) or 0, tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0 }
