@@ -132,8 +132,9 @@ async fn decision_order_non_retryable_then_attempts_then_budget_then_delay() {
         "reindex_never_mapped",
         "an unmapped task is its own dependency"
     );
+    // The second failure's nominal delay is 2 s × 2 = 4 s; centred jitter draws from [3 s, 5 s].
     assert!(
-        delay >= Duration::from_secs(2) && delay <= Duration::from_secs(4),
+        delay >= Duration::from_secs(3) && delay <= Duration::from_secs(5),
         "{delay:?}"
     );
 
