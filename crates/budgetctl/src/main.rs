@@ -8,6 +8,7 @@
 #[macro_use]
 mod output;
 mod amqp_conn;
+mod args;
 mod cli;
 mod commands;
 mod exit;

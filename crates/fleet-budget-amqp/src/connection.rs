@@ -142,6 +142,9 @@ mod tests {
             assert!(matches!(err, AmqpError::TlsUnavailable { .. }), "{err}");
             assert!(!err.to_string().contains("hunter2"), "{err}");
         }
-        assert!(listener.accept().is_err(), "something connected in plaintext");
+        assert!(
+            listener.accept().is_err(),
+            "something connected in plaintext"
+        );
     }
 }

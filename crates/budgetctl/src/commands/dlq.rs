@@ -7,7 +7,7 @@ use fleet_budget_amqp::{AmqpError, ReplayOptions, Replayer, Topology, WorkerConf
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
-use crate::cli::JsonArg;
+use crate::args::JsonArg;
 use crate::output::{print_json, table_aligned, thousands};
 
 /// `dlq` subcommands.

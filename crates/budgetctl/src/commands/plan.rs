@@ -262,7 +262,7 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
 
 /// `--factor`: from 1 (no growth) to 10.
 fn factor_arg(s: &str) -> Result<f64, String> {
-    crate::cli::number_in(s, 1.0..=10.0, "from 1 to 10")
+    crate::args::number_in(s, 1.0..=10.0, "from 1 to 10")
 }
 
 #[cfg(test)]

@@ -362,7 +362,10 @@ pub(super) mod tests {
         assert!(!p.value.contains("hunter2"), "{p}");
         assert_eq!(c.redis.url, RedisSettings::default().url);
         c.redis.cluster_urls.push("redis://c:1".to_owned());
-        assert!(c.set_redis_url("rediss://h:1").is_err(), "no TLS in this build");
+        assert!(
+            c.set_redis_url("rediss://h:1").is_err(),
+            "no TLS in this build"
+        );
         c.set_redis_url("redis://h:1").unwrap();
         assert_eq!(c.redis.url, "redis://h:1");
         assert!(c.redis.cluster_urls.is_empty());

@@ -34,7 +34,7 @@ use fleet_budget_sim::upstream::{CallError, Schedule, Upstream};
 
 use self::mode::Mode;
 use self::report::{DemoReport, FirstPass, ReplayTotals, RunReport};
-use crate::cli::number_in;
+use crate::args::number_in;
 use crate::output::print_json;
 
 /// `demo`.

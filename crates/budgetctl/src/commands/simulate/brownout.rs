@@ -6,7 +6,7 @@ use fleet_budget::DepositBasis;
 use fleet_budget_sim::brownout::{self, BrownoutParams};
 
 use super::{DepositArg, MAX_MODEL_JOBS, budget_params, ratio};
-use crate::cli::number_in;
+use crate::args::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table, thousands};
 

@@ -5,7 +5,7 @@
 use clap::Args;
 use fleet_budget_sim::concurrency::{self, ConcurrencyParams, MAX_RETRIES};
 
-use crate::cli::number_in;
+use crate::args::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table};
 

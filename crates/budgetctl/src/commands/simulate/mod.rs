@@ -14,7 +14,7 @@ use fleet_budget_sim::BudgetParams;
 pub(crate) use self::brownout::BrownoutArgs;
 pub(crate) use self::capacity::CapacityArgs;
 pub(crate) use self::concurrency::ConcurrencyArgs;
-use crate::cli::number_in;
+use crate::args::number_in;
 
 /// The most jobs one `simulate` command models, so that no input makes it run for hours.
 const MAX_MODEL_JOBS: u64 = 20_000_000;
