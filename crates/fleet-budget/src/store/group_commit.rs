@@ -21,9 +21,12 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::Withdrawal;
+use super::scripts::policy_args;
+use super::{RedisStore, Withdrawal};
 use crate::allowance::BudgetSnapshot;
+use crate::dependency::Dependency;
 use crate::error::StoreError;
+use crate::policy::BudgetPolicy;
 
 /// The largest batch by default.
 pub const DEFAULT_MAX_BATCH: usize = 64;
@@ -244,4 +247,80 @@ pub fn batch_answer(
         granted: k < granted,
         snapshot: answer,
     })
+}
+
+/// The group-commit protocol as the Redis store runs it.
+impl RedisStore {
+    /// A withdrawal by group commit (see `store/group_commit.rs`): lead a batch now, or wait
+    /// for an answer or for the lead of the next batch; all within the store's deadline.
+    pub(super) async fn withdraw_grouped(
+        &self,
+        group: &GroupCommit,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> Result<Withdrawal, StoreError> {
+        let mut lane = self.key(dependency);
+        lane.push('\0');
+        lane.push_str(&policy.window_ms().to_string());
+        for arg in policy_args(policy) {
+            lane.push('\0');
+            lane.push_str(&arg);
+        }
+        let lane = lane.as_str();
+        let turn = async {
+            let followers = match group.join(lane) {
+                Turn::Lead => Vec::new(),
+                Turn::Wait(rx) => {
+                    let mut waiting = Waiting { group, lane, rx };
+                    match (&mut waiting.rx).await {
+                        Ok(Wake::Answer(answer)) => return answer,
+                        Ok(Wake::Lead(followers)) => followers,
+                        // The leader was dropped with our decision in flight: it may have been
+                        // counted, so it is not sent again.
+                        Err(_) => return Err(StoreError::Timeout(self.timeout())),
+                    }
+                }
+            };
+            let _leading = Leading { group, lane };
+            self.lead(group, dependency, policy, followers).await
+        };
+        tokio::time::timeout(self.timeout(), turn)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.timeout())))
+    }
+
+    /// Sends the leader's decision with its followers' (the leader's is first), and answers them.
+    async fn lead(
+        &self,
+        group: &GroupCommit,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        followers: Vec<Waiter>,
+    ) -> Result<Withdrawal, StoreError> {
+        group.sent(followers.len() + 1);
+        if followers.is_empty() {
+            return self.withdraw_one(dependency, policy).await;
+        }
+        let n = u64::try_from(followers.len() + 1).unwrap_or(u64::MAX);
+        match self.withdraw_many(dependency, policy, n).await {
+            Ok(answers) => {
+                let mut answers = answers.into_iter();
+                let own = answers.next();
+                for (follower, answer) in followers.into_iter().zip(answers) {
+                    // A follower that gave up is not there to answer; its decision stays counted.
+                    let _ = follower.send(Wake::Answer(Ok(answer)));
+                }
+                own.ok_or_else(|| StoreError::BadReply {
+                    script: "spend_many",
+                    detail: "no answers".to_owned(),
+                })
+            }
+            Err(error) => {
+                for follower in followers {
+                    let _ = follower.send(Wake::Answer(Err(copy_error(&error))));
+                }
+                Err(error)
+            }
+        }
+    }
 }

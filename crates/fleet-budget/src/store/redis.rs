@@ -16,10 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
-use super::group_commit::{
-    DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, Leading, Turn, Waiter, Waiting, Wake,
-    batch_answer, copy_error,
-};
+use super::group_commit::{DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, batch_answer};
 use super::scripts::{
     DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
     policy_args,
@@ -194,7 +191,7 @@ impl RedisStore {
             .collect()
     }
 
-    async fn withdraw_one(
+    pub(super) async fn withdraw_one(
         &self,
         dependency: &Dependency,
         policy: &BudgetPolicy,
@@ -213,79 +210,6 @@ impl RedisStore {
                 script: "spend",
                 detail: format!("granted is {other}, expected 0 or 1"),
             }),
-        }
-    }
-
-    /// A withdrawal by group commit (see `store/group_commit.rs`): lead a batch now, or wait
-    /// for an answer or for the lead of the next batch; all within the store's deadline.
-    async fn withdraw_grouped(
-        &self,
-        group: &GroupCommit,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-    ) -> Result<Withdrawal, StoreError> {
-        let mut lane = self.key(dependency);
-        lane.push('\0');
-        lane.push_str(&policy.window_ms().to_string());
-        for arg in policy_args(policy) {
-            lane.push('\0');
-            lane.push_str(&arg);
-        }
-        let lane = lane.as_str();
-        let turn = async {
-            let followers = match group.join(lane) {
-                Turn::Lead => Vec::new(),
-                Turn::Wait(rx) => {
-                    let mut waiting = Waiting { group, lane, rx };
-                    match (&mut waiting.rx).await {
-                        Ok(Wake::Answer(answer)) => return answer,
-                        Ok(Wake::Lead(followers)) => followers,
-                        // The leader was dropped with our decision in flight: it may have been
-                        // counted, so it is not sent again.
-                        Err(_) => return Err(StoreError::Timeout(self.timeout)),
-                    }
-                }
-            };
-            let _leading = Leading { group, lane };
-            self.lead(group, dependency, policy, followers).await
-        };
-        tokio::time::timeout(self.timeout, turn)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.timeout)))
-    }
-
-    /// Sends the leader's decision with its followers' (the leader's is first), and answers them.
-    async fn lead(
-        &self,
-        group: &GroupCommit,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-        followers: Vec<Waiter>,
-    ) -> Result<Withdrawal, StoreError> {
-        group.sent(followers.len() + 1);
-        if followers.is_empty() {
-            return self.withdraw_one(dependency, policy).await;
-        }
-        let n = u64::try_from(followers.len() + 1).unwrap_or(u64::MAX);
-        match self.withdraw_many(dependency, policy, n).await {
-            Ok(answers) => {
-                let mut answers = answers.into_iter();
-                let own = answers.next();
-                for (follower, answer) in followers.into_iter().zip(answers) {
-                    // A follower that gave up is not there to answer; its decision stays counted.
-                    let _ = follower.send(Wake::Answer(Ok(answer)));
-                }
-                own.ok_or_else(|| StoreError::BadReply {
-                    script: "spend_many",
-                    detail: "no answers".to_owned(),
-                })
-            }
-            Err(error) => {
-                for follower in followers {
-                    let _ = follower.send(Wake::Answer(Err(copy_error(&error))));
-                }
-                Err(error)
-            }
         }
     }
 
