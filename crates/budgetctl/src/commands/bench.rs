@@ -95,10 +95,11 @@ async fn guard_live_prefix(
 struct BenchReport {
     dependency: String,
     redis: String,
-    successes_recorded: u64,
+    /// Successes recorded before the retry requests (the deposit).
+    successes: u64,
     retries_requested: u64,
-    granted: u64,
-    denied: u64,
+    retries_granted: u64,
+    retries_denied: u64,
     decisions_per_sec: f64,
     p50_us: u64,
     p99_us: u64,
@@ -196,10 +197,10 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
     let report = BenchReport {
         dependency: dependency.to_string(),
         redis: shown.clone(),
-        successes_recorded: args.successes,
+        successes: args.successes,
         retries_requested: args.retries,
-        granted,
-        denied,
+        retries_granted: granted,
+        retries_denied: denied,
         #[allow(clippy::cast_precision_loss)]
         decisions_per_sec: if elapsed.is_zero() {
             0.0
@@ -218,12 +219,12 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
         return print_json(&report);
     }
     outln!("dependency          {}", report.dependency);
-    outln!("successes recorded  {}", report.successes_recorded);
+    outln!("successes recorded  {}", report.successes);
     outln!("retries requested   {}", report.retries_requested);
     outln!(
-        "granted / denied    {} / {} (allowance {})",
-        report.granted,
-        report.denied,
+        "retries granted / denied  {} / {} (allowance {})",
+        report.retries_granted,
+        report.retries_denied,
         report.allowance
     );
     outln!("decisions per sec   {:.0}", report.decisions_per_sec);

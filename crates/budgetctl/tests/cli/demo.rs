@@ -15,14 +15,23 @@ fn check_demo(v: &Value) {
             run,
             &[
                 "jobs_submitted",
-                "upstream_calls",
+                "executions",
                 "amplification",
-                "peak_upstream_calls_per_sec",
+                "peak_executions_per_sec",
                 "successes",
+                "retries_granted",
+                "retries_denied",
                 "dead_lettered",
                 "accounting",
             ],
         );
+        for old in [
+            "upstream_calls",
+            "peak_upstream_calls_per_sec",
+            "replay_upstream_calls",
+        ] {
+            assert!(run.get(old).is_none(), "{old}: one vocabulary, {run}");
+        }
         let acc = &run["accounting"];
         assert_eq!(acc["lost"], 0, "{run}");
         let sum = acc["succeeded"].as_u64().unwrap()
@@ -41,8 +50,8 @@ fn check_demo(v: &Value) {
         "{with}"
     );
     assert!(
-        with["peak_upstream_calls_per_sec"].as_u64().unwrap()
-            < without["peak_upstream_calls_per_sec"].as_u64().unwrap(),
+        with["peak_executions_per_sec"].as_u64().unwrap()
+            < without["peak_executions_per_sec"].as_u64().unwrap(),
         "{v}"
     );
     assert!(

@@ -22,10 +22,10 @@ fn bench_and_status_against_redis() {
     has_fields(
         &v,
         &[
-            "successes_recorded",
+            "successes",
             "retries_requested",
-            "granted",
-            "denied",
+            "retries_granted",
+            "retries_denied",
             "decisions_per_sec",
             "p50_us",
             "p99_us",
@@ -34,8 +34,11 @@ fn bench_and_status_against_redis() {
         ],
     );
     // Default policy: ratio 0.2 of 500 successes = 100.
-    assert_eq!(v["granted"], 100, "{v}");
-    assert_eq!(v["denied"], 200, "{v}");
+    assert_eq!(v["retries_granted"], 100, "{v}");
+    assert_eq!(v["retries_denied"], 200, "{v}");
+    for old in ["granted", "denied", "successes_recorded"] {
+        assert!(v.get(old).is_none(), "{old}: one vocabulary, {v}");
+    }
 
     let v = json(&run_with(&on, "status --json"));
     let deps = v["dependencies"].as_array().unwrap();
@@ -149,9 +152,9 @@ fn several_bench_processes_together_never_exceed_the_allowance() {
     let mut granted = 0;
     for child in children {
         let v = json(&child.wait_with_output().unwrap());
-        granted += v["granted"].as_u64().unwrap();
+        granted += v["retries_granted"].as_u64().unwrap();
         assert_eq!(
-            v["granted"].as_u64().unwrap() + v["denied"].as_u64().unwrap(),
+            v["retries_granted"].as_u64().unwrap() + v["retries_denied"].as_u64().unwrap(),
             200
         );
     }

@@ -6,23 +6,31 @@
 //! | `fleet_budget_queue_messages` | gauge | queue, role | ready messages (`role`: `work`, `dead_letter`, `parked`) |
 //! | `fleet_budget_queue_oldest_message_age_seconds` | gauge | queue, role | age of the message at the head of the dead-letter or parked queue, by its `fb-dead-lettered-ms` / `fb-parked-ms` (absent when the queue is empty) |
 //!
-//! Depths are passive declares. The head's age is read by getting the head message and closing
-//! the channel without acknowledging it, which puts it back at the head; on RabbitMQ 3.x quorum
-//! queues that counts as a delivery attempt (`x-delivery-count`), harmless on these queues,
-//! which have no delivery limit. One connection per reading; the exporter bounds its time.
+//! Depths are passive declares, read at every scrape. The oldest message's age is the minimum
+//! dead-letter (park) time over the queue, read through the non-destructive
+//! [`crate::replay::inspect`] (each message put back as a confirmed copy, so no look raises a
+//! delivery count: on RabbitMQ 4.x, where quorum queues get a default delivery limit of 20, a
+//! `basic.get` left unacknowledged would bring the dead letter closer to deletion at every
+//! scrape). A look moves messages to the tail, so the head is not the oldest: the whole queue is
+//! read, up to [`QueueSource::DEFAULT_SCAN_LIMIT`] messages, at most every
+//! [`QueueSource::DEFAULT_SCAN_EVERY`]; between looks the age grows from the time found. A look
+//! runs in a task of its own, so a scrape that times out never cuts one short (a cut look would
+//! return its unacknowledged messages, counted). One connection per reading.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fleet_budget::metrics::{ExporterSource, ReadFuture};
-use lapin::options::BasicGetOptions;
+use fleet_budget::redact::redact_text;
 use lapin::types::ShortString;
-use lapin::{Channel, Connection};
+use lapin::{BasicProperties, Channel, Connection};
 use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
+use tokio::sync::Mutex;
 
-use crate::connection::connect;
+use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::headers::{self, DEAD_LETTERED_MS, PARKED_MS};
-use crate::topology::names::amqp_name;
+use crate::replay::inspect::{InspectOptions, inspect_queue};
 use crate::topology::{Topology, queue_depth};
 
 /// Reads the queues of a topology for the fleet exporter.
@@ -32,9 +40,26 @@ pub struct QueueSource {
     topology: Topology,
     messages: IntGaugeVec,
     oldest_age: GaugeVec,
+    scan_every: Duration,
+    scan_limit: u64,
+    /// The last look at the dead-letter queue, then at the parked queue.
+    looks: [Arc<Mutex<Option<Look>>>; 2],
+}
+
+/// What the last non-destructive look at a queue found.
+#[derive(Debug, Clone, Copy)]
+struct Look {
+    at: Instant,
+    /// The oldest dead-letter (park) time, Unix ms; `None` when the queue was empty.
+    oldest_ms: Option<u64>,
 }
 
 impl QueueSource {
+    /// How often the oldest message is looked for, at most.
+    pub const DEFAULT_SCAN_EVERY: Duration = Duration::from_secs(60);
+    /// Messages a look reads at most per queue.
+    pub const DEFAULT_SCAN_LIMIT: u64 = 10_000;
+
     /// A source for `topology` on the broker at `url`, its gauges registered on `registry`
     /// (the exporter's: `FleetExporter::registry`).
     ///
@@ -55,7 +80,7 @@ impl QueueSource {
         let oldest_age = GaugeVec::new(
             Opts::new(
                 "fleet_budget_queue_oldest_message_age_seconds",
-                "Age of the message at the head of the queue, by its dead-letter or park time.",
+                "Age of the oldest message in the queue, by its dead-letter or park time.",
             ),
             &["queue", "role"],
         )?;
@@ -66,56 +91,133 @@ impl QueueSource {
             topology,
             messages,
             oldest_age,
+            scan_every: Self::DEFAULT_SCAN_EVERY,
+            scan_limit: Self::DEFAULT_SCAN_LIMIT,
+            looks: [Arc::default(), Arc::default()],
         })
     }
 
-    async fn read_all(&self) -> Result<(), AmqpError> {
-        let conn = connect(&self.url, "fleet-budget exporter").await?;
-        let result = self.read_on(&conn).await;
-        let _ = conn.close(200, ShortString::from("bye")).await;
-        result
+    /// Looks for the oldest message at most this often (`Duration::ZERO`: at every reading).
+    #[must_use]
+    pub fn scan_every(mut self, every: Duration) -> Self {
+        self.scan_every = every;
+        self
     }
 
-    async fn read_on(&self, conn: &Connection) -> Result<(), AmqpError> {
+    /// Reads at most this many messages of a queue when looking for its oldest (at least 1).
+    #[must_use]
+    pub fn scan_limit(mut self, limit: u64) -> Self {
+        self.scan_limit = limit.max(1);
+        self
+    }
+
+    /// Reads the depths, then the oldest ages; a failure says why, redacted.
+    async fn read_all(&self) -> Result<(), String> {
+        let why = |e: AmqpError| redact_text(&e.to_string());
+        let conn = connect(&self.url, "fleet-budget exporter")
+            .await
+            .map_err(why)?;
+        let result = self.read_on(&conn).await;
+        let _ = conn.close(200, ShortString::from("bye")).await;
+        let depths = result.map_err(why)?;
         let t = &self.topology;
-        let ch = channel(conn).await?;
-        let depths = [
-            (
-                &t.work_queue,
-                "work",
-                queue_depth(&ch, &t.work_queue).await?,
-            ),
-            (
-                &t.dead_queue,
-                "dead_letter",
-                queue_depth(&ch, &t.dead_queue).await?,
-            ),
-            (
-                &t.parked_queue,
-                "parked",
-                queue_depth(&ch, &t.parked_queue).await?,
-            ),
-        ];
-        let _ = ch.close(200, ShortString::from("bye")).await;
         self.messages.reset();
         self.oldest_age.reset();
-        for (queue, role, depth) in depths {
+        for (queue, role, depth) in [
+            (&t.work_queue, "work", depths[0]),
+            (&t.dead_queue, "dead_letter", depths[1]),
+            (&t.parked_queue, "parked", depths[2]),
+        ] {
             self.messages
                 .with_label_values(&[queue, role])
                 .set(i64::from(depth));
         }
         let now = headers::now_ms();
-        for (queue, role, header) in [
-            (&t.dead_queue, "dead_letter", DEAD_LETTERED_MS),
-            (&t.parked_queue, "parked", PARKED_MS),
-        ] {
-            if let Some(at_ms) = head_time(conn, queue, header).await? {
+        for (i, (queue, role, header, depth)) in [
+            (&t.dead_queue, "dead_letter", DEAD_LETTERED_MS, depths[1]),
+            (&t.parked_queue, "parked", PARKED_MS, depths[2]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let Some(look) = self.looks.get(i) else {
+                continue;
+            };
+            if depth == 0 {
+                // Nothing to be old: no series, and the next message starts a fresh look.
+                *look.lock().await = None;
+                continue;
+            }
+            if let Some(at_ms) = self.oldest(look, queue, header).await? {
                 #[allow(clippy::cast_precision_loss)]
                 let age = now.saturating_sub(at_ms) as f64 / 1000.0;
                 self.oldest_age.with_label_values(&[queue, role]).set(age);
             }
         }
         Ok(())
+    }
+
+    /// The depths of the work, dead-letter and parked queues.
+    async fn read_on(&self, conn: &Connection) -> Result<[u32; 3], AmqpError> {
+        let t = &self.topology;
+        let ch = channel(conn).await?;
+        let depths = [
+            queue_depth(&ch, &t.work_queue).await?,
+            queue_depth(&ch, &t.dead_queue).await?,
+            queue_depth(&ch, &t.parked_queue).await?,
+        ];
+        let _ = ch.close(200, ShortString::from("bye")).await;
+        Ok(depths)
+    }
+
+    /// The oldest time in `header` over `queue`, from the last look when it is recent enough,
+    /// else from a new one. The look runs in a task of its own: a caller that gives up (the
+    /// scrape's deadline) leaves it to finish, and the next reading finds its result.
+    async fn oldest(
+        &self,
+        look: &Arc<Mutex<Option<Look>>>,
+        queue: &str,
+        header: &'static str,
+    ) -> Result<Option<u64>, String> {
+        let look = Arc::clone(look);
+        let (url, queue) = (self.url.clone(), queue.to_owned());
+        let (every, limit) = (self.scan_every, self.scan_limit);
+        let task = tokio::spawn(async move {
+            let mut last = look.lock().await;
+            if let Some(l) = *last
+                && l.at.elapsed() < every
+                && !every.is_zero()
+            {
+                return Ok(l.oldest_ms);
+            }
+            let mut oldest: Option<u64> = None;
+            let options = InspectOptions {
+                limit: Some(limit),
+                ..InspectOptions::default()
+            };
+            inspect_queue(&url, &queue, &options, |d| {
+                if let Some(t) = message_time(&d.properties, header) {
+                    oldest = Some(oldest.map_or(t, |o| o.min(t)));
+                }
+            })
+            .await
+            .map_err(|e| redact_text(&e.to_string()))?;
+            *last = Some(Look {
+                at: Instant::now(),
+                oldest_ms: oldest,
+            });
+            Ok(oldest)
+        });
+        task.await.map_err(|e| {
+            format!(
+                "looking at {}: {e}",
+                if header == PARKED_MS {
+                    "the parked queue"
+                } else {
+                    "the dead-letter queue"
+                }
+            )
+        })?
     }
 }
 
@@ -125,12 +227,7 @@ impl ExporterSource for QueueSource {
     }
 
     fn read(&self) -> ReadFuture<'_> {
-        Box::pin(async move {
-            self.read_all().await.map_err(|e| {
-                self.clear();
-                fleet_budget::redact::redact_text(&e.to_string())
-            })
-        })
+        Box::pin(async move { self.read_all().await.inspect_err(|_| self.clear()) })
     }
 
     fn clear(&self) {
@@ -140,42 +237,13 @@ impl ExporterSource for QueueSource {
 }
 
 async fn channel(conn: &Connection) -> Result<Channel, AmqpError> {
-    conn.create_channel()
-        .await
-        .map_err(|e| AmqpError::broker("open a channel", e))
+    within("open a channel", conn.create_channel()).await
 }
 
-/// The time in `header` of the message at the head of `queue` (its AMQP timestamp when the
-/// header is absent), or `None` when the queue is empty. The message goes back to the head when
-/// the channel closes unacknowledged.
-async fn head_time(conn: &Connection, queue: &str, header: &str) -> Result<Option<u64>, AmqpError> {
-    let ch = channel(conn).await?;
-    let got = ch
-        .basic_get(
-            amqp_name("queue", queue)?,
-            BasicGetOptions { no_ack: false },
-        )
-        .await
-        .map_err(|e| AmqpError::broker(format!("peek at {queue}"), e));
-    let time = match got {
-        Ok(Some(message)) => {
-            let properties = &message.delivery.properties;
-            headers::get_u64(&headers::table(properties), header)
-                .ok()
-                .flatten()
-                .or_else(|| properties.timestamp().map(|s| s.saturating_mul(1000)))
-        }
-        Ok(None) => None,
-        Err(e) => {
-            let _ = ch.close(200, ShortString::from("bye")).await;
-            return Err(e);
-        }
-    };
-    // Closing the channel returns the unacknowledged message to the head of the queue.
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        ch.close(200, ShortString::from("bye")),
-    )
-    .await;
-    Ok(time)
+/// A message's time in `header` (its AMQP timestamp when the header is absent or unreadable).
+fn message_time(properties: &BasicProperties, header: &str) -> Option<u64> {
+    headers::get_u64(&headers::table(properties), header)
+        .ok()
+        .flatten()
+        .or_else(|| properties.timestamp().map(|s| s.saturating_mul(1000)))
 }

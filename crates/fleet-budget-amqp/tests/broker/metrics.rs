@@ -90,7 +90,10 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
     }
 
     let registry = Registry::new();
-    let source = QueueSource::register(env.url.clone(), env.topology.clone(), &registry).unwrap();
+    // A new look at every reading: the exporter's default looks at most once a minute.
+    let source = QueueSource::register(env.url.clone(), env.topology.clone(), &registry)
+        .unwrap()
+        .scan_every(Duration::ZERO);
     for _ in 0..3 {
         source.read().await.unwrap();
     }
@@ -115,11 +118,18 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
         )),
         "an empty parked queue has no age: {text}"
     );
-    assert_eq!(
-        env.depth(dead).await,
-        5,
-        "peeking at the head put it back every time"
-    );
-    let ids = env.drain_ids(dead).await;
-    assert_eq!(ids.len(), 5);
+    assert_eq!(env.depth(dead).await, 5, "every look put the messages back");
+    // Three looks and not one counted against a delivery limit: each message read was put back
+    // as a fresh copy (a `basic.get` left unacknowledged counted 1 per look at the head).
+    let left = env.drain(dead).await;
+    assert_eq!(left.len(), 5);
+    for (props, _) in &left {
+        let count = fleet_budget_amqp::headers::get_u64(
+            &fleet_budget_amqp::headers::table(props),
+            "x-delivery-count",
+        )
+        .unwrap()
+        .unwrap_or(0);
+        assert_eq!(count, 0, "{props:?}");
+    }
 }

@@ -60,20 +60,24 @@ pub(super) struct RunReport {
     label: String,
     budget: bool,
     jobs_submitted: u64,
-    upstream_calls: u64,
+    /// Calls the dependency received in the first pass: every execution of a job (first
+    /// attempts and retries), the word `status`, `simulate` and the metrics use.
+    executions: u64,
+    /// Executions per job submitted.
     amplification: f64,
-    peak_upstream_calls_per_sec: u64,
+    peak_executions_per_sec: u64,
     successes: u64,
     retries_granted: u64,
     retries_denied: u64,
     dead_lettered: BTreeMap<String, u64>,
     dead_lettered_total: u64,
     replayed: u64,
-    replay_upstream_calls: u64,
+    /// Executions during the replay after recovery.
+    replay_executions: u64,
     parked: u64,
     accounting: Accounting,
-    /// Upstream calls in each second of the run (before the replay).
-    upstream_calls_per_second: Vec<u64>,
+    /// Executions (calls to the dependency) in each second of the run, before the replay.
+    executions_per_second: Vec<u64>,
     seconds: f64,
 }
 
@@ -90,24 +94,24 @@ impl RunReport {
             label: s.label.to_owned(),
             budget: s.budget,
             jobs_submitted: jobs,
-            upstream_calls: first.calls,
+            executions: first.calls,
             #[allow(clippy::cast_precision_loss)]
             amplification: if jobs == 0 {
                 0.0
             } else {
                 first.calls as f64 / jobs as f64
             },
-            peak_upstream_calls_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
+            peak_executions_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
             successes: first.successes,
             retries_granted: first.retries_granted,
             retries_denied: first.retries_denied,
             dead_lettered_total: first.dead_lettered.values().sum(),
             dead_lettered: first.dead_lettered,
             replayed: replay.moved,
-            replay_upstream_calls: upstream.calls().saturating_sub(first.calls),
+            replay_executions: upstream.calls().saturating_sub(first.calls),
             parked: replay.parked,
             accounting,
-            upstream_calls_per_second: first.per_second,
+            executions_per_second: first.per_second,
             seconds: first.seconds,
         }
     }
@@ -211,14 +215,11 @@ fn comparison_rows(a: &RunReport, b: &RunReport) -> Vec<Vec<String>> {
             "with budget".to_owned(),
         ],
         row("jobs submitted", &n(|r| r.jobs_submitted)),
-        row("upstream calls", &n(|r| r.upstream_calls)),
+        row("upstream calls (executions)", &n(|r| r.executions)),
         row("amplification (calls/job)", &|r| {
             format!("{:.2}x", r.amplification)
         }),
-        row(
-            "peak upstream calls/s",
-            &n(|r| r.peak_upstream_calls_per_sec),
-        ),
+        row("peak upstream calls/s", &n(|r| r.peak_executions_per_sec)),
         row("successes (before replay)", &n(|r| r.successes)),
         row("retries granted", &n(|r| r.retries_granted)),
         row("retries denied", &n(|r| r.retries_denied)),
