@@ -7,8 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
-    demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs, migrate::MigrateArgs, plan::PlanArgs,
-    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
+    demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs, migrate::MigrateArgs,
+    parked::ParkedCommand, plan::PlanArgs, replay::ReplayArgs, simulate::SimulateCommand,
+    status::StatusArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
@@ -91,9 +92,12 @@ pub(crate) enum Command {
     /// Serve the whole fleet on /metrics for Prometheus: every dependency's budget (Redis) and
     /// the dead-letter and parked queues (RabbitMQ), one scrape target.
     Exporter(ExporterArgs),
-    /// Dead-letter queue commands.
+    /// Dead-letter queue commands: counts, and messages one by one.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// The parked queue (what replay will not replay): list, replay, purge.
+    #[command(subcommand)]
+    Parked(ParkedCommand),
     /// Declare or upgrade the broker topology (exchanges, queues) the workers use.
     Migrate(MigrateArgs),
     /// Configuration commands.
@@ -139,6 +143,10 @@ mod tests {
             &["bench"],
             &["replay"],
             &["dlq", "stats"],
+            &["dlq", "peek"],
+            &["parked", "list"],
+            &["parked", "replay"],
+            &["parked", "purge"],
             &["migrate"],
             &["config", "check"],
         ] {

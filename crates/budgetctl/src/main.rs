@@ -25,7 +25,7 @@ use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{
-    audit, bench, budget, demo, dlq, exporter, migrate, plan, replay, simulate, status,
+    audit, bench, budget, demo, dlq, exporter, migrate, parked, plan, replay, simulate, status,
 };
 use crate::exit::UsageError;
 
@@ -82,6 +82,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(DlqCommand::Stats(args)) => {
             with_config(global, async |c| dlq::stats(c, args.json).await)
         }
+        Command::Dlq(DlqCommand::Peek(args)) => {
+            with_config(global, async |c| dlq::peek(c, &args).await)
+        }
+        Command::Parked(command) => with_config(global, async |c| parked::run(c, &command).await),
         Command::Budget(command) => {
             with_config(global, async |c| budget::run(&c.budget, &command).await)
         }

@@ -9,6 +9,7 @@ pub(crate) mod demo;
 pub(crate) mod dlq;
 pub(crate) mod exporter;
 pub(crate) mod migrate;
+pub(crate) mod parked;
 pub(crate) mod plan;
 pub(crate) mod replay;
 pub(crate) mod simulate;

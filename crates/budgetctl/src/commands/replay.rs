@@ -12,6 +12,7 @@ use fleet_budget_amqp::{
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
+use crate::commands::dlq::reason;
 use crate::exit::usage;
 use crate::output::{print_json, table, table_aligned, thousands};
 
@@ -54,27 +55,20 @@ pub(crate) struct ReplayArgs {
     json: bool,
 }
 
-fn reason(s: &str) -> Result<String, String> {
-    match DeadLetterReason::parse(s) {
-        Some(r) => Ok(r.as_str().to_owned()),
-        None => Err(format!(
-            "`{s}` is not a dead-letter reason (budget_exhausted, budget_frozen, attempts_exhausted, non_retryable)"
-        )),
-    }
-}
-
 #[derive(Debug, Serialize)]
-struct ReplayOutput {
+pub(crate) struct ReplayOutput {
     matched: u64,
     moved: u64,
     parked: u64,
     skipped: u64,
     failed: u64,
     dry_run: bool,
-    /// Messages in the dead-letter queue when the run started (the bound).
+    /// Messages in the queue when the run started (the bound).
     total: u64,
-    /// Of the parked, those without readable dead-letter headers.
+    /// Of the parked (or, replaying the parked queue, of the skipped), those without readable
+    /// dead-letter headers.
     malformed: u64,
+    /// Time spent paused while a budget was exhausted (0 when it never paused).
     paused_secs: f64,
 }
 
@@ -126,52 +120,88 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
     };
     options.rate = Some(f64::from(args.rate));
     options.limit = args.limit;
+    let out = replay_queue(
+        config,
+        Source::DeadLetters,
+        &options,
+        args.dry_run,
+        args.json,
+    )
+    .await?;
+    finish(&out, args.json, "dead-letter")
+}
+
+/// Which queue a replay reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    DeadLetters,
+    Parked,
+}
+
+/// Replays (or, with `dry_run`, predicts a replay of) the messages of `source` that `options`
+/// select, printing progress on stderr; the dry run prints its table by dependency × reason
+/// unless `json`.
+pub(crate) async fn replay_queue(
+    config: &WorkerConfig,
+    source: Source,
+    options: &ReplayOptions,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<ReplayOutput> {
     let topology = Topology::new(&config.amqp);
-    if args.dry_run {
-        let r = Replayer::new(config.amqp.url.clone(), topology, None)
-            .dry_run(&options)
+    let url = config.amqp.url.clone();
+    let replayer = |budget: Option<FleetBudget>| match source {
+        Source::DeadLetters => Replayer::new(url.clone(), topology.clone(), budget),
+        Source::Parked => Replayer::parked(url.clone(), topology.clone(), budget),
+    };
+    if dry_run {
+        let r = replayer(None)
+            .dry_run(options)
             .await
             .map_err(|e| broker_error(config, &e))?;
+        let (parked, skipped) = match source {
+            Source::DeadLetters => (r.would_park_looping + r.malformed, r.skipped),
+            // From the parked queue, unreadable messages stay where they are.
+            Source::Parked => (r.would_park_looping, r.skipped + r.malformed),
+        };
         let out = ReplayOutput {
-            matched: r.would_move + r.would_park_looping,
+            matched: r.would_move + r.would_park_looping + r.would_fail,
             moved: r.would_move,
-            parked: r.would_park_looping + r.malformed,
-            skipped: r.skipped,
-            failed: 0,
+            parked,
+            skipped,
+            failed: r.would_fail,
             dry_run: true,
             total: r.total,
             malformed: r.malformed,
             paused_secs: 0.0,
         };
-        if args.json {
-            return print_json(&out);
+        if !json {
+            outln!(
+                "dry run: {} messages in the queue, nothing moved",
+                thousands(r.total)
+            );
+            let mut rows = vec![vec![
+                "dependency".to_owned(),
+                "reason".to_owned(),
+                "matching".to_owned(),
+            ]];
+            for ((d, reason), n) in &r.by_dependency_reason {
+                rows.push(vec![d.clone(), reason.clone(), thousands(*n)]);
+            }
+            if rows.len() > 1 {
+                out!("{}", table_aligned(&rows, &[0, 1]));
+            }
         }
-        outln!(
-            "dry run: {} dead letters in the queue, nothing moved",
-            thousands(r.total)
-        );
-        let mut rows = vec![vec![
-            "dependency".to_owned(),
-            "reason".to_owned(),
-            "matching".to_owned(),
-        ]];
-        for ((d, reason), n) in &r.by_dependency_reason {
-            rows.push(vec![d.clone(), reason.clone(), thousands(*n)]);
-        }
-        if rows.len() > 1 {
-            out!("{}", table_aligned(&rows, &[0, 1]));
-        }
-        print_replay(&out);
-        return Ok(());
+        return Ok(out);
     }
     // The budget lets the replayer pause while the dependency's budget is exhausted again.
     let budget = FleetBudget::from_config(&config.budget).await?;
-    let replayer = Replayer::new(config.amqp.url.clone(), topology, Some(budget.clone()));
+    let replayer = replayer(Some(budget.clone()));
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_line = Instant::now();
     let report = replayer
-        .run(&options, |p: &ReplayProgress| {
+        .run(options, |p: &ReplayProgress| {
             let due = if terminal { Duration::from_millis(100) } else { Duration::from_secs(2) };
             if last_line.elapsed() < due && p.seen < p.total {
                 return;
@@ -198,7 +228,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
     }
     let _ = budget.shutdown().await;
     let r = report.map_err(|e| broker_error(config, &e))?;
-    let out = ReplayOutput {
+    Ok(ReplayOutput {
         matched: r.matched,
         moved: r.moved,
         parked: r.parked,
@@ -208,24 +238,30 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         total: r.total,
         malformed: r.malformed,
         paused_secs: r.paused.as_secs_f64(),
-    };
-    if args.json {
-        return print_json(&out);
+    })
+}
+
+/// Prints a replay's outcome (JSON or the table) and turns copies that failed into exit 1, the
+/// same in both modes: a script reading the JSON must not take a partial replay for success.
+pub(crate) fn finish(out: &ReplayOutput, json: bool, queue: &str) -> anyhow::Result<()> {
+    if json {
+        print_json(out)?;
+    } else {
+        print_replay(out, queue);
     }
-    print_replay(&out);
-    if out.failed > 0 {
+    if out.failed > 0 && !out.dry_run {
         anyhow::bail!(
-            "{} copies were not confirmed by the broker; they stay in the dead-letter queue",
+            "{} copies were not confirmed by the broker (or their exchange is missing); they stay in the {queue} queue",
             out.failed
         );
     }
     Ok(())
 }
 
-fn print_replay(out: &ReplayOutput) {
+fn print_replay(out: &ReplayOutput, queue: &str) {
     let verb = if out.dry_run { "would be " } else { "" };
     let rows = vec![
-        vec!["in the dead-letter queue".to_owned(), thousands(out.total)],
+        vec![format!("in the {queue} queue"), thousands(out.total)],
         vec!["matched".to_owned(), thousands(out.matched)],
         vec![format!("{verb}moved back"), thousands(out.moved)],
         vec![
@@ -233,9 +269,17 @@ fn print_replay(out: &ReplayOutput) {
             thousands(out.parked),
         ],
         vec!["skipped (filter)".to_owned(), thousands(out.skipped)],
-        vec!["failed (not confirmed)".to_owned(), thousands(out.failed)],
+        vec![
+            if out.dry_run {
+                "would fail (exchange missing)".to_owned()
+            } else {
+                "failed (not confirmed)".to_owned()
+            },
+            thousands(out.failed),
+        ],
     ];
     out!("{}", table(&rows));
+    // Only a pause that happened is reported.
     if out.paused_secs > 0.0 {
         outln!(
             "paused {:.1}s while the budget was exhausted",

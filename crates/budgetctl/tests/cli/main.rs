@@ -11,6 +11,7 @@
 
 mod budget;
 mod config_check;
+mod dead_letters;
 mod demo;
 mod plan;
 mod rabbitmq;

@@ -2,13 +2,17 @@
 //! put back by [`super::inspect`], so looking never brings one closer to a delivery limit).
 //! `budgetctl dlq stats` and `budgetctl replay --dry-run` read it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use lapin::types::ShortString;
 
 use super::Replayer;
 use super::inspect::{InspectOptions, inspect_queue};
 use super::select::{Class, ReplayOptions, Selection};
+use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::headers;
+use crate::topology::inspect::exchange_exists;
 
 /// What a replay would do, without doing it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,9 +25,12 @@ pub struct DryRunReport {
     pub by_dependency_reason: BTreeMap<(String, String), u64>,
     /// Would be moved.
     pub would_move: u64,
+    /// Would fail: selected, but their original exchange does not exist (the run leaves them
+    /// in the queue and counts them failed).
+    pub would_fail: u64,
     /// Would be parked for looping (replayed `max_replays` times).
     pub would_park_looping: u64,
-    /// Would be parked as malformed.
+    /// Would be parked as malformed (replaying the parked queue: would stay there).
     pub malformed: u64,
     /// Not matching the filter.
     pub skipped: u64,
@@ -38,8 +45,10 @@ impl Replayer {
     /// # Errors
     /// The broker cannot be reached or the queue does not exist.
     pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
+        let options = &self.effective(options);
         let mut report = DryRunReport::default();
         let mut selection = Selection::new(options);
+        let mut to_exchange: HashMap<String, u64> = HashMap::new();
         let look = InspectOptions {
             limit: None,
             idle_timeout: options.idle_timeout,
@@ -64,6 +73,7 @@ impl Replayer {
                 }
                 Class::Replay(r) => {
                     report.would_move += 1;
+                    *to_exchange.entry(r.original_exchange.clone()).or_default() += 1;
                     *report
                         .by_dependency_reason
                         .entry((r.dependency, r.reason.to_string()))
@@ -74,6 +84,37 @@ impl Replayer {
         .await?;
         report.total = inspection.total;
         report.seen = inspection.seen;
+        // The run checks each original exchange before moving to it; so does the prediction.
+        let missing = self.missing_exchanges(to_exchange.keys()).await?;
+        for exchange in missing {
+            let n = to_exchange.get(&exchange).copied().unwrap_or(0);
+            report.would_move -= n;
+            report.would_fail += n;
+        }
         Ok(report)
+    }
+
+    /// Which of `exchanges` do not exist (each asked on a channel of its own: a missing
+    /// exchange closes the channel that asked).
+    async fn missing_exchanges(
+        &self,
+        exchanges: impl Iterator<Item = &String>,
+    ) -> Result<Vec<String>, AmqpError> {
+        let exchanges: Vec<&String> = exchanges.collect();
+        if exchanges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let conn = connect(&self.url, "fleet-budget replay dry run").await?;
+        let mut missing = Vec::new();
+        for exchange in exchanges {
+            let ch = within("open a channel", conn.create_channel()).await?;
+            if exchange_exists(&ch, exchange).await? {
+                let _ = ch.close(200, ShortString::from("probed")).await;
+            } else {
+                missing.push(exchange.clone());
+            }
+        }
+        let _ = conn.close(200, ShortString::from("bye")).await;
+        Ok(missing)
     }
 }

@@ -22,6 +22,10 @@
 //! reads its own copies), and it takes them one `basic.get` at a time: a consumer's prefetch
 //! would have the broker push deliveries past the bound, returned unread (and counted) at the
 //! close. Copies are pipelined, [`WINDOW`] awaiting their confirm at a time.
+//!
+//! [`inspect_queue_with`] lets the visitor stop the read early (`dlq peek --limit`) or remove a
+//! message instead of putting it back (`parked purge`, the one destructive caller: the original
+//! is acked without a copy).
 
 use std::time::Duration;
 
@@ -72,6 +76,19 @@ pub struct Inspection {
     pub put_back: u64,
     /// Copy not confirmed: the original was returned instead (its delivery count rose by one).
     pub requeued: u64,
+    /// Removed at the visitor's request (acked without a copy).
+    pub removed: u64,
+}
+
+/// What to do with a message a visitor of [`inspect_queue_with`] has looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// Put it back and read the next one.
+    Next,
+    /// Put it back and read no more.
+    Stop,
+    /// Remove it from the queue for good (acked without a copy), and read the next one.
+    Remove,
 }
 
 /// Reads the messages of `queue` (up to `options.limit`), shows each to `visit`, and puts each
@@ -86,6 +103,25 @@ pub async fn inspect_queue(
     queue: &str,
     options: &InspectOptions,
     mut visit: impl FnMut(&Delivery) + Send,
+) -> Result<Inspection, AmqpError> {
+    inspect_queue_with(url, queue, options, |d| {
+        visit(d);
+        Look::Next
+    })
+    .await
+}
+
+/// [`inspect_queue`] with a visitor that says, for each message, whether to go on, to stop, or
+/// to remove the message (see [`Look`]).
+///
+/// # Errors
+/// As [`inspect_queue`]; a failed ack of a removed message leaves it in the queue (counted as
+/// put back, since it stays).
+pub async fn inspect_queue_with(
+    url: &str,
+    queue: &str,
+    options: &InspectOptions,
+    mut visit: impl FnMut(&Delivery) -> Look + Send,
 ) -> Result<Inspection, AmqpError> {
     let conn = connect(url, "fleet-budget inspect").await?;
     let ch = within("open a channel", conn.create_channel()).await?;
@@ -116,7 +152,17 @@ pub async fn inspect_queue(
                 }
             };
             report.seen += 1;
-            visit(&d);
+            let look = visit(&d);
+            if look == Look::Remove {
+                match d.acker.ack(BasicAckOptions::default()).await {
+                    Ok(_) => report.removed += 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ack of a message to remove failed; it stays");
+                        report.put_back += 1;
+                    }
+                }
+                continue;
+            }
             let sent = publisher
                 .send("", queue, &d.data, headers::put_back(&d.properties))
                 .await;
@@ -125,6 +171,9 @@ pub async fn inspect_queue(
                 if let Some(done) = inflight.next().await {
                     finish(done, &mut report, &mut returned).await;
                 }
+            }
+            if look == Look::Stop {
+                break;
             }
         }
         while let Some(done) = inflight.next().await {

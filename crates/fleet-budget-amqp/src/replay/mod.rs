@@ -22,7 +22,13 @@
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack);
 //! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
-//! the non-destructive read.
+//! the non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected
+//! ones for good (the parked queue's `purge`).
+//!
+//! The parked queue is replayed by the same code ([`Replayer::parked`]): an operator's decision
+//! to try parked jobs again, so `max_replays` does not park them again, and a message that
+//! cannot be replayed (unreadable headers) stays in the parked queue instead of being parked
+//! again.
 
 use fleet_budget::FleetBudget;
 use lapin::Channel;
@@ -37,11 +43,15 @@ use crate::topology::{Topology, queue_depth};
 
 pub mod dry_run;
 pub mod inspect;
+pub mod peek;
+pub mod purge;
 pub mod run;
 pub mod select;
 
 pub use dry_run::DryRunReport;
-pub use inspect::{InspectOptions, Inspection, inspect_queue};
+pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
+pub use peek::{Peek, QueuedMessage, peek_queue};
+pub use purge::{PurgeReport, purge_queue};
 pub use run::{ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
@@ -52,6 +62,8 @@ pub struct Replayer {
     topology: Topology,
     budget: Option<FleetBudget>,
     source_queue: String,
+    /// Replaying the parked queue (see the module documentation).
+    from_parked: bool,
 }
 
 impl Replayer {
@@ -65,7 +77,30 @@ impl Replayer {
             topology,
             budget,
             source_queue,
+            from_parked: false,
         }
+    }
+
+    /// A replayer of `topology`'s parked queue: parked jobs go back to their original exchange
+    /// whatever their replay count; unreadable ones stay parked (counted skipped and
+    /// malformed).
+    #[must_use]
+    pub fn parked(url: impl Into<String>, topology: Topology, budget: Option<FleetBudget>) -> Self {
+        let source_queue = topology.parked_queue.clone();
+        Self {
+            from_parked: true,
+            source_queue,
+            ..Self::new(url, topology, budget)
+        }
+    }
+
+    /// `options` as this replayer applies them: from the parked queue, no replay count parks.
+    fn effective(&self, options: &ReplayOptions) -> ReplayOptions {
+        let mut options = options.clone();
+        if self.from_parked {
+            options.max_replays = u32::MAX;
+        }
+        options
     }
 
     /// Reads another queue than the topology's dead-letter queue.

@@ -89,6 +89,7 @@ impl Replayer {
         options: &ReplayOptions,
         mut progress: impl FnMut(&ReplayProgress) + Send,
     ) -> Result<ReplayReport, AmqpError> {
+        let options = &self.effective(options);
         let started = Instant::now();
         let (publisher, ch, total) = self.open("fleet-budget replay").await?;
         let mut p = ReplayProgress {
@@ -152,6 +153,17 @@ impl Replayer {
                         table.clone(),
                     )
                 }
+                Class::Malformed(_) if self.from_parked => {
+                    // Already parked: it stays where it is.
+                    report.malformed += 1;
+                    p.skipped += 1;
+                    (
+                        Kind::Keep,
+                        String::new(),
+                        self.source_queue.clone(),
+                        table.clone(),
+                    )
+                }
                 Class::Malformed(reason) => {
                     report.malformed += 1;
                     (
@@ -203,11 +215,15 @@ impl Replayer {
                         pacer.reset();
                     }
                     pacer.wait().await;
+                    let mut moved = headers::replay_headers(&table, r.replays);
+                    // A parked job goes back as a job, not as a parked message.
+                    headers::fields::remove(&mut moved, headers::PARK_REASON);
+                    headers::fields::remove(&mut moved, headers::PARKED_MS);
                     (
                         Kind::Move,
                         r.original_exchange,
                         r.original_routing_key,
-                        headers::replay_headers(&table, r.replays),
+                        moved,
                     )
                 }
             };
@@ -350,8 +366,10 @@ impl Replayer {
                 if p.paused_on.take().is_some() {
                     tracing::info!(dependency, "budget has headroom again; replay resumes");
                     progress(p);
+                    return start.elapsed();
                 }
-                return start.elapsed();
+                // Asking is not pausing: a run that never waited reports no pause.
+                return Duration::ZERO;
             }
             if p.paused_on.is_none() {
                 tracing::info!(dependency, "budget exhausted; replay paused");

@@ -1,0 +1,129 @@
+//! `budgetctl parked list|replay|purge`: the parked queue, where the replayer puts what it will
+//! not replay (looping jobs, unreadable dead letters). `list` reads through the non-destructive
+//! inspection, `replay` is the dead-letter replayer pointed at the parked queue
+//! (`Replayer::parked`), and `purge` deletes for good, so it asks for `--yes`.
+
+use clap::{Args, Subcommand};
+use fleet_budget_amqp::replay::purge_queue;
+use fleet_budget_amqp::{ReplayOptions, Topology, WorkerConfig};
+use serde::Serialize;
+
+use super::dlq::{MessageFilterArgs, PeekArgs, show_messages};
+use super::replay::{Source, finish, replay_queue};
+use crate::amqp_conn::broker_error;
+use crate::exit::usage;
+use crate::output::{print_json, thousands};
+
+/// `parked` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ParkedCommand {
+    /// Parked messages one by one: id, task, dependency, reason, attempts, when, why parked,
+    /// and the error (redacted). Read and put back: looking removes nothing.
+    List(PeekArgs),
+    /// Move parked jobs back to their original exchange (an operator's decision: their
+    /// replay count does not park them again). Paced, pausing while the budget is exhausted.
+    Replay(ParkedReplayArgs),
+    /// Delete parked messages for good (those the filters select). Refuses without `--yes`.
+    Purge(PurgeArgs),
+}
+
+/// `parked replay`.
+#[derive(Debug, Args)]
+pub(crate) struct ParkedReplayArgs {
+    #[command(flatten)]
+    filter: MessageFilterArgs,
+    /// Messages moved per second at most.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate: u32,
+    /// Move at most this many messages.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+    /// Count what would move, move nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `parked purge`.
+#[derive(Debug, Args)]
+pub(crate) struct PurgeArgs {
+    #[command(flatten)]
+    filter: MessageFilterArgs,
+    /// Delete at most this many messages.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+    /// Yes, delete them: parked messages are jobs, and a purge cannot be undone.
+    #[arg(long)]
+    yes: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct PurgeOutput {
+    queue: String,
+    /// Messages in the queue at the start.
+    total: u64,
+    /// Deleted for good.
+    purged: u64,
+    /// Read and put back (not selected).
+    kept: u64,
+}
+
+/// Runs a `parked` subcommand.
+pub(crate) async fn run(config: &WorkerConfig, command: &ParkedCommand) -> anyhow::Result<()> {
+    let topology = Topology::new(&config.amqp);
+    match command {
+        ParkedCommand::List(args) => show_messages(config, &topology.parked_queue, args).await,
+        ParkedCommand::Replay(args) => {
+            let mut options = ReplayOptions::new(config);
+            options.filter = args.filter.filter()?;
+            options.rate = Some(f64::from(args.rate));
+            options.limit = args.limit;
+            let out =
+                replay_queue(config, Source::Parked, &options, args.dry_run, args.json).await?;
+            finish(&out, args.json, "parked")
+        }
+        ParkedCommand::Purge(args) => purge(config, &topology, args).await,
+    }
+}
+
+async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> anyhow::Result<()> {
+    let filter = args.filter.filter()?;
+    if !args.yes {
+        return Err(usage(format!(
+            "parked purge deletes the selected messages of {} for good, and they are jobs that \
+             never ran to the end; refusing without --yes (see them first with `budgetctl parked \
+             list`, or move them back with `parked replay`)",
+            topology.parked_queue
+        )));
+    }
+    let r = purge_queue(
+        &config.amqp.url,
+        &topology.parked_queue,
+        &filter,
+        args.limit,
+    )
+    .await
+    .map_err(|e| broker_error(config, &e))?;
+    let out = PurgeOutput {
+        queue: topology.parked_queue.clone(),
+        total: r.total,
+        purged: r.removed,
+        kept: r.kept,
+    };
+    if args.json {
+        return print_json(&out);
+    }
+    outln!(
+        "{}: {} purged, {} kept (of {} messages)",
+        out.queue,
+        thousands(out.purged),
+        thousands(out.kept),
+        thousands(out.total)
+    );
+    Ok(())
+}

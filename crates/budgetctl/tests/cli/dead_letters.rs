@@ -1,0 +1,274 @@
+//! `dlq peek`, `parked list|replay|purge`, and what `replay` promises about its dry run and its
+//! exit code, against the real broker (a topology of the test's own).
+
+use std::process::Output;
+
+use fleet_budget::DeadLetterReason;
+use fleet_budget::clock::now_ms;
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::testing::{TestBroker, block_on};
+use fleet_budget_amqp::{DeadLetterRecord, Publisher};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+use serde_json::Value;
+
+use crate::{assert_exit, has_fields, json, run_with, stderr, stdout, temp_file, unique};
+
+/// Ready messages in `queue`.
+fn depth(broker: &TestBroker, queue: &str) -> u32 {
+    block_on(broker.depth(queue))
+}
+
+/// The global flags for `broker`'s topology (and a Redis key prefix of the test's own).
+fn flags(broker: &TestBroker) -> Vec<String> {
+    let prefix = &broker.settings.prefix;
+    let config = temp_file(
+        &format!("{prefix}.toml"),
+        &format!("[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n", broker.url),
+    );
+    vec![
+        "--config".to_owned(),
+        config.to_string_lossy().into_owned(),
+        "--key-prefix".to_owned(),
+        unique("deadletters"),
+    ]
+}
+
+/// Seeds dead letters: each record, then one message without any dead-letter header.
+fn seed(broker: &TestBroker, records: &[DeadLetterRecord]) {
+    block_on(async {
+        broker.migrate().await;
+        let publisher: Publisher = broker.publisher().await;
+        for r in records {
+            broker.publish_dead_letter(&publisher, r, b"{}").await;
+        }
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from("no-headers"))
+            .with_delivery_mode(2);
+        publisher
+            .publish(&broker.topology.dead_exchange, "x", b"?", props)
+            .await
+            .unwrap();
+        publisher.close().await;
+    });
+}
+
+fn record(broker: &TestBroker, dependency: &str, reason: DeadLetterReason) -> DeadLetterRecord {
+    broker.dead_letter_record(dependency, reason, now_ms() - 60_000)
+}
+
+/// The JSON object on stdout, whatever the exit code.
+fn json_any(o: &Output) -> Value {
+    serde_json::from_str(&stdout(o))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}\n{}", stdout(o), stderr(o)))
+}
+
+fn messages(v: &Value) -> &Vec<Value> {
+    v["messages"].as_array().unwrap()
+}
+
+#[test]
+fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
+    let broker = TestBroker::new("peek");
+    let t = &broker.topology;
+    let secret = DeadLetterRecord {
+        error: "GET https://bob:hunter2@search.internal/x failed".to_owned(),
+        ..record(&broker, "search", DeadLetterReason::BudgetExhausted)
+    };
+    let looping = DeadLetterRecord {
+        replays: 3,
+        ..record(&broker, "search", DeadLetterReason::AttemptsExhausted)
+    };
+    seed(
+        &broker,
+        &[
+            secret.clone(),
+            secret,
+            record(&broker, "mail", DeadLetterReason::AttemptsExhausted),
+            looping,
+        ],
+    );
+    let flags = flags(&broker);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |command: &str| run_with(&on, command);
+
+    // Every message, one by one; looking three times takes nothing.
+    for _ in 0..3 {
+        let all = json(&with("dlq peek --json"));
+        assert_eq!(all["depth"], 5, "{all}");
+        assert_eq!(messages(&all).len(), 5, "{all}");
+    }
+    let found = json(&with(
+        "dlq peek --dependency search --reason budget_exhausted --json",
+    ));
+    let found = messages(&found);
+    assert_eq!(found.len(), 2, "{found:?}");
+    for m in found {
+        has_fields(
+            m,
+            &[
+                "message_id",
+                "task",
+                "dependency",
+                "reason",
+                "attempts",
+                "dead_lettered_at",
+                "error",
+            ],
+        );
+        assert_eq!(m["attempts"], 3, "{m}");
+        let error = m["error"].as_str().unwrap();
+        assert!(
+            error.contains("search.internal") && !error.contains("hunter2"),
+            "redacted: {error}"
+        );
+    }
+    let one = json(&with("dlq peek --limit 1 --json"));
+    assert_eq!(messages(&one).len(), 1, "{one}");
+    let text = stdout(&with("dlq peek --task mail"));
+    assert!(
+        text.contains("attempts_exhausted") && !text.contains("budget_exhausted"),
+        "{text}"
+    );
+    let text = stdout(&with("dlq peek"));
+    assert!(
+        text.contains("unreadable headers") && !text.contains("hunter2"),
+        "{text}"
+    );
+    assert_exit(&with("dlq peek --reason tired"), 2, "--reason");
+    assert_exit(&with("dlq peek --limit 0"), 2, "--limit");
+    assert_eq!(depth(&broker, &t.dead_queue), 5);
+
+    // The replay moves search's two, parks the looping one and the unreadable one.
+    let r = json(&with("replay --dependency search --json"));
+    assert_eq!(
+        (r["moved"].as_u64(), r["parked"].as_u64()),
+        (Some(2), Some(2)),
+        "{r}"
+    );
+
+    let parked = json(&with("parked list --json"));
+    let list = messages(&parked);
+    assert_eq!(list.len(), 2, "{parked}");
+    assert!(
+        list.iter().any(|m| m["park_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("replayed 3 times"))),
+        "{parked}"
+    );
+    assert!(list.iter().any(|m| !m["unreadable"].is_null()), "{parked}");
+    let only = json(&with("parked list --dependency search --json"));
+    assert_eq!(
+        messages(&only).len(),
+        1,
+        "a filter never selects unreadable messages: {only}"
+    );
+
+    // Purge refuses without --yes, and says why; nothing is deleted.
+    let refused = with("parked purge");
+    assert_exit(&refused, 2, "--yes");
+    assert!(
+        stderr(&refused).contains("for good"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(depth(&broker, &t.parked_queue), 2);
+
+    // Parked replay: the dry run predicts the run exactly; the looping job goes back to work.
+    let dry = json(&with("parked replay --dependency search --dry-run --json"));
+    let moved = json(&with("parked replay --dependency search --json"));
+    for f in ["matched", "moved", "parked", "skipped", "failed"] {
+        assert_eq!(dry[f], moved[f], "{f}: dry run {dry} vs run {moved}");
+    }
+    assert_eq!(moved["moved"], 1, "{moved}");
+    assert_eq!(depth(&broker, &t.work_queue), 3);
+    assert_eq!(
+        depth(&broker, &t.parked_queue),
+        1,
+        "the unreadable one stays"
+    );
+
+    let purged = json(&with("parked purge --yes --json"));
+    assert_eq!(
+        (purged["purged"].as_u64(), purged["kept"].as_u64()),
+        (Some(1), Some(0)),
+        "{purged}"
+    );
+    assert_eq!(depth(&broker, &t.parked_queue), 0);
+
+    // Five peeks and a replay that skipped it: the peeks count nothing; the replay's consumer
+    // may have had its put-back copy pushed past its bound and returned (counted once, the
+    // documented bound: the next look replaces it with a fresh copy).
+    let left = block_on(broker.drain(&t.dead_queue));
+    assert_eq!(left.len(), 1);
+    for (props, _) in &left {
+        let count = headers::get_u64(&headers::table(props), "x-delivery-count")
+            .unwrap()
+            .unwrap_or(0);
+        assert!(count <= 1, "{props:?}");
+    }
+}
+
+/// Regressions of issue 9: `replay --json` exited 0 when copies failed (text mode exited 1); the
+/// dry run predicted 4 moves where the run moved 1; "paused 0.0s" was printed when nothing
+/// paused.
+#[test]
+fn replay_dry_run_predicts_the_run_and_failures_exit_1_in_both_modes() {
+    let broker = TestBroker::new("predict");
+    let t = &broker.topology;
+    let lost_exchange = DeadLetterRecord {
+        original_exchange: format!("{}.gone", broker.settings.prefix),
+        ..record(&broker, "search", DeadLetterReason::BudgetExhausted)
+    };
+    let looping = DeadLetterRecord {
+        replays: 3,
+        ..record(&broker, "search", DeadLetterReason::BudgetExhausted)
+    };
+    let search = record(&broker, "search", DeadLetterReason::BudgetExhausted);
+    seed(
+        &broker,
+        &[
+            search.clone(),
+            lost_exchange,
+            search.clone(),
+            looping,
+            record(&broker, "mail", DeadLetterReason::BudgetExhausted),
+            search,
+        ],
+    );
+    let flags = flags(&broker);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |command: &str| run_with(&on, command);
+
+    let dry = json(&with(
+        "replay --dependency search --limit 3 --dry-run --json",
+    ));
+    let ran = with("replay --dependency search --limit 3 --json");
+    assert_eq!(
+        ran.status.code(),
+        Some(1),
+        "a failed copy is exit 1 with --json"
+    );
+    assert!(stderr(&ran).contains("not confirmed"), "{}", stderr(&ran));
+    let ran = json_any(&ran);
+    for f in [
+        "matched",
+        "moved",
+        "parked",
+        "skipped",
+        "failed",
+        "malformed",
+    ] {
+        assert_eq!(dry[f], ran[f], "{f}: dry run {dry} vs run {ran}");
+    }
+    assert_eq!(ran["failed"], 1, "{ran}");
+    assert_eq!(ran["moved"], 2, "{ran}");
+    assert_eq!(ran["paused_secs"], 0.0, "{ran}");
+    assert_eq!(depth(&broker, &t.work_queue), 2);
+
+    // Text mode: the same exit code for the same failure, and no pause that did not happen.
+    let text = with("replay --dependency search");
+    assert_exit(&text, 1, "not confirmed");
+    assert!(!stdout(&text).contains("paused"), "{}", stdout(&text));
+    assert_eq!(depth(&broker, &t.work_queue), 3);
+}
