@@ -310,3 +310,60 @@ fn bad_configurations_are_refused_alike() {
     drop(to_py);
     assert!(child.wait().unwrap().success());
 }
+
+/// Prints the Python redactor's output for each text on stdin (JSON lines).
+const REDACT_DRIVER: &str = r#"
+import json, sys
+from fleet_budget.redact import error_text, redact_text, redact_url
+for line in sys.stdin:
+    text = json.loads(line)
+    print(json.dumps([redact_text(text), redact_url(text), error_text(text)]), flush=True)
+"#;
+
+/// The dead-letter headers Celery jobs carry (`fb-error`) are redacted as the Rust worker
+/// redacts them: the same output on credential shapes, URLs, hostile and long texts.
+#[test]
+fn both_languages_redact_error_text_alike() {
+    let long = format!("{} password=swordfish", "é".repeat(300));
+    let texts = [
+        "GET https://bob:hunter2@search.internal:9200/x?token=abc#frag failed",
+        "redis://:s3cr3t@10.0.0.1:6379/0",
+        "Authorization: Bearer abc.def.ghi\nnext line",
+        "proxy-authorization: Basic dXNlcjpwYXNz and more",
+        "basic check failed",
+        "{\"password\": \"p\\\"w\", \"user\": \"u\"}",
+        "db_pass=x bypass=y pwd: z auth=q author=w",
+        "aws_secret_access_key = AKIAABCDEFGHIJKLMNOP ASIA1234567890ABCDEF",
+        "Cookie: a=b; Set-Cookie: c=d",
+        "x-api-key:k1 and api-key=k2, apikey: 'k3'",
+        "://user:pw@host and ://nohost",
+        "amqp://guest:guest@127.0.0.1:5672// and mailto:x",
+        "key: \"password\": \"v\"",
+        "\u{1c}token=\u{2003}x",
+        &long,
+        "",
+    ];
+    let mut child = Command::new(python())
+        .args(["-c", REDACT_DRIVER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    for text in texts {
+        writeln!(to_py, "{}", serde_json::to_string(text).unwrap()).unwrap();
+        let mut answer = String::new();
+        from_py.read_line(&mut answer).unwrap();
+        let theirs: Vec<String> = serde_json::from_str(&answer).unwrap();
+        let ours = [
+            fleet_budget::redact::redact_text(text),
+            fleet_budget::redact::redact_url(text),
+            fleet_budget_amqp::headers::error_text(text),
+        ];
+        assert_eq!(theirs, ours, "{text:?}");
+    }
+    drop(to_py);
+    assert!(child.wait().unwrap().success());
+}

@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .redact import redact_url
 from .policy import CLASS_MAX_ATTEMPTS, Backoff, BudgetPolicy, TaskCeiling
 
 ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
@@ -57,6 +58,14 @@ class Config:
     tasks: dict[str, str] = field(default_factory=dict)
     default_ceiling: TaskCeiling = field(default_factory=TaskCeiling)
     ceilings: dict[str, TaskCeiling] = field(default_factory=dict)
+    #: ``[amqp] prefix`` (default ``fleet``): the topology's names, ``<prefix>.dead`` the
+    #: dead-letter exchange the Celery integration publishes to. The other ``[amqp]`` keys belong
+    #: to the Rust worker and are not read here.
+    amqp_prefix: str = "fleet"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.amqp_prefix}.dead"
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> "Config":
@@ -197,9 +206,18 @@ def _backoff(c: _Checker, at: str, t: Mapping[str, Any], default: Backoff) -> Ba
 
 def _resolve(root: dict[str, Any], origin: str) -> Config:
     c = _Checker()
+    amqp = root.get("amqp")
     root = {k: v for k, v in root.items() if k not in OTHER_SECTIONS}
     _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks"))
     config = Config()
+    if isinstance(amqp, dict) and "prefix" in amqp:
+        prefix = amqp["prefix"]
+        if (not isinstance(prefix, str) or not 1 <= len(prefix.encode("utf-8")) <= 100
+                or prefix.startswith("amq.") or any(_is_control(ch) or ch.isspace() for ch in prefix)):
+            c.problem("amqp.prefix", repr(prefix),
+                      "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`")
+        else:
+            config.amqp_prefix = prefix
 
     r = _table(c, "redis", root.get("redis"))
     _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
@@ -304,16 +322,4 @@ def _url_ok(url: str) -> bool:
     return False
 
 
-def _redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (secrets never print)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    auth, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user, colon, _ = auth.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
-
-
-redact_url = _redact
+_redact = redact_url

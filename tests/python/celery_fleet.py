@@ -1,0 +1,53 @@
+"""A Celery app on fleet_budget.celery, for tests that run a real worker process:
+``celery -A celery_fleet worker -Q $FB_CELERY_QUEUE -P threads`` with ``FB_CONFIG`` (the TOML of
+fleet-budget) and ``FB_CELERY_QUEUE`` in the environment. Used by clients/python/tests/test_celery.py
+and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
+
+``index_document(doc_id, fail=n)`` fails its first ``n`` executions with a retryable error
+(``fail=-1``: a non-retryable one); ``search(doc_id)`` fails while the Redis key
+``<FB_BROWNOUT_KEY>`` is set (a brownout) and records each success in the set ``<key>:done``.
+Executions are counted in the Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis)."""
+
+import os
+
+import redis
+from celery import Celery
+
+from fleet_budget import FleetBudget
+from fleet_budget.celery import BudgetedTask, install
+
+QUEUE = os.environ["FB_CELERY_QUEUE"]
+budget = FleetBudget.from_config(os.environ["FB_CONFIG"])
+app = Celery("celery_fleet", broker=os.environ.get("FB_BROKER", "amqp://guest:guest@127.0.0.1:5672//"))
+app.conf.update(task_default_queue=QUEUE, result_backend="rpc://", broker_connection_timeout=5,
+                worker_prefetch_multiplier=4, worker_hijack_root_logger=False)
+install(app, budget)
+state = redis.Redis.from_url(budget.config.redis.url, socket_timeout=5)
+BROWNOUT = os.environ.get("FB_BROWNOUT_KEY", f"{QUEUE}:brownout")
+
+
+class Unavailable(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+@app.task(base=BudgetedTask, budget=budget, name="index_document", retry_on=(Unavailable,), bind=True)
+def index_document(self, doc_id, fail=0, error="search unavailable"):
+    state.incr(f"{QUEUE}:calls")
+    if fail < 0:
+        raise BadRequest(f"doc {doc_id} is malformed")
+    if self.request.retries < fail:
+        raise Unavailable(error)
+    return f"indexed {doc_id}"
+
+
+@app.task(base=BudgetedTask, budget=budget, name="search", retry_on=(Unavailable,))
+def search(doc_id):
+    state.incr(f"{QUEUE}:calls")
+    if state.exists(BROWNOUT):
+        raise Unavailable("search is browning out")
+    state.sadd(f"{BROWNOUT}:done", str(doc_id))
+    return doc_id
