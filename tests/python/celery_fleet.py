@@ -4,11 +4,14 @@ fleet-budget) and ``FB_CELERY_QUEUE`` in the environment. Used by clients/python
 and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
 
 ``index_document(doc_id, fail=n)`` fails its first ``n`` executions with a retryable error
-(``fail=-1``: a non-retryable one); ``search(doc_id)`` fails while the Redis key
-``<FB_BROWNOUT_KEY>`` is set (a brownout) and records each success in the set ``<key>:done``.
-Executions are counted in the Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis)."""
+(``fail=-1``: a non-retryable one). ``search(doc_id)`` calls the dependency the way
+``tests/src/bin/fleet-worker.rs`` does: one TCP line ``CALL <task id> search <attempt> <replays>
+<pid>`` to the line server at ``FB_UPSTREAM`` (HOST:PORT, owned by the test), answered ``OK``,
+``FAIL <class>`` (retryable) or ``REJECT <class>``, 2 s at most. Executions are counted in the
+Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis)."""
 
 import os
+import socket
 
 import redis
 from celery import Celery
@@ -23,7 +26,6 @@ app.conf.update(task_default_queue=QUEUE, result_backend="rpc://", broker_connec
                 worker_prefetch_multiplier=4, worker_hijack_root_logger=False)
 install(app, budget)
 state = redis.Redis.from_url(budget.config.redis.url, socket_timeout=5)
-BROWNOUT = os.environ.get("FB_BROWNOUT_KEY", f"{QUEUE}:brownout")
 
 
 class Unavailable(Exception):
@@ -44,10 +46,21 @@ def index_document(self, doc_id, fail=0, error="search unavailable"):
     return f"indexed {doc_id}"
 
 
-@app.task(base=BudgetedTask, budget=budget, name="search", retry_on=(Unavailable,))
-def search(doc_id):
+class Rejected(Exception):
+    pass
+
+
+@app.task(base=BudgetedTask, budget=budget, name="search", retry_on=(Unavailable, OSError), bind=True)
+def search(self, doc_id):
     state.incr(f"{QUEUE}:calls")
-    if state.exists(BROWNOUT):
-        raise Unavailable("search is browning out")
-    state.sadd(f"{BROWNOUT}:done", str(doc_id))
-    return doc_id
+    host, _, port = os.environ["FB_UPSTREAM"].rpartition(":")
+    replays = int((self.request.headers or {}).get("fb-replays") or 0)
+    line = f"CALL {self.request.id} search {self.request.retries + 1} {replays} {os.getpid()}\n"
+    with socket.create_connection((host, int(port)), timeout=2) as conn:
+        conn.sendall(line.encode())
+        answer = conn.makefile().readline().split()
+    if answer[:1] == ["OK"]:
+        return doc_id
+    if answer[:1] == ["REJECT"]:
+        raise Rejected(" ".join(answer[1:]))
+    raise Unavailable(" ".join(answer[1:]) or "no answer")

@@ -1,0 +1,533 @@
+//! A mixed fleet (issue 15): two Rust worker processes (`fleet-worker`) and a real Celery worker
+//! process (`tests/python/celery_fleet.py`, `fleet_budget.celery`) call one dependency, `search`,
+//! and draw on its one budget in a private redis-server, through RabbitMQ on 127.0.0.1:5672 under
+//! names of the test's own. The dependency is a line server owned by this test, so both languages
+//! see one brownout schedule and every call is logged.
+//!
+//! 1. Warm-up: 10 Rust jobs and 10 Celery jobs succeed (20 successes: the allowance is
+//!    `floor(0.5 × 20)` = 10 retries).
+//! 2. Brownout: every call fails; 20 + 20 new jobs (five Celery jobs first, so that both
+//!    languages draw on the budget). Retries granted fleet-wide, counted in Redis and seen by the
+//!    dependency, are exactly the allowance, never more; every job ends in `<prefix>.dead`, from
+//!    both languages, read alike by `budgetctl dlq peek`.
+//! 3. Recovery: 10 + 10 jobs succeed (the allowance grows to 20: headroom for the replay).
+//! 4. `budgetctl replay --dependency search` moves the 40 dead letters back: the Rust ones to the
+//!    work exchange, the Celery ones to the Celery queue in Celery's format, and each runs once
+//!    more as replay 1 and succeeds.
+//!
+//! Every job is accounted for: each of the 80 succeeded exactly once, and every queue is empty.
+//! Needs the `.venv` of scripts/test (Celery) and `budgetctl` built beside this test (`cargo test
+//! --workspace` builds it). Never skipped.
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fleet_budget::testing::RedisServer;
+use fleet_budget_amqp::testing::{TestBroker, amqp_url, unique_prefix};
+use fleet_budget_amqp::{AmqpSettings, headers};
+
+/// One call the dependency answered.
+#[derive(Debug, Clone)]
+struct Call {
+    id: String,
+    attempt: u32,
+    replays: u32,
+    ok: bool,
+}
+
+/// The dependency: `CALL <id> <task> <attempt> <replays> <pid>` → `OK` | `FAIL http_503`.
+struct Upstream {
+    addr: String,
+    failing: Arc<AtomicBool>,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl Upstream {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let failing = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let (f, c) = (failing.clone(), calls.clone());
+        // Lives as long as the test process: each connection is one line and one answer.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let (f, c) = (f.clone(), c.clone());
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut line = String::new();
+                    if BufReader::new(&stream).read_line(&mut line).is_err() {
+                        return;
+                    }
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let [_, id, _, attempt, replays, _] = words[..] else {
+                        let _ = stream.write_all(b"REJECT bad_call\n");
+                        return;
+                    };
+                    let ok = !f.load(Ordering::SeqCst);
+                    c.lock().unwrap().push(Call {
+                        id: id.to_owned(),
+                        attempt: attempt.parse().unwrap_or(0),
+                        replays: replays.parse().unwrap_or(0),
+                        ok,
+                    });
+                    let answer: &[u8] = if ok { b"OK\n" } else { b"FAIL http_503\n" };
+                    let _ = stream.write_all(answer);
+                });
+            }
+        });
+        Self {
+            addr,
+            failing,
+            calls,
+        }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn succeeded(&self, ids: &[String]) -> usize {
+        let calls = self.calls();
+        ids.iter()
+            .filter(|id| calls.iter().any(|c| c.ok && &c.id == *id))
+            .count()
+    }
+}
+
+/// A child process killed on drop; its output in a file, printed when the test fails.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, command: &mut Command, dir: &Path) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Self {
+            name: name.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    /// SIGTERM (a graceful stop for both kinds of worker), then SIGKILL after 20 s.
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(6000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            eprintln!("----- {} ({}) -----\n{tail}", self.name, self.log.display());
+        }
+    }
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("FLEET_BUDGET_PYTHON").map_or_else(
+        || common::repo_root().join(".venv/bin/python"),
+        PathBuf::from,
+    )
+}
+
+fn budgetctl() -> PathBuf {
+    // Built by `cargo test --workspace` (scripts/test) beside this test's binary.
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is not built: run `cargo build -p budgetctl` (scripts/test builds the workspace)",
+        bin.display()
+    );
+    bin
+}
+
+fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends Celery tasks `search(i)` with the given task ids, from Python (Celery's own format).
+fn send_celery(env: &[(&str, String)], ids: &[String]) {
+    let script = "import sys, celery_fleet\n\
+                  for i, id in enumerate(sys.argv[1:]):\n    \
+                  celery_fleet.app.send_task('search', [i], task_id=id)\n\
+                  celery_fleet.budget.close()\n";
+    let status = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .args(ids)
+        .current_dir(common::repo_root().join("tests/python"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .status()
+        .expect("run Python (scripts/test makes .venv)");
+    assert!(status.success(), "sending Celery tasks failed");
+}
+
+fn publish_rust(broker: &TestBroker, n: usize) -> Vec<String> {
+    common_block_on(async {
+        let publisher = broker.publisher().await;
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            ids.push(
+                publisher
+                    .publish_job(&broker.topology.work_exchange, "index", "index", b"{}")
+                    .await
+                    .unwrap(),
+            );
+        }
+        publisher.close().await;
+        ids
+    })
+}
+
+fn common_block_on<F: Future>(f: F) -> F::Output {
+    fleet_budget_amqp::testing::block_on(f)
+}
+
+fn depth(broker: &TestBroker, queue: &str) -> u32 {
+    common_block_on(broker.depth(queue))
+}
+
+#[test]
+#[allow(clippy::too_many_lines)]
+fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
+    let redis = RedisServer::start();
+    let broker = TestBroker::with_settings(AmqpSettings {
+        url: amqp_url(),
+        prefix: unique_prefix("mixed"),
+        retry_tiers: vec![Duration::from_millis(100), Duration::from_millis(400)],
+        ..AmqpSettings::default()
+    });
+    common_block_on(broker.migrate());
+    let prefix = broker.settings.prefix.clone();
+    let celery_queue = format!("{prefix}.celery");
+    let key_prefix = format!("fbmixed{}", &headers::new_message_id()[..8]);
+    let dir = std::env::temp_dir().join(&key_prefix);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("fleet-budget.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{key_prefix}\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n\
+             [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\nretry_tiers_secs = [0.1, 0.4]\n\
+             [defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
+             [dependencies.search]\ntasks = [\"index\"]\n\
+             [tasks.index]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\n\
+             [tasks.search]\nbackoff_base_ms = 1000\nbackoff_cap_ms = 2000\n",
+            redis.url(),
+            amqp_url(),
+        ),
+    )
+    .unwrap();
+    let upstream = Upstream::start();
+    let env = [
+        ("FB_CONFIG", config.display().to_string()),
+        ("FB_CELERY_QUEUE", celery_queue.clone()),
+        ("FB_UPSTREAM", upstream.addr.clone()),
+        ("FB_BROKER", amqp_url()),
+    ];
+
+    let mut procs = Vec::new();
+    for n in 0..2 {
+        procs.push(Proc::spawn(
+            &format!("fleet-worker-{n}"),
+            Command::new(env!("CARGO_BIN_EXE_fleet-worker"))
+                .args(["--config", &config.display().to_string()])
+                .args(["--upstream", &upstream.addr, "--stats-ms", "5000"])
+                .env_remove("FLEET_BUDGET_REDIS_URL")
+                .env_remove("FLEET_BUDGET_AMQP_URL"),
+            &dir,
+        ));
+    }
+    procs.push(Proc::spawn(
+        "celery",
+        Command::new(python())
+            .args([
+                "-m",
+                "celery",
+                "-A",
+                "celery_fleet",
+                "worker",
+                "-P",
+                "threads",
+            ])
+            .args([
+                "-c",
+                "4",
+                "-Q",
+                &celery_queue,
+                "-n",
+                &format!("{celery_queue}@%h"),
+            ])
+            .args([
+                "--without-heartbeat",
+                "--without-mingle",
+                "--without-gossip",
+            ])
+            .args(["-l", "INFO"])
+            .current_dir(common::repo_root().join("tests/python"))
+            .env_remove("FLEET_BUDGET_REDIS_URL")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
+        &dir,
+    ));
+
+    let py_ids = |phase: &str, n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("py-{phase}-{i}-{key_prefix}"))
+            .collect()
+    };
+
+    // 1. Warm-up: 20 successes.
+    let mut warm = publish_rust(&broker, 10);
+    let warm_py = py_ids("warm", 10);
+    send_celery(&env, &warm_py);
+    warm.extend(warm_py);
+    wait_until(
+        "the warm-up jobs to succeed",
+        Duration::from_secs(60),
+        || upstream.succeeded(&warm) == warm.len(),
+    );
+
+    // 2. Brownout: every call fails; every job ends in the dead-letter queue.
+    upstream.failing.store(true, Ordering::SeqCst);
+    let calls_before = upstream.calls().len();
+    let granted_now = || -> u64 {
+        redis
+            .cmd::<Option<String>>(&["HGET", &format!("{key_prefix}:v1:{{search}}"), "cr"])
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // Five Celery jobs fail first: their five retries are granted (Celery's next attempts wait
+    // 1 to 2 s). Then the Rust jobs fail and take what is left; then the other Celery jobs.
+    let brown_py = py_ids("brown", 20);
+    send_celery(&env, &brown_py[..5]);
+    wait_until(
+        "5 retries granted to Celery",
+        Duration::from_secs(60),
+        || granted_now() >= 5,
+    );
+    let mut brown = publish_rust(&broker, 20);
+    wait_until("the allowance to be spent", Duration::from_secs(60), || {
+        granted_now() >= 10
+    });
+    send_celery(&env, &brown_py[5..]);
+    brown.extend(brown_py);
+    let dead = broker.topology.dead_queue.clone();
+    wait_until(
+        "the 40 brownout jobs to be dead-lettered",
+        Duration::from_secs(60),
+        || depth(&broker, &dead) >= 40,
+    );
+    let during: Vec<Call> = upstream.calls()[calls_before..].to_vec();
+    let retries_seen = during.iter().filter(|c| c.attempt > 1).count();
+    let by_language = |python: bool| {
+        during
+            .iter()
+            .filter(|c| c.attempt > 1 && c.id.starts_with("py-") == python)
+            .count()
+    };
+    let counters: Vec<u64> = redis
+        .cmd::<Vec<Option<String>>>(&[
+            "HMGET",
+            &format!("{key_prefix}:v1:{{search}}"),
+            "cs",
+            "cr",
+            "cd",
+        ])
+        .into_iter()
+        .map(|v| v.and_then(|v| v.parse().ok()).unwrap_or(0))
+        .collect();
+    let (successes, granted, denied) = (counters[0], counters[1], counters[2]);
+    eprintln!(
+        "brownout: {} calls, {retries_seen} retries ({} Celery, {} Rust), Redis: {successes} successes, {granted} granted, {denied} denied",
+        during.len(),
+        by_language(true),
+        by_language(false)
+    );
+    assert_eq!(
+        successes, 20,
+        "the warm-up's successes, from both languages"
+    );
+    assert!(by_language(true) >= 5, "Celery's five retries ran");
+    // The allowance is floor(0.5 × 20) = 10: granted fleet-wide, never more, and each granted
+    // retry ran once against the dependency.
+    assert_eq!(granted, 10, "retries granted fleet-wide = the allowance");
+    assert_eq!(
+        u64::try_from(retries_seen).unwrap(),
+        granted,
+        "every granted retry ran, and no other"
+    );
+    assert!(denied >= 30, "the rest were denied: {denied}");
+
+    // Both languages' dead letters, read by budgetctl as one kind: 20 of each task, each with
+    // the dependency, a reason and the redacted error.
+    for task in ["index", "search"] {
+        let out = Command::new(budgetctl())
+            .args(["--config", &config.display().to_string()])
+            .args(["dlq", "peek", "--json", "--limit", "100", "--task", task])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "dlq peek: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let peek: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let messages = peek["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 20, "{task}: {peek}");
+        for m in messages {
+            assert_eq!(m["dependency"], "search", "{m}");
+            assert!(
+                m["reason"] == "budget_exhausted" || m["reason"] == "attempts_exhausted",
+                "{m}"
+            );
+            assert!(
+                m["error_class"] == "http_503" || m["error_class"] == "Unavailable",
+                "{m}"
+            );
+        }
+    }
+
+    // 3. Recovery: 20 more successes, headroom for the replay.
+    upstream.failing.store(false, Ordering::SeqCst);
+    let mut recovery = publish_rust(&broker, 10);
+    let recovery_py = py_ids("recovery", 10);
+    send_celery(&env, &recovery_py);
+    recovery.extend(recovery_py);
+    wait_until(
+        "the recovery jobs to succeed",
+        Duration::from_secs(60),
+        || upstream.succeeded(&recovery) == recovery.len(),
+    );
+
+    // 4. The replay: each dead letter back where it came from, in its own format.
+    let out = Command::new(budgetctl())
+        .args(["--config", &config.display().to_string()])
+        .args([
+            "replay",
+            "--dependency",
+            "search",
+            "--rate",
+            "1000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "replay: {report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    assert_eq!(report["moved"], 40, "{report}");
+    assert_eq!(report["parked"], 0, "{report}");
+    wait_until(
+        "the replayed jobs to succeed",
+        Duration::from_secs(60),
+        || upstream.succeeded(&brown) == brown.len(),
+    );
+
+    // Every job accounted for: each succeeded exactly once (the brownout's on replay 1), and
+    // every queue is empty.
+    for p in &mut procs {
+        p.stop();
+    }
+    let calls = upstream.calls();
+    let mut oks: HashMap<&str, Vec<&Call>> = HashMap::new();
+    for c in calls.iter().filter(|c| c.ok) {
+        oks.entry(c.id.as_str()).or_default().push(c);
+    }
+    let mut wrong = BTreeMap::new();
+    for id in warm.iter().chain(&recovery).chain(&brown) {
+        let n = oks.get(id.as_str()).map_or(0, Vec::len);
+        if n != 1 {
+            wrong.insert(id.clone(), n);
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "jobs not succeeded exactly once: {wrong:?}"
+    );
+    for id in &brown {
+        let ok = oks[id.as_str()][0];
+        assert_eq!(
+            (ok.replays, ok.attempt),
+            (1, 1),
+            "{id}: replayed once, attempt 1 again"
+        );
+    }
+    for queue in [
+        &dead,
+        &broker.topology.parked_queue,
+        &broker.topology.work_queue,
+        &celery_queue,
+    ] {
+        assert_eq!(depth(&broker, queue), 0, "{queue}");
+    }
+    let status = Command::new(python())
+        .args([
+            "-c",
+            "import sys, celery_fleet\n\
+                      with celery_fleet.app.connection_for_write() as c:\n    \
+                      c.default_channel.queue_delete(sys.argv[1])\n",
+        ])
+        .arg(&celery_queue)
+        .current_dir(common::repo_root().join("tests/python"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .status()
+        .unwrap();
+    assert!(status.success(), "delete {celery_queue}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
