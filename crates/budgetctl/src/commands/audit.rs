@@ -3,7 +3,7 @@
 
 use clap::Args;
 use fleet_budget::Config;
-use fleet_budget::control::AuditLog;
+use fleet_budget::control::AuditEntry;
 
 use crate::output::{print_json, table_aligned};
 use crate::redis_conn;
@@ -29,10 +29,57 @@ pub(crate) struct AuditArgs {
     json: bool,
 }
 
+/// Who runs a replay, purge or migration and why, for the audit trail.
+#[derive(Debug, Args)]
+pub(crate) struct Trail {
+    /// Who, for the audit trail (default `$USER@<hostname>`).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Why, for the audit trail (`"INC-123: search recovered"`).
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    note: String,
+}
+
+impl Trail {
+    /// The actor: `--actor`, else `$USER@<hostname>`.
+    pub(crate) fn actor(&self) -> String {
+        self.actor.clone().unwrap_or_else(when::default_actor)
+    }
+
+    /// The operator's why (may be empty).
+    pub(crate) fn note(&self) -> &str {
+        &self.note
+    }
+}
+
+/// Records `entry` in the audit trail (bounded by `[audit]`). Called after the action and its
+/// output: a failure says the action was done but not recorded (exit 1).
+pub(crate) async fn record(config: &Config, entry: &AuditEntry) -> anyhow::Result<()> {
+    let not_recorded = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "{} was done, but its audit entry could not be written: {}",
+            entry.action,
+            fleet_budget::redact::redact_text(&e.to_string())
+        )
+    };
+    let store = redis_conn::connect(config, redis_conn::cli_timeout(config))
+        .await
+        .map_err(|e| not_recorded(&format!("{e:#}")))?;
+    config
+        .audit
+        .log()
+        .record(&store, entry)
+        .await
+        .map_err(|e| not_recorded(&e))?;
+    Ok(())
+}
+
 /// Runs the command.
 pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()> {
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
-    let entries = AuditLog::default()
+    let entries = config
+        .audit
+        .log()
         .read(
             &store,
             args.since.map(When::unix_ms),
@@ -71,7 +118,11 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
             e.actor.clone(),
             e.action.clone(),
             e.dependency.clone().unwrap_or_else(|| "-".to_owned()),
-            e.reason.clone(),
+            if e.reason.is_empty() {
+                "-".to_owned()
+            } else {
+                e.reason.clone()
+            },
             format!("{} → {}", json(&e.before), json(&e.after)),
         ]);
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use fleet_budget::control::{AuditLog, Change, OverrideAction, overrides};
+use fleet_budget::control::{Change, OverrideAction, overrides};
 use fleet_budget::{Config, Dependency};
 
 use crate::exit::usage;
@@ -113,7 +113,7 @@ pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Res
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
     let change = overrides::apply(
         &store,
-        &AuditLog::default(),
+        &config.audit.log(),
         &dep,
         action,
         &actor,

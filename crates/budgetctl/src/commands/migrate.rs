@@ -2,10 +2,11 @@
 
 use clap::Args;
 use fleet_budget::redact::redact_url;
-use fleet_budget_amqp::{Migrations, StepState, WorkerConfig};
+use fleet_budget_amqp::{MigrationReport, Migrations, StepState, WorkerConfig};
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
+use crate::commands::audit::{Trail, record};
 use crate::output::print_json;
 
 /// `migrate`.
@@ -14,6 +15,8 @@ pub(crate) struct MigrateArgs {
     /// Show what would be declared, declare nothing.
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    trail: Trail,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -35,7 +38,9 @@ struct MigrateReport {
     steps: Vec<MigrateStep>,
 }
 
-/// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently).
+/// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently). A migration
+/// that created something is recorded in the audit trail; a dry run or a no-op is not (a deploy
+/// that runs `migrate` every time would bury the changes).
 pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Result<()> {
     let migrations =
         Migrations::embedded().map_err(|e| anyhow::anyhow!("embedded migrations: {e}"))?;
@@ -58,9 +63,20 @@ pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Re
             })
             .collect(),
     };
+    let entry = (!report.dry_run && out.created > 0)
+        .then(|| report.audit_entry(&args.trail.actor(), args.trail.note(), &config.amqp.prefix));
     if args.json {
-        return print_json(&out);
+        print_json(&out)?;
+    } else {
+        print_text(&out, &report);
     }
+    match entry {
+        Some(entry) => record(&config.budget, &entry).await,
+        None => Ok(()),
+    }
+}
+
+fn print_text(out: &MigrateReport, report: &MigrationReport) {
     outln!("RabbitMQ at {} (names under `{}`)", out.amqp, out.prefix);
     out!("{report}");
     let unchanged = report
@@ -79,5 +95,4 @@ pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Re
             out.created
         );
     }
-    Ok(())
 }

@@ -4,10 +4,11 @@
 //! (`Replayer::parked`), and `purge` deletes for good, so it asks for `--yes`.
 
 use clap::{Args, Subcommand};
-use fleet_budget_amqp::replay::purge_queue;
-use fleet_budget_amqp::{ReplayOptions, Topology, WorkerConfig};
+use fleet_budget_amqp::replay::{audit, purge_queue};
+use fleet_budget_amqp::{ReplayOptions, Topology, WorkerConfig, queue_depths};
 use serde::Serialize;
 
+use super::audit::{Trail, record};
 use super::dlq::{MessageFilterArgs, PeekArgs, show_messages};
 use super::replay::{Source, finish, replay_queue};
 use crate::amqp_conn::broker_error;
@@ -41,6 +42,8 @@ pub(crate) struct ParkedReplayArgs {
     /// Count what would move, move nothing.
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    trail: Trail,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -57,6 +60,8 @@ pub(crate) struct PurgeArgs {
     /// Yes, delete them: parked messages are jobs, and a purge cannot be undone.
     #[arg(long)]
     yes: bool,
+    #[command(flatten)]
+    trail: Trail,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -83,9 +88,16 @@ pub(crate) async fn run(config: &WorkerConfig, command: &ParkedCommand) -> anyho
             options.filter = args.filter.filter()?;
             options.rate = Some(f64::from(args.rate));
             options.limit = args.limit;
-            let out =
-                replay_queue(config, Source::Parked, &options, args.dry_run, args.json).await?;
-            finish(&out, args.json, "parked")
+            let (out, entry) = replay_queue(
+                config,
+                Source::Parked,
+                &options,
+                args.dry_run,
+                args.json,
+                &args.trail,
+            )
+            .await?;
+            finish(config, &out, entry, args.json, "parked").await
         }
         ParkedCommand::Purge(args) => purge(config, &topology, args).await,
     }
@@ -101,6 +113,9 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
             topology.parked_queue
         )));
     }
+    let before = queue_depths(&config.amqp.url, topology)
+        .await
+        .map_err(|e| broker_error(config, &e))?;
     let r = purge_queue(
         &config.amqp.url,
         &topology.parked_queue,
@@ -109,6 +124,17 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
     )
     .await
     .map_err(|e| broker_error(config, &e))?;
+    let after = queue_depths(&config.amqp.url, topology)
+        .await
+        .map_err(|e| broker_error(config, &e))?;
+    let entry = audit::purge_entry(
+        &args.trail.actor(),
+        &filter,
+        args.trail.note(),
+        &before,
+        &after,
+        &r,
+    );
     let out = PurgeOutput {
         queue: topology.parked_queue.clone(),
         total: r.total,
@@ -116,14 +142,15 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
         kept: r.kept,
     };
     if args.json {
-        return print_json(&out);
+        print_json(&out)?;
+    } else {
+        outln!(
+            "{}: {} purged, {} kept (of {} messages)",
+            out.queue,
+            thousands(out.purged),
+            thousands(out.kept),
+            thousands(out.total)
+        );
     }
-    outln!(
-        "{}: {} purged, {} kept (of {} messages)",
-        out.queue,
-        thousands(out.purged),
-        thousands(out.kept),
-        thousands(out.total)
-    );
-    Ok(())
+    record(&config.budget, &entry).await
 }

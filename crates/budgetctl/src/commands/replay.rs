@@ -5,13 +5,16 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use fleet_budget::clock::now_ms;
+use fleet_budget::control::AuditEntry;
 use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
+use fleet_budget_amqp::replay::audit;
 use fleet_budget_amqp::{
-    ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
+    ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig, queue_depths,
 };
 use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
+use crate::commands::audit::{Trail, record};
 use crate::commands::dlq::reason;
 use crate::exit::usage;
 use crate::output::{print_json, table, table_aligned, thousands};
@@ -50,6 +53,8 @@ pub(crate) struct ReplayArgs {
     /// Count what would move, move nothing.
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    trail: Trail,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -120,15 +125,16 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
     };
     options.rate = Some(f64::from(args.rate));
     options.limit = args.limit;
-    let out = replay_queue(
+    let (out, entry) = replay_queue(
         config,
         Source::DeadLetters,
         &options,
         args.dry_run,
         args.json,
+        &args.trail,
     )
     .await?;
-    finish(&out, args.json, "dead-letter")
+    finish(config, &out, entry, args.json, "dead-letter").await
 }
 
 /// Which queue a replay reads.
@@ -140,14 +146,16 @@ pub(crate) enum Source {
 
 /// Replays (or, with `dry_run`, predicts a replay of) the messages of `source` that `options`
 /// select, printing progress on stderr; the dry run prints its table by dependency × reason
-/// unless `json`.
+/// unless `json`. A run also returns its audit entry (queue depths before and after), to be
+/// recorded once its outcome is printed.
 pub(crate) async fn replay_queue(
     config: &WorkerConfig,
     source: Source,
     options: &ReplayOptions,
     dry_run: bool,
     json: bool,
-) -> anyhow::Result<ReplayOutput> {
+    trail: &Trail,
+) -> anyhow::Result<(ReplayOutput, Option<AuditEntry>)> {
     let topology = Topology::new(&config.amqp);
     let url = config.amqp.url.clone();
     let replayer = |budget: Option<FleetBudget>| match source {
@@ -192,8 +200,11 @@ pub(crate) async fn replay_queue(
                 out!("{}", table_aligned(&rows, &[0, 1]));
             }
         }
-        return Ok(out);
+        return Ok((out, None));
     }
+    let before = queue_depths(&config.amqp.url, &topology)
+        .await
+        .map_err(|e| broker_error(config, &e))?;
     // The budget lets the replayer pause while the dependency's budget is exhausted again.
     let budget = FleetBudget::from_config(&config.budget).await?;
     let replayer = replayer(Some(budget.clone()));
@@ -228,7 +239,23 @@ pub(crate) async fn replay_queue(
     }
     let _ = budget.shutdown().await;
     let r = report.map_err(|e| broker_error(config, &e))?;
-    Ok(ReplayOutput {
+    let after = queue_depths(&config.amqp.url, &topology)
+        .await
+        .map_err(|e| broker_error(config, &e))?;
+    let action = match source {
+        Source::DeadLetters => audit::REPLAY,
+        Source::Parked => audit::PARKED_REPLAY,
+    };
+    let entry = audit::replay_entry(
+        &trail.actor(),
+        action,
+        &options.filter,
+        trail.note(),
+        &before,
+        &after,
+        &r,
+    );
+    let out = ReplayOutput {
         matched: r.matched,
         moved: r.moved,
         parked: r.parked,
@@ -238,16 +265,27 @@ pub(crate) async fn replay_queue(
         total: r.total,
         malformed: r.malformed,
         paused_secs: r.paused.as_secs_f64(),
-    })
+    };
+    Ok((out, Some(entry)))
 }
 
-/// Prints a replay's outcome (JSON or the table) and turns copies that failed into exit 1, the
-/// same in both modes: a script reading the JSON must not take a partial replay for success.
-pub(crate) fn finish(out: &ReplayOutput, json: bool, queue: &str) -> anyhow::Result<()> {
+/// Prints a replay's outcome (JSON or the table), records its audit entry, and turns copies
+/// that failed into exit 1, the same in both modes: a script reading the JSON must not take a
+/// partial replay for success.
+pub(crate) async fn finish(
+    config: &WorkerConfig,
+    out: &ReplayOutput,
+    entry: Option<AuditEntry>,
+    json: bool,
+    queue: &str,
+) -> anyhow::Result<()> {
     if json {
         print_json(out)?;
     } else {
         print_replay(out, queue);
+    }
+    if let Some(entry) = entry {
+        record(&config.budget, &entry).await?;
     }
     if out.failed > 0 && !out.dry_run {
         anyhow::bail!(

@@ -19,12 +19,16 @@ fn depth(broker: &TestBroker, queue: &str) -> u32 {
     block_on(broker.depth(queue))
 }
 
-/// The global flags for `broker`'s topology (and a Redis key prefix of the test's own).
+/// The global flags for `broker`'s topology (and a Redis key prefix of the test's own); the
+/// audit trail keeps its last 6 entries.
 fn flags(broker: &TestBroker) -> Vec<String> {
     let prefix = &broker.settings.prefix;
     let config = temp_file(
         &format!("{prefix}.toml"),
-        &format!("[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n", broker.url),
+        &format!(
+            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n[audit]\nmax_entries = 6\n",
+            broker.url
+        ),
     );
     vec![
         "--config".to_owned(),
@@ -37,7 +41,6 @@ fn flags(broker: &TestBroker) -> Vec<String> {
 /// Seeds dead letters: each record, then one message without any dead-letter header.
 fn seed(broker: &TestBroker, records: &[DeadLetterRecord]) {
     block_on(async {
-        broker.migrate().await;
         let publisher: Publisher = broker.publisher().await;
         for r in records {
             broker.publish_dead_letter(&publisher, r, b"{}").await;
@@ -79,6 +82,20 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
         replays: 3,
         ..record(&broker, "search", DeadLetterReason::AttemptsExhausted)
     };
+    let flags = flags(&broker);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |command: &str| run_with(&on, command);
+    let who = |command: &str, note: &str| {
+        let mut args = on.clone();
+        args.extend(command.split_whitespace());
+        args.extend(["--actor", "ann@ops", "--note", note]);
+        crate::run(&args)
+    };
+    json(&who("migrate --json", "first deploy"));
+    json(&who(
+        "migrate --json",
+        "again: nothing to create, nothing recorded",
+    ));
     seed(
         &broker,
         &[
@@ -88,9 +105,6 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
             looping,
         ],
     );
-    let flags = flags(&broker);
-    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let with = |command: &str| run_with(&on, command);
 
     // Every message, one by one; looking three times takes nothing.
     for _ in 0..3 {
@@ -140,7 +154,10 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
     assert_eq!(depth(&broker, &t.dead_queue), 5);
 
     // The replay moves search's two, parks the looping one and the unreadable one.
-    let r = json(&with("replay --dependency search --json"));
+    let r = json(&who(
+        "replay --dependency search --json",
+        "INC-7 search recovered",
+    ));
     assert_eq!(
         (r["moved"].as_u64(), r["parked"].as_u64()),
         (Some(2), Some(2)),
@@ -176,7 +193,10 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
 
     // Parked replay: the dry run predicts the run exactly; the looping job goes back to work.
     let dry = json(&with("parked replay --dependency search --dry-run --json"));
-    let moved = json(&with("parked replay --dependency search --json"));
+    let moved = json(&who(
+        "parked replay --dependency search --json",
+        "INC-7 loopers",
+    ));
     for f in ["matched", "moved", "parked", "skipped", "failed"] {
         assert_eq!(dry[f], moved[f], "{f}: dry run {dry} vs run {moved}");
     }
@@ -188,13 +208,61 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
         "the unreadable one stays"
     );
 
-    let purged = json(&with("parked purge --yes --json"));
+    let purged = json(&who("parked purge --yes --json", "INC-7 garbage"));
     assert_eq!(
         (purged["purged"].as_u64(), purged["kept"].as_u64()),
         (Some(1), Some(0)),
         "{purged}"
     );
     assert_eq!(depth(&broker, &t.parked_queue), 0);
+
+    // The trail: the migration that created something, the replays and the purge, with who,
+    // why and the counts before and after; dry runs, refusals and looks left nothing.
+    let trail = json(&with("audit --json"));
+    let entries = trail["entries"].as_array().unwrap();
+    let actions: Vec<&str> = entries
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["migrate", "replay", "parked_replay", "parked_purge"],
+        "{trail}"
+    );
+    for e in entries {
+        assert_eq!(e["actor"], "ann@ops", "{e}");
+        has_fields(e, &["at_ms", "reason", "before", "after"]);
+    }
+    let (migrate, replay, parked, purge) = (&entries[0], &entries[1], &entries[2], &entries[3]);
+    assert_eq!(migrate["reason"], "first deploy");
+    assert!(
+        migrate["after"]["created"].as_u64().unwrap() >= 6,
+        "{migrate}"
+    );
+    assert_eq!(replay["dependency"], "search");
+    assert_eq!(replay["reason"], "INC-7 search recovered");
+    assert_eq!(replay["before"]["dead_letter_queue"], 5, "{replay}");
+    assert_eq!(replay["after"]["dead_letter_queue"], 1, "{replay}");
+    assert_eq!(replay["after"]["work_queue"], 2, "{replay}");
+    assert_eq!(replay["after"]["moved"], 2, "{replay}");
+    assert_eq!(replay["after"]["selected"], "dependency=search", "{replay}");
+    assert_eq!(parked["after"]["moved"], 1, "{parked}");
+    assert_eq!(purge["before"]["parked_queue"], 1, "{purge}");
+    assert_eq!(purge["after"]["parked_queue"], 0, "{purge}");
+    assert_eq!(purge["after"]["purged"], 1, "{purge}");
+    let text = stdout(&with("audit --dependency search"));
+    assert!(
+        text.contains("INC-7 search recovered") && text.contains("parked_replay"),
+        "{text}"
+    );
+    // `[audit] max_entries = 6`: the trail keeps the newest six.
+    for i in 0..4 {
+        json(&who(&format!("replay --dependency d{i} --json"), "bound"));
+    }
+    let trail = json(&with("audit --json"));
+    let entries = trail["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 6, "{trail}");
+    assert_eq!(entries[0]["action"], "parked_replay", "{trail}");
 
     // Five peeks and a replay that skipped it: the peeks count nothing; the replay's consumer
     // may have had its put-back copy pushed past its bound and returned (counted once, the
@@ -225,6 +293,7 @@ fn replay_dry_run_predicts_the_run_and_failures_exit_1_in_both_modes() {
         ..record(&broker, "search", DeadLetterReason::BudgetExhausted)
     };
     let search = record(&broker, "search", DeadLetterReason::BudgetExhausted);
+    block_on(broker.migrate());
     seed(
         &broker,
         &[

@@ -23,7 +23,8 @@
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack);
 //! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
 //! the non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected
-//! ones for good (the parked queue's `purge`).
+//! ones for good (the parked queue's `purge`); [`audit`] makes the audit entries of replays and
+//! purges, for any tool that runs them.
 //!
 //! The parked queue is replayed by the same code ([`Replayer::parked`]): an operator's decision
 //! to try parked jobs again, so `max_replays` does not park them again, and a message that
@@ -41,6 +42,7 @@ use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
 use crate::topology::{Topology, queue_depth};
 
+pub mod audit;
 pub mod dry_run;
 pub mod inspect;
 pub mod peek;

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use fleet_budget::control::AuditEntry;
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -72,6 +73,33 @@ impl MigrationReport {
             .iter()
             .filter(|(_, s)| matches!(s, StepState::Created | StepState::WouldCreate))
             .count()
+    }
+
+    /// The audit entry of an applied migration (action `migrate`): before, the objects of the
+    /// plan that existed; after, what was created (the first 100 named) and the latest version.
+    /// `note` is the operator's why. Record it with `fleet_budget::control::AuditLog::record`.
+    #[must_use]
+    pub fn audit_entry(&self, actor: &str, note: &str, prefix: &str) -> AuditEntry {
+        let created: Vec<String> = self
+            .steps
+            .iter()
+            .filter(|(_, s)| matches!(s, StepState::Created | StepState::WouldCreate))
+            .map(|(op, _)| op.object.to_string())
+            .collect();
+        let existing = self
+            .steps
+            .iter()
+            .filter(|(_, s)| matches!(s, StepState::Unchanged))
+            .count();
+        let version = self.steps.iter().map(|(op, _)| op.version).max();
+        let before = serde_json::json!({ "prefix": prefix, "existing_objects": existing });
+        let after = serde_json::json!({
+            "prefix": prefix,
+            "created": created.len(),
+            "created_objects": created.iter().take(100).collect::<Vec<_>>(),
+            "latest_version": version,
+        });
+        AuditEntry::new(actor, "migrate", None, note).with_before_after(&before, &after)
     }
 }
 

@@ -3,13 +3,14 @@
 //!
 //! Parsing never panics. Every problem names the key, the value and what is allowed, and all
 //! problems of a file are reported together. Each section is resolved in its own file
-//! (`redis.rs`, `defaults.rs`, `dependencies.rs`, `tasks.rs`, `metrics.rs`); `check.rs` holds the
+//! (`redis.rs`, `defaults.rs`, `dependencies.rs`, `tasks.rs`, `metrics.rs`, `audit.rs`); `check.rs` holds the
 //! checks they share ([`Checker`], [`check_url`], [`check_key_prefix`]).
 //!
 //! The file may hold sections of other crates: `fleet-budget-amqp` reads `[amqp]` from the same
 //! file and loads both through its `WorkerConfig` ([`Config::from_toml_ignoring`]). This crate
 //! names no broker: [`Config::from_toml`] refuses a section it does not know.
 
+mod audit;
 mod check;
 mod defaults;
 mod dependencies;
@@ -23,6 +24,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub use self::audit::{AuditSettings, DEFAULT_AUDIT_MAX_AGE_DAYS, DEFAULT_AUDIT_MAX_ENTRIES};
 pub use self::check::{Checker, MAX_KEY_PREFIX_LEN, check_key_prefix, check_url};
 pub use self::defaults::{MAX_RATIO, MAX_WINDOW_SECS};
 pub use self::error::{ConfigError, Problem};
@@ -48,6 +50,8 @@ pub struct Config {
     pub ceilings: Ceilings,
     /// Where to serve `/metrics`, if anywhere.
     pub metrics: MetricsSettings,
+    /// How much of the audit trail Redis keeps.
+    pub audit: AuditSettings,
 }
 
 impl Config {
@@ -194,6 +198,8 @@ struct RawConfig {
     tasks: BTreeMap<String, tasks::RawTask>,
     #[serde(default)]
     metrics: metrics::RawMetrics,
+    #[serde(default)]
+    audit: audit::RawAudit,
 }
 
 impl RawConfig {
@@ -205,6 +211,7 @@ impl RawConfig {
         let (policies, map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
         let tasks = tasks::resolve(&mut c, self.tasks, &map, default_ceiling);
         let metrics = self.metrics.resolve(&mut c);
+        let audit = self.audit.resolve(&mut c);
         let problems = c.into_problems();
         if !problems.is_empty() {
             return Err(ConfigError::invalid(origin, problems));
@@ -219,6 +226,7 @@ impl RawConfig {
                 tasks,
             },
             metrics,
+            audit,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The audit trail: every override, replay, purge and migration, in one Redis stream per key
-//! prefix (`<prefix>:v1:audit`), bounded by count (`XADD MAXLEN ~`) and by age (`XTRIM MINID ~`).
+//! prefix (`<prefix>:v1:audit`), bounded by count (`XADD MAXLEN`) and by age (`XTRIM MINID`).
 //! Times are the server's (the stream id), so entries from hosts with skewed clocks sort right.
+//! The bounds are the configuration's `[audit]` section (`Config::audit.log()`).
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use crate::store::RedisStore;
 /// How much of the trail Redis keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuditLog {
-    /// At most about this many entries (trimmed approximately, as Redis does cheaply).
+    /// At most this many entries.
     pub max_entries: u64,
     /// Entries older than this are trimmed.
     pub max_age: Duration,
@@ -38,7 +39,8 @@ pub struct AuditEntry {
     pub at_ms: u64,
     /// Who (`--actor`, default user@host).
     pub actor: String,
-    /// What: `freeze`, `unfreeze`, `set`, `clear`, `replay`, `purge`, `migrate`, ...
+    /// What: `freeze`, `unfreeze`, `set`, `clear` (overrides), `replay`, `parked_replay`,
+    /// `parked_purge` (`fleet_budget_amqp::replay::audit`), `migrate`.
     pub action: String,
     /// Which dependency, when the action has one.
     pub dependency: Option<String>,
@@ -94,9 +96,10 @@ impl AuditLog {
         let json =
             |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string).unwrap_or_default();
         let mut xadd = redis::cmd("XADD");
+        // Exact trimming (no `~`): the trail grows at human speed, and an approximate trim keeps
+        // whole nodes of 100 entries, so a bound of 10 would keep 100.
         xadd.arg(&key)
             .arg("MAXLEN")
-            .arg("~")
             .arg(self.max_entries.max(1))
             .arg("*")
             .arg("actor")
@@ -116,7 +119,7 @@ impl AuditLog {
         let max_age = u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX);
         if now_ms > max_age {
             let mut trim = redis::cmd("XTRIM");
-            trim.arg(&key).arg("MINID").arg("~").arg(now_ms - max_age);
+            trim.arg(&key).arg("MINID").arg(now_ms - max_age);
             let _: u64 = store.query(&trim).await?;
         }
         Ok(id)
@@ -141,7 +144,14 @@ impl AuditLog {
             .arg(until_ms.map_or_else(|| "+".to_owned(), |ms| ms.to_string()))
             .arg(since_ms.map_or_else(|| "-".to_owned(), |ms| ms.to_string()))
             .arg("COUNT")
-            .arg(self.max_entries.max(1));
+            // Without a dependency filter the newest `limit` are the answer; with one, read up
+            // to the whole (bounded) trail and filter.
+            .arg(match dependency {
+                None => u64::try_from(limit)
+                    .unwrap_or(u64::MAX)
+                    .clamp(1, self.max_entries.max(1)),
+                Some(_) => self.max_entries.max(1),
+            });
         let raw: Vec<(String, Vec<(String, String)>)> = store.query(&xrange).await?;
         let mut entries: Vec<AuditEntry> = raw
             .into_iter()
