@@ -2,8 +2,8 @@
 //! sequence of attempts, successes and failures is run by both against one private
 //! redis-server, each under its own key prefix (a fresh pair per sequence, so each starts from
 //! empty budgets), and every decision (retry or dead letter, the reason, the next attempt, the
-//! source, the snapshot) and the final budget must be equal. The delays are random (equal
-//! jitter): each must lie in the same bounds. Python's keys, read at
+//! source, the snapshot) and the final budget must be equal. The delays are random (centred
+//! jitter, `[3n/4, 5n/4]` of the nominal): each must lie in the same bounds. Python's keys, read at
 //! the end with Rust's policy, report no policy conflict: both sent the same policy.
 //!
 //! A second test feeds bad configurations to both: each refuses the same ones, naming the same
@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use fleet_budget::ceiling::Backoff;
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{Config, Decision, Dependency, Failure, FleetBudget};
@@ -171,13 +172,18 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
                             ..
                         } => {
                             let nominal = rust.ceiling(task).backoff.nominal(attempt);
-                            let (lo, hi) =
-                                if kind == "after" && Duration::from_secs(after) > nominal / 2 {
-                                    (0.0, f64::MAX)
-                                } else {
-                                    (nominal.as_secs_f64() / 2.0, nominal.as_secs_f64())
-                                };
-                            assert!(*delay >= nominal / 2 || kind == "after", "{delay:?}");
+                            let (low, high) = Backoff::jitter_bounds(nominal);
+                            // Centred jitter in both; a Retry-After above the low bound may
+                            // lift either delay past the other's.
+                            let (lo, hi) = if kind == "after" && Duration::from_secs(after) > low {
+                                (low.as_secs_f64(), f64::MAX)
+                            } else {
+                                (low.as_secs_f64(), high.as_secs_f64())
+                            };
+                            assert!(
+                                *delay >= low && (*delay <= high || kind == "after"),
+                                "{delay:?}"
+                            );
                             format!(
                                 "[\"retry\", {next_attempt}, \"{}\", {}, {lo}, {hi}]",
                                 source.as_str(),
@@ -363,6 +369,58 @@ fn both_languages_redact_error_text_alike() {
             fleet_budget_amqp::headers::error_text(text),
         ];
         assert_eq!(theirs, ours, "{text:?}");
+    }
+    drop(to_py);
+    assert!(child.wait().unwrap().success());
+}
+
+/// For each configuration text on stdin, the task `t`'s ceiling: max_attempts and the recovery
+/// window, and whether attempt 3 is final 10 s and 100 s after the first failure.
+const CEILING_DRIVER: &str = r#"
+import json, sys
+from fleet_budget import Config
+for line in sys.stdin:
+    c = Config.from_toml(json.loads(line)).ceiling("t")
+    print(json.dumps([c.max_attempts, c.recovery_window, c.exhausted(3, 10.0), c.exhausted(3, 100.0)]), flush=True)
+"#;
+
+/// Ceilings by time are derived alike: the attempt count of the nominal schedule whose last
+/// attempt runs when the window ends (60 s → 6, 900 s → 10, 4 h → 32), and the window itself
+/// decides when the time since the first failure is known.
+#[test]
+fn ceilings_by_time_agree() {
+    let mut child = Command::new(python())
+        .args(["-c", CEILING_DRIVER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    for backoff in [
+        "",
+        "backoff_base_ms = 100\n",
+        "backoff_base_ms = 1000\nbackoff_cap_ms = 5000\n",
+    ] {
+        for window in [1, 2, 15, 40, 60, 300, 900, 3600, 14_400, 604_800] {
+            let text = format!("[tasks.t]\nrecovery_window_secs = {window}\n{backoff}");
+            let c = Config::from_toml(&text, "t")
+                .unwrap()
+                .ceilings
+                .for_task("t");
+            let rust = serde_json::json!([
+                c.max_attempts,
+                c.recovery_window.map(|w| w.as_secs_f64()),
+                c.exhausted(3, Some(Duration::from_secs(10))),
+                c.exhausted(3, Some(Duration::from_secs(100))),
+            ]);
+            writeln!(to_py, "{}", serde_json::to_string(&text).unwrap()).unwrap();
+            let mut answer = String::new();
+            from_py.read_line(&mut answer).unwrap();
+            let theirs: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            assert_eq!(theirs, rust, "{text}");
+        }
     }
     drop(to_py);
     assert!(child.wait().unwrap().success());

@@ -30,7 +30,7 @@ def test_the_decision_order_and_the_floor(redis_url):
     assert d.reason == ATTEMPTS_EXHAUSTED and d.source == "not_consulted"
     grants = [b.on_failure("index_document", 1, Failure.retryable("503")) for _ in range(4)]
     assert [isinstance(g, Retry) for g in grants] == [True, True, True, False]
-    assert grants[0].next_attempt == 2 and 1.0 <= grants[0].delay <= 2.0 and grants[0].source == "fleet"
+    assert grants[0].next_attempt == 2 and 1.5 <= grants[0].delay <= 2.5 and grants[0].source == "fleet"
     assert grants[3].reason == BUDGET_EXHAUSTED and grants[3].snapshot.current.denied == 1
     assert b.metrics.value("fleet_budget_retries_granted_total", dependency="search") == 3
     assert b.metrics.value("fleet_budget_dead_letters_total", dependency="search", reason="budget_exhausted") == 1

@@ -42,10 +42,15 @@ class FleetBudget(_sync.FleetBudget):
         await self._deposit_async(self._success(task), 1, 0)
 
     async def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:  # type: ignore[override]
-        dependency, early = self._before_budget(task, attempt, failure)
+        return await self.on_failure_since(task, attempt, failure, None)
+
+    async def on_failure_since(self, task: str, attempt: int, failure: Failure,  # type: ignore[override]
+                               since_first_failure: Optional[float]) -> Decision:
+        dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *await self.withdraw(dependency))
+        return self._after_budget(task, attempt, failure, *await self.withdraw(dependency),
+                                  since_first_failure=since_first_failure)
 
     async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
         policy = self.config.policy(dependency)

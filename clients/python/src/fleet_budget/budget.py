@@ -124,10 +124,18 @@ class FleetBudget:
 
     def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
         """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""
-        dependency, early = self._before_budget(task, attempt, failure)
+        return self.on_failure_since(task, attempt, failure, None)
+
+    def on_failure_since(self, task: str, attempt: int, failure: Failure,
+                         since_first_failure: Optional[float]) -> Decision:
+        """:meth:`on_failure` for a job whose first failure was ``since_first_failure`` seconds
+        ago (0 for this one): a task with a recovery window is held to the window itself, and its
+        delays are fitted to it (the Rust ``on_failure_since``)."""
+        dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *self.withdraw(dependency))
+        return self._after_budget(task, attempt, failure, *self.withdraw(dependency),
+                                  since_first_failure=since_first_failure)
 
     # The steps around the I/O, shared with the asyncio flavour (fleet_budget.aio).
 
@@ -145,17 +153,18 @@ class FleetBudget:
         self.metrics.successes.labels(dependency).inc()
         return dependency
 
-    def _before_budget(self, task: str, attempt: int, failure: Failure) -> tuple[str, Optional[DeadLetter]]:
+    def _before_budget(self, task: str, attempt: int, failure: Failure,
+                       since_first_failure: Optional[float] = None) -> tuple[str, Optional[DeadLetter]]:
         dependency = self.dependency(task)
         attempt = max(1, int(attempt))
         if not failure.is_retryable:
             return dependency, self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
-        if attempt >= self.config.ceiling(task).max_attempts:
+        if self.config.ceiling(task).exhausted(attempt, since_first_failure):
             return dependency, self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
         return dependency, None
 
     def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,
-                      snapshot: BudgetSnapshot, source: str) -> Decision:
+                      snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None) -> Decision:
         dependency = self.dependency(task)
         attempt = max(1, int(attempt))
         ceiling = self.config.ceiling(task)
@@ -165,7 +174,7 @@ class FleetBudget:
             reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
             return self._dead_letter(dependency, reason, snapshot, source)
         with self._rng_lock:
-            delay = ceiling.backoff.delay(attempt, failure.retry_after, self._rng)
+            delay = ceiling.delay(attempt, since_first_failure, failure.retry_after, self._rng)
         return Retry(dependency, delay, attempt + 1, snapshot, source)
 
     def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:

@@ -138,9 +138,13 @@ class BudgetedTask(Task):
             raise
         except Exception as exc:
             failure = self.failure(exc)
-            decision = budget.on_failure(task, attempt, failure)
+            failed_ms = h.now_ms()
+            first = job.first_failure_ms if job.first_failure_ms is not None else failed_ms
+            # As the Rust worker: a task with a recovery window is held to the window since the
+            # job's first failure (fb-first-failure-ms, carried across Celery's retries).
+            since = max(0, failed_ms - first) / 1000
+            decision = budget.on_failure_since(task, attempt, failure, since)
             if isinstance(decision, Retry):
-                first = job.first_failure_ms if job.first_failure_ms is not None else h.now_ms()
                 carried = {k: v for k, v in (request.headers or {}).items() if k not in h.DEAD_LETTER_HEADERS}
                 carried[h.FIRST_FAILURE_MS] = first
                 raise self.retry(exc=exc, countdown=decision.delay, headers=carried)

@@ -290,6 +290,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         if sum(k in t for k in ("class", "max_attempts", "recovery_window_secs")) > 1:
             c.problem(at, "class, max_attempts and recovery_window_secs", "set at most one of them")
         backoff = _backoff(c, at, t, config.default_ceiling.backoff)
+        window = None
         if "class" in t:
             cls = c.choice(f"{at}.class", t["class"], tuple(CLASS_MAX_ATTEMPTS), "")
             max_attempts = CLASS_MAX_ATTEMPTS.get(cls, config.default_ceiling.max_attempts)
@@ -298,9 +299,10 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         elif "recovery_window_secs" in t:
             secs = c.int_in(f"{at}.recovery_window_secs", t["recovery_window_secs"], 1, 7 * 86_400, 60)
             max_attempts = backoff.attempts_for_recovery_window(secs)
+            window = float(secs)
         else:
             max_attempts = config.default_ceiling.max_attempts
-        config.ceilings[task] = TaskCeiling(max_attempts=max_attempts, backoff=backoff)
+        config.ceilings[task] = TaskCeiling(max_attempts=max_attempts, backoff=backoff, recovery_window=window)
 
     if c.problems:
         raise ConfigError(origin, "invalid configuration:\n" + "\n".join(f"  - {p}" for p in c.problems),
