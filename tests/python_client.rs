@@ -113,112 +113,14 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
                 server.url()
             )
         };
-        let rust_config = Config::from_toml(&redis(&format!("rs{seed}")), "rust").unwrap();
-        let rust = FleetBudget::from_config(&rust_config).await.unwrap();
-        let mut child = Command::new(python())
-            .args(["-c", DRIVER, &redis(&format!("py{seed}"))])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run the Python driver (scripts/test makes .venv)");
-        let mut to_py = child.stdin.take().unwrap();
-        let mut from_py = BufReader::new(child.stdout.take().unwrap());
-        for step in 0..200 {
-            let task = ["index", "reindex", "lone"][rng.random_range(0..3)];
-            let (op, expected) = match rng.random_range(0..10) {
-                0..=2 => {
-                    let attempt = rng.random_range(1..3);
-                    rust.on_attempt(task, attempt).await.unwrap();
-                    (
-                        format!("[\"attempt\", \"{task}\", {attempt}]"),
-                        "null".to_owned(),
-                    )
-                }
-                3..=4 => {
-                    rust.on_success(task).await.unwrap();
-                    (format!("[\"success\", \"{task}\"]"), "null".to_owned())
-                }
-                _ => {
-                    let attempt = rng.random_range(1..10u32);
-                    let (kind, after) = match rng.random_range(0..6) {
-                        0 => ("non_retryable", 0),
-                        1 => ("after", rng.random_range(0..5)),
-                        _ => ("retryable", 0),
-                    };
-                    let failure = match kind {
-                        "non_retryable" => Failure::non_retryable("x"),
-                        "after" => Failure::retry_after(Duration::from_secs(after), "x"),
-                        _ => Failure::retryable("x"),
-                    };
-                    let d = rust.on_failure(task, attempt, &failure).await.unwrap();
-                    let op = format!("[\"failure\", \"{task}\", {attempt}, \"{kind}\", {after}]");
-                    let expected = match &d {
-                        Decision::DeadLetter {
-                            reason,
-                            source,
-                            snapshot,
-                            ..
-                        } => format!(
-                            "[\"dead\", \"{reason}\", \"{}\", {}]",
-                            source.as_str(),
-                            snap(snapshot.as_ref())
-                        ),
-                        Decision::Retry {
-                            next_attempt,
-                            source,
-                            snapshot,
-                            delay,
-                            ..
-                        } => {
-                            let nominal = rust.ceiling(task).backoff.nominal(attempt);
-                            let (low, high) = Backoff::jitter_bounds(nominal);
-                            // Centred jitter in both; a Retry-After above the low bound may
-                            // lift either delay past the other's.
-                            let (lo, hi) = if kind == "after" && Duration::from_secs(after) > low {
-                                (low.as_secs_f64(), f64::MAX)
-                            } else {
-                                (low.as_secs_f64(), high.as_secs_f64())
-                            };
-                            assert!(
-                                *delay >= low && (*delay <= high || kind == "after"),
-                                "{delay:?}"
-                            );
-                            format!(
-                                "[\"retry\", {next_attempt}, \"{}\", {}, {lo}, {hi}]",
-                                source.as_str(),
-                                snap(Some(snapshot))
-                            )
-                        }
-                    };
-                    (op, expected)
-                }
-            };
-            writeln!(to_py, "{op}").unwrap();
-            let mut answer = String::new();
-            from_py.read_line(&mut answer).unwrap();
-            let answer = answer.trim();
-            if let Some(bounds) = expected.strip_prefix("[\"retry\"") {
-                // Compare all but the delay, then the delay against Rust's bounds.
-                let (head, delay) = answer.rsplit_once(", ").unwrap();
-                let (want_head, hi) = expected.rsplit_once(", ").unwrap();
-                let (want_head, lo) = want_head.rsplit_once(", ").unwrap();
-                assert_eq!(head, want_head, "seed {seed} step {step}: {op} ({bounds})");
-                let delay: f64 = delay.trim_end_matches(']').parse().unwrap();
-                let (lo, hi): (f64, f64) = (
-                    lo.parse().unwrap(),
-                    hi.trim_end_matches(']').parse().unwrap(),
-                );
-                assert!(
-                    delay >= lo - 1e-9 && delay <= hi + 1e-9,
-                    "seed {seed} step {step}: {op}: delay {delay} not in [{lo}, {hi}]"
-                );
-            } else {
-                assert_eq!(answer, expected, "seed {seed} step {step}: {op}");
-            }
-        }
-        drop(to_py);
-        assert!(child.wait().unwrap().success(), "the Python driver failed");
+        let rust = run_alike(
+            &redis(&format!("rs{seed}")),
+            &redis(&format!("py{seed}")),
+            &mut rng,
+            &format!("seed {seed}"),
+        )
+        .await;
+
         // Both left the same budget in Redis, and Python's keys hold the policy Rust sends.
         let python_keys = RedisStore::new(
             RedisTarget::Single(server.url()),
@@ -253,6 +155,152 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
     }
 }
 
+/// Without Redis (nothing listens on the URL), both decide alike from their fallback: the
+/// process's own budget (`local`), every retry refused (`deny`) or granted (`allow`), each
+/// decision with the same source and, for `local`, the same local snapshot.
+#[tokio::test]
+async fn python_and_rust_decide_alike_without_redis() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (seed, fallback) in [(10u64, "local"), (11, "deny"), (12, "allow")] {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let text = format!(
+            "[redis]\nurl = \"redis://127.0.0.1:{port}\"\nfallback = \"{fallback}\"\ntimeout_ms = 200\n\
+             [defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
+             [dependencies.search]\ntasks = [\"index\", \"reindex\"]\n[tasks.index]\nmax_attempts = 4\n"
+        );
+        let rust = run_alike(&text, &text, &mut rng, &format!("fallback {fallback}")).await;
+        // The deposits still pending cannot be sent: Rust reports it, Python's close() logs
+        // nothing and returns (both lose them, the safe direction).
+        let _ = rust.shutdown().await;
+    }
+}
+
+/// Runs 200 random operations through the Rust library (configured by `rust_text`) and the
+/// Python client (`python_text`), asserting after each that both decided alike; returns the
+/// Rust budget.
+async fn run_alike(
+    rust_text: &str,
+    python_text: &str,
+    rng: &mut SmallRng,
+    what: &str,
+) -> FleetBudget {
+    let rust_config = Config::from_toml(rust_text, "rust").unwrap();
+    let rust = FleetBudget::from_config(&rust_config).await.unwrap();
+    let mut child = Command::new(python())
+        .args(["-c", DRIVER, python_text])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    for step in 0..200 {
+        let task = match rng.random_range(0..3) {
+            0 => "index",
+            1 => "reindex",
+            _ => "lone",
+        };
+        let (op, expected) = match rng.random_range(0..10) {
+            0..=2 => {
+                let attempt = rng.random_range(1..3);
+                rust.on_attempt(task, attempt).await.unwrap();
+                (
+                    format!("[\"attempt\", \"{task}\", {attempt}]"),
+                    "null".to_owned(),
+                )
+            }
+            3..=4 => {
+                rust.on_success(task).await.unwrap();
+                (format!("[\"success\", \"{task}\"]"), "null".to_owned())
+            }
+            _ => {
+                let attempt = rng.random_range(1..10u32);
+                let (kind, after) = match rng.random_range(0..6) {
+                    0 => ("non_retryable", 0),
+                    1 => ("after", rng.random_range(0..5)),
+                    _ => ("retryable", 0),
+                };
+                let failure = match kind {
+                    "non_retryable" => Failure::non_retryable("x"),
+                    "after" => Failure::retry_after(Duration::from_secs(after), "x"),
+                    _ => Failure::retryable("x"),
+                };
+                let d = rust.on_failure(task, attempt, &failure).await.unwrap();
+                let op = format!("[\"failure\", \"{task}\", {attempt}, \"{kind}\", {after}]");
+                let expected = match &d {
+                    Decision::DeadLetter {
+                        reason,
+                        source,
+                        snapshot,
+                        ..
+                    } => format!(
+                        "[\"dead\", \"{reason}\", \"{}\", {}]",
+                        source.as_str(),
+                        snap(snapshot.as_ref())
+                    ),
+                    Decision::Retry {
+                        next_attempt,
+                        source,
+                        snapshot,
+                        delay,
+                        ..
+                    } => {
+                        let nominal = rust.ceiling(task).backoff.nominal(attempt);
+                        let (low, high) = Backoff::jitter_bounds(nominal);
+                        // Centred jitter in both; a Retry-After above the low bound may
+                        // lift either delay past the other's.
+                        let (lo, hi) = if kind == "after" && Duration::from_secs(after) > low {
+                            (low.as_secs_f64(), f64::MAX)
+                        } else {
+                            (low.as_secs_f64(), high.as_secs_f64())
+                        };
+                        assert!(
+                            *delay >= low && (*delay <= high || kind == "after"),
+                            "{delay:?}"
+                        );
+                        format!(
+                            "[\"retry\", {next_attempt}, \"{}\", {}, {lo}, {hi}]",
+                            source.as_str(),
+                            snap(Some(snapshot))
+                        )
+                    }
+                };
+                (op, expected)
+            }
+        };
+        writeln!(to_py, "{op}").unwrap();
+        let mut answer = String::new();
+        from_py.read_line(&mut answer).unwrap();
+        let answer = answer.trim();
+        if let Some(bounds) = expected.strip_prefix("[\"retry\"") {
+            // Compare all but the delay, then the delay against Rust's bounds.
+            let (head, delay) = answer.rsplit_once(", ").unwrap();
+            let (want_head, hi) = expected.rsplit_once(", ").unwrap();
+            let (want_head, lo) = want_head.rsplit_once(", ").unwrap();
+            assert_eq!(head, want_head, "{what} step {step}: {op} ({bounds})");
+            let delay: f64 = delay.trim_end_matches(']').parse().unwrap();
+            let (lo, hi): (f64, f64) = (
+                lo.parse().unwrap(),
+                hi.trim_end_matches(']').parse().unwrap(),
+            );
+            assert!(
+                delay >= lo - 1e-9 && delay <= hi + 1e-9,
+                "{what} step {step}: {op}: delay {delay} not in [{lo}, {hi}]"
+            );
+        } else {
+            assert_eq!(answer, expected, "{what} step {step}: {op}");
+        }
+    }
+    drop(to_py);
+    assert!(child.wait().unwrap().success(), "the Python driver failed");
+    rust
+}
+
 /// Prints, for each configuration text on stdin (JSON lines), the keys the Python client names
 /// as invalid, or "parse" when it refuses the text as a whole (bad TOML, an unknown key).
 const CONFIG_DRIVER: &str = r#"
@@ -285,6 +333,17 @@ fn bad_configurations_are_refused_alike() {
         "[tasks.t]\nbackoff_base_ms = 500\nbackoff_cap_ms = 100\n",
         "[tasks.t]\nrecovery_window_secs = 0\n",
         "[amqp]\nprefetch = 4\n[defaults]\nratio = 0.5\n",
+        "[metrics]\nlisten = \"127.0.0.1:9464\"\n[audit]\nmax_entries = 5\nmax_age_days = 30\n",
+        "[metrics]\nlisten = \"[::]:9464\"\n",
+        "[metrics]\nlisten = \"localhost:9464\"\n[audit]\nmax_entries = 0\nmax_age_days = 3651\n",
+        "[metrics]\nlisten = \"127.0.0.1\"\n",
+        "[metrics]\nport = 1\n",
+        "[audit]\nmax_entries = \"many\"\n",
+        "[defaults]\nratio = \"0.2\"\n",
+        "[defaults]\nwindow_secs = true\n",
+        "[redis]\nfallback = 1\n",
+        "[dependencies.x]\ntasks = [1]\n",
+        "[tasks.t]\nclass = \"paid\"\n[defaults]\nmax_attempts = 0\nmode = \"weekly\"\n",
         "",
     ];
     let mut child = Command::new(python())

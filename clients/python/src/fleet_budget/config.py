@@ -4,6 +4,7 @@ over ``redis.url``. Sections of other components (``[amqp]``) are ignored, as th
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import tomllib
@@ -133,8 +134,7 @@ class _Checker:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(key, repr(value), f"must be an integer from {lo} to {hi}")
-            return default
+            raise _wrong_type(key, value, "an integer")
         if not lo <= value <= hi:
             self.problem(key, value, f"must be an integer from {lo} to {hi}")
             return default
@@ -144,8 +144,7 @@ class _Checker:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problem(key, repr(value), f"must be a finite number from 0 to {MAX_RATIO:g} (retries per deposit)")
-            return default
+            raise _wrong_type(key, value, "a number")
         v = float(value)
         if not math.isfinite(v) or not 0.0 <= v <= MAX_RATIO:
             self.problem(key, f"{v:g}", f"must be a finite number from 0 to {MAX_RATIO:g} (retries per deposit)")
@@ -155,9 +154,12 @@ class _Checker:
     def choice(self, key: str, value: Any, allowed: tuple[str, ...], default: str) -> str:
         if value is None:
             return default
+        if not isinstance(value, str):
+            raise _wrong_type(key, value, "a string")
         if value not in allowed:
-            self.problem(key, repr(value), "must be one of " + ", ".join(f'"{a}"' for a in allowed))
-            return default
+            # An enum in the Rust configuration: an unknown variant refuses the whole text.
+            raise _Unknown(f"unknown variant {value!r:.60} for `{key}`, expected one of "
+                           + ", ".join(f"`{a}`" for a in allowed))
         return str(value)
 
 
@@ -165,13 +167,17 @@ def _table(c: _Checker, key: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        c.problem(key, repr(value), "must be a table")
-        return {}
+        raise _wrong_type(key, value, "a table")
     return value
 
 
 class _Unknown(Exception):
-    """An unknown key: like the Rust parser, the first one is the error (a misspelt key)."""
+    """An unknown key or a value of the wrong type: like the Rust parser (serde), the first one
+    is the error and the whole text is refused (a misspelt key, a string for a number)."""
+
+
+def _wrong_type(key: str, value: Any, expected: str) -> _Unknown:
+    return _Unknown(f"invalid type for `{key}`: {type(value).__name__} {value!r:.60}, expected {expected}")
 
 
 def _unknown(c: _Checker, at: str, table: Mapping[str, Any], known: tuple[str, ...]) -> None:
@@ -208,11 +214,26 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     c = _Checker()
     amqp = root.get("amqp")
     root = {k: v for k, v in root.items() if k not in OTHER_SECTIONS}
-    _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks"))
+    _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks", "metrics", "audit"))
     config = Config()
+    # Sections the Rust library reads and this client does not use: checked alike, so that one
+    # file is accepted or refused by both.
+    m = _table(c, "metrics", root.get("metrics"))
+    _unknown(c, "metrics", m, ("listen",))
+    if "listen" in m and not isinstance(m["listen"], str):
+        raise _wrong_type("metrics.listen", m["listen"], "a string")
+    if "listen" in m and not _socket_addr(m["listen"]):
+        c.problem("metrics.listen", _debug_str(m["listen"]),
+                  'an IP address and port, such as "127.0.0.1:9464" or "[::]:9464"')
+    a = _table(c, "audit", root.get("audit"))
+    _unknown(c, "audit", a, ("max_entries", "max_age_days"))
+    c.int_in("audit.max_entries", a.get("max_entries"), 1, 10_000_000, 10_000)
+    c.int_in("audit.max_age_days", a.get("max_age_days"), 1, 3650, 90)
     if isinstance(amqp, dict) and "prefix" in amqp:
         prefix = amqp["prefix"]
-        if (not isinstance(prefix, str) or not 1 <= len(prefix.encode("utf-8")) <= 100
+        if not isinstance(prefix, str):
+            raise _wrong_type("amqp.prefix", prefix, "a string")
+        if (not 1 <= len(prefix.encode("utf-8")) <= 100
                 or prefix.startswith("amq.") or any(_is_control(ch) or ch.isspace() for ch in prefix)):
             c.problem("amqp.prefix", repr(prefix),
                       "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`")
@@ -224,7 +245,9 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
                              "deposit_flush_ms", "deposit_flush_count"))
     if "url" in r:
         url = r["url"]
-        if not isinstance(url, str) or not _url_ok(url):
+        if not isinstance(url, str):
+            raise _wrong_type("redis.url", "...", "a string")
+        if not _url_ok(url):
             c.problem("redis.url", repr(_redact(str(url))),
                       "must be a URL of the form " + " or ".join(f"{s}://..." for s in REDIS_SCHEMES))
         else:
@@ -234,7 +257,9 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     config.redis.timeout_ms = c.int_in("redis.timeout_ms", r.get("timeout_ms"), 1, 60_000, 50)
     if "key_prefix" in r:
         prefix = r["key_prefix"]
-        if (not isinstance(prefix, str) or not 1 <= len(prefix) <= 64
+        if not isinstance(prefix, str):
+            raise _wrong_type("redis.key_prefix", prefix, "a string")
+        if (not 1 <= len(prefix) <= 64
                 or any(ch in "{} " or _is_control(ch) for ch in prefix)):
             c.problem("redis.key_prefix", repr(prefix),
                       "must be 1 to 64 characters without `{`, `}`, spaces or control characters")
@@ -265,9 +290,8 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             continue
         config.policies[name] = policy
         tasks = dep.get("tasks", [])
-        if not isinstance(tasks, list):
-            c.problem(f"{at}.tasks", repr(tasks), "must be a list of task names")
-            continue
+        if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+            raise _wrong_type(f"{at}.tasks", tasks, "a list of task names")
         for i, task in enumerate(tasks):
             key = f"{at}.tasks[{i}]"
             if not isinstance(task, str) or not task or any(_is_control(ch) for ch in task):
@@ -308,6 +332,27 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         raise ConfigError(origin, "invalid configuration:\n" + "\n".join(f"  - {p}" for p in c.problems),
                           c.problems)
     return config
+
+
+def _socket_addr(value: Any) -> bool:
+    """Whether ``value`` is ``IPv4:port`` or ``[IPv6]:port`` (Rust's ``SocketAddr`` syntax)."""
+    if not isinstance(value, str):
+        return False
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        return False
+    try:
+        if host.startswith("[") and host.endswith("]"):
+            ipaddress.IPv6Address(host[1:-1])
+        else:
+            ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _debug_str(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def _toml_key(name: str) -> str:
