@@ -1,0 +1,669 @@
+//! The game day (issue 9, item 8): several `fleet-worker` processes against real Redis and
+//! RabbitMQ during a brownout of their dependency, and in one run every fault the contract has
+//! to survive — a worker SIGKILLed mid-batch, Redis killed and restarted empty, every broker
+//! connection dropped by a proxy, the broker itself restarted — then a replay, and every job
+//! accounted for: succeeded + dead-lettered-then-replayed + parked = submitted, lost 0;
+//! duplicate executions and retries granted within the bounds of `docs/semantics.md`
+//! ("Bounds under faults"). Hostile messages ride along and each must end where the contract
+//! says. The accounting is printed as a table (`scripts/game-day` runs this test with its
+//! output; `docs/RELIABILITY.md` records a run).
+//!
+//! Redis is a private `redis-server`; RabbitMQ is a private node started by the test (the
+//! shared broker on 5672 is never restarted). Where no private node can be started, the run
+//! uses the shared broker with names of its own and says that the broker restart was skipped.
+
+// A test: a failed step panics, and JSON lines are read with serde_json's forgiving indexing.
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+#[path = "game_day/accounting.rs"]
+mod accounting;
+#[path = "game_day/fleet.rs"]
+mod fleet;
+#[path = "game_day/hostile.rs"]
+mod hostile;
+#[path = "game_day/proxy.rs"]
+mod proxy;
+#[path = "game_day/rabbit_node.rs"]
+mod rabbit_node;
+#[path = "game_day/upstream.rs"]
+mod upstream;
+
+use std::collections::BTreeMap;
+use std::net::ToSocketAddrs;
+use std::time::{Duration, Instant};
+
+use fleet_budget::FleetBudget;
+use fleet_budget::testing::RedisServer;
+use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_amqp::{
+    AmqpSettings, InspectOptions, Publisher, ReplayOptions, Replayer, WorkerConfig, headers,
+    inspect_queue, queue_depths,
+};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+
+use self::accounting::{DeadLetterSeen, Facts, Faults, Report};
+use self::fleet::{Launch, WorkerProcess};
+use self::proxy::Proxy;
+use self::rabbit_node::RabbitNode;
+use self::upstream::{Upstream, now_ms};
+
+/// The task of the jobs that call the browning-out dependency `search`.
+const SEARCH_TASK: &str = "index_document";
+/// Worker processes at a time.
+const WORKERS: usize = 3;
+/// Unacknowledged deliveries per worker.
+const PREFETCH: u64 = 8;
+/// Search jobs submitted, in bursts of `BURST` every half second (24 a second).
+const SEARCH_JOBS: u64 = 480;
+const BURST: u64 = 12;
+/// The budget: 2-second windows, 10% of successes, a floor of 2.
+const WINDOW_MS: u64 = 2000;
+const RATIO: f64 = 0.1;
+const MIN_ALLOWANCE: u64 = 2;
+/// Unmapped task names that may get a budget of their own, per process (issue 9, item 5).
+const UNMAPPED_CAP: usize = 20;
+/// Replays before a dead letter is parked.
+const MAX_REPLAYS: u32 = 1;
+
+fn config_toml(key_prefix: &str, amqp_prefix: &str) -> String {
+    format!(
+        r#"
+[redis]
+key_prefix = "{key_prefix}"
+timeout_ms = 100
+fallback = "local"
+
+[amqp]
+prefix = "{amqp_prefix}"
+prefetch = {PREFETCH}
+retry_tiers_secs = [0.1, 0.25, 0.5, 1.0]
+max_replays = {MAX_REPLAYS}
+connect_timeout_ms = 5000
+operation_timeout_ms = 10000
+
+[defaults]
+window_secs = {window_secs}
+ratio = {RATIO}
+min_allowance = {MIN_ALLOWANCE}
+max_attempts = 3
+backoff_base_ms = 200
+backoff_cap_ms = 1000
+
+[dependencies.search]
+tasks = ["{SEARCH_TASK}"]
+
+[dependencies.ledger]
+tasks = ["{ledger}"]
+min_allowance = 1000
+"#,
+        window_secs = WINDOW_MS / 1000,
+        ledger = hostile::TASK,
+    )
+}
+
+/// The broker of the run: a private node (restartable), or the shared one.
+enum Broker {
+    Private(RabbitNode),
+    Shared(String),
+}
+
+impl Broker {
+    fn url(&self) -> String {
+        match self {
+            Self::Private(n) => n.url(),
+            Self::Shared(u) => u.clone(),
+        }
+    }
+}
+
+fn broker_addr(url: &str) -> std::net::SocketAddr {
+    // amqp://user:pass@host:port/vhost
+    let after_at = url.rsplit('@').next().unwrap_or(url);
+    let host_port = after_at.split('/').next().unwrap_or(after_at);
+    host_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("the broker's address in {url}"))
+}
+
+/// Publishes until confirmed, reconnecting as often as needed (a producer's job during a
+/// broker restart). Returns the publishes that were not confirmed and sent again.
+async fn publish_surely(
+    url: &str,
+    publisher: &mut Option<Publisher>,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: &BasicProperties,
+) -> u64 {
+    let mut resent = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if publisher.is_none() {
+            *publisher = Publisher::connect(url).await.ok();
+        }
+        if let Some(p) = publisher.as_ref() {
+            match p
+                .publish(exchange, routing_key, body, properties.clone())
+                .await
+            {
+                Ok(()) => return resent,
+                Err(_) => {
+                    resent += 1;
+                    *publisher = None;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not publish to {exchange} for 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn search_properties(id: &str) -> BasicProperties {
+    let mut t = lapin::types::FieldTable::default();
+    headers::set_str(&mut t, headers::TASK, SEARCH_TASK);
+    BasicProperties::default()
+        .with_message_id(ShortString::from(id))
+        .with_type(ShortString::from(SEARCH_TASK))
+        .with_delivery_mode(2)
+        .with_headers(t)
+}
+
+/// Waits until the fleet is quiet: no handler ran for `quiet`, and the work queue has nothing
+/// ready. (The workers' own counts cannot tell: deliveries of a lost connection are never
+/// settled by that worker, the broker gives them to another.)
+async fn wait_quiet(
+    url: &str,
+    broker: &TestBroker,
+    workers: &[WorkerProcess],
+    quiet: Duration,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let last_run = workers
+            .iter()
+            .filter(|w| !w.killed)
+            .flat_map(|w| {
+                w.events()
+                    .into_iter()
+                    .rev()
+                    .find(|e| e["event"] == "run")
+                    .and_then(|e| e["ms"].as_u64())
+            })
+            .max()
+            .unwrap_or(0);
+        let idle =
+            now_ms().saturating_sub(last_run) >= u64::try_from(quiet.as_millis()).unwrap_or(0);
+        if idle
+            && let Ok(d) = queue_depths(url, &broker.topology).await
+            && d.work == 0
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// Reads the dead-letter queue (putting everything back) and notes each dead letter.
+async fn look_at_dead_letters(url: &str, queue: &str, seen: &mut Vec<DeadLetterSeen>) {
+    let now = now_ms();
+    let mut batch = Vec::new();
+    inspect_queue(url, queue, &InspectOptions::default(), |d| {
+        let t = headers::table(&d.properties);
+        let s = |n: &str| headers::get_str(&t, n).ok().flatten();
+        batch.push(DeadLetterSeen {
+            id: headers::message_id(&d.properties).unwrap_or("").to_owned(),
+            reason: s(headers::REASON).unwrap_or_default(),
+            class: s(headers::ERROR_CLASS).unwrap_or_default(),
+            source: s(headers::BUDGET_SOURCE).unwrap_or_default(),
+            dead_lettered_ms: headers::get_u64(&t, headers::DEAD_LETTERED_MS)
+                .ok()
+                .flatten()
+                .unwrap_or(0),
+            seen_ms: now,
+            expiration: d
+                .properties
+                .expiration()
+                .as_ref()
+                .map(|e| e.as_str().to_owned()),
+            original_expiration: s(headers::ORIGINAL_EXPIRATION),
+        });
+    })
+    .await
+    .unwrap_or_else(|e| panic!("inspect {queue}: {e}"));
+    seen.extend(batch);
+}
+
+/// Distinct values of the `dependency` label in a worker's `/metrics` (what it holds in memory).
+async fn scrape_dependencies(port: u16) -> Option<usize> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    let labels: std::collections::BTreeSet<&str> = body
+        .lines()
+        .filter_map(|l| l.split("dependency=\"").nth(1)?.split('"').next())
+        .collect();
+    Some(labels.len())
+}
+
+/// Samples the budget keys under `prefix` in Redis every 250 ms (Redis may be down: that sample
+/// is skipped) until dropped; `peak()` is the most seen at once.
+struct KeySampler {
+    peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl KeySampler {
+    fn start(url: String, prefix: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, st, pattern) = (peak.clone(), stop.clone(), format!("{prefix}:v1:{{*}}"));
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let keys = redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                    .and_then(|mut c| {
+                        redis::cmd("KEYS")
+                            .arg(&pattern)
+                            .query::<Vec<String>>(&mut c)
+                    });
+                if let Ok(keys) = keys {
+                    p.fetch_max(keys.len(), Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Self { peak, stop }
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for KeySampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn game_day_loses_nothing_and_keeps_the_budget_through_every_fault() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(game_day());
+}
+
+#[allow(clippy::too_many_lines)]
+async fn game_day() {
+    let started = Instant::now();
+    let run_id = unique_prefix("gameday");
+    let key_prefix = run_id.replace('.', "-");
+    let mut faults = Faults::default();
+
+    // The services: a private broker if the machine allows, a private Redis, the dependency,
+    // and the proxy every worker reaches the broker through.
+    let mut broker = match RabbitNode::start().await {
+        Ok(node) => Broker::Private(node),
+        Err(why) => {
+            eprintln!(
+                "game day: no private RabbitMQ node ({why}); using the shared broker, the broker restart is skipped"
+            );
+            faults.broker_restart_skipped = Some(why);
+            Broker::Shared(fleet_budget_amqp::testing::amqp_url())
+        }
+    };
+    let url = broker.url();
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start(&[SEARCH_TASK]).await;
+    let proxy = Proxy::start(broker_addr(&url)).await;
+    let proxied_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+
+    // Issue 9's item 5 (a cap on the unmapped names that get a budget of their own) is asserted
+    // when this build knows its section.
+    let mut toml = config_toml(&key_prefix, &run_id);
+    let capped = format!("{toml}\n[unmapped_tasks]\nmax_own_budgets = {UNMAPPED_CAP}\n");
+    let unmapped_cap = WorkerConfig::from_toml(&capped, "game day")
+        .is_ok()
+        .then(|| {
+            toml = capped;
+            UNMAPPED_CAP
+        });
+    let config = WorkerConfig::from_toml(&toml, "game day").expect("the game day's configuration");
+    let test_broker = TestBroker::with_settings(AmqpSettings {
+        url: url.clone(),
+        ..config.amqp.clone()
+    });
+    test_broker.migrate().await;
+    let topology = test_broker.topology.clone();
+    let logs = std::env::temp_dir().join(format!("fleet-budget-{run_id}"));
+    std::fs::create_dir_all(&logs).expect("a folder for the workers' logs");
+    let config_path = logs.join("fleet.toml");
+    std::fs::write(&config_path, &toml).expect("write the configuration");
+    let launch = Launch {
+        config: config_path,
+        redis_url: redis.url(),
+        amqp_url: proxied_url,
+        upstream: upstream.addr,
+        call_ms: 100,
+        logs: logs.clone(),
+    };
+    let keys = KeySampler::start(redis.url(), &key_prefix);
+    let mut workers: Vec<WorkerProcess> = (0..WORKERS)
+        .map(|i| WorkerProcess::start(i, &launch))
+        .collect();
+    let ready = Instant::now() + Duration::from_secs(60);
+    while !workers.iter().all(WorkerProcess::connected) {
+        assert!(
+            Instant::now() < ready,
+            "the workers did not connect within 60 s (logs in {})",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The hostile messages and the thousand unmapped names go first, with the healthy traffic.
+    let hostile = hostile::messages(&run_id, &topology.work_exchange);
+    let unmapped = hostile::unmapped(&run_id);
+    let mut producer: Option<Publisher> = None;
+    for h in &hostile {
+        publish_surely(
+            &url,
+            &mut producer,
+            &topology.work_exchange,
+            &h.routing_key,
+            &h.body,
+            &h.properties,
+        )
+        .await;
+    }
+    for (id, task) in &unmapped {
+        publish_surely(
+            &url,
+            &mut producer,
+            &topology.work_exchange,
+            task,
+            b"{}",
+            &hostile::unmapped_properties(id, task),
+        )
+        .await;
+    }
+
+    // The search jobs, paced, in a task of their own while the faults happen.
+    let submit = {
+        let (url, exchange, run_id) = (url.clone(), topology.work_exchange.clone(), run_id.clone());
+        tokio::spawn(async move {
+            let mut producer: Option<Publisher> = None;
+            let mut resent = 0;
+            let began = Instant::now();
+            for n in 0..SEARCH_JOBS {
+                let due = Duration::from_millis(n / BURST * 500);
+                if let Some(wait) = due.checked_sub(began.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+                let id = format!("{run_id}-job-{n:04}");
+                resent += publish_surely(
+                    &url,
+                    &mut producer,
+                    &exchange,
+                    SEARCH_TASK,
+                    br#"{}"#,
+                    &search_properties(&id),
+                )
+                .await;
+            }
+            if let Some(p) = producer {
+                p.close().await;
+            }
+            resent
+        })
+    };
+
+    // The faults, in order, while jobs flow.
+    let t0 = Instant::now();
+    let at = |secs: f64| async move {
+        let due = Duration::from_secs_f64(secs);
+        if let Some(wait) = due.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    };
+    at(2.0).await;
+    upstream.brownout(true);
+    faults.brownout_from_ms = now_ms();
+
+    at(4.0).await;
+    // SIGKILL the busiest worker while it holds unacknowledged deliveries (jobs arrive in
+    // bursts, so a worker soon holds several), waiting at most 3 s for that.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (victim, in_flight) = loop {
+        let busiest = workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.killed)
+            .map(|(i, w)| (i, w.in_flight()))
+            .max_by_key(|(_, n)| *n);
+        match busiest {
+            Some((i, n)) if n >= 3 || Instant::now() > deadline => break (i, n),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    if let Some(w) = workers.get_mut(victim) {
+        w.kill();
+    }
+    faults.sigkill_in_flight = in_flight;
+    faults.sigkilled = 1;
+    let replacement = workers.len();
+    workers.push(WorkerProcess::start(replacement, &launch));
+
+    // Each outage lasts its full length whenever it starts.
+    at(7.0).await;
+    redis.stop();
+    faults.redis_down_ms = now_ms();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.restart();
+    faults.redis_up_ms = now_ms();
+    faults.redis_restarts = 1;
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    faults.proxy_dropped = proxy.drop_all();
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let Broker::Private(node) = &mut broker {
+        let stopped = Instant::now();
+        node.restart()
+            .await
+            .unwrap_or_else(|e| panic!("restart the private broker: {e}"));
+        faults.broker_restarts = 1;
+        faults.broker_down = stopped.elapsed();
+    }
+
+    at(19.0).await;
+    upstream.brownout(false);
+    faults.brownout_until_ms = now_ms();
+    let resent = submit.await.expect("the submitting task");
+    faults.producer_resent = resent;
+
+    // First pass: every job ran to a decision.
+    let mut unsettled = Vec::new();
+    if !wait_quiet(
+        &url,
+        &test_broker,
+        &workers,
+        Duration::from_millis(2500),
+        Duration::from_secs(90),
+    )
+    .await
+    {
+        unsettled.push("the fleet did not settle within 90 s after the faults".to_owned());
+    }
+
+    // Replay after recovery, as an operator would, until the dead-letter queue is empty.
+    let mut dead_seen = Vec::new();
+    let mut inspection_copies = 0;
+    let mut replays = Vec::new();
+    let budget = FleetBudget::from_config(&{
+        let mut c = config.budget.clone();
+        c.set_redis_url(&redis.url()).expect("the Redis URL");
+        c
+    })
+    .await
+    .expect("the replay's budget");
+    let replayer = Replayer::new(url.clone(), topology.clone(), Some(budget));
+    let mut options = ReplayOptions::new(&config);
+    options.rate = Some(200.0);
+    options.idle_timeout = Duration::from_secs(2);
+    for _ in 0..=MAX_REPLAYS + 2 {
+        if test_broker.depth(&topology.dead_queue).await == 0 {
+            break;
+        }
+        let before = test_broker.depth(&topology.dead_queue).await;
+        look_at_dead_letters(&url, &topology.dead_queue, &mut dead_seen).await;
+        let after = test_broker.depth(&topology.dead_queue).await;
+        // Looking must lose nothing; a copy left beside its original is a duplicate (counted).
+        if after < before {
+            unsettled.push(format!(
+                "looking at the dead letters lost some: {before} before, {after} after"
+            ));
+        }
+        inspection_copies += u64::from(after.saturating_sub(before));
+        let report = replayer.run(&options, |_| {}).await.expect("replay");
+        replays.push(report);
+        if !wait_quiet(
+            &url,
+            &test_broker,
+            &workers,
+            Duration::from_millis(2500),
+            Duration::from_secs(60),
+        )
+        .await
+        {
+            unsettled.push(format!(
+                "the fleet did not settle within 60 s after replay round {}",
+                replays.len()
+            ));
+        }
+    }
+
+    let mut metric_dependencies = None;
+    for w in workers.iter().filter(|w| !w.killed) {
+        metric_dependencies = metric_dependencies.max(scrape_dependencies(w.metrics_port).await);
+    }
+    let peak_keys = keys.peak();
+    drop(keys);
+    for w in &mut workers {
+        if !w.killed {
+            w.stop();
+        }
+    }
+    // What is left, queue by queue. A message in a retry tier moves to the work queue when its
+    // TTL ends, so the queues are swept until two sweeps in a row find nothing.
+    let mut left: BTreeMap<String, Vec<(BasicProperties, Vec<u8>)>> = BTreeMap::new();
+    let mut empty_sweeps = 0;
+    for _ in 0..10 {
+        let mut found = 0;
+        for q in topology.queues() {
+            let got = test_broker.drain(&q).await;
+            found += got.len();
+            left.entry(q.clone()).or_default().extend(got);
+        }
+        empty_sweeps = if found == 0 { empty_sweeps + 1 } else { 0 };
+        if empty_sweeps == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+
+    let facts = Facts {
+        calls: upstream.calls(),
+        events: workers
+            .iter()
+            .map(|w| (w.index, w.killed, w.events()))
+            .collect(),
+        dead_seen,
+        left,
+        topology: topology.clone(),
+        search_jobs: (0..SEARCH_JOBS)
+            .map(|n| format!("{run_id}-job-{n:04}"))
+            .collect(),
+        hostile,
+        unmapped,
+        replays,
+        metric_dependencies,
+        budget_keys: peak_keys,
+        unmapped_cap,
+        inspection_copies,
+        processes: workers.len(),
+        search_task: SEARCH_TASK.to_owned(),
+        prefetch: PREFETCH,
+        window_ms: WINDOW_MS,
+        ratio: RATIO,
+        min_allowance: MIN_ALLOWANCE,
+        elapsed: started.elapsed(),
+        broker: match &broker {
+            Broker::Private(n) => {
+                format!("private RabbitMQ node {} (127.0.0.1:{})", n.node, n.port)
+            }
+            Broker::Shared(_) => "the shared RabbitMQ (names of the run's own)".to_owned(),
+        },
+    };
+    let report = Report::of(&facts, &faults, unsettled);
+    // Printed (cargo test shows it on failure, `--nocapture` always) and kept beside the build,
+    // so a CI run that passed still has its accounting.
+    let table = report.table();
+    println!("{table}");
+    let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("game-day.md");
+    if std::fs::write(&kept, &table).is_ok() {
+        println!("game day: accounting kept in {}", kept.display());
+    }
+    if report.broken() {
+        // Everything observed, for the post-mortem: the dependency's calls and each worker's
+        // lines (the folder is kept).
+        let calls: Vec<String> = facts
+            .calls
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} {} {} {} {}",
+                    c.ms, c.id, c.task, c.attempt, c.replays, c.ok
+                )
+            })
+            .collect();
+        let _ = std::fs::write(logs.join("calls.txt"), calls.join("\n"));
+        for (i, _, events) in &facts.events {
+            let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+            let _ = std::fs::write(logs.join(format!("worker-{i}.jsonl")), lines.join("\n"));
+        }
+        let dead: Vec<String> = facts.dead_seen.iter().map(|d| format!("{d:?}")).collect();
+        let _ = std::fs::write(logs.join("dead-letters.txt"), dead.join("\n"));
+        eprintln!("game day: what was observed is in {}", logs.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&logs);
+    }
+    report.assert_contract();
+}

@@ -1,0 +1,189 @@
+//! A private RabbitMQ node for the broker-restart fault: its own node name, ports, database and
+//! logs under a temporary directory, started in the foreground as a child of the test
+//! (`RABBITMQ_NODENAME`, `RABBITMQ_NODE_PORT`, `RABBITMQ_DIST_PORT`, `RABBITMQ_MNESIA_BASE`,
+//! `RABBITMQ_LOG_BASE`, its own configuration and environment files so `/etc/rabbitmq` is not
+//! read, no plugins). The shared broker on 5672 is never touched: every `rabbitmqctl` call
+//! names this node.
+//!
+//! Stopping is SIGTERM to the foreground script, which stops the node gracefully
+//! (`rabbitmqctl stop` of this node); the database stays, so durable queues and persistent
+//! messages come back with the restart.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fleet_budget::testing::free_port;
+
+const SCRIPTS: &str = "/usr/lib/rabbitmq/bin";
+
+#[derive(Debug)]
+pub(crate) struct RabbitNode {
+    pub(crate) node: String,
+    pub(crate) port: u16,
+    dist_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RabbitNode {
+    /// Starts a node and waits until it accepts AMQP connections, or says why it could not.
+    pub(crate) async fn start() -> Result<Self, String> {
+        if !Path::new(SCRIPTS).join("rabbitmq-server").exists() {
+            return Err(format!("{SCRIPTS}/rabbitmq-server is not installed"));
+        }
+        let port = free_port();
+        let dist_port = free_port();
+        let node = format!("fbgameday{}x{port}@localhost", std::process::id());
+        let dir = std::env::temp_dir().join(format!("fleet-budget-rabbit-{port}"));
+        for sub in ["mnesia", "log", "home"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let write = |name: &str, text: String| {
+            std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))
+        };
+        write("enabled_plugins", "[].\n".to_owned())?;
+        write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )?;
+        write("env.conf", "ERL_EPMD_ADDRESS=127.0.0.1\n".to_owned())?;
+        let mut me = Self {
+            node,
+            port,
+            dist_port,
+            dir,
+            child: None,
+        };
+        me.spawn()?;
+        me.wait_ready(Duration::from_secs(90)).await?;
+        Ok(me)
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let d = &self.dir;
+        let mut cmd = Command::new(Path::new(SCRIPTS).join(program));
+        cmd.env("HOME", d.join("home"))
+            .env("RABBITMQ_CONF_ENV_FILE", d.join("env.conf"))
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
+            .env("RABBITMQ_PID_FILE", d.join("pid"))
+            .env("ERL_FLAGS", "-kernel inet_dist_use_interface {127,0,0,1}")
+            .current_dir(d)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let out = std::fs::File::create(self.dir.join("server.out")).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = self
+            .command("rabbitmq-server")
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn rabbitmq-server: {e}"))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                return Err(format!(
+                    "rabbitmq-server exited ({status}) before it was ready:\n{}",
+                    self.log_tail()
+                ));
+            }
+            if let Ok(Ok(conn)) = tokio::time::timeout(
+                Duration::from_secs(2),
+                fleet_budget_amqp::connect(&self.url(), "game day readiness"),
+            )
+            .await
+            {
+                let _ = conn.close(200, "ready".into()).await;
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(format!(
+            "rabbitmq-server was not ready within {within:?}:\n{}",
+            self.log_tail()
+        ))
+    }
+
+    /// Stops the node gracefully (SIGTERM to its script, which runs `rabbitmqctl stop` for it).
+    pub(crate) fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if !matches!(child.try_wait(), Ok(Some(_))) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // Whatever the script did, the VM of this node is gone afterwards: killed by its pid
+        // only while that pid is still this node's VM (its command line names our directory).
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
+            let pid = pid.trim();
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c).contains(self.dir.to_string_lossy().as_ref())
+            });
+            if ours {
+                let _ = Command::new("kill")
+                    .args(["-KILL", pid])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+
+    /// Stops, then starts again with the same name, ports and database.
+    pub(crate) async fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        self.spawn()?;
+        self.wait_ready(Duration::from_secs(90)).await
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("server.out")).unwrap_or_default();
+        let mut last: Vec<&str> = text.lines().rev().take(30).collect();
+        last.reverse();
+        last.join("\n")
+    }
+}
+
+impl Drop for RabbitNode {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- private RabbitMQ node {} ----\n{}",
+                self.node,
+                self.log_tail()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
