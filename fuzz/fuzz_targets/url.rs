@@ -23,10 +23,9 @@ fuzz_target!(|data: &[u8]| {
         && let Some(at) = rest.rfind('@')
         && let Some((user, password)) = rest[..at].split_once(':')
         && password.len() >= 4
-        && !rest[at..].contains(password)
-        && !user.contains(password)
-        && !scheme.contains(password)
-        && !password.contains("***")
+        // What may show around the mask: a password that is also a substring of that skeleton
+        // (say `//guest` in `a://guestmpp:***@…`) proves nothing when found.
+        && !format!("{scheme}://{user}:***{}", &rest[at..]).contains(password)
     {
         assert!(!shown.contains(password), "{url:?} -> {shown:?}");
     }
