@@ -29,7 +29,7 @@ local propose = false
 -- Needs: window, `at` (the ARGV index where ratio, min_allowance, basis and mode start) and
 -- `propose` (true when the caller's policy may become the policy in force: spend and deposit).
 -- Sets: ratio (and ratio_text, as sent), min_allowance, basis, mode (the policy in force: the caller's, or the hash's when
--- they differ), ask (the caller's policy as text), conflict (1 when they differ), heard (the
+-- they differ), ask (the caller's policy as text, set on a conflict), conflict (1 when they differ), heard (the
 -- caller sent the policy in force), d (the counter that earns allowance: 1 successes for basis
 -- "s", 2 first attempts for "a"), sliding; fu and su (server ms when the freeze and the set
 -- override end), frozen and overridden (1 while they are in force) and eratio, emin (the ratio and floor the allowance uses: the policy's,
@@ -54,11 +54,10 @@ local mode = ARGV[at + 3]
 if mode ~= 'sliding' and mode ~= 'fixed' then
   return redis.error_reply('fleet-budget: ARGV[' .. (at + 3) .. '] mode must be "sliding" or "fixed"')
 end
-local ask = window .. ' ' .. ratio_text .. ' ' .. min_allowance .. ' ' .. basis .. ' ' .. mode
 
 -- Server time, never the caller's clock: workers with skewed clocks share the same windows.
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
 -- The policy in force (fields w r m b o; h: server ms when a caller last sent it). A caller
 -- whose policy differs is served by the policy in force and counted as a conflict; its policy
@@ -67,47 +66,77 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A key of another type, or a stored number that is not one (tampered with), is refused before
 -- any write, naming the key: `fleet-budget: key <key> ...`. Counters and times are integers of at
 -- most 18 digits; ratios (r, sr) numbers from 0 to 10; floors (m, sm) integers up to 10^9.
-local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-  'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
-local h = redis.pcall('HMGET', KEYS[1], unpack(names))
+local h = redis.pcall('HMGET', KEYS[1], 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+  'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm')
 if h.err then
   return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a budget hash: ' .. h.err)
 end
-for n = 1, 19 do
+-- Each stored number is converted once, here, and h[n] holds the number from then on (the ratio
+-- r keeps its text, which the reply and a conflict's record carry; fr and sr hold the numbers).
+-- A key in use has the ten counters, the floor m and the time h: their lengths are checked one
+-- by one and their digits by one pattern over them all (a pattern per field costs more server
+-- CPU than the rest of the call's arithmetic). Otherwise (a new key, or a bad field) every field
+-- is checked on its own, in order, so that the first bad one is named.
+local find = string.find
+local first = 1
+if h[1] and h[2] and h[3] and h[4] and h[5] and h[6] and h[7] and h[8] and h[9] and h[10]
+    and h[12] and h[15]
+    and #h[1] <= 18 and #h[2] <= 18 and #h[3] <= 18 and #h[4] <= 18 and #h[5] <= 18
+    and #h[6] <= 18 and #h[7] <= 18 and #h[8] <= 18 and #h[9] <= 18 and #h[10] <= 18
+    and #h[12] <= 10 and #h[15] <= 18
+    and find(h[1] .. ',' .. h[2] .. ',' .. h[3] .. ',' .. h[4] .. ',' .. h[5] .. ',' .. h[6] .. ','
+        .. h[7] .. ',' .. h[8] .. ',' .. h[9] .. ',' .. h[10] .. ',' .. h[12] .. ',' .. h[15],
+      '^%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%d+,%-?%d+$') then
+  for n = 1, 10 do h[n] = h[n] + 0 end
+  h[12] = h[12] + 0
+  h[15] = h[15] + 0
+  first = 11
+end
+local fr, sr
+for n = first, 19 do
   local v = h[n]
-  local bad = false
-  if v and (n <= 10 or n == 15 or n == 16 or n == 17) then
-    bad = not string.match(v, '^%-?%d+$') or #v > 18
-  elseif v and (n == 11 or n == 18) then
-    local x = tonumber(v)
-    bad = not x or x ~= x or x < 0 or x > 10
-  elseif v and (n == 12 or n == 19) then
-    bad = not string.match(v, '^%d+$') or #v > 10
-  end
-  if bad then
-    return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' field ' .. names[n] .. ' is not a valid number')
+  if v and not (first == 11 and (n == 12 or n == 15)) then
+    local ok = true
+    if n == 11 or n == 18 then
+      local x = tonumber(v)
+      ok = x and x == x and x >= 0 and x <= 10
+      if n == 11 then fr = x else sr = x end
+    elseif n <= 10 or n == 15 or n == 16 or n == 17 then
+      ok = #v <= 18 and find(v, '^%-?%d+$')
+      if ok then h[n] = v + 0 end
+    elseif n == 12 or n == 19 then
+      ok = #v <= 10 and find(v, '^%d+$')
+      if ok then h[n] = v + 0 end
+    end
+    if not ok then
+      local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+        'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
+      return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' field ' .. names[n] .. ' is not a valid number')
+    end
   end
 end
-local sw = tonumber(h[1])
-local i = tonumber(h[2])
-local cur = { tonumber(h[3]) or 0, tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0 }
-local prev = { tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0, tonumber(h[10]) or 0 }
+local sw = h[1] or nil
+local i = h[2] or nil
+local cur = { h[3] or 0, h[4] or 0, h[5] or 0, h[6] or 0 }
+local prev = { h[7] or 0, h[8] or 0, h[9] or 0, h[10] or 0 }
 local conflict = 0
+local ask = nil
 local heard = propose
 local rolled = false
 if not sw or sw < 1 or sw ~= math.floor(sw) or not i then
   -- A new key (or one this script cannot read): the caller's policy, fresh counters.
   i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }; rolled = true
 else
-  local fr, fm, fb, fo = tonumber(h[11]), tonumber(h[12]), h[13], h[14]
+  local fm, fb, fo = h[12] or nil, h[13], h[14]
   local known = fr and fm and (fb == 's' or fb == 'a') and (fo == 'sliding' or fo == 'fixed')
   if not known then
     rolled = true -- counters without a policy: the caller's becomes the one in force
   elseif sw ~= window or fr ~= ratio or fm ~= min_allowance or fb ~= basis or fo ~= mode then
-    if propose and now - (tonumber(h[15]) or 0) >= sw then
+    if propose and now - (h[15] or 0) >= sw then
       rolled = true -- nobody sent the policy in force for one of its windows: the caller's replaces it
     else
       conflict = 1; heard = false
+      ask = window .. ' ' .. ratio_text .. ' ' .. min_allowance .. ' ' .. basis .. ' ' .. mode
       window = sw; ratio = fr; ratio_text = h[11]; min_allowance = fm; basis = fb; mode = fo
     end
   end
@@ -140,15 +169,15 @@ local sliding = mode == 'sliding'
 -- Overrides (fields fu su sr sm, written by operators through override.lua, ending by
 -- themselves): a freeze grants no retry at all, the floor included, until server ms fu; a set
 -- override replaces the ratio (sr) and/or the floor (sm) until su.
-local fu = tonumber(h[16]) or 0
-local su = tonumber(h[17]) or 0
+local fu = h[16] or 0
+local su = h[17] or 0
 local frozen = 0
 local overridden = 0
 local eratio = ratio
 local emin = min_allowance
 if fu > now then frozen = 1 end
 if su > now then
-  local sr, sm = tonumber(h[18]), tonumber(h[19])
+  local sm = h[19] or nil
   if sr and sr >= 0 and sr == sr then overridden = 1; eratio = sr end
   if sm and sm >= 0 and sm == math.floor(sm) then overridden = 1; emin = sm end
 end

@@ -26,10 +26,11 @@ cur[2] = cur[2] + first_attempts
 -- @include estimate.lua
 
 -- Write the whole hash when the window rolled (or the key is new), else only the counters that
--- changed (by the ARGV strings, checked to be plain integers above).
-if rolled then
-  -- @include save.lua
-else
+-- changed, by HINCRBY of the ARGV strings (checked to be plain integers above): a deposit may be
+-- up to 10^15, so the server adds exactly, not Lua's doubles.
+local changed = {}
+-- @include save.lua
+if not rolled then
   if successes > 0 then redis.call('HINCRBY', KEYS[1], 'cs', ARGV[2]) end
   if first_attempts > 0 then redis.call('HINCRBY', KEYS[1], 'ca', ARGV[3]) end
 end

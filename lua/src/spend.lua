@@ -25,15 +25,11 @@ else
   cur[4] = cur[4] + 1
 end
 
--- Write the whole hash when the window rolled (or the key is new, or the policy in force is
--- new), else only the counter that changed.
-if rolled then
-  -- @include save.lua
-elseif granted == 1 then
-  redis.call('HINCRBY', KEYS[1], 'cr', 1)
-else
-  redis.call('HINCRBY', KEYS[1], 'cd', 1)
-end
+-- Write the counter that changed (the whole hash when the window rolled, the key is new, or the
+-- policy in force is new).
+local changed = { 'cd', cur[4] }
+if granted == 1 then changed = { 'cr', cur[3] } end
+-- @include save.lua
 -- @include heard.lua
 -- @include reply.lua
 reply[1] = granted

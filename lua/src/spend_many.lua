@@ -36,13 +36,15 @@ end
 cur[3] = cur[3] + g
 cur[4] = cur[4] + (n - g)
 
--- Write the whole hash when the window rolled (or the key is new), else only what changed.
-if rolled then
-  -- @include save.lua
-else
-  if g > 0 then redis.call('HINCRBY', KEYS[1], 'cr', g) end
-  if g < n then redis.call('HINCRBY', KEYS[1], 'cd', n - g) end
+-- Write the counters that changed (the whole hash when the window rolled, the key is new, or the
+-- policy in force is new).
+local changed = {}
+if g > 0 then changed = { 'cr', cur[3] } end
+if g < n then
+  changed[#changed + 1] = 'cd'
+  changed[#changed + 1] = cur[4]
 end
+-- @include save.lua
 -- @include heard.lua
 if conflict == 1 and n > 1 then
   -- n calls of spend.lua would each have counted the conflict.

@@ -1,9 +1,7 @@
--- [shared/heard.lua] Records who the caller agrees with: the time the policy in force was last
--- sent (h), or, for a caller whose policy differs, the conflict (xn: count, xp: its policy,
--- xt: server ms).
-if heard then
-  redis.call('HSET', KEYS[1], 'h', now)
-elseif conflict == 1 and propose then
+-- [shared/heard.lua] Records a caller whose policy differs from the one in force: the conflict
+-- (xn: count, xp: its policy, xt: server ms). A caller that sent the policy in force refreshed
+-- `h` in shared/save.lua's HSET.
+if conflict == 1 and propose then
   redis.call('HINCRBY', KEYS[1], 'xn', 1)
   redis.call('HSET', KEYS[1], 'xp', ask, 'xt', now)
 end
