@@ -1,6 +1,8 @@
 //! The in-process store's decision cost against tower's `TpsBudget`, in one criterion run
-//! (issue 3, item 4). Both are asked for one retry (`withdraw`) and told of one deposit
+//! (issues 3 and 14). Both are asked for one retry (`withdraw`) and told of one deposit
 //! (`deposit`); "granted" keeps both budgets far from their limit, "denied" keeps both exhausted.
+//! `LocalBudget` is the held per-dependency handle (atomic counters, no lock, no map lookup);
+//! `LocalStore::withdraw_now` finds the same counters through the store's map and mutex.
 //!
 //! `cargo bench -p fleet-budget --bench local_vs_tower`. Under `cargo test --all-targets`
 //! criterion runs each function once, as a smoke test; no server is needed.
@@ -24,6 +26,10 @@ fn decisions(c: &mut Criterion) {
         min_allowance: u64::MAX / 4,
         ..BudgetPolicy::default()
     };
+    let handle = local.handle(&dependency, &generous);
+    group.bench_function("fleet_budget::LocalBudget::withdraw (held handle)", |b| {
+        b.iter(|| black_box(handle.withdraw().granted));
+    });
     group.bench_function("fleet_budget::LocalStore::withdraw_now", |b| {
         b.iter(|| {
             black_box(
@@ -47,6 +53,10 @@ fn decisions(c: &mut Criterion) {
         ratio: 0.0,
         ..BudgetPolicy::default()
     };
+    let handle = local.handle(&dependency, &exhausted);
+    group.bench_function("fleet_budget::LocalBudget::withdraw (held handle)", |b| {
+        b.iter(|| black_box(handle.withdraw().granted));
+    });
     group.bench_function("fleet_budget::LocalStore::withdraw_now", |b| {
         b.iter(|| {
             black_box(
@@ -83,6 +93,10 @@ fn decisions(c: &mut Criterion) {
         successes: 1,
         first_attempts: 0,
     };
+    let handle = local.handle(&dependency, &policy);
+    group.bench_function("fleet_budget::LocalBudget::deposit (held handle)", |b| {
+        b.iter(|| black_box(handle.deposit(one).allowance));
+    });
     group.bench_function("fleet_budget::LocalStore::deposit_now", |b| {
         b.iter(|| {
             black_box(

@@ -1,18 +1,25 @@
 //! The in-process store: same arithmetic as the Lua scripts, time from a [`Clock`].
+//!
+//! Each dependency's budget is a set of atomic counters ([`Cells`]): a decision reads them, decides
+//! with [`allowance.rs`](crate::allowance)'s arithmetic, and counts the retry with one
+//! compare-and-swap, so it takes no lock. [`LocalStore`] finds a dependency's counters in a map
+//! under a mutex; a [`LocalBudget`] handle holds them, and decides without the map or the mutex.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
-use crate::allowance::{BudgetSnapshot, BudgetState};
+use crate::allowance::{BudgetSnapshot, BudgetState, WindowCounters, grants};
 use crate::clock::{Clock, CoarseClock};
 use crate::dependency::Dependency;
 use crate::policy::BudgetPolicy;
 
 /// Budgets kept in this process. Cheap to clone; clones share the budgets.
 ///
-/// Entries idle for two windows are dropped, like the Redis keys' expiry.
+/// Entries idle for two windows are dropped, like the Redis keys' expiry (unless a
+/// [`LocalBudget`] handle still holds them).
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     budgets: Arc<Mutex<Budgets>>,
@@ -21,7 +28,7 @@ pub struct LocalStore {
 
 #[derive(Debug, Default)]
 struct Budgets {
-    by_dependency: HashMap<Dependency, BudgetState, BuildHasherDefault<Fnv1a>>,
+    by_dependency: HashMap<Dependency, Arc<Cells>, BuildHasherDefault<Fnv1a>>,
     next_sweep_ms: u64,
 }
 
@@ -49,6 +56,272 @@ impl Hasher for Fnv1a {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
         self.0 = hash;
+    }
+}
+
+/// The low 32 bits of a counter hold its count, the high 32 the window index it counts (mod
+/// 2^32): a counter tagged with an older window reads as 0, so a window rolls without a lock,
+/// by the first write into it. Counts saturate at 2^32 − 1 per window (the Redis store's at
+/// 10^18); a counter untouched for exactly a multiple of 2^32 windows while its budget is held
+/// (136 years of 1 s windows) would be misread as current.
+const COUNT_MASK: u64 = 0xffff_ffff;
+
+fn pack(index: u64, count: u64) -> u64 {
+    ((index & COUNT_MASK) << 32) | count.min(COUNT_MASK)
+}
+
+/// The count a raw counter holds for window `index` (0 when it counts an older window).
+fn count_at(raw: u64, index: u64) -> u64 {
+    if raw >> 32 == index & COUNT_MASK {
+        raw & COUNT_MASK
+    } else {
+        0
+    }
+}
+
+/// The counts of window `index` in raw counters `[successes, first attempts, retries, denied]`.
+fn counters([s, a, r, d]: [u64; 4], index: u64) -> WindowCounters {
+    WindowCounters {
+        successes: count_at(s, index),
+        first_attempts: count_at(a, index),
+        retries: count_at(r, index),
+        denied: count_at(d, index),
+    }
+}
+
+/// One window's counters, raw (see [`pack`]).
+#[derive(Debug, Default)]
+struct Slot {
+    successes: AtomicU64,
+    first_attempts: AtomicU64,
+    retries: AtomicU64,
+    denied: AtomicU64,
+}
+
+/// Which counter of a slot is added to (a grant is counted by a compare-and-swap of `retries`).
+#[derive(Debug, Clone, Copy)]
+enum Counter {
+    Successes,
+    FirstAttempts,
+    Denied,
+}
+
+impl Slot {
+    fn cell(&self, which: Counter) -> &AtomicU64 {
+        match which {
+            Counter::Successes => &self.successes,
+            Counter::FirstAttempts => &self.first_attempts,
+            Counter::Denied => &self.denied,
+        }
+    }
+
+    /// The raw counters: successes, first attempts, retries, denied.
+    fn load(&self) -> [u64; 4] {
+        [
+            self.successes.load(Ordering::Acquire),
+            self.first_attempts.load(Ordering::Acquire),
+            self.retries.load(Ordering::Acquire),
+            self.denied.load(Ordering::Acquire),
+        ]
+    }
+}
+
+/// One dependency's budget: the index of the latest window seen, and two slots (window `i` is
+/// counted in slot `i % 2`, so the current and the previous window never share one).
+#[derive(Debug)]
+pub(crate) struct Cells {
+    window_ms: u64,
+    index: AtomicU64,
+    even: Slot,
+    odd: Slot,
+}
+
+impl Cells {
+    fn new(now_ms: u64, window_ms: u64) -> Self {
+        let window_ms = window_ms.max(1);
+        Self {
+            window_ms,
+            index: AtomicU64::new(now_ms / window_ms),
+            even: Slot::default(),
+            odd: Slot::default(),
+        }
+    }
+
+    fn slot(&self, index: u64) -> &Slot {
+        if index.is_multiple_of(2) {
+            &self.even
+        } else {
+            &self.odd
+        }
+    }
+
+    /// The window a call at `now_ms` counts in: the latest seen, moved forward to `now_ms`'s
+    /// (never back: time that goes backwards keeps the current window, as `BudgetState::roll`).
+    fn current_index(&self, now_ms: u64) -> u64 {
+        let at = now_ms / self.window_ms;
+        let seen = self.index.load(Ordering::Acquire);
+        if at > seen {
+            self.index.fetch_max(at, Ordering::AcqRel).max(at)
+        } else {
+            seen
+        }
+    }
+
+    /// The state at window `index` (with the current window's raw retries counter, for the
+    /// compare-and-swap that counts a grant), or `None` if the latest window seen is already a later one
+    /// (another thread saw a later time: decide again).
+    fn read(&self, index: u64) -> Option<(BudgetState, u64)> {
+        let (cur, prev) = (self.slot(index), self.slot(index.wrapping_add(1)));
+        let raw = cur.load();
+        let previous = match index.checked_sub(1) {
+            Some(p) => counters(prev.load(), p),
+            None => WindowCounters::default(),
+        };
+        // A window is counted into only once the index has reached it, so if the index is
+        // still `index`, no counter read above counts a later window.
+        if self.index.load(Ordering::Acquire) > index {
+            return None;
+        }
+        let state = BudgetState {
+            window_ms: self.window_ms,
+            index,
+            current: counters(raw, index),
+            previous,
+        };
+        Some((state, raw[2]))
+    }
+
+    /// Adds `n` to counter `which` of window `index` and returns its count; `None` if the
+    /// latest window seen is already a later one.
+    fn add(&self, index: u64, which: Counter, n: u64) -> Option<u64> {
+        let cell = self.slot(index).cell(which);
+        let mut raw = cell.load(Ordering::Acquire);
+        loop {
+            if raw >> 32 != index & COUNT_MASK && self.index.load(Ordering::Acquire) > index {
+                return None;
+            }
+            let count = count_at(raw, index).saturating_add(n).min(COUNT_MASK);
+            match cell.compare_exchange_weak(
+                raw,
+                pack(index, count),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(count),
+                Err(now) => raw = now,
+            }
+        }
+    }
+
+    /// Asks for one retry at `now_ms`: decides on the counters as read, then counts. A grant
+    /// is counted only if the retries counter did not move meanwhile (else it decides again),
+    /// so grants never exceed the allowance; a denial is counted as it stands.
+    fn withdraw(&self, now_ms: u64, policy: &BudgetPolicy) -> Withdrawal {
+        loop {
+            let index = self.current_index(now_ms);
+            let Some((state, raw_retries)) = self.read(index) else {
+                continue;
+            };
+            let mut snapshot = state.snapshot(now_ms, policy);
+            if grants(&snapshot) {
+                let retries = state.current.retries.saturating_add(1).min(COUNT_MASK);
+                if self
+                    .slot(index)
+                    .retries
+                    .compare_exchange(
+                        raw_retries,
+                        pack(index, retries),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    snapshot.current.retries = retries;
+                    return Withdrawal {
+                        granted: true,
+                        snapshot,
+                    };
+                }
+            } else if let Some(denied) = self.add(index, Counter::Denied, 1) {
+                snapshot.current.denied = denied;
+                return Withdrawal {
+                    granted: false,
+                    snapshot,
+                };
+            }
+        }
+    }
+
+    fn deposit(&self, now_ms: u64, policy: &BudgetPolicy, deposits: Deposits) -> BudgetSnapshot {
+        let mut index = self.current_index(now_ms);
+        for (which, n) in [
+            (Counter::Successes, deposits.successes),
+            (Counter::FirstAttempts, deposits.first_attempts),
+        ] {
+            while n > 0 && self.add(index, which, n).is_none() {
+                index = self.current_index(now_ms);
+            }
+        }
+        loop {
+            if let Some((state, _)) = self.read(index) {
+                return state.snapshot(now_ms, policy);
+            }
+            index = self.current_index(now_ms);
+        }
+    }
+
+    fn status(&self, now_ms: u64, policy: &BudgetPolicy) -> BudgetSnapshot {
+        loop {
+            let at = (now_ms / self.window_ms).max(self.index.load(Ordering::Acquire));
+            if let Some((state, _)) = self.read(at) {
+                return state.snapshot(now_ms, policy);
+            }
+        }
+    }
+
+    /// Whether the counters have been idle for two windows at `now_ms`.
+    fn idle(&self, now_ms: u64) -> bool {
+        now_ms / self.window_ms > self.index.load(Ordering::Acquire).saturating_add(1)
+    }
+}
+
+/// One dependency's budget in this process, held: a decision reads and counts its atomic
+/// counters, with no lock and no map lookup. From [`LocalStore::handle`]; clones, and the
+/// store, share the same counters.
+///
+/// A handle keeps the policy it was made with (the store keeps a new window length as a new
+/// budget, as [`BudgetState::roll`] does: a handle made before such a change keeps counting the
+/// old one).
+#[derive(Debug, Clone)]
+pub struct LocalBudget {
+    cells: Arc<Cells>,
+    policy: BudgetPolicy,
+    clock: Arc<dyn Clock>,
+}
+
+impl LocalBudget {
+    /// Asks for one retry now: granted (counted as a retry) or denied (counted as a denial).
+    #[must_use]
+    pub fn withdraw(&self) -> Withdrawal {
+        self.cells.withdraw(self.clock.now_ms(), &self.policy)
+    }
+
+    /// Records deposits now.
+    pub fn deposit(&self, deposits: Deposits) -> BudgetSnapshot {
+        self.cells
+            .deposit(self.clock.now_ms(), &self.policy, deposits)
+    }
+
+    /// Reads the budget now without changing it.
+    #[must_use]
+    pub fn status(&self) -> BudgetSnapshot {
+        self.cells.status(self.clock.now_ms(), &self.policy)
+    }
+
+    /// The policy this handle decides with.
+    #[must_use]
+    pub fn policy(&self) -> &BudgetPolicy {
+        &self.policy
     }
 }
 
@@ -80,29 +353,42 @@ impl LocalStore {
         &self.clock
     }
 
-    fn with_state<T>(
-        &self,
-        dependency: &Dependency,
-        window_ms: u64,
-        f: impl FnOnce(&mut BudgetState, u64) -> T,
-    ) -> T {
+    /// A handle on `dependency`'s budget under `policy`, for decisions without the store's map
+    /// and lock (see [`LocalBudget`]).
+    #[must_use]
+    pub fn handle(&self, dependency: &Dependency, policy: &BudgetPolicy) -> LocalBudget {
         let now = self.clock.now_ms();
+        LocalBudget {
+            cells: self.cells(dependency, policy.window_ms(), now),
+            policy: *policy,
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// The counters of `dependency` for `window_ms` (new ones for a new dependency or a new
+    /// window length), sweeping idle entries first.
+    fn cells(&self, dependency: &Dependency, window_ms: u64, now: u64) -> Arc<Cells> {
         let mut guard = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
         let budgets = &mut *guard;
         if now >= budgets.next_sweep_ms {
             budgets.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
             budgets
                 .by_dependency
-                .retain(|_, s| now / s.window_ms.max(1) <= s.index.saturating_add(1));
+                .retain(|_, c| Arc::strong_count(c) > 1 || !c.idle(now));
         }
-        if let Some(state) = budgets.by_dependency.get_mut(dependency) {
-            return f(state, now);
+        let window_ms = window_ms.max(1);
+        match budgets.by_dependency.get_mut(dependency) {
+            Some(cells) if cells.window_ms == window_ms => cells.clone(),
+            Some(cells) => {
+                *cells = Arc::new(Cells::new(now, window_ms));
+                cells.clone()
+            }
+            None => budgets
+                .by_dependency
+                .entry(dependency.clone())
+                .or_insert_with(|| Arc::new(Cells::new(now, window_ms)))
+                .clone(),
         }
-        let state = budgets
-            .by_dependency
-            .entry(dependency.clone())
-            .or_insert_with(|| BudgetState::empty(now, window_ms));
-        f(state, now)
     }
 
     /// Records deposits now (synchronous form of [`BudgetStore::deposit`]).
@@ -112,39 +398,31 @@ impl LocalStore {
         policy: &BudgetPolicy,
         deposits: Deposits,
     ) -> BudgetSnapshot {
-        let window_ms = policy.window_ms();
-        self.with_state(dependency, window_ms, |state, now| {
-            state.roll(now, window_ms);
-            let current = &mut state.current;
-            current.successes = current.successes.saturating_add(deposits.successes);
-            current.first_attempts = current
-                .first_attempts
-                .saturating_add(deposits.first_attempts);
-            state.snapshot(now, policy)
-        })
+        let now = self.clock.now_ms();
+        self.cells(dependency, policy.window_ms(), now)
+            .deposit(now, policy, deposits)
     }
 
     /// Asks for one retry now (synchronous form of [`BudgetStore::withdraw`]).
     pub fn withdraw_now(&self, dependency: &Dependency, policy: &BudgetPolicy) -> Withdrawal {
-        self.with_state(dependency, policy.window_ms(), |state, now| {
-            let (granted, snapshot) = state.try_spend(now, policy);
-            Withdrawal { granted, snapshot }
-        })
+        let now = self.clock.now_ms();
+        self.cells(dependency, policy.window_ms(), now)
+            .withdraw(now, policy)
     }
 
     /// Reads a budget now without changing it (synchronous form of [`BudgetStore::status`]).
     #[must_use]
     pub fn status_now(&self, dependency: &Dependency, policy: &BudgetPolicy) -> BudgetSnapshot {
         let now = self.clock.now_ms();
-        let window_ms = policy.window_ms();
-        let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut state = budgets
-            .by_dependency
-            .get(dependency)
-            .copied()
-            .unwrap_or_else(|| BudgetState::empty(now, window_ms));
-        state.roll(now, window_ms);
-        state.snapshot(now, policy)
+        let window_ms = policy.window_ms().max(1);
+        let cells = {
+            let budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+            budgets.by_dependency.get(dependency).cloned()
+        };
+        match cells {
+            Some(cells) if cells.window_ms == window_ms => cells.status(now, policy),
+            _ => BudgetState::empty(now, window_ms).snapshot(now, policy),
+        }
     }
 
     /// Dependencies with a budget entry (possibly idle).
@@ -224,6 +502,137 @@ mod tests {
             store.withdraw_now(&dep(), &policy).granted,
             "two windows later the budget is fresh"
         );
+    }
+
+    /// The atomic counters decide as `allowance.rs`'s `BudgetState` does, call for call: the
+    /// store's map path and a held handle, on random deposits, withdrawals, reads and time
+    /// steps (forwards past several windows, and backwards).
+    #[test]
+    fn atomic_counters_agree_with_budget_state() {
+        use crate::allowance::DepositKind;
+        use crate::policy::{DepositBasis, WindowMode};
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for case in 0..40 {
+            let policy = BudgetPolicy {
+                window: Duration::from_millis(1000),
+                ratio: [0.0, 0.1, 0.2, 0.5, 1.5][usize::try_from(case % 5).unwrap()],
+                min_allowance: next(6),
+                deposit: if case % 3 == 0 {
+                    DepositBasis::Request
+                } else {
+                    DepositBasis::Success
+                },
+                mode: if case % 2 == 0 {
+                    WindowMode::Sliding
+                } else {
+                    WindowMode::Fixed
+                },
+            };
+            let clock = ManualClock::new(5_000 + next(100_000));
+            let store = LocalStore::with_clock(Arc::new(clock.clone()));
+            let handle = store.handle(&dep(), &policy);
+            let mut model = BudgetState::empty(clock.now_ms(), 1000);
+            for step in 0..300 {
+                let now = clock.now_ms();
+                let use_handle = next(2) == 0;
+                match next(10) {
+                    0..=2 => {
+                        let (s, a) = (next(20), next(20));
+                        model.deposit(now, 1000, DepositKind::Success, s);
+                        model.deposit(now, 1000, DepositKind::FirstAttempt, a);
+                        let want = model.snapshot(now, &policy);
+                        let d = Deposits {
+                            successes: s,
+                            first_attempts: a,
+                        };
+                        let got = if use_handle {
+                            handle.deposit(d)
+                        } else {
+                            store.deposit_now(&dep(), &policy, d)
+                        };
+                        assert_eq!(got, want, "case {case} step {step} deposit");
+                    }
+                    3..=6 => {
+                        let (granted, want) = model.try_spend(now, &policy);
+                        let got = if use_handle {
+                            handle.withdraw()
+                        } else {
+                            store.withdraw_now(&dep(), &policy)
+                        };
+                        assert_eq!(got.granted, granted, "case {case} step {step} withdraw");
+                        assert_eq!(got.snapshot, want, "case {case} step {step} withdraw");
+                    }
+                    7 => {
+                        let mut read = model;
+                        read.roll(now, 1000);
+                        let want = read.snapshot(now, &policy);
+                        let got = if use_handle {
+                            handle.status()
+                        } else {
+                            store.status_now(&dep(), &policy)
+                        };
+                        assert_eq!(got, want, "case {case} step {step} status");
+                    }
+                    8 => clock.set_ms(now.saturating_sub(next(1500))),
+                    _ => clock.advance(Duration::from_millis(next(2600))),
+                }
+            }
+        }
+    }
+
+    /// Threads sharing one handle, with no deposits: exactly the floor is granted in the
+    /// window, and every request is counted once, as a retry or a denial.
+    #[test]
+    fn concurrent_withdrawals_never_exceed_the_allowance() {
+        let clock = ManualClock::new(10_000);
+        let store = LocalStore::with_clock(Arc::new(clock));
+        let policy = BudgetPolicy {
+            window: Duration::from_secs(60),
+            min_allowance: 1000,
+            ..BudgetPolicy::default()
+        };
+        let handle = store.handle(&dep(), &policy);
+        let granted: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    let handle = handle.clone();
+                    s.spawn(move || (0..2000).filter(|_| handle.withdraw().granted).count())
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(granted, 1000);
+        let status = store.status_now(&dep(), &policy);
+        assert_eq!(status.current.retries, 1000);
+        assert_eq!(status.current.denied, 7000);
+    }
+
+    #[test]
+    fn a_held_budget_is_not_swept() {
+        let clock = ManualClock::new(0);
+        let store = LocalStore::with_clock(Arc::new(clock.clone()));
+        let policy = BudgetPolicy {
+            window: Duration::from_secs(1),
+            min_allowance: 5,
+            ..BudgetPolicy::default()
+        };
+        let handle = store.handle(&dep(), &policy);
+        assert!(handle.withdraw().granted);
+        clock.advance(Duration::from_secs(3));
+        store.deposit_now(
+            &Dependency::new("other").unwrap(),
+            &policy,
+            Deposits::default(),
+        );
+        assert!(store.dependencies().contains(&dep()));
+        assert!(handle.withdraw().granted);
+        assert_eq!(store.status_now(&dep(), &policy).current.retries, 1);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub(crate) mod scripts;
 
 pub use discovery::DiscoveryError;
 pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT, batch_answer};
-pub use local::LocalStore;
+pub use local::{LocalBudget, LocalStore};
 pub use redis::{RedisStore, RedisTarget};
 pub use scripts::{
     DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply,
