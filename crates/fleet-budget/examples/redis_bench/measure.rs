@@ -39,19 +39,24 @@ pub(crate) fn round_trips(server: &RedisServer) -> u64 {
     RedisServer::client_round_trips(&server.command_calls())
 }
 
-/// Server CPU time per call of `command` since the last `CONFIG RESETSTAT` (`usec_per_call`).
-pub(crate) fn usec_per_call(server: &RedisServer, command: &str) -> f64 {
+/// Server CPU time (µs) spent in `command` since the last `CONFIG RESETSTAT` (`usec`), with the
+/// calls it counts.
+pub(crate) fn usec_total(server: &RedisServer, command: &str) -> (f64, u64) {
     let info: String = server.cmd(&["INFO", "commandstats"]);
     let prefix = format!("cmdstat_{command}:");
+    let field = |rest: &str, name: &str| -> Option<f64> {
+        rest.split(',')
+            .find_map(|f| f.strip_prefix(name))?
+            .parse()
+            .ok()
+    };
     info.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|f| f.strip_prefix("usec_per_call="))?
-                .parse()
-                .ok()
+        .map_or((0.0, 0), |rest| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let calls = field(rest, "calls=").unwrap_or(0.0) as u64;
+            (field(rest, "usec=").unwrap_or(0.0), calls)
         })
-        .unwrap_or(0.0)
 }
 
 pub(crate) fn reset_stats(server: &RedisServer) {
