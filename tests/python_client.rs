@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use fleet_budget::ceiling::Backoff;
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
-use fleet_budget::testing::RedisServer;
+use fleet_budget::testing::{RedisCluster, RedisServer};
 use fleet_budget::{Config, Decision, Dependency, Failure, FleetBudget};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -153,6 +153,54 @@ async fn python_and_rust_decide_alike_on_random_sequences() {
         }
         rust.shutdown().await.unwrap();
     }
+}
+
+/// On a Redis Cluster of three masters, both decide alike (each language under its own key
+/// prefix, dependencies spread over the masters by their hash tags), and then, with the master
+/// of `search`'s slot stopped, both decide from the local fallback alike.
+#[tokio::test]
+async fn python_and_rust_decide_alike_on_a_cluster() {
+    let mut cluster = RedisCluster::start(3);
+    let seeds = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = |prefix: &str| {
+        format!(
+            "[redis]\ncluster_urls = [{seeds}]\nkey_prefix = \"{prefix}\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n\
+             [defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
+             [dependencies.search]\ntasks = [\"index\", \"reindex\"]\n[tasks.index]\nmax_attempts = 4\n"
+        )
+    };
+    let mut rng = SmallRng::seed_from_u64(20);
+    let rust = run_alike(&text("rsc"), &text("pyc"), &mut rng, "cluster").await;
+    rust.shutdown().await.unwrap();
+    // Both sets of keys hold the same counters, each on the master of its slot.
+    for dependency in ["search", "lone"] {
+        let read = |prefix: &str| -> Vec<String> {
+            let key = format!("{prefix}:v1:{{{dependency}}}");
+            let slot: u16 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &key]);
+            let node = cluster.node_of_slot(slot).unwrap();
+            cluster.nodes[node].cmd(&["HMGET", &key, "cs", "ca", "cr", "cd"])
+        };
+        assert_eq!(read("rsc"), read("pyc"), "{dependency}");
+    }
+    // The master of `search` stops: both go to the fallback for it, and agree there too.
+    let slot: u16 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", "x:v1:{search}"]);
+    let node = cluster.node_of_slot(slot).unwrap();
+    cluster.nodes[node].stop();
+    let down = |prefix: &str| text(prefix).replace("timeout_ms = 2000", "timeout_ms = 300");
+    let mut rng = SmallRng::seed_from_u64(21);
+    let rust = run_alike(
+        &down("rsd"),
+        &down("pyd"),
+        &mut rng,
+        "cluster, a master down",
+    )
+    .await;
+    let _ = rust.shutdown().await;
 }
 
 /// Without Redis (nothing listens on the URL), both decide alike from their fallback: the
@@ -339,6 +387,10 @@ fn bad_configurations_are_refused_alike() {
         "[metrics]\nlisten = \"127.0.0.1\"\n",
         "[metrics]\nport = 1\n",
         "[audit]\nmax_entries = \"many\"\n",
+        "[redis]\nurl = \"rediss://u:hunter2@h:6380\"\n",
+        "[redis]\ncluster_urls = [\"redis://10.0.0.1:7000\", \"unix:///tmp/x\", \"rediss://h:7000\"]\n",
+        "[redis]\ncluster_urls = [\"redis://10.0.0.1:7000\"]\ntimeout_ms = 100\n",
+        "[redis]\ncluster_urls = \"redis://10.0.0.1:7000\"\n",
         "[defaults]\nratio = \"0.2\"\n",
         "[defaults]\nwindow_secs = true\n",
         "[redis]\nfallback = 1\n",

@@ -119,3 +119,14 @@ def test_a_freeze_dead_letters_as_budget_frozen_and_conflicts_are_counted(redis_
     assert b.metrics.value("fleet_budget_policy_conflicts_total", dependency="search") == 0
     b.close()
     other.close()
+
+
+def test_a_cluster_that_does_not_answer_at_start_is_a_fallback_not_a_crash(dead_url):
+    """The cluster client is made on first use: the worker starts, decides from the fallback,
+    and counts a connection error (the Rust store connects lazily too)."""
+    b = FleetBudget(Config.from_toml(TOML.replace("[redis]", f'[redis]\ncluster_urls = ["{dead_url}"]\ntimeout_ms = 200')),
+                    seed=7)
+    d = b.on_failure("index_document", 1, Failure.retryable("503"))
+    assert isinstance(d, Retry) and d.source == "local_fallback"
+    assert b.metrics.value("fleet_budget_store_errors_total", kind="connection") == 1
+    b.close()

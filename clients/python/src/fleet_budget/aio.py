@@ -13,7 +13,7 @@ import redis.asyncio
 
 from . import budget as _sync
 from . import scripts
-from .config import Config
+from .config import Config, ConfigError
 from .decision import Decision, Failure
 from .snapshot import BudgetSnapshot
 
@@ -25,6 +25,10 @@ class FleetBudget(_sync.FleetBudget):
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.asyncio.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def _new_cluster_client(self, urls: list[str], timeout: float) -> Any:
+        raise ConfigError("redis.cluster_urls", "Redis Cluster is not in the asyncio flavour yet; "
+                          "use fleet_budget.FleetBudget (threads) or a single Redis URL")
 
     def _start_flusher(self) -> None:
         self._task: Optional[asyncio.Task[None]] = None  # started by the first deposit, in its loop

@@ -69,6 +69,8 @@ class FleetBudget:
         self.local = LocalStore(clock)
         settings = self.config.redis
         timeout = settings.timeout_ms / 1000
+        if client is None and settings.cluster_urls:
+            client = self._new_cluster_client(settings.cluster_urls, timeout)
         if client is None:
             try:
                 client = self._new_client(settings.url, timeout)
@@ -96,6 +98,11 @@ class FleetBudget:
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def _new_cluster_client(self, urls: list[str], timeout: float) -> Any:
+        from .cluster import LazyCluster
+
+        return LazyCluster(urls, timeout)
 
     @classmethod
     def from_config(cls, path: str, **kwargs: Any) -> "FleetBudget":

@@ -15,7 +15,9 @@ from .redact import redact_url
 from .policy import CLASS_MAX_ATTEMPTS, Backoff, BudgetPolicy, TaskCeiling
 
 ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
-REDIS_SCHEMES = ("redis", "rediss", "redis+unix", "unix")
+REDIS_SCHEMES = ("redis", "redis+unix", "unix")
+#: Redis Cluster seed nodes (``redis.cluster_urls``).
+CLUSTER_SCHEMES = ("redis",)
 MAX_WINDOW_SECS = 86_400
 MAX_RATIO = 10.0
 MAX_DEPENDENCY_LEN = 200
@@ -49,6 +51,8 @@ class RedisSettings:
     fallback: str = "local"
     deposit_flush_ms: int = 100
     deposit_flush_count: int = 1000
+    #: Redis Cluster seed nodes, instead of ``url`` when not empty.
+    cluster_urls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -91,9 +95,14 @@ class Config:
             raise ConfigError(origin, str(e)) from None
 
     def apply_env(self, env: Mapping[str, str]) -> None:
+        """``FLEET_BUDGET_REDIS_URL`` replaces ``redis.url`` (and any ``cluster_urls``), checked."""
         url = env.get(ENV_REDIS_URL, "")
         if url:
+            c = _Checker()
+            if not _url_problem(c, ENV_REDIS_URL, url, REDIS_SCHEMES):
+                raise ConfigError(ENV_REDIS_URL, str(c.problems[0]), c.problems)
             self.redis.url = url
+            self.redis.cluster_urls = []
 
     def dependency(self, task: str) -> str:
         """The dependency whose budget ``task`` spends: its own name when unmapped."""
@@ -247,13 +256,15 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         url = r["url"]
         if not isinstance(url, str):
             raise _wrong_type("redis.url", "...", "a string")
-        if not _url_ok(url):
-            c.problem("redis.url", repr(_redact(str(url))),
-                      "must be a URL of the form " + " or ".join(f"{s}://..." for s in REDIS_SCHEMES))
-        else:
+        if _url_problem(c, "redis.url", url, REDIS_SCHEMES):
             config.redis.url = url
     if "cluster_urls" in r:
-        c.problem("redis.cluster_urls", "[...]", "Redis Cluster is not supported by the Python client yet")
+        urls = r["cluster_urls"]
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise _wrong_type("redis.cluster_urls", "...", "a list of URLs")
+        ok = [_url_problem(c, f"redis.cluster_urls[{i}]", u, CLUSTER_SCHEMES) for i, u in enumerate(urls)]
+        if all(ok):
+            config.redis.cluster_urls = list(urls)
     config.redis.timeout_ms = c.int_in("redis.timeout_ms", r.get("timeout_ms"), 1, 60_000, 50)
     if "key_prefix" in r:
         prefix = r["key_prefix"]
@@ -361,8 +372,22 @@ def _toml_key(name: str) -> str:
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _url_ok(url: str) -> bool:
-    for scheme in REDIS_SCHEMES:
+def _url_problem(c: _Checker, key: str, url: str, schemes: tuple[str, ...]) -> bool:
+    """Checks ``url`` as the Rust ``check_url`` does; True when it is usable. A TLS scheme
+    (``rediss``) is refused by name: TLS is not built in, and it would not be encrypted."""
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.endswith("s") and scheme not in schemes and scheme[:-1] in schemes:
+        c.problem(key, _redact(url), f"TLS ({scheme}://) is not available in this build, and the connection "
+                  f"would not be encrypted; use {scheme[:-1]}:// on a trusted network or through a TLS tunnel")
+        return False
+    if not _url_ok(url, schemes):
+        c.problem(key, _redact(url), "must be a URL of the form " + " or ".join(f"{s}://..." for s in schemes))
+        return False
+    return True
+
+
+def _url_ok(url: str, schemes: tuple[str, ...] = REDIS_SCHEMES) -> bool:
+    for scheme in schemes:
         rest = url.removeprefix(scheme)
         if rest != url and rest.startswith("://") and len(rest) > 3:
             return True
