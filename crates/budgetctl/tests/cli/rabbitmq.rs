@@ -151,3 +151,134 @@ fn rabbitmq_unreachable_is_a_runtime_failure_naming_the_redacted_url() {
         );
     }
 }
+
+/// Issue 9: the work queue dead-letters at least once where the broker supports it. A new work
+/// queue is declared with `x-dead-letter-strategy = at-least-once` (and the `reject-publish`
+/// overflow it requires), and the broker dead-letters through it; an existing one cannot take
+/// new arguments, so `migrate` says it needs a policy, prints the command, and succeeds.
+#[test]
+fn the_work_queue_dead_letters_at_least_once_new_by_argument_existing_by_policy() {
+    use fleet_budget_amqp::{Migrations, StepState};
+    use lapin::BasicProperties;
+    use lapin::options::{BasicGetOptions, BasicNackOptions};
+    use lapin::types::ShortString;
+
+    // A new deployment: created with the arguments; applying again finds them there (a
+    // declaration with them would be refused by a queue without them).
+    let broker = TestBroker::new("alo");
+    let prefix = &broker.settings.prefix;
+    let config = temp_file(
+        &format!("{prefix}.toml"),
+        &format!(
+            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\ndelivery_limit = 1\n",
+            broker.url
+        ),
+    );
+    let cfg = config.to_str().unwrap();
+    let key_prefix = unique("alo");
+    let base = ["--config", cfg, "--key-prefix", key_prefix.as_str()];
+    let state_of_v3 = |v: &serde_json::Value| {
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["version"] == 3)
+            .map(|s| s["state"].as_str().unwrap().to_owned())
+    };
+    let first = json(&run_with(&base, "migrate --json"));
+    assert_eq!(state_of_v3(&first).as_deref(), Some("unchanged"), "{first}");
+    let again = json(&run_with(&base, "migrate --json"));
+    assert_eq!(state_of_v3(&again).as_deref(), Some("unchanged"), "{again}");
+
+    // The broker dead-letters through it: a job past the delivery limit reaches the dead queue.
+    block_on(async {
+        let publisher = broker.publisher().await;
+        publisher
+            .publish(
+                &broker.topology.work_exchange,
+                "t",
+                b"job",
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        publisher.close().await;
+        let conn = broker.connection().await;
+        let ch = conn.create_channel().await.unwrap();
+        for _ in 0..2 {
+            if let Some(m) = ch
+                .basic_get(
+                    ShortString::from(broker.topology.work_queue.as_str()),
+                    BasicGetOptions::default(),
+                )
+                .await
+                .unwrap()
+            {
+                m.delivery
+                    .acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+        }
+        let _ = conn.close(200, ShortString::from("bye")).await;
+    });
+    let mut dead = 0;
+    for _ in 0..100 {
+        dead = depth(&broker, &broker.topology.dead_queue);
+        if dead == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(dead, 1, "dead-lettered past the delivery limit");
+
+    // An existing deployment (versions 1 and 2 only): not an error, a policy to set.
+    let old = TestBroker::new("alo-old");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    let files: Vec<(String, String)> = ["0001_base_topology.toml", "0002_retry_tiers.toml"]
+        .iter()
+        .map(|f| {
+            (
+                (*f).to_owned(),
+                std::fs::read_to_string(dir.join(f)).unwrap(),
+            )
+        })
+        .collect();
+    let before = Migrations::from_files(files).unwrap();
+    block_on(fleet_budget_amqp::migrate(
+        &old.url,
+        &old.settings,
+        &before,
+        false,
+    ))
+    .unwrap();
+    let old_prefix = &old.settings.prefix;
+    let old_config = temp_file(
+        &format!("{old_prefix}.toml"),
+        &format!("[amqp]\nprefix = \"{old_prefix}\"\nurl = \"{}\"\n", old.url),
+    );
+    let old_base = [
+        "--config",
+        old_config.to_str().unwrap(),
+        "--key-prefix",
+        key_prefix.as_str(),
+    ];
+    let plan = json(&run_with(&old_base, "migrate --dry-run --json"));
+    assert_eq!(
+        state_of_v3(&plan).as_deref(),
+        Some("needs policy"),
+        "{plan}"
+    );
+    let text = stdout(&run_with(&old_base, "migrate"));
+    assert!(
+        text.contains("needs policy")
+            && text.contains("rabbitmqctl set_policy --apply-to queues")
+            && text.contains("\"dead-letter-strategy\":\"at-least-once\""),
+        "{text}"
+    );
+    assert_eq!(StepState::NeedsPolicy.as_str(), "needs policy");
+}

@@ -40,6 +40,10 @@ pub enum StepState {
     Bound,
     /// Dry run: a binding would be declared.
     WouldBind,
+    /// Arguments a later migration adds to a queue that already exists without them: RabbitMQ
+    /// cannot change them, so they are to be set as a policy (the report prints the command).
+    /// Not an error: the queue works as before.
+    NeedsPolicy,
 }
 
 impl StepState {
@@ -52,6 +56,7 @@ impl StepState {
             Self::Unchanged => "unchanged",
             Self::Bound => "bound",
             Self::WouldBind => "would bind",
+            Self::NeedsPolicy => "needs policy",
         }
     }
 }
@@ -66,11 +71,13 @@ pub struct MigrationReport {
 }
 
 impl MigrationReport {
-    /// How many objects were (or would be) created.
+    /// How many objects were (or would be) created (arguments added to a queue created in the
+    /// same run are part of its creation, not an object of their own).
     #[must_use]
     pub fn created(&self) -> usize {
         self.steps
             .iter()
+            .filter(|(op, _)| !matches!(op.object, Object::QueueArguments { .. }))
             .filter(|(_, s)| matches!(s, StepState::Created | StepState::WouldCreate))
             .count()
     }
@@ -83,6 +90,7 @@ impl MigrationReport {
         let created: Vec<String> = self
             .steps
             .iter()
+            .filter(|(op, _)| !matches!(op.object, Object::QueueArguments { .. }))
             .filter(|(_, s)| matches!(s, StepState::Created | StepState::WouldCreate))
             .map(|(op, _)| op.object.to_string())
             .collect();
@@ -122,6 +130,13 @@ impl fmt::Display for MigrationReport {
                 state.as_str(),
                 op.object
             )?;
+            if let (StepState::NeedsPolicy, Some(command)) = (state, op.object.policy_command()) {
+                writeln!(
+                    f,
+                    "         the queue exists without them and RabbitMQ cannot change a queue's \
+                     arguments; set them as a policy (it replaces any other policy on the queue):\n         {command}"
+                )?;
+            }
         }
         Ok(())
     }
@@ -153,10 +168,56 @@ async fn apply(
 ) -> Result<MigrationReport, AmqpError> {
     let mut probe = Probe::new(conn);
     let mut steps = Vec::new();
-    for op in ops {
+    // Arguments later migrations add to a queue: given at its creation when this run creates it.
+    let mut added: BTreeMap<&str, BTreeMap<String, ArgumentValue>> = BTreeMap::new();
+    let mut declared: BTreeMap<&str, &BTreeMap<String, ArgumentValue>> = BTreeMap::new();
+    for op in &ops {
+        match &op.object {
+            Object::QueueArguments { name, arguments } => added
+                .entry(name.as_str())
+                .or_default()
+                .extend(arguments.clone()),
+            Object::Queue { name, arguments } => {
+                declared.insert(name.as_str(), arguments);
+            }
+            _ => {}
+        }
+    }
+    for op in &ops {
         let state = match &op.object {
             Object::Exchange { name, kind } => probe.exchange(name, kind, dry_run).await?,
-            Object::Queue { name, arguments } => probe.queue(name, arguments, dry_run).await?,
+            Object::Queue { name, arguments } => {
+                let later = added.get(name.as_str());
+                match probe.queue(name, arguments, later, dry_run).await {
+                    // Arguments a later migration adds: that step reports them.
+                    Err(AmqpError::ArgumentsDiffer { differences, .. })
+                        if later.is_some_and(|l| {
+                            differences.iter().all(|d| l.contains_key(&d.argument))
+                        }) =>
+                    {
+                        StepState::Unchanged
+                    }
+                    other => other?,
+                }
+            }
+            Object::QueueArguments { name, arguments } => {
+                let mut full = declared
+                    .get(name.as_str())
+                    .copied()
+                    .cloned()
+                    .unwrap_or_default();
+                full.extend(arguments.clone());
+                match probe.queue(name, &full, None, dry_run).await {
+                    Err(AmqpError::ArgumentsDiffer { differences, .. })
+                        if differences
+                            .iter()
+                            .all(|d| arguments.contains_key(&d.argument)) =>
+                    {
+                        StepState::NeedsPolicy
+                    }
+                    other => other?,
+                }
+            }
             Object::Binding { .. } if dry_run => StepState::WouldBind,
             Object::Binding {
                 exchange,
@@ -178,7 +239,7 @@ async fn apply(
                 StepState::Bound
             }
         };
-        steps.push((op, state));
+        steps.push((op.clone(), state));
     }
     probe.close().await;
     Ok(MigrationReport { dry_run, steps })
@@ -313,10 +374,13 @@ impl<'a> Probe<'a> {
         }
     }
 
+    /// Declares queue `name` with `arguments` (and, when it does not exist yet, the arguments
+    /// `later` migrations add to it).
     async fn queue(
         &mut self,
         name: &str,
         arguments: &BTreeMap<String, ArgumentValue>,
+        later: Option<&BTreeMap<String, ArgumentValue>>,
         dry_run: bool,
     ) -> Result<StepState, AmqpError> {
         let exists = queue_exists(&self.channel().await?, name).await?;
@@ -327,6 +391,11 @@ impl<'a> Probe<'a> {
             .iter()
             .map(|(k, v)| (k.clone(), v.amqp()))
             .collect();
+        if !exists {
+            for (k, v) in later.into_iter().flatten() {
+                table.insert(k.clone(), v.amqp());
+            }
+        }
         let mut durable = true;
         let mut differences = Vec::new();
         // Each refusal names one difference; set it to the existing value and ask again. The

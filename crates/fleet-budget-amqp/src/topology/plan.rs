@@ -14,7 +14,7 @@ use crate::config::AmqpSettings;
 use crate::error::AmqpError;
 
 /// The migrations shipped with the crate (the files of `migrations/`, in version order).
-const EMBEDDED: [(&str, &str); 2] = [
+const EMBEDDED: [(&str, &str); 3] = [
     (
         "0001_base_topology.toml",
         include_str!("../../../../migrations/0001_base_topology.toml"),
@@ -22,6 +22,10 @@ const EMBEDDED: [(&str, &str); 2] = [
     (
         "0002_retry_tiers.toml",
         include_str!("../../../../migrations/0002_retry_tiers.toml"),
+    ),
+    (
+        "0003_work_dead_letter_at_least_once.toml",
+        include_str!("../../../../migrations/0003_work_dead_letter_at_least_once.toml"),
     ),
 ];
 
@@ -49,6 +53,16 @@ struct MigrationSpec {
     queue: Vec<QueueSpec>,
     #[serde(default)]
     binding: Vec<BindingSpec>,
+    #[serde(default)]
+    queue_arguments: Vec<QueueArgumentsSpec>,
+}
+
+/// Arguments added to a queue an earlier migration declares (see [`Object::QueueArguments`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueArgumentsSpec {
+    name: String,
+    arguments: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -176,7 +190,8 @@ impl Migrations {
     /// # Errors
     /// A name longer than AMQP allows, or an argument the broker cannot take.
     pub fn operations(&self, settings: &AmqpSettings) -> Result<Vec<Operation>, AmqpError> {
-        let once = vec![vars(settings, None)];
+        let plain = vars(settings, None);
+        let once = vec![plain.clone()];
         let each_tier: Vec<Vars> = tier_delays(settings)
             .into_iter()
             .map(|delay| vars(settings, Some(delay)))
@@ -227,6 +242,27 @@ impl Migrations {
                         routing_key,
                     });
                 }
+            }
+            for q in &m.spec.queue_arguments {
+                let name = render(&q.name, &plain);
+                let mut arguments = BTreeMap::new();
+                for (k, value) in &q.arguments {
+                    let value = argument(value, &plain)
+                        .map_err(|e| fail(format!("queue {name}: argument {k}: {e}")))?;
+                    arguments.insert(k.clone(), value);
+                }
+                let declared = ops.iter().any(
+                    |op: &Operation| matches!(&op.object, Object::Queue { name: n, .. } if *n == name),
+                );
+                if !declared {
+                    return Err(fail(format!(
+                        "queue_arguments for {name}: no earlier migration declares that queue"
+                    )));
+                }
+                ops.push(Operation {
+                    version: m.version,
+                    object: Object::QueueArguments { name, arguments },
+                });
             }
         }
         Ok(ops)
@@ -331,6 +367,16 @@ pub enum Object {
         /// Arguments (`x-queue-type`, `x-delivery-limit`, ...).
         arguments: BTreeMap<String, ArgumentValue>,
     },
+    /// Arguments added to a queue an earlier migration declares. RabbitMQ cannot change a
+    /// queue's arguments once it exists: a queue created by the same run is created with them;
+    /// an existing one without them is reported [`super::StepState::NeedsPolicy`], with the
+    /// equivalent policy to set ([`Object::policy_command`]).
+    QueueArguments {
+        /// The queue.
+        name: String,
+        /// The added arguments.
+        arguments: BTreeMap<String, ArgumentValue>,
+    },
     /// A binding.
     Binding {
         /// Exchange.
@@ -353,6 +399,13 @@ impl fmt::Display for Object {
                 }
                 f.write_str(")")
             }
+            Self::QueueArguments { name, arguments } => {
+                write!(f, "queue {name:?} arguments")?;
+                for (i, (k, v)) in arguments.iter().enumerate() {
+                    write!(f, "{} {k}={v}", if i == 0 { "" } else { "," })?;
+                }
+                Ok(())
+            }
             Self::Binding {
                 exchange,
                 queue,
@@ -361,6 +414,39 @@ impl fmt::Display for Object {
                 write!(f, "binding {exchange:?} -> {queue:?} (key {routing_key:?})")
             }
         }
+    }
+}
+
+impl Object {
+    /// For [`Object::QueueArguments`], the `rabbitmqctl` command that sets the same settings as
+    /// a policy on the existing queue (policy keys are the argument names without `x-`).
+    #[must_use]
+    pub fn policy_command(&self) -> Option<String> {
+        let Self::QueueArguments { name, arguments } = self else {
+            return None;
+        };
+        let definition: serde_json::Map<String, serde_json::Value> = arguments
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    ArgumentValue::Text(t) => serde_json::Value::from(t.as_str()),
+                    ArgumentValue::Int(i) => serde_json::Value::from(*i),
+                    ArgumentValue::Bool(b) => serde_json::Value::from(*b),
+                };
+                (k.trim_start_matches("x-").to_owned(), value)
+            })
+            .collect();
+        let pattern: String = name
+            .chars()
+            .flat_map(|c| {
+                let escape = !c.is_ascii_alphanumeric() && c != '_' && c != '-';
+                escape.then_some('\\').into_iter().chain([c])
+            })
+            .collect();
+        Some(format!(
+            "rabbitmqctl set_policy --apply-to queues {name}.upgrade '^{pattern}$' '{}'",
+            serde_json::Value::Object(definition)
+        ))
     }
 }
 
@@ -403,7 +489,7 @@ mod tests {
             match op.object {
                 Object::Exchange { name, .. } => exchanges.insert(name),
                 Object::Queue { name, .. } => queues.insert(name),
-                Object::Binding { .. } => false,
+                Object::Binding { .. } | Object::QueueArguments { .. } => false,
             };
         }
         (exchanges, queues)
@@ -514,5 +600,30 @@ mod tests {
                 .to_string()
                 .contains("unknown placeholder")
         );
+    }
+
+    #[test]
+    fn added_arguments_name_an_earlier_queue_and_have_a_policy_equivalent() {
+        let ops = Migrations::embedded()
+            .unwrap()
+            .operations(&AmqpSettings::default())
+            .unwrap();
+        let upgrade = ops
+            .iter()
+            .find(|op| matches!(op.object, Object::QueueArguments { .. }))
+            .unwrap();
+        assert_eq!(upgrade.version, 3);
+        assert_eq!(
+            upgrade.object.policy_command().unwrap(),
+            "rabbitmqctl set_policy --apply-to queues fleet.work.upgrade '^fleet\\.work$' \
+             '{\"dead-letter-strategy\":\"at-least-once\",\"overflow\":\"reject-publish\"}'"
+        );
+        let orphan = "version = 9\n[[queue_arguments]]\nname = \"{prefix}.nowhere\"\n\
+                      [queue_arguments.arguments]\nx-overflow = \"reject-publish\"\n";
+        let e = Migrations::from_files(vec![("0009_x.toml".into(), orphan.into())])
+            .unwrap()
+            .operations(&AmqpSettings::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("no earlier migration"), "{e}");
     }
 }

@@ -208,7 +208,7 @@ async fn migrate_upgrades_a_deployment_with_the_old_tiers_to_the_powers_of_two()
         .filter(|(_, s)| *s == StepState::Created)
         .filter_map(|(op, _)| match &op.object {
             Object::Exchange { name, .. } | Object::Queue { name, .. } => Some(name.clone()),
-            Object::Binding { .. } => None,
+            Object::Binding { .. } | Object::QueueArguments { .. } => None,
         })
         .collect();
     let expected: BTreeSet<String> = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
