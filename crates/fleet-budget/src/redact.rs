@@ -60,7 +60,14 @@ impl UrlParts<'_> {
     fn shown(&self) -> String {
         let mut out = format!("{}://", self.scheme);
         if let Some(user) = self.user {
-            out.push_str(user);
+            // A user name RFC 3986 would not allow (`#`, `/`, `@`, spaces…) is not a name but
+            // part of a mangled secret or of the text around it: mask it too, so that the
+            // shown form parses back to itself and redacting it again changes nothing.
+            if user.chars().all(is_userinfo_char) {
+                out.push_str(user);
+            } else {
+                out.push_str(MASK);
+            }
             if self.has_password {
                 out.push(':');
                 out.push_str(MASK);
@@ -71,6 +78,11 @@ impl UrlParts<'_> {
         out.push_str(self.path);
         out
     }
+}
+
+/// RFC 3986 `userinfo` characters, without `:` (it ends the user name).
+fn is_userinfo_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~%!$&'()*+,;=".contains(c)
 }
 
 fn is_scheme_char(c: char) -> bool {
