@@ -186,24 +186,27 @@ def test_an_unconfirmed_dead_letter_is_not_acked_and_the_job_comes_back(fleet):
 
 
 def test_messages_celery_would_drop_are_dead_lettered(fleet):
-    """A body that cannot be decoded, an unknown task, a malformed header: non_retryable dead
-    letters (classes poison, unknown_task, malformed_header), the message as it came."""
+    """A body that cannot be decoded, an unknown task, a malformed fb-* header or Celery retries
+    header: non_retryable dead letters (classes poison, unknown_task, malformed_header)."""
     client, start, channel, prefix, queue, calls = fleet
     dead = declare_dead(channel, prefix)
     channel.queue_declare(queue, durable=True, auto_delete=False)
     headers = {"lang": "py", "task": "index_document", "id": "garbage-1", "retries": 0}
     body = json.dumps([[1], {}, {}]).encode()
     for raw, extra in [(b"\xff{not json", {}), (body, {"task": "no_such_task", "id": "u-1"}),
-                       (body, {"id": "m-1", "fb-replays": "many"})]:
+                       (body, {"id": "m-1", "fb-replays": "many"}), (body, {"id": "r-1", "retries": "x"})]:
         channel.basic_publish(amqp.Message(raw, content_type="application/json", content_encoding="utf-8",
                                            application_headers={**headers, **extra}),
                               exchange="", routing_key=queue)
     start()
     letters: list[amqp.Message] = []
-    while len(letters) < 3:
+    while len(letters) < 4:
         letters += wait_for(lambda: get_all(channel, dead), "dead letters")
-    by_class = {m.headers["fb-error-class"]: m for m in letters}
-    assert set(by_class) == {"poison", "unknown_task", "malformed_header"}, by_class
+    by_class = {(m.headers["fb-error-class"], m.headers["id"]): m for m in letters}
+    assert set(by_class) == {("poison", "garbage-1"), ("unknown_task", "u-1"), ("malformed_header", "m-1"),
+                             ("malformed_header", "r-1")}, by_class
+    by_class = {k[0] if k[1] != "r-1" else "retries": m for k, m in by_class.items()}
+    assert "retries" in by_class["retries"].headers["fb-error"]
     assert by_class["poison"].body == b"\xff{not json", "the body as it came"
     assert by_class["poison"].headers["fb-dependency"] == "search"
     assert by_class["unknown_task"].headers["fb-dependency"] == "no_such_task"

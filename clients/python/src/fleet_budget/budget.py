@@ -14,8 +14,10 @@ import redis
 from . import scripts
 from .config import Config, ConfigError, dependency_name_problem, redact_url
 from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
 from .metrics import Metrics
+from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot
 
 log = logging.getLogger("fleet_budget")
@@ -34,7 +36,7 @@ def _now_ms() -> int:
 
 def error_kind(error: BaseException) -> str:
     """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply."""
-    if isinstance(error, redis.exceptions.TimeoutError):
+    if isinstance(error, (redis.exceptions.TimeoutError, GroupTimeout)):
         return "timeout"
     if isinstance(error, redis.exceptions.ConnectionError):
         return "connection"
@@ -56,6 +58,7 @@ class FleetBudget:
         clock: Callable[[], int] = _now_ms,
         seed: Optional[int] = None,
         client: Any = None,
+        group_commit: bool = True,
     ) -> None:
         self.config = config if config is not None else Config()
         if redis_url is not None:
@@ -78,6 +81,9 @@ class FleetBudget:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
         self._redis = client
         self._spend = client.register_script(scripts.text("spend"))
+        self._spend_many = client.register_script(scripts.text("spend_many"))
+        # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
+        self._group = GroupCommit(timeout) if group_commit else None
         self._deposit = client.register_script(scripts.text("deposit"))
         self._status = client.register_script(scripts.text("status"))
         self._health_lock = threading.Lock()
@@ -189,15 +195,27 @@ class FleetBudget:
         policy = self.config.policy(dependency)
         if self._should_try(dependency):
             try:
-                reply = self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                    args=scripts.spend_args(policy))
-                granted, snapshot, _ = scripts.parse_reply("spend", reply)
-            except (redis.exceptions.RedisError, scripts.BadReply) as e:
+                if self._group is None:
+                    granted, snapshot = self._send_spend(dependency, policy, 1)[0]
+                else:
+                    granted, snapshot = self._group.withdraw(
+                        dependency, lambda n: self._send_spend(dependency, policy, n))
+            except (redis.exceptions.RedisError, scripts.BadReply, GroupTimeout) as e:
                 self._failed(dependency, e)
             else:
                 self._ok(dependency)
-                return granted == 1, snapshot, "fleet"
+                return granted, snapshot, "fleet"
         return self._fallback(dependency)
+
+    def _send_spend(self, dependency: str, policy: BudgetPolicy, n: int) -> list[tuple[bool, BudgetSnapshot]]:
+        """One store call deciding ``n`` requests: ``spend.lua`` for one, ``spend_many.lua`` for more."""
+        keys = scripts.keys(self.config.redis.key_prefix, dependency)
+        if n == 1:
+            granted, snapshot, _ = scripts.parse_reply("spend", self._spend(keys=keys, args=scripts.spend_args(policy)))
+            return [(granted == 1, snapshot)]
+        reply = self._spend_many(keys=keys, args=scripts.spend_many_args(policy, n))
+        granted, snapshot, _ = scripts.parse_reply("spend_many", reply)
+        return [batch_answer(snapshot, n, granted, k) for k in range(n)]
 
     def _fallback(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         policy = self.config.policy(dependency)

@@ -120,8 +120,11 @@ class BudgetedTask(Task):
             return super().__call__(*args, **kwargs)
         budget = self._budget()
         task = self.budget_task or self.name
-        attempt = int(request.retries or 0) + 1
+        retries = request.retries or 0
+        attempt = retries + 1 if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else 1
         try:
+            if attempt == 1 and retries != 0:
+                raise h.HeaderError("retries", f"expected a non-negative integer, got {retries!r:.40}")
             job = h.JobHeaders.parse(request.headers)
         except h.HeaderError as e:
             # The Rust worker's `malformed_header`: dead-lettered without running.
@@ -276,11 +279,12 @@ class Consumer(CeleryConsumer):
         routing_key = (job.original_routing_key if job.original_routing_key is not None
                        else str(delivery.get("routing_key") or ""))
         now = h.now_ms()
+        retries = raw_headers.get("retries")
+        attempts = retries + 1 if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else 1
         record = h.DeadLetterRecord(
             task=task, dependency=_dependency_or_empty(budget, task) if task else "", reason=NON_RETRYABLE,
             original_exchange=exchange, original_routing_key=routing_key,
-            original_queue=_queue_of(self.app, exchange, routing_key), attempts=int(raw_headers.get("retries") or 0) + 1
-            if isinstance(raw_headers.get("retries"), int) else 1,
+            original_queue=_queue_of(self.app, exchange, routing_key), attempts=attempts,
             first_failure_ms=job.first_failure_ms or now, dead_lettered_ms=now, error_class=error_class,
             error=f"{type(exc).__name__}: {exc}", snapshot=None, source="not_consulted", replays=job.replays,
         )

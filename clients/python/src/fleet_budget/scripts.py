@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot, Control, WindowCounters
 
-NAMES = ("spend", "deposit", "status")
+NAMES = ("spend", "spend_many", "deposit", "status")
 
 
 class BadReply(Exception):
@@ -47,6 +47,11 @@ def policy_args(policy: BudgetPolicy) -> list[str]:
 
 def spend_args(policy: BudgetPolicy) -> list[str]:
     return [str(policy.window_ms), *policy_args(policy)]
+
+
+def spend_many_args(policy: BudgetPolicy, n: int) -> list[str]:
+    """``spend_many.lua``: window_ms, n (1 to 10,000), then the policy."""
+    return [str(policy.window_ms), str(n), *policy_args(policy)]
 
 
 def status_args(policy: BudgetPolicy) -> list[str]:
