@@ -457,6 +457,8 @@ fn both_languages_redact_error_text_alike() {
         "amqp://guest:guest@127.0.0.1:5672// and mailto:x",
         "key: \"password\": \"v\"",
         "\u{1c}token=\u{2003}x",
+        "aauth//u:p:/sqps://#cookie:p@brhost#grag",
+        "redis://us er:pw@h and ftp://a/b@c:d@e",
         &long,
         "",
     ];

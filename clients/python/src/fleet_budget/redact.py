@@ -76,6 +76,11 @@ def error_text(message: str) -> str:
     return truncate(redact_text(message), ERROR_TEXT_MAX_BYTES)
 
 
+def _userinfo_char(c: str) -> bool:
+    """RFC 3986 ``userinfo`` characters, without ``:`` (it ends the user name)."""
+    return _ascii_alnum(c) or c in "-._~%!$&'()*+,;="
+
+
 def _scheme_char(c: str) -> bool:
     return _ascii_alnum(c) or c in "+-."
 
@@ -103,7 +108,10 @@ def _shown(parts: tuple[str, Optional[str], bool, str, str]) -> str:
     scheme, user, has_password, host_port, path = parts
     out = f"{scheme}://"
     if user is not None:
-        out += user + (":" + MASK if has_password else "") + "@"
+        # A user name RFC 3986 would not allow (`#`, `/`, `@`, spaces...) is part of a mangled
+        # secret or of the text around it: masked too, so the shown form parses back to itself.
+        shown_user = user if all(_userinfo_char(c) for c in user) else MASK
+        out += shown_user + (":" + MASK if has_password else "") + "@"
     return out + host_port + path
 
 
