@@ -114,6 +114,7 @@ fn the_library_loads_the_shipped_scripts() {
             "lease_release",
             &*fleet_budget::concurrency::LEASE_RELEASE_SCRIPT,
         ),
+        ("breaker", &*fleet_budget::breaker::BREAKER_SCRIPT),
     ] {
         let loaded: String =
             server.cmd(&["SCRIPT", "LOAD", &common::read(&format!("lua/{name}.lua"))]);
@@ -316,6 +317,43 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
             "deposit",
             vec!["1000", "1", "0", "0.2", "10", "a", "fixd"],
             "ARGV[7] mode must be \"sliding\" or \"fixed\"",
+        ),
+        (
+            "breaker",
+            vec!["open", "1000", "0.5", "10", "1000", "3", "2", "1000"],
+            "ARGV[1] op must be admit, record, cancel or status",
+        ),
+        (
+            "breaker",
+            vec!["admit", "0", "0.5", "10", "1000", "3", "2", "1000"],
+            "ARGV[2] window_ms must be an integer from 1 to 86400000",
+        ),
+        (
+            "breaker",
+            vec!["admit", "1000", "nan", "10", "1000", "3", "2", "1000"],
+            "ARGV[3] failure_ratio must be a number above 0 and at most 1",
+        ),
+        (
+            "breaker",
+            vec!["admit", "1000", "0", "10", "1000", "3", "2", "1000"],
+            "ARGV[3] failure_ratio must be a number above 0 and at most 1",
+        ),
+        (
+            "breaker",
+            vec!["admit", "1000", "0.5", "10", "inf", "3", "2", "1000"],
+            "ARGV[5] open_ms must be an integer from 1 to 86400000",
+        ),
+        (
+            "breaker",
+            vec!["admit", "1000", "0.5", "10", "1000", "3", "4", "1000"],
+            "ARGV[7] close_after must be an integer from 1 to 3",
+        ),
+        (
+            "breaker",
+            vec![
+                "record", "1000", "0.5", "10", "1000", "3", "2", "1000", "x", "0",
+            ],
+            "ARGV[9] outcome must be \"s\" or \"f\"",
         ),
     ];
     for (name, args, needle) in &cases {

@@ -110,19 +110,31 @@ pub enum DeadLetterReason {
     /// An operator froze the dependency's retries (`budgetctl budget freeze`): none is granted,
     /// the floor included, until the freeze expires or is lifted.
     BudgetFrozen,
+    /// The retry got the rate budget, but the dependency's calls in flight were at its
+    /// concurrency cap when it was to run (`[dependencies.X.concurrency] cap`).
+    ConcurrencyCap,
+    /// The retry got the rate budget, but the retries in flight filled the concurrency budget's
+    /// retry share when it was to run.
+    ConcurrencyRetryShare,
+    /// The dependency's circuit breaker stayed open (or half-open with every probe out) for
+    /// longer than the job may wait (`[dependencies.X.breaker] max_wait_secs`). No attempt spent.
+    CircuitOpen,
 }
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 7] = [
         Self::NonRetryable,
         Self::AttemptsExhausted,
         Self::BudgetExhausted,
         Self::BudgetFrozen,
+        Self::ConcurrencyCap,
+        Self::ConcurrencyRetryShare,
+        Self::CircuitOpen,
     ];
 
     /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`,
-    /// `budget_frozen`).
+    /// `budget_frozen`, `concurrency_cap`, `concurrency_retry_share`, `circuit_open`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -130,6 +142,9 @@ impl DeadLetterReason {
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::BudgetExhausted => "budget_exhausted",
             Self::BudgetFrozen => "budget_frozen",
+            Self::ConcurrencyCap => "concurrency_cap",
+            Self::ConcurrencyRetryShare => "concurrency_retry_share",
+            Self::CircuitOpen => "circuit_open",
         }
     }
 

@@ -41,6 +41,7 @@
 //! `docs/semantics.md`-derived docs: [`allowance`] (the math), `lua/README.md` (the scripts).
 
 pub mod allowance;
+pub mod breaker;
 pub mod budget;
 pub mod ceiling;
 pub mod clock;
@@ -59,7 +60,7 @@ pub mod store;
 pub mod testing;
 
 pub use allowance::{BudgetSnapshot, Control, WindowCounters};
-pub use budget::{FleetBudget, FleetBudgetBuilder};
+pub use budget::{Admission, Call, CallOutcome, FleetBudget, FleetBudgetBuilder, Hold};
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};
 pub use decision::{BudgetSource, DeadLetterReason, Decision, Failure, FailureKind};

@@ -41,6 +41,7 @@ fn policy(lease: Duration, primary_waits: bool) -> ConcurrencyPolicy {
         min_retry_slots: 1,
         lease,
         primary_waits,
+        max_wait: Duration::from_secs(60),
     }
     .checked()
     .unwrap()

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use fleet_budget::StoreError;
+use fleet_budget::breaker::{BreakerState, BreakerStatus, status_on};
 use fleet_budget::control::{FleetStatus, Overrides, fleet_status};
 use fleet_budget::store::RedisStore;
 use fleet_budget::{BudgetSnapshot, Config, Dependency, WindowCounters};
@@ -62,6 +63,72 @@ pub(crate) struct DependencyStatus {
     /// The current window's index (server time / window length), for `--watch`'s trend.
     #[serde(skip)]
     pub(crate) window_index: u64,
+    /// The circuit breaker, for a dependency with a `[dependencies.X.breaker]` section.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) breaker: Option<BreakerLine>,
+}
+
+/// A dependency's circuit breaker as Redis holds it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BreakerLine {
+    /// `closed`, `open` or `half_open` (an open breaker whose period ended half-opens at the
+    /// next call: shown as `half_open` with `open_remaining_secs` 0).
+    pub(crate) state: &'static str,
+    pub(crate) open_remaining_secs: f64,
+    pub(crate) probes_issued: u64,
+    pub(crate) probe_successes: u64,
+    /// Seconds since the last change of state; null if it never changed while the key lived.
+    pub(crate) changed_secs_ago: Option<f64>,
+    pub(crate) times_opened: u64,
+    /// Calls and failures in the breaker's window (sliding estimates).
+    pub(crate) calls: f64,
+    pub(crate) failures: f64,
+}
+
+impl BreakerLine {
+    #[allow(clippy::cast_precision_loss)]
+    fn new(s: &BreakerStatus) -> Self {
+        let due = s.state == BreakerState::Open && s.now_ms >= s.open_until_ms;
+        Self {
+            state: if due {
+                BreakerState::HalfOpen.as_str()
+            } else {
+                s.state.as_str()
+            },
+            open_remaining_secs: if s.state == BreakerState::Open {
+                s.open_until_ms.saturating_sub(s.now_ms) as f64 / 1000.0
+            } else {
+                0.0
+            },
+            probes_issued: s.probes_issued,
+            probe_successes: s.probe_successes,
+            changed_secs_ago: (s.changed_ms > 0)
+                .then(|| s.now_ms.saturating_sub(s.changed_ms) as f64 / 1000.0),
+            times_opened: s.times_opened,
+            calls: s.volume,
+            failures: s.failures,
+        }
+    }
+
+    fn render(&self) -> String {
+        let changed = self
+            .changed_secs_ago
+            .map_or_else(String::new, |s| format!(", changed {s:.1}s ago"));
+        match self.state {
+            "open" => format!(
+                "  BREAKER OPEN: no call runs, jobs wait in the delay tiers; half-opens in {:.1}s (opened {} times{changed})\n",
+                self.open_remaining_secs, self.times_opened
+            ),
+            "half_open" => format!(
+                "  BREAKER HALF-OPEN: {} probes out, {} succeeded (opened {} times{changed})\n",
+                self.probes_issued, self.probe_successes, self.times_opened
+            ),
+            _ => format!(
+                "  breaker closed: {:.0} failures of {:.0} calls in its window (opened {} times{changed})\n",
+                self.failures, self.calls, self.times_opened
+            ),
+        }
+    }
 }
 
 impl DependencyStatus {
@@ -102,6 +169,7 @@ impl DependencyStatus {
             overrides: fleet.overrides.clone(),
             now_ms: fleet.now_ms,
             window_index: s.window_index,
+            breaker: None,
         }
     }
 
@@ -119,6 +187,9 @@ impl DependencyStatus {
                  (window_ms ratio min_allowance basis mode); they are served by the policy in force\n",
                 self.conflicts
             ));
+        }
+        if let Some(b) = &self.breaker {
+            out.push_str(&b.render());
         }
         if let Some(f) = &self.overrides.freeze {
             out.push_str(&format!(
@@ -147,6 +218,12 @@ impl DependencyStatus {
     pub(crate) fn alert(&self) -> &'static str {
         if self.overrides.freeze.is_some() {
             "FROZEN: an operator froze retries"
+        } else if self
+            .breaker
+            .as_ref()
+            .is_some_and(|b| b.state != BreakerState::Closed.as_str())
+        {
+            "BREAKER: circuit open, jobs wait instead of calling"
         } else if self.retries_denied > 0 && self.remaining == 0 {
             "DENYING: budget exhausted, retries are dead-lettered"
         } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
@@ -264,7 +341,21 @@ async fn collect(
     for dependency in &dependencies {
         let policy = config.policy(dependency);
         match fleet_status(store, dependency, &policy).await {
-            Ok(fleet) => rows.push(DependencyStatus::new(dependency, &fleet)),
+            Ok(fleet) => {
+                let mut row = DependencyStatus::new(dependency, &fleet);
+                if let Some(policy) = config.breakers.get(dependency) {
+                    match status_on(store, dependency, policy).await {
+                        Ok(b) => row.breaker = Some(BreakerLine::new(&b)),
+                        Err(StoreError::BadKey { key, detail }) => unusable.push(KeyProblem {
+                            dependency: dependency.to_string(),
+                            key,
+                            error: fleet_budget::redact::redact_text(&detail),
+                        }),
+                        Err(e) => return Err(redis_conn::unreachable(&shown, &e)),
+                    }
+                }
+                rows.push(row);
+            }
             Err(StoreError::BadKey { key, detail }) => unusable.push(KeyProblem {
                 dependency: dependency.to_string(),
                 key,
@@ -452,6 +543,7 @@ mod tests {
             overrides: fleet_budget::control::Overrides::default(),
             now_ms: 0,
             window_index,
+            breaker: None,
         }
     }
 

@@ -23,7 +23,8 @@ pub use fields::{
     HeaderError, get_str, get_u64, remove, set_str, set_u64, table, without_broker_headers,
 };
 pub use records::{
-    BudgetHeaders, DeadLetterRecord, JobHeaders, RetryRecord, park_headers, replay_headers,
+    BudgetHeaders, DeadLetterRecord, HoldRecord, JobHeaders, RetryRecord, park_headers,
+    replay_headers,
 };
 
 /// Number of the execution this delivery is (1 = first; absent means 1). Reset by replay.
@@ -69,6 +70,12 @@ pub const RETRY_TIER_MS: &str = "fb-retry-tier-ms";
 /// When a retry whose delay exceeds the longest tier may run (Unix ms): it arrives early and
 /// waits in a tier again, without running or spending budget. Set only in that case.
 pub const NOT_BEFORE_MS: &str = "fb-not-before-ms";
+/// Why the job waits in a tier without running (`primary_at_cap`, `circuit_open`): set while
+/// [`fleet_budget::FleetBudget::admit`] holds it, removed once it runs.
+pub const HOLD_REASON: &str = "fb-hold-reason";
+/// When the job was first held without running (Unix ms), kept across its holds and removed
+/// once it runs: a job held longer than its limit in all is dead-lettered.
+pub const HELD_SINCE_MS: &str = "fb-held-since-ms";
 /// When the message was last replayed (Unix milliseconds).
 pub const REPLAYED_MS: &str = "fb-replayed-ms";
 /// Why the replayer parked the message instead of replaying it.
@@ -79,7 +86,7 @@ pub const PARKED_MS: &str = "fb-parked-ms";
 pub const ORIGINAL_EXPIRATION: &str = "fb-original-expiration";
 
 /// Headers that describe one dead-lettering; removed when the message is replayed.
-pub const DEAD_LETTER_HEADERS: [&str; 15] = [
+pub const DEAD_LETTER_HEADERS: [&str; 17] = [
     REASON,
     DEPENDENCY,
     ATTEMPTS,
@@ -95,6 +102,8 @@ pub const DEAD_LETTER_HEADERS: [&str; 15] = [
     RETRY_DELAY_MS,
     RETRY_TIER_MS,
     NOT_BEFORE_MS,
+    HOLD_REASON,
+    HELD_SINCE_MS,
 ];
 
 /// Longest error text carried in [`ERROR`], in bytes.

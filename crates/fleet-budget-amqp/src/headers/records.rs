@@ -9,9 +9,9 @@ use super::fields::{HeaderError, get_str, get_u32, get_u64, remove, set_str, set
 use super::{
     ATTEMPT, ATTEMPTS, BROKER_DELIVERY_HEADERS, BUDGET_ALLOWANCE, BUDGET_RETRIES, BUDGET_SOURCE,
     BUDGET_WINDOW_INDEX, BUDGET_WINDOW_MS, DEAD_LETTER_HEADERS, DEAD_LETTERED_MS, DEPENDENCY,
-    ERROR, ERROR_CLASS, FIRST_FAILURE_MS, NOT_BEFORE_MS, ORIGINAL_EXCHANGE, ORIGINAL_QUEUE,
-    ORIGINAL_ROUTING_KEY, PARK_REASON, PARKED_MS, REASON, REPLAYED_MS, REPLAYS, RETRY_DELAY_MS,
-    RETRY_TIER_MS, TASK, error_text, now_ms,
+    ERROR, ERROR_CLASS, FIRST_FAILURE_MS, HELD_SINCE_MS, HOLD_REASON, NOT_BEFORE_MS,
+    ORIGINAL_EXCHANGE, ORIGINAL_QUEUE, ORIGINAL_ROUTING_KEY, PARK_REASON, PARKED_MS, REASON,
+    REPLAYED_MS, REPLAYS, RETRY_DELAY_MS, RETRY_TIER_MS, TASK, error_text, now_ms,
 };
 
 /// What a worker reads from a delivery's headers before running the job.
@@ -31,6 +31,8 @@ pub struct JobHeaders {
     pub first_failure_ms: Option<u64>,
     /// The retry may not run before this time (delays longer than the longest tier).
     pub not_before_ms: Option<u64>,
+    /// When the job was first held without running, if it is being held (Unix ms).
+    pub held_since_ms: Option<u64>,
 }
 
 impl JobHeaders {
@@ -51,6 +53,7 @@ impl JobHeaders {
             original_routing_key: get_str(table, ORIGINAL_ROUTING_KEY)?,
             first_failure_ms: get_u64(table, FIRST_FAILURE_MS)?,
             not_before_ms: get_u64(table, NOT_BEFORE_MS)?,
+            held_since_ms: get_u64(table, HELD_SINCE_MS)?,
         })
     }
 }
@@ -228,6 +231,39 @@ impl RetryRecord {
         set_str(table, TASK, &self.task);
         set_str(table, ERROR_CLASS, &self.error_class);
         set_str(table, ERROR, &error_text(&self.error));
+        remove(table, HOLD_REASON);
+        remove(table, HELD_SINCE_MS);
+    }
+}
+
+/// What a job held without running carries ([`crate::Outcome::Hold`]): why, since when, and
+/// enough to come back as the same job (its task and where it was first published), since a
+/// held first attempt has no other header of this crate yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldRecord {
+    /// The task.
+    pub task: String,
+    /// Why it is held (`primary_at_cap`, `circuit_open`).
+    pub reason: String,
+    /// When it was first held (Unix ms): kept from hold to hold.
+    pub held_since_ms: u64,
+    /// Where it was first published.
+    pub original_exchange: String,
+    /// The routing key it was first published with.
+    pub original_routing_key: String,
+    /// The queue it is consumed from (and comes back to).
+    pub original_queue: String,
+}
+
+impl HoldRecord {
+    /// Writes the record into `table` (the attempt and every other header stay as they are).
+    pub fn write(&self, table: &mut FieldTable) {
+        set_str(table, TASK, &self.task);
+        set_str(table, HOLD_REASON, &self.reason);
+        set_u64(table, HELD_SINCE_MS, self.held_since_ms);
+        set_str(table, ORIGINAL_EXCHANGE, &self.original_exchange);
+        set_str(table, ORIGINAL_ROUTING_KEY, &self.original_routing_key);
+        set_str(table, ORIGINAL_QUEUE, &self.original_queue);
     }
 }
 
@@ -386,6 +422,7 @@ mod tests {
                 original_routing_key: Some("index".into()),
                 first_failure_ms: Some(7_000),
                 not_before_ms: Some(9_000),
+                held_since_ms: None,
             }
         );
         assert_eq!(get_u64(&t, RETRY_DELAY_MS).unwrap(), Some(1500));

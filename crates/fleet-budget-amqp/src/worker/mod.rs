@@ -154,6 +154,9 @@ pub struct WorkerCounts {
     /// Jobs whose copy could never be published (a name over 255 bytes, a message the broker
     /// refuses) and that were parked instead, then acked.
     pub parked: u64,
+    /// Jobs held without running (a primary at the concurrency cap, a circuit open) and sent
+    /// to wait in a tier, then acked.
+    pub held: u64,
 }
 
 #[derive(Debug, Default)]
@@ -167,6 +170,7 @@ struct Stats {
     connections: AtomicU64,
     waited_again: AtomicU64,
     parked: AtomicU64,
+    held: AtomicU64,
 }
 
 impl Stats {
@@ -182,6 +186,7 @@ impl Stats {
             connections: l(&self.connections),
             waited_again: l(&self.waited_again),
             parked: l(&self.parked),
+            held: l(&self.held),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fleet_budget::{BudgetSource, DeadLetterReason, Decision, Failure};
 
-use crate::headers::{BudgetHeaders, DeadLetterRecord, HeaderError, RetryRecord};
+use crate::headers::{BudgetHeaders, DeadLetterRecord, HeaderError, HoldRecord, RetryRecord};
 use crate::topology::{RetryTier, Topology};
 
 /// The delivery an outcome is about: what its retry or dead-letter copy records.
@@ -93,6 +93,19 @@ pub enum Outcome {
         /// When it may run (Unix ms).
         not_before_ms: u64,
     },
+    /// Hold the delivery without running it, spending an attempt or asking the rate budget
+    /// ([`fleet_budget::Admission::Wait`]: a primary at the concurrency cap, a circuit open):
+    /// publish a copy with `record`'s headers, [`crate::headers::NOT_BEFORE_MS`] and
+    /// [`crate::headers::RETRY_TIER_MS`] to `tier`; ack the original once the copy is
+    /// confirmed. Back from the tier, it is admitted again.
+    Hold {
+        /// The tier it waits in.
+        tier: RetryTier,
+        /// When it may be admitted again (Unix ms).
+        not_before_ms: u64,
+        /// Why, since when, and the job's identity.
+        record: HoldRecord,
+    },
     /// A retry was granted but the topology has no tier to wait in: put the delivery back.
     Requeue,
 }
@@ -162,6 +175,34 @@ impl Outcome {
                 not_before_ms,
             },
         })
+    }
+
+    /// A delivery that [`fleet_budget::FleetBudget::admit`] holds for `reason` (`primary_at_cap`,
+    /// `circuit_open`): it waits `pause` in a tier and is admitted again. `held_since_ms` is
+    /// when an earlier hold began (kept), `None` for its first.
+    #[must_use]
+    pub fn hold(
+        topology: &Topology,
+        job: &JobContext,
+        reason: &str,
+        pause: Duration,
+        held_since_ms: Option<u64>,
+    ) -> Self {
+        match first_hop(topology, pause) {
+            None => Self::Requeue,
+            Some(tier) => Self::Hold {
+                tier: tier.clone(),
+                not_before_ms: job.now_ms.saturating_add(millis(pause)),
+                record: HoldRecord {
+                    task: job.task.clone(),
+                    reason: reason.to_owned(),
+                    held_since_ms: held_since_ms.unwrap_or(job.now_ms),
+                    original_exchange: job.original_exchange.clone(),
+                    original_routing_key: job.original_routing_key.clone(),
+                    original_queue: job.queue.clone(),
+                },
+            },
+        }
     }
 
     /// A task the budget cannot map to a dependency: dead-lettered as `non_retryable`, class
@@ -301,6 +342,43 @@ mod tests {
             ..t
         };
         assert_eq!(Outcome::wait(&bare, 0, 1), Some(Outcome::Requeue));
+    }
+
+    #[test]
+    fn a_held_job_keeps_its_identity_and_when_it_was_first_held() {
+        let t = topology();
+        let first = JobContext {
+            attempt: 1,
+            first_failure_ms: None,
+            ..job()
+        };
+        let Outcome::Hold {
+            tier,
+            not_before_ms,
+            record,
+        } = Outcome::hold(&t, &first, "circuit_open", Duration::from_secs(5), None)
+        else {
+            panic!("a hold");
+        };
+        assert_eq!(tier.delay, Duration::from_secs(5));
+        assert_eq!(not_before_ms, 55_000);
+        assert_eq!(
+            record,
+            HoldRecord {
+                task: "index".into(),
+                reason: "circuit_open".into(),
+                held_since_ms: 50_000,
+                original_exchange: "fleet.work".into(),
+                original_routing_key: "index".into(),
+                original_queue: "fleet.work".into(),
+            }
+        );
+        let Outcome::Hold { record, .. } =
+            Outcome::hold(&t, &first, "circuit_open", Duration::from_secs(1), Some(7))
+        else {
+            panic!("a hold");
+        };
+        assert_eq!(record.held_since_ms, 7, "the first hold's time is kept");
     }
 
     #[test]

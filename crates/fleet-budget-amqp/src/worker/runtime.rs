@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_budget::Failure;
+use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Failure};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
@@ -221,18 +221,69 @@ where
             job.now_ms = headers::now_ms();
             Outcome::malformed_headers(&job, e, dependency)
         }
-        Ok(h) => match s.budget.on_attempt(&task, h.attempt).await {
-            Err(e) => {
-                job.now_ms = headers::now_ms();
-                Outcome::invalid_task(&job, &e)
-            }
-            Ok(()) => match run_handler(&*ctx.handler, &delivery, &task, h).await {
-                Ok(()) => Outcome::Ack,
-                Err(failure) => decide(s, &mut job, &failure).await,
+        Ok(h) => match admit(s, &mut job, h).await {
+            Err(outcome) => outcome,
+            Ok(call) => match s.budget.on_attempt(&task, h.attempt).await {
+                Err(e) => {
+                    s.budget.finish(call, CallOutcome::Inconclusive).await;
+                    job.now_ms = headers::now_ms();
+                    Outcome::invalid_task(&job, &e)
+                }
+                Ok(()) => match run_handler(&*ctx.handler, &delivery, &task, h).await {
+                    Ok(()) => {
+                        s.budget.finish(call, CallOutcome::Succeeded).await;
+                        Outcome::Ack
+                    }
+                    Err(failure) => {
+                        let ended = if failure.is_retryable() {
+                            CallOutcome::Failed
+                        } else {
+                            CallOutcome::Inconclusive
+                        };
+                        s.budget.finish(call, ended).await;
+                        decide(s, &mut job, &failure).await
+                    }
+                },
             },
         },
     };
     s.carry_out(&delivery, &table, &task, outcome).await;
+}
+
+/// Asks the budget whether the job may run now ([`fleet_budget::FleetBudget::admit`]): the call to give back
+/// when it may, else the outcome (held in a tier, or dead-lettered) with the time set.
+async fn admit(
+    s: &Settler,
+    job: &mut JobContext,
+    h: &JobHeaders,
+) -> Result<fleet_budget::Call, Outcome> {
+    let now = headers::now_ms();
+    let held_for = h
+        .held_since_ms
+        .map(|since| Duration::from_millis(now.saturating_sub(since)));
+    let admission = s.budget.admit(&job.task, h.attempt, held_for).await;
+    job.now_ms = now;
+    match admission {
+        Err(e) => Err(Outcome::invalid_task(job, &e)),
+        Ok(Admission::Run(call)) => Ok(call),
+        Ok(Admission::Wait(hold)) => Err(Outcome::hold(
+            &s.topology,
+            job,
+            hold.as_str(),
+            hold.pause(),
+            h.held_since_ms,
+        )),
+        Ok(Admission::DeadLetter(decision)) => {
+            let reason = decision
+                .dead_letter_reason()
+                .map_or("refused", DeadLetterReason::as_str);
+            let failure = Failure::retryable(format!(
+                "not run: the concurrency budget refused the retry ({reason})"
+            ))
+            .with_class(reason);
+            Err(Outcome::of_decision(&s.topology, job, &failure, &decision))
+        }
+    }
 }
 
 /// The context of a delivery's outcome: its headers where it has them, else the delivery's own

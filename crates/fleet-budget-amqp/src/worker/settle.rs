@@ -109,6 +109,28 @@ impl Settler {
                 )
                 .await;
             }
+            Outcome::Hold {
+                tier,
+                not_before_ms,
+                record,
+            } => {
+                let mut t = table.clone();
+                record.write(&mut t);
+                headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
+                headers::set_u64(
+                    &mut t,
+                    headers::RETRY_TIER_MS,
+                    u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
+                );
+                self.publish_then_ack(
+                    delivery,
+                    (&tier.exchange, &self.queue),
+                    t,
+                    CopyKind::WaitAgain,
+                    &self.stats.held,
+                )
+                .await;
+            }
             Outcome::Requeue => {
                 tracing::error!("no retry tiers configured; requeueing");
                 self.requeue(delivery).await;

@@ -12,7 +12,9 @@ use tokio::sync::Notify;
 use super::coalesce::{self, PendingDeposits};
 use super::health::Health;
 use super::{FleetBudget, Inner};
+use crate::breaker::Breaker;
 use crate::clock::{Clock, CoarseClock};
+use crate::concurrency::ConcurrencyBudget;
 use crate::config::Config;
 use crate::metrics::{Metrics, TimedStore};
 use crate::store::{BudgetStore, LocalStore};
@@ -22,6 +24,8 @@ use crate::store::{BudgetStore, LocalStore};
 pub struct FleetBudgetBuilder {
     config: Config,
     fleet: Option<Arc<dyn BudgetStore>>,
+    leases: Option<ConcurrencyBudget>,
+    breaker: Option<Breaker>,
     local: Option<LocalStore>,
     clock: Option<Arc<dyn Clock>>,
     metrics: Option<Metrics>,
@@ -33,6 +37,22 @@ impl FleetBudgetBuilder {
     #[must_use]
     pub fn fleet_store(mut self, store: Arc<dyn BudgetStore>) -> Self {
         self.fleet = Some(store);
+        self
+    }
+
+    /// Keeps the leases of the concurrency budgets (`[dependencies.X.concurrency]`) in `leases`
+    /// (without it, calls in flight are not counted).
+    #[must_use]
+    pub fn leases(mut self, leases: ConcurrencyBudget) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// Keeps the circuit breakers (`[dependencies.X.breaker]`) in `breaker` (without it, no
+    /// breaker is consulted).
+    #[must_use]
+    pub fn breakers(mut self, breaker: Breaker) -> Self {
+        self.breaker = Some(breaker);
         self
     }
 
@@ -99,6 +119,10 @@ impl FleetBudgetBuilder {
             map: c.map,
             ceilings: c.ceilings,
             fleet,
+            concurrency: c.concurrency,
+            leases: self.leases,
+            breakers: c.breakers,
+            breaker: self.breaker,
             local,
             fallback: c.redis.fallback,
             health: Health::new(clock.clone()),
@@ -135,6 +159,8 @@ impl FleetBudget {
         FleetBudgetBuilder {
             config: config.clone(),
             fleet: None,
+            leases: None,
+            breaker: None,
             local: None,
             clock: None,
             metrics: None,

@@ -19,6 +19,7 @@
 //! one [`Clock`], injectable with [`FleetBudgetBuilder::clock`] so that tests move it instead of
 //! sleeping.
 
+mod admission;
 mod builder;
 pub mod coalesce;
 pub mod health;
@@ -31,13 +32,16 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use tokio::sync::Notify;
 
+pub use self::admission::{Admission, Call, CallOutcome, Hold};
 pub use self::builder::FleetBudgetBuilder;
 use self::coalesce::PendingDeposits;
 use self::health::Health;
 pub use self::health::PROBE_INTERVAL;
 use crate::allowance::BudgetSnapshot;
+use crate::breaker::{Breaker, BreakerPolicy};
 use crate::ceiling::{Ceilings, TaskCeiling};
 use crate::clock::Clock;
+use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy};
 use crate::config::{Config, FallbackMode};
 use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
 use crate::dependency::{Dependency, DependencyMap};
@@ -61,6 +65,14 @@ struct Inner {
     map: DependencyMap,
     ceilings: Ceilings,
     fleet: Option<Arc<dyn BudgetStore>>,
+    /// Concurrency budgets by dependency (`[dependencies.X.concurrency]`).
+    concurrency: BTreeMap<Dependency, ConcurrencyPolicy>,
+    /// Where leases are kept: the fleet store's Redis, when there is one.
+    leases: Option<ConcurrencyBudget>,
+    /// Circuit breakers by dependency (`[dependencies.X.breaker]`).
+    breakers: BTreeMap<Dependency, BreakerPolicy>,
+    /// Where breakers are kept: the fleet store's Redis, when there is one.
+    breaker: Option<Breaker>,
     local: LocalStore,
     fallback: FallbackMode,
     clock: Arc<dyn Clock>,
@@ -82,8 +94,12 @@ impl FleetBudget {
     /// # Errors
     /// A Redis URL that cannot be parsed.
     pub async fn from_config(config: &Config) -> Result<Self, Error> {
-        let store = RedisStore::from_settings(&config.redis)?;
-        Ok(Self::builder(config).fleet_store(Arc::new(store)).build())
+        let store = Arc::new(RedisStore::from_settings(&config.redis)?);
+        Ok(Self::builder(config)
+            .fleet_store(store.clone())
+            .leases(ConcurrencyBudget::new(store.clone()))
+            .breakers(Breaker::new(store))
+            .build())
     }
 
     /// A budget kept in this process only (single-process workers, demos without Redis).

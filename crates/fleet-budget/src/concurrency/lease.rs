@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::Script;
 
 use super::policy::ConcurrencyPolicy;
+use crate::decision::DeadLetterReason;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::store::RedisStore;
@@ -57,6 +58,15 @@ impl Refusal {
         match self {
             Self::Cap => "concurrency_cap",
             Self::RetryShare => "concurrency_retry_share",
+        }
+    }
+
+    /// The same, as a [`DeadLetterReason`].
+    #[must_use]
+    pub fn dead_letter_reason(self) -> DeadLetterReason {
+        match self {
+            Self::Cap => DeadLetterReason::ConcurrencyCap,
+            Self::RetryShare => DeadLetterReason::ConcurrencyRetryShare,
         }
     }
 }
@@ -212,7 +222,11 @@ impl ConcurrencyBudget {
 }
 
 /// The non-negative integer at 0-based `index` of `script`'s reply.
-fn count_at(script: &'static str, reply: &[redis::Value], index: usize) -> Result<u64, StoreError> {
+pub(crate) fn count_at(
+    script: &'static str,
+    reply: &[redis::Value],
+    index: usize,
+) -> Result<u64, StoreError> {
     let detail = match reply.get(index) {
         Some(redis::Value::Int(v)) => match u64::try_from(*v) {
             Ok(v) => return Ok(v),

@@ -14,6 +14,7 @@
 mod lease;
 mod policy;
 
+pub(crate) use lease::count_at;
 pub use lease::{
     Acquired, ConcurrencyBudget, InFlight, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, Lease,
     LeaseKind, Refusal,

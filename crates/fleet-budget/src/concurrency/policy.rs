@@ -20,6 +20,9 @@ pub struct ConcurrencyPolicy {
     /// Whether a primary call is refused at the cap (the caller waits or sheds it) instead of
     /// only being counted.
     pub primary_waits: bool,
+    /// How long a primary call refused at the cap may wait in all before it is dead-lettered
+    /// `concurrency_cap` (with `primary_waits`): a wait is never unbounded.
+    pub max_wait: Duration,
 }
 
 /// A policy the scripts cannot take.
@@ -45,6 +48,9 @@ pub enum ConcurrencyPolicyError {
     /// The lease is shorter than 1 ms or longer than a day.
     #[error("the lease must be from 1 ms to 1 day, not {0:?}")]
     Lease(Duration),
+    /// The longest wait of a primary is longer than a day.
+    #[error("max_wait must be at most 1 day, not {0:?}")]
+    MaxWait(Duration),
 }
 
 impl ConcurrencyPolicy {
@@ -73,6 +79,7 @@ impl ConcurrencyPolicy {
             min_retry_slots,
             lease: Duration::from_secs(30),
             primary_waits: false,
+            max_wait: Duration::from_secs(600),
         }
         .checked()
     }
@@ -95,6 +102,9 @@ impl ConcurrencyPolicy {
         }
         if self.lease < Duration::from_millis(1) || self.lease > MAX_LEASE {
             return Err(ConcurrencyPolicyError::Lease(self.lease));
+        }
+        if self.max_wait > MAX_LEASE {
+            return Err(ConcurrencyPolicyError::MaxWait(self.max_wait));
         }
         Ok(self)
     }

@@ -93,6 +93,12 @@ impl Checker {
         self.problems
     }
 
+    /// How many problems were found so far (a section can tell whether its own checks passed).
+    #[must_use]
+    pub fn problem_count(&self) -> usize {
+        self.problems.len()
+    }
+
     /// Records a problem.
     pub fn push(&mut self, problem: Problem) {
         self.problems.push(problem);

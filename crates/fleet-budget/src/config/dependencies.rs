@@ -19,6 +19,10 @@ pub(super) struct RawDependency {
     min_allowance: Option<i64>,
     deposit: Option<DepositBasis>,
     mode: Option<WindowMode>,
+    /// `[dependencies.X.concurrency]`, resolved by `concurrency.rs`.
+    pub(super) concurrency: Option<super::concurrency::RawConcurrency>,
+    /// `[dependencies.X.breaker]`, resolved by `breaker.rs`.
+    pub(super) breaker: Option<super::breaker::RawBreaker>,
 }
 
 /// The policies of the dependencies with a section (fields not given come from `defaults`), and

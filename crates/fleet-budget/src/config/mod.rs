@@ -11,7 +11,9 @@
 //! names no broker: [`Config::from_toml`] refuses a section it does not know.
 
 mod audit;
+mod breaker;
 mod check;
+mod concurrency;
 mod defaults;
 mod dependencies;
 mod error;
@@ -30,7 +32,9 @@ pub use self::defaults::{MAX_RATIO, MAX_WINDOW_SECS};
 pub use self::error::{ConfigError, Problem};
 pub use self::metrics::MetricsSettings;
 pub use self::redis::{CLUSTER_SCHEMES, ENV_REDIS_URL, FallbackMode, REDIS_SCHEMES, RedisSettings};
+use crate::breaker::BreakerPolicy;
 use crate::ceiling::Ceilings;
+use crate::concurrency::ConcurrencyPolicy;
 use crate::dependency::{Dependency, DependencyMap};
 use crate::policy::BudgetPolicy;
 use crate::redact::redact_url;
@@ -52,6 +56,11 @@ pub struct Config {
     pub metrics: MetricsSettings,
     /// How much of the audit trail Redis keeps.
     pub audit: AuditSettings,
+    /// The concurrency budgets of the dependencies with a `[dependencies.X.concurrency]`
+    /// section (no entry: calls in flight are not counted).
+    pub concurrency: BTreeMap<Dependency, ConcurrencyPolicy>,
+    /// The circuit breakers of the dependencies with a `[dependencies.X.breaker]` section.
+    pub breakers: BTreeMap<Dependency, BreakerPolicy>,
 }
 
 impl Config {
@@ -204,11 +213,39 @@ struct RawConfig {
 
 impl RawConfig {
     /// Resolves every section, collecting the problems of all of them.
-    fn resolve(self, origin: &str) -> Result<Config, ConfigError> {
+    fn resolve(mut self, origin: &str) -> Result<Config, ConfigError> {
         let mut c = Checker::new();
         let redis = self.redis.resolve(&mut c);
         let (defaults, default_ceiling) = self.defaults.resolve(&mut c);
+        let mut concurrency = BTreeMap::new();
+        let mut breakers = Vec::new();
+        for (name, dep) in &mut self.dependencies {
+            let at = format!("dependencies.{}.concurrency", check::toml_key(name));
+            if let Some(raw) = dep.concurrency.take()
+                && let Some(policy) = raw.resolve(&mut c, &at)
+                && let Ok(dependency) = Dependency::new(name)
+            {
+                concurrency.insert(dependency, policy);
+            }
+            if let Some(raw) = dep.breaker.take() {
+                breakers.push((name.clone(), raw));
+            }
+        }
         let (policies, map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
+        // Resolved once the policies are known: half-open probes are spent from the floor.
+        let mut breaker_policies = BTreeMap::new();
+        for (name, raw) in breakers {
+            let at = format!("dependencies.{}.breaker", check::toml_key(&name));
+            let Ok(dependency) = Dependency::new(&name) else {
+                continue;
+            };
+            let floor = policies
+                .get(&dependency)
+                .map_or(defaults.min_allowance, |p: &BudgetPolicy| p.min_allowance);
+            if let Some(policy) = raw.resolve(&mut c, &at, floor) {
+                breaker_policies.insert(dependency, policy);
+            }
+        }
         let tasks = tasks::resolve(&mut c, self.tasks, &map, default_ceiling);
         let metrics = self.metrics.resolve(&mut c);
         let audit = self.audit.resolve(&mut c);
@@ -227,6 +264,8 @@ impl RawConfig {
             },
             metrics,
             audit,
+            concurrency,
+            breakers: breaker_policies,
         })
     }
 }

@@ -22,12 +22,18 @@
 //! | `fleet_budget_store_call_duration_seconds` | histogram | op | budget store calls (`deposit`, `spend`, `status`), failed ones included; buckets around the 50 ms default deadline |
 //! | `fleet_budget_deposits_pending` | gauge | — | deposits counted locally, not yet flushed |
 //! | `fleet_budget_policy_conflicts_total` | counter | dependency | store calls whose policy differed from the one in force in Redis (served by that one; logged once per dependency) |
+//! | `fleet_budget_calls_in_flight` | gauge | dependency, kind | calls in flight fleet-wide (`primary`, `retry`; hedges count as retries) at this process's last lease call (dependencies with a concurrency budget) |
+//! | `fleet_budget_retry_fraction` | gauge | dependency | retries in flight over primary calls in flight, fleet-wide, at the last lease call: it moves before p99 does |
+//! | `fleet_budget_hedges_total` | counter | dependency, outcome | hedges asked for (`granted`, `refused`), never counted as retries |
+//! | `fleet_budget_breaker_transitions_total` | counter | dependency, to | circuit breaker state changes made by this process (`open`, `half_open`, `closed`) |
+//! | `fleet_budget_breaker_state` | gauge | dependency | breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open |
 //!
 //! Every label is bounded: `dependency` by the configuration (a task without a mapping is its
 //! own dependency, so keep task names a closed set), the others by the enums above.
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
 
+mod calls;
 mod exporter;
 mod fleet;
 mod server;
@@ -108,6 +114,7 @@ pub struct Metrics {
     /// Dependencies whose policy conflict was logged (at most [`CONFLICT_LOG_LIMIT`]).
     conflicts_logged: Arc<Mutex<HashSet<Dependency>>>,
     extensions: Extensions,
+    calls: calls::CallMetrics,
 }
 
 /// Metrics of other crates registered on the same registry (see [`Metrics::extension`]).
@@ -157,6 +164,7 @@ impl Metrics {
         registry.register(Box::new(m.store_call_duration.clone()))?;
         registry.register(Box::new(m.fallback_dependencies.clone()))?;
         registry.register(Box::new(m.deposits_pending.clone()))?;
+        m.calls.register(registry)?;
         Ok(m)
     }
 
@@ -243,6 +251,7 @@ impl Metrics {
                 dep,
             )?,
             conflicts_logged: Arc::new(Mutex::new(HashSet::new())),
+            calls: calls::CallMetrics::build()?,
             registry,
         })
     }
@@ -393,6 +402,46 @@ impl Metrics {
     pub(crate) fn pending(&self, n: u64) {
         self.deposits_pending
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn in_flight(&self, d: &Dependency, n: crate::concurrency::InFlight) {
+        self.calls.in_flight(d, n);
+    }
+
+    pub(crate) fn hedge(&self, d: &Dependency, granted: bool) {
+        self.calls.hedge(d, granted);
+    }
+
+    pub(crate) fn breaker_transition(&self, d: &Dependency, to: &str) {
+        self.calls.breaker_transition(d, to);
+    }
+
+    pub(crate) fn breaker_state(&self, d: &Dependency, code: i64) {
+        self.calls.breaker_state(d, code);
+    }
+
+    /// Hedges of `dependency` asked for and `granted` (or refused).
+    #[must_use]
+    pub fn hedges(&self, dependency: &str, granted: bool) -> u64 {
+        self.calls.hedges(dependency, granted)
+    }
+
+    /// Breaker transitions of `dependency` into `to` (`open`, `half_open`, `closed`).
+    #[must_use]
+    pub fn breaker_transitions(&self, dependency: &str, to: &str) -> u64 {
+        self.calls.breaker_transitions(dependency, to)
+    }
+
+    /// Retries in flight over primaries in flight at the last lease call for `dependency`.
+    #[must_use]
+    pub fn retry_fraction(&self, dependency: &str) -> f64 {
+        self.calls.retry_fraction(dependency)
+    }
+
+    /// Calls in flight of `kind` (`primary`, `retry`) at the last lease call for `dependency`.
+    #[must_use]
+    pub fn calls_in_flight(&self, dependency: &str, kind: &str) -> i64 {
+        self.calls.calls_in_flight(dependency, kind)
     }
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,

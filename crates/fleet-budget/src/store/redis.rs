@@ -403,7 +403,7 @@ fn bad_key(e: &redis::RedisError) -> Option<StoreError> {
         return None;
     }
     let rest = e.detail()?.strip_prefix("key ")?;
-    let at = [" is not a budget hash", " field "]
+    let at = [" is not a budget hash", " is not a breaker hash", " field "]
         .iter()
         .filter_map(|marker| rest.find(marker))
         .min()?;

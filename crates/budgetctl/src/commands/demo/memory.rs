@@ -186,10 +186,12 @@ async fn handle(shared: &Shared, job: Job) -> Settle {
                     .max(tier.delay),
         },
         // Runs when its time has come, the attempt unchanged.
-        Outcome::Wait { not_before_ms, .. } => Settle::Retry {
-            next_attempt: job.attempt,
-            due: Duration::from_millis(not_before_ms).max(now),
-        },
+        Outcome::Wait { not_before_ms, .. } | Outcome::Hold { not_before_ms, .. } => {
+            Settle::Retry {
+                next_attempt: job.attempt,
+                due: Duration::from_millis(not_before_ms).max(now),
+            }
+        }
         Outcome::DeadLetter(record) => Settle::DeadLetter(record.reason),
         // Put back as it is, to run again.
         Outcome::Requeue => Settle::Retry {

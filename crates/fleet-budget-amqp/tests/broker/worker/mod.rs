@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::common::Env;
 
+mod concurrency;
 mod end_to_end;
 mod lifecycle;
 mod no_loss;
