@@ -31,6 +31,9 @@ pub struct Failure {
     pub class: String,
     /// The error text (redacted and truncated before it leaves the process).
     pub message: String,
+    /// The dependency that failed, when the job calls several ([`Failure::in_dependency`]);
+    /// `None`: the task's own dependency.
+    pub dependency: Option<String>,
 }
 
 impl Failure {
@@ -40,6 +43,7 @@ impl Failure {
             kind: FailureKind::Retryable,
             class: "error".to_owned(),
             message: error.to_string(),
+            dependency: None,
         }
     }
 
@@ -49,6 +53,7 @@ impl Failure {
             kind: FailureKind::NonRetryable,
             class: "error".to_owned(),
             message: error.to_string(),
+            dependency: None,
         }
     }
 
@@ -58,6 +63,7 @@ impl Failure {
             kind: FailureKind::RetryAfter(after),
             class: "error".to_owned(),
             message: error.to_string(),
+            dependency: None,
         }
     }
 
@@ -67,7 +73,16 @@ impl Failure {
             kind: FailureKind::Poison,
             class: "poison".to_owned(),
             message: error.to_string(),
+            dependency: None,
         }
+    }
+
+    /// Names the dependency that failed, for a job that calls several: the retry is asked of
+    /// that dependency's budget instead of the task's (see `budget::fanout`).
+    #[must_use]
+    pub fn in_dependency(mut self, dependency: impl Into<String>) -> Self {
+        self.dependency = Some(dependency.into());
+        self
     }
 
     /// Sets the error class.
@@ -119,11 +134,14 @@ pub enum DeadLetterReason {
     /// The dependency's circuit breaker stayed open (or half-open with every probe out) for
     /// longer than the job may wait (`[dependencies.X.breaker] max_wait_secs`). No attempt spent.
     CircuitOpen,
+    /// A job fanning out to several dependencies used up its retries across its branches
+    /// ([`crate::budget::FanOut`]). No budget spent.
+    FanoutExhausted,
 }
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::NonRetryable,
         Self::AttemptsExhausted,
         Self::BudgetExhausted,
@@ -131,10 +149,12 @@ impl DeadLetterReason {
         Self::ConcurrencyCap,
         Self::ConcurrencyRetryShare,
         Self::CircuitOpen,
+        Self::FanoutExhausted,
     ];
 
     /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`,
-    /// `budget_frozen`, `concurrency_cap`, `concurrency_retry_share`, `circuit_open`).
+    /// `budget_frozen`, `concurrency_cap`, `concurrency_retry_share`, `circuit_open`,
+    /// `fanout_exhausted`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -145,6 +165,7 @@ impl DeadLetterReason {
             Self::ConcurrencyCap => "concurrency_cap",
             Self::ConcurrencyRetryShare => "concurrency_retry_share",
             Self::CircuitOpen => "circuit_open",
+            Self::FanoutExhausted => "fanout_exhausted",
         }
     }
 

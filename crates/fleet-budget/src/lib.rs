@@ -60,7 +60,7 @@ pub mod store;
 pub mod testing;
 
 pub use allowance::{BudgetSnapshot, Control, WindowCounters};
-pub use budget::{Admission, Call, CallOutcome, FleetBudget, FleetBudgetBuilder, Hold};
+pub use budget::{Admission, Call, CallOutcome, FanOut, FleetBudget, FleetBudgetBuilder, Hold};
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};
 pub use decision::{BudgetSource, DeadLetterReason, Decision, Failure, FailureKind};

@@ -235,7 +235,13 @@ where
                         Outcome::Ack
                     }
                     Err(failure) => {
-                        let ended = if failure.is_retryable() {
+                        let elsewhere = failure
+                            .dependency
+                            .as_deref()
+                            .is_some_and(|d| d != call.dependency().as_str());
+                        // A failure of another dependency the job calls says nothing about
+                        // this one's health.
+                        let ended = if failure.is_retryable() && !elsewhere {
                             CallOutcome::Failed
                         } else {
                             CallOutcome::Inconclusive

@@ -22,6 +22,7 @@
 mod admission;
 mod builder;
 pub mod coalesce;
+mod fanout;
 pub mod health;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ use tokio::sync::Notify;
 pub use self::admission::{Admission, Call, CallOutcome, Hold};
 pub use self::builder::FleetBudgetBuilder;
 use self::coalesce::PendingDeposits;
+pub use self::fanout::FanOut;
 use self::health::Health;
 pub use self::health::PROBE_INTERVAL;
 use crate::allowance::BudgetSnapshot;
@@ -203,7 +205,9 @@ impl FleetBudget {
     /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
     /// delay with backoff and jitter, at least any `Retry-After`.
     ///
-    /// `attempt` is the number of the execution that failed (1 for the first). A task with a
+    /// `attempt` is the number of the execution that failed (1 for the first). The budget asked
+    /// is that of the task's dependency, or of the one the failure names
+    /// ([`Failure::in_dependency`], a job calling several). A task with a
     /// recovery window is held to its derived count here; a caller that knows when the job
     /// first failed calls [`FleetBudget::on_failure_since`] to hold it to its window.
     ///
@@ -232,7 +236,13 @@ impl FleetBudget {
         failure: &Failure,
         since_first_failure: Option<Duration>,
     ) -> Result<Decision, Error> {
-        let dependency = self.dependency(task)?;
+        let dependency = match &failure.dependency {
+            None => self.dependency(task)?,
+            Some(failed) => Dependency::new(failed).map_err(|source| Error::InvalidTask {
+                task: failed.clone(),
+                source,
+            })?,
+        };
         let attempt = attempt.max(1);
         if !failure.is_retryable() {
             return Ok(self.dead_letter(
