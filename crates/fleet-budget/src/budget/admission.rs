@@ -67,8 +67,9 @@ pub enum Hold {
     PrimaryAtCap,
     /// The dependency's circuit breaker is open, or half-open with every probe out.
     CircuitOpen {
-        /// When to ask again: the rest of the open period (at least 1 s, jittered up to a
-        /// quarter more so that the held jobs do not all come back at once).
+        /// When to ask again: the rest of the open period, or of the job's limit if shorter
+        /// (at least 1 s, jittered up to a quarter more so that the held jobs do not all come
+        /// back at once).
         retry_in: Duration,
     },
 }
@@ -264,7 +265,8 @@ impl FleetBudget {
         decided: &Decided,
         held_for: Option<Duration>,
     ) -> Admission {
-        if held_for.unwrap_or_default() >= policy.max_wait {
+        let held = held_for.unwrap_or_default();
+        if held >= policy.max_wait {
             return Admission::DeadLetter(self.dead_letter(
                 dependency,
                 DeadLetterReason::CircuitOpen,
@@ -272,7 +274,9 @@ impl FleetBudget {
                 BudgetSource::Fleet,
             ));
         }
+        // Back when the open period ends, or when its limit does if that comes first.
         let rest = Duration::from_millis(decided.open_until_ms.saturating_sub(decided.now_ms))
+            .min(policy.max_wait - held)
             .max(Duration::from_secs(1));
         let jitter = {
             let mut rng = self

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::common::Env;
 
+mod breaker;
 mod concurrency;
 mod end_to_end;
 mod lifecycle;
