@@ -16,6 +16,9 @@
 //!   grants.
 //! * [`concurrency`]: a dependency with a cap on calls in flight; what retries, a separate
 //!   retry pool and a concurrency budget put in flight at a failure rate (pure arithmetic).
+//! * [`slowing`]: the same dependency tick by tick while it slows down: latency rising near the
+//!   cap, queueing past it, timeouts becoming failures and failures retries, with and without
+//!   the concurrency budget.
 //! * [`upstream`], [`queue`] and [`accounting`]: the pieces of the incident drill
 //!   (`budgetctl demo`): a dependency that browns out on a schedule, a queue with delayed
 //!   retries, a dead-letter queue and a parking lot, and the tally that accounts for every job.
@@ -44,6 +47,7 @@ mod budget;
 pub mod capacity;
 pub mod concurrency;
 pub mod queue;
+pub mod slowing;
 pub mod upstream;
 
 pub use budget::BudgetParams;

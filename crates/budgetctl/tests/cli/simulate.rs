@@ -1,5 +1,7 @@
 //! `simulate brownout` and `simulate capacity`: JSON shapes, the reference numbers, the chart.
 
+use serde_json::Value;
+
 use crate::{has_fields, json, run, stderr, stdout, unique};
 
 #[test]
@@ -211,4 +213,49 @@ fn simulate_concurrency_reproduces_the_issue_arithmetic() {
     assert!(text.contains("19.2") && text.contains("24"), "{text}");
     let o = run(&["simulate", "concurrency", "--primary", "30"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn simulate_concurrency_timeline_shows_the_storm_and_the_budget_s_cut() {
+    let v = json(&run(&["simulate", "concurrency", "--timeline", "--json"]));
+    assert_eq!(v["model"], "timeline");
+    let (without, with) = (&v["without_budget"], &v["with_budget"]);
+    assert_eq!(without["ticks"].as_array().unwrap().len(), 600);
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    // A slowdown of 8% past the cap's slack: without a budget the retries turn it into a storm
+    // that outlives it; the budget keeps the calls in flight under the cap and recovers.
+    assert!(f(without, "peak_in_flight") > 20.0, "{without}");
+    assert!(without["recovery_ticks"].is_null());
+    assert!(f(with, "peak_in_flight") <= 20.0, "{with}");
+    assert!(with["recovery_ticks"].as_u64().is_some());
+    assert!(f(with, "timeouts_total") < f(without, "timeouts_total"));
+    assert!(f(with, "retries_refused_total") > 0.0);
+    // Every tick's in-flight count with the budget stays under the cap.
+    for t in with["ticks"].as_array().unwrap() {
+        assert!(t["in_flight"].as_f64().unwrap() <= 20.0 + 1e-9, "{t}");
+    }
+
+    let path = std::env::temp_dir().join(format!("{}.svg", unique("timeline")));
+    let o = run(&[
+        "simulate",
+        "concurrency",
+        "--svg",
+        path.to_str().unwrap(),
+        "--ticks",
+        "100",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(svg.starts_with("<svg") && svg.contains("concurrency budget"));
+    assert!(stdout(&o).contains("back to its load"), "{}", stdout(&o));
+    let o = run(&[
+        "simulate",
+        "concurrency",
+        "--timeline",
+        "--slow-factor",
+        "0.5",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--slow-factor"), "{}", stderr(&o));
 }

@@ -1,10 +1,17 @@
 //! `budgetctl simulate concurrency`: [`fleet_budget_sim::concurrency`], the calls in flight
 //! against a dependency's cap with no budget, with separate pools and with the concurrency
-//! budget, as a table or JSON.
+//! budget, as a table or JSON; with `--timeline`, [`fleet_budget_sim::slowing`], the same
+//! dependency tick by tick while it slows down, without and with the budget (`--svg` draws it).
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::Args;
 use fleet_budget_sim::concurrency::{self, ConcurrencyParams, MAX_RETRIES};
+use fleet_budget_sim::slowing::{self, SlowingBudget, SlowingParams, SlowingReport};
+use serde::Serialize;
 
+use super::timeline_chart::TimelineChart;
 use crate::args::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table};
@@ -18,9 +25,10 @@ pub(crate) struct ConcurrencyArgs {
     /// Primary calls in flight at planned load (from 1 to the cap).
     #[arg(long, default_value_t = 16.0, allow_negative_numbers = true, value_parser = primary)]
     primary: f64,
-    /// Probability that one call fails, from 0 to 1.
-    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true, value_parser = probability)]
-    failure_rate: f64,
+    /// Probability that one call fails, from 0 to 1 (default 0.2; with --timeline, 0.05 besides
+    /// the timeouts).
+    #[arg(long, allow_negative_numbers = true, value_parser = probability)]
+    failure_rate: Option<f64>,
     /// Retries per failure at most (a failed retry is retried again).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_RETRIES)))]
     retries: u32,
@@ -33,6 +41,152 @@ pub(crate) struct ConcurrencyArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Run tick by tick while the dependency slows down (latency rises near the cap, calls queue
+    /// past it, timeouts become failures), without and with the concurrency budget.
+    #[arg(long)]
+    timeline: bool,
+    /// With --timeline: ticks to run.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..=i64::from(slowing::MAX_TICKS)))]
+    ticks: u32,
+    /// With --timeline: length of a tick, ms.
+    #[arg(long, default_value_t = 100.0, value_parser = millis)]
+    tick_ms: f64,
+    /// With --timeline: latency of an unloaded call, ms.
+    #[arg(long, default_value_t = 200.0, value_parser = millis)]
+    latency_ms: f64,
+    /// With --timeline: the caller's timeout, ms.
+    #[arg(long, default_value_t = 1000.0, value_parser = millis)]
+    timeout_ms: f64,
+    /// With --timeline: latency multiplier while the dependency is slow (1 to 1000).
+    #[arg(long, default_value_t = 1.08, value_parser = slow_factor)]
+    slow_factor: f64,
+    /// With --timeline: first slow tick.
+    #[arg(long, default_value_t = 50)]
+    slow_from: u32,
+    /// With --timeline: number of slow ticks.
+    #[arg(long, default_value_t = 200)]
+    slow_ticks: u32,
+    /// Draw the timeline (calls in flight per tick, without and with the budget) to this SVG
+    /// file; implies --timeline.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+fn millis(s: &str) -> Result<f64, String> {
+    number_in(s, 0.001..=1e9, "milliseconds from 0.001 to 10^9")
+}
+
+fn slow_factor(s: &str) -> Result<f64, String> {
+    number_in(s, 1.0..=1000.0, "a latency multiplier from 1 to 1000")
+}
+
+/// The JSON of `--timeline`.
+#[derive(Debug, Serialize)]
+struct TimelineOutput {
+    model: &'static str,
+    cap: u64,
+    primary: f64,
+    failure_rate: f64,
+    retries: u32,
+    latency_ms: f64,
+    timeout_ms: f64,
+    slow_factor: f64,
+    slow_from: u32,
+    slow_ticks: u32,
+    tick_ms: f64,
+    without_budget: SlowingReport,
+    with_budget: SlowingReport,
+}
+
+fn timeline(args: &ConcurrencyArgs) -> anyhow::Result<()> {
+    let params = SlowingParams {
+        cap: args.cap,
+        primary: args.primary,
+        latency_ms: args.latency_ms,
+        timeout_ms: args.timeout_ms,
+        failure_rate: args.failure_rate.unwrap_or(0.05),
+        retries: args.retries,
+        slow_factor: args.slow_factor,
+        slow_from: args.slow_from,
+        slow_ticks: args.slow_ticks,
+        ticks: args.ticks,
+        tick_ms: args.tick_ms,
+        budget: None,
+    };
+    let without = slowing::run(&params).map_err(|e| usage(e.to_string()))?;
+    let with = slowing::run(&SlowingParams {
+        budget: Some(SlowingBudget {
+            min_retry_slots: args.min_retry_slots,
+            max_retry_fraction: args.max_retry_fraction,
+        }),
+        ..params
+    })
+    .map_err(|e| usage(e.to_string()))?;
+    if let Some(path) = &args.svg {
+        TimelineChart {
+            params,
+            without: &without,
+            with: &with,
+        }
+        .draw(path)
+        .with_context(|| format!("cannot write the chart to {}", path.display()))?;
+        eprintln!("chart written to {}", path.display());
+    }
+    if args.json {
+        return print_json(&TimelineOutput {
+            model: "timeline",
+            cap: params.cap,
+            primary: params.primary,
+            failure_rate: params.failure_rate,
+            retries: params.retries,
+            latency_ms: params.latency_ms,
+            timeout_ms: params.timeout_ms,
+            slow_factor: params.slow_factor,
+            slow_from: params.slow_from,
+            slow_ticks: params.slow_ticks,
+            tick_ms: params.tick_ms,
+            without_budget: without,
+            with_budget: with,
+        });
+    }
+    outln!(
+        "timeline: cap {}, {} primary calls in flight, latency {} ms ×{} from tick {} for {} ticks of {} ms, timeout {} ms, {:.0}% other failures, up to {} retries per failure",
+        params.cap,
+        num(params.primary),
+        num(params.latency_ms),
+        num(params.slow_factor),
+        params.slow_from,
+        params.slow_ticks,
+        num(params.tick_ms),
+        num(params.timeout_ms),
+        params.failure_rate * 100.0,
+        params.retries
+    );
+    let recovery = |r: &SlowingReport| {
+        r.recovery_ticks.map_or_else(
+            || "not within the run".to_owned(),
+            |t| format!("{t} ticks after"),
+        )
+    };
+    let row = |name: &str, f: &dyn Fn(&SlowingReport) -> String| {
+        vec![name.to_owned(), f(&without), f(&with)]
+    };
+    let rows = vec![
+        ["", "no budget", "concurrency budget"]
+            .map(str::to_owned)
+            .to_vec(),
+        row("peak in flight", &|r| num(r.peak_in_flight)),
+        row("peak latency ms", &|r| num(r.peak_latency_ms)),
+        row("timeouts", &|r| num(r.timeouts_total)),
+        row("failures", &|r| num(r.failures_total)),
+        row("succeeded", &|r| num(r.succeeded_total)),
+        row("retries started", &|r| num(r.retries_started_total)),
+        row("retries refused", &|r| num(r.retries_refused_total)),
+        row("in flight at the end", &|r| num(r.in_flight_at_end)),
+        row("back to its load before", &recovery),
+    ];
+    out!("{}", table(&rows));
+    Ok(())
 }
 
 fn primary(s: &str) -> Result<f64, String> {
@@ -53,10 +207,13 @@ fn fraction(s: &str) -> Result<f64, String> {
 
 /// Runs the command.
 pub(super) fn run(args: &ConcurrencyArgs) -> anyhow::Result<()> {
+    if args.timeline || args.svg.is_some() {
+        return timeline(args);
+    }
     let report = concurrency::analyze(&ConcurrencyParams {
         cap: args.cap,
         primary: args.primary,
-        failure_rate: args.failure_rate,
+        failure_rate: args.failure_rate.unwrap_or(0.2),
         retries: args.retries,
         min_retry_slots: args.min_retry_slots,
         max_retry_fraction: args.max_retry_fraction,
