@@ -165,6 +165,30 @@ impl Drop for Proc {
     }
 }
 
+/// The Celery queue (declared by the Celery worker, not by the topology): deleted on drop, after
+/// the worker processes (declared before them), pass or fail.
+struct CeleryQueue {
+    name: String,
+}
+
+impl Drop for CeleryQueue {
+    fn drop(&mut self) {
+        let deleted = Command::new(python())
+            .args([
+                "-c",
+                "import sys, kombu\n\
+                 with kombu.Connection(sys.argv[2], connect_timeout=5) as c:\n    \
+                 c.default_channel.queue_delete(sys.argv[1])\n",
+            ])
+            .arg(&self.name)
+            .arg(amqp_url())
+            .status();
+        if !deleted.is_ok_and(|s| s.success()) {
+            eprintln!("test cleanup: could not delete {}", self.name);
+        }
+    }
+}
+
 fn python() -> PathBuf {
     std::env::var_os("FLEET_BUDGET_PYTHON").map_or_else(
         || common::repo_root().join(".venv/bin/python"),
@@ -277,6 +301,9 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
         ("FB_BROKER", amqp_url()),
     ];
 
+    let _celery_queue = CeleryQueue {
+        name: celery_queue.clone(),
+    };
     let mut procs = Vec::new();
     for n in 0..2 {
         procs.push(Proc::spawn(
@@ -491,18 +518,5 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     ] {
         assert_eq!(depth(&broker, queue), 0, "{queue}");
     }
-    let status = Command::new(python())
-        .args([
-            "-c",
-            "import sys, celery_fleet\n\
-                      with celery_fleet.app.connection_for_write() as c:\n    \
-                      c.default_channel.queue_delete(sys.argv[1])\n",
-        ])
-        .arg(&celery_queue)
-        .current_dir(common::repo_root().join("tests/python"))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .status()
-        .unwrap();
-    assert!(status.success(), "delete {celery_queue}");
     let _ = std::fs::remove_dir_all(&dir);
 }
