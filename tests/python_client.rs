@@ -221,8 +221,8 @@ async fn python_and_rust_decide_alike_without_redis() {
              [dependencies.search]\ntasks = [\"index\", \"reindex\"]\n[tasks.index]\nmax_attempts = 4\n"
         );
         let rust = run_alike(&text, &text, &mut rng, &format!("fallback {fallback}")).await;
-        // The deposits still pending cannot be sent: Rust reports it, Python's close() logs
-        // nothing and returns (both lose them, the safe direction).
+        // The deposits still pending cannot be sent: Rust's shutdown returns the error, Python's
+        // close() logs and returns their number (both drop them, the safe direction).
         let _ = rust.shutdown().await;
     }
 }

@@ -130,3 +130,11 @@ def test_a_cluster_that_does_not_answer_at_start_is_a_fallback_not_a_crash(dead_
     assert isinstance(d, Retry) and d.source == "local_fallback"
     assert b.metrics.value("fleet_budget_store_errors_total", kind="connection") == 1
     b.close()
+
+
+def test_close_reports_the_deposits_it_could_not_send(dead_url, caplog):
+    b = budget(dead_url)
+    b.on_success("index_document")
+    b.on_attempt("index_document", 1)
+    assert b.close() == 2
+    assert "2 deposits not sent" in caplog.text

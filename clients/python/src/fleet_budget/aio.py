@@ -87,7 +87,7 @@ class FleetBudget(_sync.FleetBudget):
             await self._send_deposit_async(dependency, s, a)
         self._set_pending_gauge()
 
-    async def close(self) -> None:  # type: ignore[override]
+    async def close(self) -> int:  # type: ignore[override]
         self._closed.set()
         task = getattr(self, "_task", None)
         if task is not None:
@@ -98,6 +98,7 @@ class FleetBudget(_sync.FleetBudget):
                 pass
         await self.flush()
         await self._redis.aclose()
+        return self._report_unsent()
 
     async def __aenter__(self) -> "FleetBudget":
         return self

@@ -261,14 +261,24 @@ class FleetBudget:
             self._send_deposit(dependency, s, a)
         self._set_pending_gauge()
 
-    def close(self) -> None:
-        """Stop the flusher, send what is pending, close the connection."""
+    def close(self) -> int:
+        """Stop the flusher, send what is pending, close the connection. Returns the deposits
+        that could not be sent (0 when all were), and logs them: they are lost, the safe direction
+        (the Rust ``shutdown`` returns the error)."""
         self._closed.set()
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join(timeout=5)
         self.flush()
         self._redis.close()
+        return self._report_unsent()
+
+    def _report_unsent(self) -> int:
+        unsent = self.pending_deposits()
+        if unsent:
+            log.warning("fleet budget closed with %d deposits not sent (Redis did not take them); "
+                        "they are lost, which can only make the fleet's allowance smaller", unsent)
+        return unsent
 
     def __enter__(self) -> "FleetBudget":
         return self
