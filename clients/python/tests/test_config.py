@@ -75,3 +75,13 @@ def test_the_file_and_the_environment(tmp_path, monkeypatch):
     budget = FleetBudget.from_config(str(path))
     assert budget.config.redis.url == "redis://127.0.0.1:7" and budget.config.redis.key_prefix == "p"
     budget.close()
+
+
+def test_sections_the_client_cannot_honour_are_refused_by_name():
+    """[dependencies.X.concurrency] and [dependencies.X.breaker] (issue 13) are not in the Python
+    client: refused naming the key, never ignored (a Python worker would call past the cap)."""
+    for section in ("concurrency", "breaker"):
+        with pytest.raises(ConfigError) as e:
+            Config.from_toml(f'[dependencies.paid]\ntasks = ["charge"]\n[dependencies.paid.{section}]\ncap = 20\n')
+        assert [p.key for p in e.value.problems] == [f"dependencies.paid.{section}"]
+        assert "not in the Python client yet" in str(e.value)

@@ -292,7 +292,13 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     for name, dep in _table(c, "dependencies", root.get("dependencies")).items():
         at = f"dependencies.{_toml_key(name)}"
         dep = _table(c, at, dep)
-        _unknown(c, at, dep, ("tasks", *_POLICY_KEYS))
+        _unknown(c, at, dep, ("tasks", *_POLICY_KEYS, "concurrency", "breaker"))
+        for section, what in (("concurrency", "the fleet-wide concurrency budget"), ("breaker", "the circuit breaker")):
+            if section in dep:
+                # Known to the Rust library (issue 13), not built here: refused by name rather than
+                # ignored, since a Python worker ignoring it would call past the cap or the breaker.
+                c.problem(f"{at}.{section}", "[...]",
+                          f"{what} is not in the Python client yet; a Python worker cannot honour it")
         wrong = dependency_name_problem(name)
         if wrong:
             c.problem(at, repr(name), wrong)
