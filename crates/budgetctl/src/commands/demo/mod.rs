@@ -18,6 +18,7 @@ mod mode;
 mod progress;
 mod rabbit;
 mod report;
+mod scenario;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -40,15 +41,21 @@ use crate::output::print_json;
 /// `demo`.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Concurrent workers.
+    /// Concurrent workers (the drill; each scenario has its own).
     #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=256))]
     workers: u32,
-    /// Length of each phase (healthy, degraded, recovered) of one run, in seconds.
-    #[arg(long, default_value_t = 6.0, allow_negative_numbers = true, value_parser = phase_secs)]
-    phase_secs: f64,
-    /// Jobs submitted per second.
-    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
-    rate: u32,
+    /// Instead of the brownout drill: `slow` (a dependency with a concurrency cap fails slowly:
+    /// without and with the concurrency budget) or `down` (the dependency is down for a while:
+    /// without and with the circuit breaker). Needs Redis and RabbitMQ.
+    #[arg(long, value_enum)]
+    scenario: Option<scenario::Scenario>,
+    /// Length of each phase (healthy, degraded, recovered) of one run, in seconds [default: 6;
+    /// 5 for the scenarios].
+    #[arg(long, allow_negative_numbers = true, value_parser = phase_secs)]
+    phase_secs: Option<f64>,
+    /// Jobs submitted per second [default: 200; the scenario's planned load for the scenarios].
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    rate: Option<u32>,
     /// Use the in-process store and an in-memory queue without trying Redis or RabbitMQ.
     #[arg(long)]
     in_process: bool,
@@ -59,6 +66,14 @@ pub(crate) struct DemoArgs {
 
 fn phase_secs(s: &str) -> Result<f64, String> {
     number_in(s, 0.5..=600.0, "a number of seconds from 0.5 to 600")
+}
+
+/// The drill's load, defaults applied.
+#[derive(Debug, Clone, Copy)]
+struct Drill {
+    workers: u32,
+    phase_secs: f64,
+    rate: u32,
 }
 
 /// The task every drill job runs.
@@ -187,14 +202,28 @@ impl RunSettings {
 
 /// Runs the command.
 pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Result<()> {
+    if let Some(scenario) = args.scenario {
+        if args.in_process {
+            anyhow::bail!(
+                "--scenario runs on Redis and RabbitMQ (the leases and the breaker live in Redis); drop --in-process"
+            );
+        }
+        let phase = args.phase_secs.map(Duration::from_secs_f64);
+        return scenario::run(config, scenario, phase, args.rate, args.json).await;
+    }
+    let drill = Drill {
+        workers: args.workers,
+        phase_secs: args.phase_secs.unwrap_or(6.0),
+        rate: args.rate.unwrap_or(200),
+    };
     let mode = mode::choose(config, args.in_process).await;
     let started = Instant::now();
-    let capacity = u64::from(args.rate) * 5 / 4;
+    let capacity = u64::from(drill.rate) * 5 / 4;
     let schedule = Schedule {
         capacity,
         degraded_capacity: (capacity / 5).max(1),
-        degraded_from: Duration::from_secs_f64(args.phase_secs),
-        degraded_until: Duration::from_secs_f64(args.phase_secs * 2.0),
+        degraded_from: Duration::from_secs_f64(drill.phase_secs),
+        degraded_until: Duration::from_secs_f64(drill.phase_secs * 2.0),
     };
     let run_id = format!(
         "{}-{}",
@@ -203,13 +232,13 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
     );
     eprintln!(
         "drill: {} workers, {} jobs/s for {:.0}s; dependency `{DEPENDENCY}` serves {}/s, drops to {}/s from {:.0}s to {:.0}s, then recovers",
-        args.workers,
-        args.rate,
-        args.phase_secs * 3.0,
+        drill.workers,
+        drill.rate,
+        drill.phase_secs * 3.0,
         capacity,
         schedule.degraded_capacity,
-        args.phase_secs,
-        args.phase_secs * 2.0
+        drill.phase_secs,
+        drill.phase_secs * 2.0
     );
     eprintln!("budget store: {}", mode.store_line());
     eprintln!("queue:        {}", mode.queue_line());
@@ -221,9 +250,9 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
         let settings = RunSettings {
             label,
             budget,
-            workers: args.workers,
-            rate: args.rate,
-            phase: Duration::from_secs_f64(args.phase_secs),
+            workers: drill.workers,
+            rate: drill.rate,
+            phase: Duration::from_secs_f64(drill.phase_secs),
             schedule,
             key_prefix: format!(
                 "{}-demo-{run_id}-{}",
@@ -246,7 +275,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
             )
         })?);
     }
-    let report = DemoReport::new(mode, args, &schedule, runs);
+    let report = DemoReport::new(mode, &drill, &schedule, runs);
     eprintln!("drill finished in {:.0}s", started.elapsed().as_secs_f64());
     if args.json {
         return print_json(&report);

@@ -44,13 +44,17 @@ impl QueueGauge for RabbitGauge {
 }
 
 /// Message counts of the drill's queues, on a channel of their own.
-struct Depths {
+pub(super) struct Depths {
     channel: lapin::Channel,
     topology: Topology,
 }
 
 impl Depths {
-    async fn read(&self) -> Result<QueueDepths, AmqpError> {
+    pub(super) fn new(channel: lapin::Channel, topology: Topology) -> Self {
+        Self { channel, topology }
+    }
+
+    pub(super) async fn read(&self) -> Result<QueueDepths, AmqpError> {
         QueueDepths::read(&self.channel, &self.topology).await
     }
 
@@ -60,14 +64,14 @@ impl Depths {
         Ok(self.read().await?.waiting())
     }
 
-    async fn dead(&self) -> Result<u64, AmqpError> {
+    pub(super) async fn dead(&self) -> Result<u64, AmqpError> {
         Ok(u64::from(
             queue_depth(&self.channel, &self.topology.dead_queue).await?,
         ))
     }
 }
 
-/// Whether every delivery a worker received has been settled.
+/// Whether every delivery a worker received has been settled (or held in a tier, or parked).
 fn workers_settled(handles: &[WorkerHandle]) -> bool {
     handles.iter().all(|h| {
         let c = h.counts();
@@ -78,11 +82,13 @@ fn workers_settled(handles: &[WorkerHandle]) -> bool {
                 + c.requeued
                 + c.ack_failed
                 + c.waited_again
+                + c.held
+                + c.parked
     })
 }
 
 /// Waits until nothing is waiting or in flight for `quiet` in a row, at most `within`.
-async fn wait_settled(
+pub(super) async fn wait_settled(
     depths: &Depths,
     handles: &[WorkerHandle],
     within: Duration,
@@ -102,12 +108,12 @@ async fn wait_settled(
     Ok(())
 }
 
-fn payload(id: u64) -> Vec<u8> {
+pub(super) fn payload(id: u64) -> Vec<u8> {
     format!("{{\"document\":{id},\"malformed\":{}}}", bad_input(id)).into_bytes()
 }
 
 /// (id, bad input) of a drill payload; `None` for anything else (dead-lettered as non-retryable).
-fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
+pub(super) fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
     let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
     Some((v.get("document")?.as_u64()?, v.get("malformed")?.as_bool()?))
 }

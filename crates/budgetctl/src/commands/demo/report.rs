@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::mode::Mode;
 use super::{
-    DEPENDENCY, DemoArgs, MAX_ATTEMPTS, MIN_ALLOWANCE, RATIO, RunSettings, WINDOW, dead_letters,
+    DEPENDENCY, Drill, MAX_ATTEMPTS, MIN_ALLOWANCE, RATIO, RunSettings, WINDOW, dead_letters,
 };
 use crate::output::{table, thousands};
 
@@ -134,12 +134,7 @@ pub(super) struct DemoReport {
 }
 
 impl DemoReport {
-    pub(super) fn new(
-        mode: Mode,
-        args: &DemoArgs,
-        schedule: &Schedule,
-        runs: Vec<RunReport>,
-    ) -> Self {
+    pub(super) fn new(mode: Mode, args: &Drill, schedule: &Schedule, runs: Vec<RunReport>) -> Self {
         Self {
             mode,
             workers: args.workers,
