@@ -228,3 +228,64 @@ fn status_on_a_cluster_lists_budgets_found_on_every_master() {
         assert!(listed.contains(&d.as_str()), "{d} missing from {v}");
     }
 }
+
+#[test]
+fn status_shows_a_dependency_s_breaker_and_refuses_a_tampered_one() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let prefix = unique("brk");
+    let config = temp_file(
+        &format!("{prefix}.toml"),
+        "[dependencies.search]\ntasks = [\"t\"]\n[dependencies.search.breaker]\nopen_secs = 60\n",
+    );
+    let on = [
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        url.as_str(),
+        "--key-prefix",
+        prefix.as_str(),
+    ];
+    let v = json(&run_with(&on, "status --json"));
+    let b = &v["dependencies"][0]["breaker"];
+    has_fields(
+        b,
+        &[
+            "state",
+            "open_remaining_secs",
+            "probes_issued",
+            "probe_successes",
+            "changed_secs_ago",
+            "times_opened",
+            "calls",
+            "failures",
+        ],
+    );
+    assert_eq!(
+        (b["state"].as_str(), b["times_opened"].as_u64()),
+        (Some("closed"), Some(0))
+    );
+    // Opened by a worker a moment ago (the fields lua/README.md documents), for a minute.
+    let time: Vec<String> = redis.cmd(&["TIME"]);
+    let now = time[0].parse::<u64>().unwrap() * 1000 + time[1].parse::<u64>().unwrap() / 1000;
+    let key = format!("{prefix}:v1:{{search}}:cb");
+    let (until, at) = ((now + 60_000).to_string(), now.to_string());
+    let _: () = redis.cmd(&[
+        "HSET", &key, "st", "1", "g", "1", "ou", &until, "ch", &at, "no", "1",
+    ]);
+    let v = json(&run_with(&on, "status --json"));
+    let b = &v["dependencies"][0]["breaker"];
+    assert_eq!(b["state"], "open", "{v}");
+    assert!(b["open_remaining_secs"].as_f64().unwrap() > 50.0, "{v}");
+    assert_eq!(b["times_opened"], 1);
+    let text = stdout(&run_with(&on, "status"));
+    assert!(
+        text.contains("BREAKER OPEN") && text.contains("BREAKER: circuit open"),
+        "{text}"
+    );
+    // A field the script cannot read: listed as unusable, exit 1, everything else printed.
+    let _: () = redis.cmd(&["HSET", &key, "st", "7"]);
+    let o = run_with(&on, "status");
+    assert_exit(&o, 1, "");
+    assert!(stdout(&o).contains(&key), "{}", stdout(&o));
+}
