@@ -1,10 +1,11 @@
 """FleetBudget against a private redis-server: the decision order, the budget, deposits,
 the fallback and the metrics."""
 
+import pytest
 import redis
 
-from fleet_budget import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, NON_RETRYABLE, PROBE_INTERVAL_MS, Config,
-                          DeadLetter, Failure, FleetBudget, Retry)
+from fleet_budget import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, DELAY_EXCEEDED, NON_RETRYABLE, PROBE_INTERVAL_MS,
+                          Config, DeadLetter, Failure, FleetBudget, InvalidTask, Retry, UnmappedTask)
 
 TOML = """
 [redis]
@@ -138,3 +139,60 @@ def test_close_reports_the_deposits_it_could_not_send(dead_url, caplog):
     b.on_attempt("index_document", 1)
     assert b.close() == 2
     assert "2 deposits not sent" in caplog.text
+
+
+def test_unmapped_names_get_their_own_budget_up_to_the_cap_then_share_unmapped(redis_url):
+    b = budget(redis_url, TOML + "[unmapped_tasks]\nmax_own_budgets = 3\n")
+    names = [b.dependency(f"t{i}") for i in range(1000)]
+    assert names[:3] == ["t0", "t1", "t2"] and set(names[3:]) == {"unmapped"}
+    assert b.dependency("t1") == "t1", "an admitted name keeps its budget"
+    assert b.dependency("index_document") == "search", "a mapped task is never capped"
+    with pytest.raises(InvalidTask):
+        b.dependency("a{b}")
+    # The decisions spend those budgets: 3 own, the rest the one `unmapped` budget (floor 3).
+    for i in range(3, 50):
+        b.on_failure(f"t{i}", 1, Failure.retryable("503"))
+    keys = {k.decode() for k in redis.Redis.from_url(redis_url).keys("fb:v1:*")}
+    assert keys == {"fb:v1:{unmapped}"}, keys
+    assert b.on_failure("t999", 1, Failure.retryable("503")).reason == BUDGET_EXHAUSTED
+    deps = {s.labels.get("dependency") for m in b.metrics.registry.collect() for s in m.samples} - {None}
+    assert deps <= {"unmapped", "t0", "t1", "t2", "search"}, "label values bounded by the cap"
+    b.close()
+    zero = budget(redis_url, TOML + "[unmapped_tasks]\nmax_own_budgets = 0\n")
+    assert zero.dependency("x") == "unmapped"
+    zero.close()
+
+
+def test_unmapped_names_share_a_named_dependency_or_are_rejected(redis_url):
+    b = budget(redis_url, TOML + "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"search\"\n")
+    assert b.dependency("any") == "search" and b.dependency("a{b}") == "search", "not a key when it shares"
+    d = b.on_failure("any", 1, Failure.retryable("503"))
+    assert isinstance(d, Retry) and d.dependency == "search"
+    b.close()
+    b = budget(redis_url, TOML + "[unmapped_tasks]\npolicy = \"reject\"\n")
+    with pytest.raises(UnmappedTask, match="rejected"):
+        b.on_failure("any", 1, Failure.retryable("503"))
+    with pytest.raises(UnmappedTask):
+        b.on_attempt("any", 1)
+    assert b.dependency("index_document") == "search"
+    assert not redis.Redis.from_url(redis_url).keys("fb:v1:{any}")
+    b.close()
+
+
+def test_a_retry_after_past_max_delay_is_dead_lettered_before_the_budget(redis_url):
+    b = budget(redis_url, TOML + "[tasks.slow]\nmax_delay_secs = 60\nbackoff_cap_ms = 86400000\n")
+    d = b.on_failure("slow", 1, Failure.after(61, "429"))
+    assert isinstance(d, DeadLetter) and d.reason == DELAY_EXCEEDED and d.source == "not_consulted"
+    assert d.snapshot is None and not redis.Redis.from_url(redis_url).keys("fb:v1:{slow}"), "no budget spent"
+    assert b.metrics.value("fleet_budget_dead_letters_total", dependency="slow", reason="delay_exceeded") == 1
+    d = b.on_failure("slow", 1, Failure.after(60, "429"))
+    assert isinstance(d, Retry) and d.delay == 60, "at max_delay exactly: allowed"
+    # The backoff (cap a day) is capped at max_delay: 2^20 s nominal at attempt 21.
+    b2 = budget(redis_url, TOML + "[tasks.slow]\nmax_delay_secs = 60\nbackoff_cap_ms = 86400000\nmax_attempts = 30\n")
+    d = b2.on_failure("slow", 21, Failure.retryable("503"))
+    assert isinstance(d, Retry) and d.delay == 60
+    # Unset: 1,024 s or twice the cap; a Retry-After of 1,201 s with the default 600 s cap is refused.
+    assert b.on_failure("index_document", 1, Failure.after(1201, "429")).reason == DELAY_EXCEEDED
+    assert isinstance(b.on_failure("index_document", 1, Failure.after(1200, "429")), Retry)
+    b.close()
+    b2.close()

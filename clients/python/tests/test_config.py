@@ -85,3 +85,57 @@ def test_sections_the_client_cannot_honour_are_refused_by_name():
             Config.from_toml(f'[dependencies.paid]\ntasks = ["charge"]\n[dependencies.paid.{section}]\ncap = 20\n')
         assert [p.key for p in e.value.problems] == [f"dependencies.paid.{section}"]
         assert "not in the Python client yet" in str(e.value)
+
+
+def test_unmapped_tasks_and_max_delay_are_read_like_rust():
+    c = Config.from_toml("")
+    assert (c.unmapped.policy, c.unmapped.max_own_budgets) == ("own_budget", 100), "today's default, now capped"
+    assert c.ceiling("any").max_delay == 1200, "twice the default 600 s backoff cap, longer than the 1,024 s tier"
+    c = Config.from_toml("[defaults]\nbackoff_cap_ms = 10000\n")
+    assert c.ceiling("any").max_delay == 1024, "the longest default retry tier"
+    c = Config.from_toml("[defaults]\nmax_delay_secs = 300\n[tasks.a]\nmax_attempts = 3\n"
+                         "[tasks.b]\nmax_delay_secs = 60\nclass = \"paid\"\n[tasks.c]\nrecovery_window_secs = 900\n")
+    assert [c.ceiling(t).max_delay for t in ("a", "b", "c", "other")] == [300, 60, 300, 300]
+    c = Config.from_toml("[unmapped_tasks]\npolicy = \"share\"\ndependency = \"search\"\n[dependencies.search]\n")
+    assert c.unmapped.dependency == "search" and c.dependency("whatever") == "search"
+    # Under share or reject an unmapped [tasks.*] name is not a budget name, so it may hold `{`.
+    Config.from_toml("[unmapped_tasks]\npolicy = \"reject\"\n[tasks.\"a{b}\"]\nmax_attempts = 2\n")
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml("[tasks.\"a{b}\"]\nmax_attempts = 2\n")
+    assert e.value.problems[0].key == 'tasks."a{b}"'
+
+
+@pytest.mark.parametrize("text, key, needle", [
+    ("[unmapped_tasks]\npolicy = \"share\"\n", "unmapped_tasks.dependency", "there is none"),
+    ("[unmapped_tasks]\npolicy = \"share\"\ndependency = \"serch\"\n[dependencies.search]\n",
+     "unmapped_tasks.dependency", "(search)"),
+    ("[unmapped_tasks]\npolicy = \"reject\"\ndependency = \"search\"\n", "unmapped_tasks.dependency",
+     "only with policy = \"share\""),
+    ("[unmapped_tasks]\npolicy = \"reject\"\nmax_own_budgets = 3\n", "unmapped_tasks.max_own_budgets",
+     "only with policy = \"own_budget\""),
+    ("[unmapped_tasks]\nmax_own_budgets = -1\n", "unmapped_tasks.max_own_budgets", "0 to 100000"),
+    ("[unmapped_tasks]\nmax_own_budgets = 100001\n", "unmapped_tasks.max_own_budgets", "0 to 100000"),
+    ("[defaults]\nmax_delay_secs = 0\n", "defaults.max_delay_secs", "1 to 604800"),
+    ("[defaults]\nmax_delay_secs = 604801\n", "defaults.max_delay_secs", "1 to 604800"),
+    ("[tasks.t]\nmax_delay_secs = -1\n", "tasks.t.max_delay_secs", "1 to 604800"),
+])
+def test_bad_unmapped_tasks_and_max_delay_are_named(text, key, needle):
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml(text)
+    assert [p.key for p in e.value.problems] == [key], text
+    assert needle in e.value.problems[0].allowed, str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    "[unmapped_tasks]\npolicy = \"own\"\n",
+    "[unmapped_tasks]\npolicy = 1\n",
+    "[unmapped_tasks]\ndependency = 3\npolicy = \"share\"\n",
+    "[unmapped_tasks]\nmax_own_budgets = \"many\"\n",
+    "[unmapped_tasks]\ncap = 3\n",
+    "unmapped_tasks = 3\n",
+    "[defaults]\nmax_delay_secs = 1.5\n",
+])
+def test_unmapped_tasks_of_the_wrong_shape_refuse_the_text(text):
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml(text)
+    assert not e.value.problems, "refused whole, as serde refuses it"

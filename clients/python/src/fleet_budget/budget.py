@@ -12,8 +12,9 @@ from typing import Any, Callable, Optional
 import redis
 
 from . import scripts
-from .config import Config, ConfigError, dependency_name_problem, redact_url
-from .decision import ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, NON_RETRYABLE, DeadLetter, Decision, Failure, Retry
+from .config import OVERFLOW_DEPENDENCY, Config, ConfigError, dependency_name_problem, redact_url
+from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
+                       Decision, Failure, Retry)
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
 from .metrics import Metrics
@@ -28,6 +29,12 @@ PROBE_INTERVAL_MS = 200
 
 class InvalidTask(ValueError):
     """A task with no mapping whose name cannot be a dependency name."""
+
+
+class UnmappedTask(InvalidTask):
+    """A task with no mapping, refused by ``[unmapped_tasks] policy = "reject"`` (the Rust
+    ``Error::UnmappedTask``): a worker dead-letters it ``non_retryable``, class ``unmapped_task``,
+    without running it."""
 
 
 def _now_ms() -> int:
@@ -70,6 +77,10 @@ class FleetBudget:
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.local = LocalStore(clock)
+        # The unmapped names given a budget of their own: at most `max_own_budgets`, first come,
+        # kept for the life of the process (the Rust `OwnBudgets`).
+        self._own_budgets: set[str] = set()
+        self._own_lock = threading.Lock()
         settings = self.config.redis
         timeout = settings.timeout_ms / 1000
         if client is None and settings.cluster_urls:
@@ -118,11 +129,29 @@ class FleetBudget:
     # The contract's three calls.
 
     def dependency(self, task: str) -> str:
-        dependency = self.config.dependency(task)
-        wrong = dependency_name_problem(dependency)
+        """The dependency whose budget ``task`` spends: its mapping, else what ``[unmapped_tasks]``
+        says (its own budget while fewer than ``max_own_budgets`` names have one, else the shared
+        ``unmapped`` budget; the named dependency's; or :class:`UnmappedTask`). A name that cannot
+        be a dependency name, to be its own, is :class:`InvalidTask` and takes no place."""
+        mapped = self.config.tasks.get(task)
+        if mapped is not None:
+            return mapped
+        unmapped = self.config.unmapped
+        if unmapped.policy == "reject":
+            raise UnmappedTask(f"task {task!r} has no dependency mapping and unmapped tasks are rejected "
+                               '([unmapped_tasks] policy = "reject")')
+        if unmapped.policy == "share" and unmapped.dependency is not None:
+            return unmapped.dependency
+        wrong = dependency_name_problem(task)
         if wrong:
             raise InvalidTask(f"task {task!r} has no dependency mapping and {wrong}")
-        return dependency
+        with self._own_lock:
+            if task in self._own_budgets:
+                return task
+            if len(self._own_budgets) >= unmapped.max_own_budgets:
+                return OVERFLOW_DEPENDENCY
+            self._own_budgets.add(task)
+            return task
 
     def on_attempt(self, task: str, attempt: int) -> None:
         """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
@@ -172,8 +201,13 @@ class FleetBudget:
         attempt = max(1, int(attempt))
         if not failure.is_retryable:
             return dependency, self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
-        if self.config.ceiling(task).exhausted(attempt, since_first_failure):
+        ceiling = self.config.ceiling(task)
+        if ceiling.exhausted(attempt, since_first_failure):
             return dependency, self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
+        # A wait the dependency asks for past `max_delay` is refused before any budget is spent:
+        # honouring it would hold the job for longer than anyone agreed to wait.
+        if failure.retry_after is not None and not ceiling.allows_wait(failure.retry_after):
+            return dependency, self._dead_letter(dependency, DELAY_EXCEEDED, None, "not_consulted")
         return dependency, None
 
     def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,

@@ -46,7 +46,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.serialization import dumps
 
 from . import headers as h
-from .budget import FleetBudget, InvalidTask
+from .budget import FleetBudget, InvalidTask, UnmappedTask
 from .decision import NON_RETRYABLE, Failure, Retry
 from .publish import ConfirmedPublisher, NotConfirmed, PermanentlyRefused, fanout_key
 from .redact import error_text
@@ -133,8 +133,10 @@ class BudgetedTask(Task):
         try:
             budget.on_attempt(task, attempt)
         except InvalidTask as e:
+            # The Rust worker's classes: `unmapped_task` when unmapped tasks are rejected.
+            cls = "unmapped_task" if isinstance(e, UnmappedTask) else "invalid_task"
             self._dead_letter(task, "", NON_RETRYABLE, attempt, job,
-                              Failure.non_retryable(e).with_class("invalid_task"), None, "not_consulted")
+                              Failure.non_retryable(e).with_class(cls), None, "not_consulted")
         try:
             result = self.run(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):

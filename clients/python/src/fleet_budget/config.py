@@ -8,11 +8,11 @@ import ipaddress
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from .redact import redact_url
-from .policy import CLASS_MAX_ATTEMPTS, Backoff, BudgetPolicy, TaskCeiling
+from .policy import CLASS_MAX_ATTEMPTS, DEFAULT_MAX_DELAY_SECS, Backoff, BudgetPolicy, TaskCeiling
 
 ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
 REDIS_SCHEMES = ("redis", "redis+unix", "unix")
@@ -21,6 +21,14 @@ CLUSTER_SCHEMES = ("redis",)
 MAX_WINDOW_SECS = 86_400
 MAX_RATIO = 10.0
 MAX_DEPENDENCY_LEN = 200
+#: Longest ``max_delay_secs`` accepted: a week (the Rust ``MAX_DELAY_SECS``).
+MAX_DELAY_SECS = 7 * 86_400
+#: Most unmapped names that may get a budget of their own (the Rust ``MAX_OWN_BUDGETS``).
+MAX_OWN_BUDGETS = 100_000
+#: Unmapped names given a budget of their own by default, per process.
+DEFAULT_MAX_OWN_BUDGETS = 100
+#: The budget shared by unmapped names past ``max_own_budgets`` (the Rust ``OVERFLOW_DEPENDENCY``).
+OVERFLOW_DEPENDENCY = "unmapped"
 OTHER_SECTIONS = ("amqp",)
 
 
@@ -55,6 +63,18 @@ class RedisSettings:
     cluster_urls: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class UnmappedTasks:
+    """``[unmapped_tasks]``: what a task no ``[dependencies.*]`` section names spends.
+    ``own_budget``: its own budget for the first ``max_own_budgets`` names a process meets, the
+    shared ``unmapped`` budget for later ones; ``share``: ``dependency``'s budget; ``reject``: the
+    task is refused (:class:`fleet_budget.UnmappedTask`)."""
+
+    policy: str = "own_budget"
+    max_own_budgets: int = DEFAULT_MAX_OWN_BUDGETS
+    dependency: Optional[str] = None
+
+
 @dataclass
 class Config:
     redis: RedisSettings = field(default_factory=RedisSettings)
@@ -63,6 +83,11 @@ class Config:
     tasks: dict[str, str] = field(default_factory=dict)
     default_ceiling: TaskCeiling = field(default_factory=TaskCeiling)
     ceilings: dict[str, TaskCeiling] = field(default_factory=dict)
+    unmapped: UnmappedTasks = field(default_factory=UnmappedTasks)
+    #: The ``max_delay`` (seconds) of a task that sets none, nor ``[defaults]``: the longest
+    #: default retry tier, as in the Rust library without a broker configuration; twice the
+    #: task's backoff cap when that is longer (:meth:`ceiling`).
+    default_max_delay: float = float(DEFAULT_MAX_DELAY_SECS)
     #: ``[amqp] prefix`` (default ``fleet``): the topology's names, ``<prefix>.dead`` the
     #: dead-letter exchange the Celery integration publishes to. The other ``[amqp]`` keys belong
     #: to the Rust worker and are not read here.
@@ -105,14 +130,27 @@ class Config:
             self.redis.cluster_urls = []
 
     def dependency(self, task: str) -> str:
-        """The dependency whose budget ``task`` spends: its own name when unmapped."""
-        return self.tasks.get(task, task)
+        """The dependency whose budget ``task`` spends, not counting the cap on own budgets (an
+        unmapped name under ``own_budget`` is its own): for showing a configuration. A worker
+        asks :meth:`fleet_budget.FleetBudget.dependency`. Under ``reject`` an unmapped task's
+        own name is returned; ``FleetBudget.dependency`` refuses it."""
+        mapped = self.tasks.get(task)
+        if mapped is not None:
+            return mapped
+        if self.unmapped.policy == "share" and self.unmapped.dependency is not None:
+            return self.unmapped.dependency
+        return task
 
     def policy(self, dependency: str) -> BudgetPolicy:
         return self.policies.get(dependency, self.defaults)
 
     def ceiling(self, task: str) -> TaskCeiling:
-        return self.ceilings.get(task, self.default_ceiling)
+        """The ceiling of ``task``, its ``max_delay`` filled in: as configured, else the longer of
+        :attr:`default_max_delay` and twice the task's backoff cap (the Rust ``Ceilings::for_task``)."""
+        ceiling = self.ceilings.get(task, self.default_ceiling)
+        if ceiling.max_delay is not None:
+            return ceiling
+        return replace(ceiling, max_delay=max(self.default_max_delay, 2 * ceiling.backoff.cap))
 
 
 def dependency_name_problem(name: str) -> Optional[str]:
@@ -199,6 +237,40 @@ def _unknown(c: _Checker, at: str, table: Mapping[str, Any], known: tuple[str, .
 _POLICY_KEYS = ("window_secs", "ratio", "min_allowance", "deposit", "mode")
 
 
+def _max_delay(c: _Checker, at: str, t: Mapping[str, Any]) -> Optional[float]:
+    """The section's ``max_delay_secs`` when given and in range (the Rust ``max_delay``)."""
+    secs = c.int_in(f"{at}.max_delay_secs", t.get("max_delay_secs"), 1, MAX_DELAY_SECS, 0)
+    return float(secs) if secs > 0 else None
+
+
+def _unmapped(c: _Checker, t: Mapping[str, Any], policies: Mapping[str, BudgetPolicy]) -> UnmappedTasks:
+    """``[unmapped_tasks]``: ``share`` must name a ``[dependencies.*]`` section, so that a typo does
+    not quietly make a budget of its own; each key goes only with its policy."""
+    _unknown(c, "unmapped_tasks", t, ("policy", "dependency", "max_own_budgets"))
+    policy = c.choice("unmapped_tasks.policy", t.get("policy"), ("own_budget", "share", "reject"), "own_budget")
+    dependency = t.get("dependency")
+    if dependency is not None and not isinstance(dependency, str):
+        raise _wrong_type("unmapped_tasks.dependency", dependency, "a string")
+    own = t.get("max_own_budgets")
+    if own is not None and (isinstance(own, bool) or not isinstance(own, int)):
+        raise _wrong_type("unmapped_tasks.max_own_budgets", own, "an integer")
+    if policy != "share" and dependency is not None:
+        c.problem("unmapped_tasks.dependency", _debug_str(dependency), 'goes only with policy = "share"')
+    if policy != "own_budget" and own is not None:
+        c.problem("unmapped_tasks.max_own_budgets", own, 'goes only with policy = "own_budget"')
+    if policy == "reject":
+        return UnmappedTasks("reject", 0, None)
+    if policy == "own_budget":
+        n = c.int_in("unmapped_tasks.max_own_budgets", own, 0, MAX_OWN_BUDGETS, DEFAULT_MAX_OWN_BUDGETS)
+        return UnmappedTasks("own_budget", n, None)
+    if dependency is not None and dependency in policies:
+        return UnmappedTasks("share", 0, dependency)
+    named = ", ".join(sorted(policies)) or "there is none"
+    c.problem("unmapped_tasks.dependency", "none" if dependency is None else _debug_str(dependency),
+              f'policy = "share" needs the name of a [dependencies.*] section ({named})')
+    return UnmappedTasks()
+
+
 def _policy(c: _Checker, at: str, t: Mapping[str, Any], base: BudgetPolicy) -> BudgetPolicy:
     return BudgetPolicy(
         window_ms=1000 * c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, MAX_WINDOW_SECS,
@@ -223,7 +295,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     c = _Checker()
     amqp = root.get("amqp")
     root = {k: v for k, v in root.items() if k not in OTHER_SECTIONS}
-    _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks", "metrics", "audit"))
+    _unknown(c, "", root, ("redis", "defaults", "dependencies", "tasks", "metrics", "audit", "unmapped_tasks"))
     config = Config()
     # Sections the Rust library reads and this client does not use: checked alike, so that one
     # file is accepted or refused by both.
@@ -282,11 +354,13 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
 
     d = _table(c, "defaults", root.get("defaults"))
-    _unknown(c, "defaults", d, (*_POLICY_KEYS, "max_attempts", "backoff_base_ms", "backoff_cap_ms"))
+    _unknown(c, "defaults", d, (*_POLICY_KEYS, "max_attempts", "backoff_base_ms", "backoff_cap_ms",
+                                "max_delay_secs"))
     config.defaults = _policy(c, "defaults", d, BudgetPolicy())
     config.default_ceiling = TaskCeiling(
         max_attempts=c.int_in("defaults.max_attempts", d.get("max_attempts"), 1, 1000, 5),
         backoff=_backoff(c, "defaults", d, Backoff()),
+        max_delay=_max_delay(c, "defaults", d),
     )
 
     for name, dep in _table(c, "dependencies", root.get("dependencies")).items():
@@ -320,17 +394,24 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             else:
                 config.tasks[task] = name
 
+    config.unmapped = _unmapped(c, _table(c, "unmapped_tasks", root.get("unmapped_tasks")), config.policies)
+
     for task, t in _table(c, "tasks", root.get("tasks")).items():
         at = f"tasks.{_toml_key(task)}"
         t = _table(c, at, t)
-        _unknown(c, at, t, ("class", "max_attempts", "recovery_window_secs", "backoff_base_ms", "backoff_cap_ms"))
-        if task not in config.tasks:
+        _unknown(c, at, t, ("class", "max_attempts", "recovery_window_secs", "backoff_base_ms", "backoff_cap_ms",
+                            "max_delay_secs"))
+        if task not in config.tasks and config.unmapped.policy == "own_budget":
+            # An unmapped task is its own dependency, so its name must be a valid one.
             wrong = dependency_name_problem(task)
             if wrong:
                 c.problem(at, repr(task), wrong)
         if sum(k in t for k in ("class", "max_attempts", "recovery_window_secs")) > 1:
             c.problem(at, "class, max_attempts and recovery_window_secs", "set at most one of them")
         backoff = _backoff(c, at, t, config.default_ceiling.backoff)
+        max_delay = _max_delay(c, at, t)
+        if max_delay is None:
+            max_delay = config.default_ceiling.max_delay
         window = None
         if "class" in t:
             cls = c.choice(f"{at}.class", t["class"], tuple(CLASS_MAX_ATTEMPTS), "")
@@ -343,7 +424,8 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             window = float(secs)
         else:
             max_attempts = config.default_ceiling.max_attempts
-        config.ceilings[task] = TaskCeiling(max_attempts=max_attempts, backoff=backoff, recovery_window=window)
+        config.ceilings[task] = TaskCeiling(max_attempts=max_attempts, backoff=backoff, recovery_window=window,
+                                           max_delay=max_delay)
 
     if c.problems:
         raise ConfigError(origin, "invalid configuration:\n" + "\n".join(f"  - {p}" for p in c.problems),

@@ -13,6 +13,9 @@ ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 BUDGET_EXHAUSTED = "budget_exhausted"
 #: An operator froze the dependency's retries (``budgetctl budget freeze``).
 BUDGET_FROZEN = "budget_frozen"
+#: The job would wait longer than its task's ``max_delay`` (a ``Retry-After`` past it). No budget
+#: spent.
+DELAY_EXCEEDED = "delay_exceeded"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ JITTER_LOW = 0.75
 JITTER_HIGH = 1.25
 #: No task runs more executions than this, whatever its ceiling (the Rust ``MAX_ATTEMPTS``).
 MAX_ATTEMPTS = 1000
+#: The ``max_delay`` of tasks that set none: the longest default retry tier, 1,024 s (the Rust
+#: ``DEFAULT_MAX_DELAY``), or twice the task's backoff cap when that is longer.
+DEFAULT_MAX_DELAY_SECS = 1024
 
 
 @dataclass(frozen=True)
@@ -92,11 +95,19 @@ def delay_within_window(backoff: Backoff, failed_attempt: int, elapsed: float, w
 
 @dataclass(frozen=True)
 class TaskCeiling:
-    """A task's attempt ceiling: a count, or a recovery window (seconds) since the first failure."""
+    """A task's attempt ceiling: a count, or a recovery window (seconds) since the first failure;
+    and ``max_delay`` (seconds), the longest the job may wait before its next execution: backoff
+    delays are capped at it, and a longer ``Retry-After`` dead-letters the job ``delay_exceeded``
+    (None: unbounded; ``Config.ceiling`` fills in the default)."""
 
     max_attempts: int = 5
     backoff: Backoff = field(default_factory=Backoff)
     recovery_window: float | None = None
+    max_delay: float | None = None
+
+    def allows_wait(self, wait: float) -> bool:
+        """Whether the job may wait ``wait`` seconds before its next execution."""
+        return self.max_delay is None or wait <= self.max_delay
 
     def exhausted(self, failed_attempt: int, since_first_failure: float | None) -> bool:
         if self.recovery_window is not None and since_first_failure is not None:
@@ -106,13 +117,16 @@ class TaskCeiling:
     def delay(self, failed_attempt: int, since_first_failure: float | None, retry_after: float | None,
               rng: random.Random) -> float:
         """The jittered delay, fitted to the recovery window when the time since the first failure
-        is known; a ``Retry-After`` is a lower bound, even past the window."""
+        is known, and at most ``max_delay``; a ``Retry-After`` is a lower bound, even past the
+        window (one past ``max_delay`` is refused before the budget is asked: :meth:`allows_wait`)."""
         drawn = Backoff.jitter(self.backoff.nominal(failed_attempt), rng)
         fitted = drawn
         if self.recovery_window is not None and since_first_failure is not None:
             within = delay_within_window(self.backoff, failed_attempt, since_first_failure,
                                          self.recovery_window, drawn)
             fitted = drawn if within is None else within
+        if self.max_delay is not None:
+            fitted = min(fitted, self.max_delay)
         if retry_after is not None and retry_after > fitted:
             return retry_after
         return fitted
