@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
         // What may show around the mask: a password that is also a substring of that skeleton
         // (say `//guest` in `a://guestmpp:***@…`) proves nothing when found.
         && !format!("{scheme}://{user}:***{}", &rest[at..]).contains(password)
+        && !password.contains("***")
     {
         assert!(!shown.contains(password), "{url:?} -> {shown:?}");
     }
