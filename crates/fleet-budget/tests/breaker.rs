@@ -96,7 +96,9 @@ async fn until_open_period_ends(b: &Breaker, p: &BreakerPolicy) {
 async fn exactly_the_configured_probes_go_out_fleet_wide_and_each_transition_happens_once() {
     let server = RedisServer::start();
     let bs = breakers(&server);
-    let p = policy(Duration::from_millis(200), Duration::from_secs(60));
+    // Open long enough that the 64 calls below finish inside the open period on a loaded
+    // machine (a call after it would half-open the breaker).
+    let p = policy(Duration::from_secs(3), Duration::from_secs(60));
 
     // 64 failures at once: exactly one of them opens it (the 10th or later, at a ratio of 1).
     let opened = all_at_once(&bs, move |b, _| async move {
@@ -175,7 +177,7 @@ async fn exactly_the_configured_probes_go_out_fleet_wide_and_each_transition_hap
 async fn a_failed_probe_reopens_once_and_older_probes_are_ignored() {
     let server = RedisServer::start();
     let bs = breakers(&server);
-    let p = policy(Duration::from_millis(100), Duration::from_secs(60));
+    let p = policy(Duration::from_secs(1), Duration::from_secs(60));
     // Below the minimum volume nothing opens, whatever the ratio.
     for _ in 0..9 {
         assert!(!bs[0].record(&dep(), &p, false, None).await.unwrap().changed);
@@ -237,7 +239,7 @@ async fn a_failed_probe_reopens_once_and_older_probes_are_ignored() {
 async fn probes_lost_with_their_workers_are_reissued_after_the_probe_timeout() {
     let server = RedisServer::start();
     let bs = breakers(&server);
-    let p = policy(Duration::from_millis(50), Duration::from_millis(300));
+    let p = policy(Duration::from_millis(50), Duration::from_secs(2));
     for _ in 0..10 {
         bs[0].record(&dep(), &p, false, None).await.unwrap();
     }
@@ -257,7 +259,7 @@ async fn probes_lost_with_their_workers_are_reissued_after_the_probe_timeout() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let s = bs[0].status(&dep(), &p).await.unwrap();
-        if s.now_ms >= half_open_at + 300 {
+        if s.now_ms >= half_open_at + 2000 {
             break;
         }
         assert!(Instant::now() < deadline);
@@ -292,7 +294,7 @@ fn config(server: &RedisServer) -> Config {
         "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"fbt\"\ndeposit_flush_ms = 0\n\
          [defaults]\nmin_allowance = 2\nratio = 0\n\
          [dependencies.search]\ntasks = [\"index\"]\n\
-         [dependencies.search.breaker]\nmin_volume = 4\nfailure_ratio = 0.5\nopen_secs = 1\nhalf_open_probes = 2\nclose_after = 2\nmax_wait_secs = 600\n",
+         [dependencies.search.breaker]\nmin_volume = 4\nfailure_ratio = 0.5\nopen_secs = 2\nhalf_open_probes = 2\nclose_after = 2\nmax_wait_secs = 600\n",
         server.url()
     );
     Config::from_toml(&text, "test").unwrap()
