@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fleet_budget::Config;
 use fleet_budget::store::{RedisStore, RedisTarget};
+use fleet_budget::tls::TlsFailure;
 
 /// How long the CLI waits for one Redis call: the configured deadline, but at least a second
 /// (an operator's command is not a worker's hot path).
@@ -25,16 +26,29 @@ pub(crate) fn target(config: &Config) -> RedisTarget {
 pub(crate) async fn connect(config: &Config, timeout: Duration) -> anyhow::Result<Arc<RedisStore>> {
     let target = target(config);
     let shown = target.display();
-    let store = RedisStore::new(target, &config.redis.key_prefix, timeout)
-        .map_err(|e| crate::exit::usage(format!("--redis-url / redis.url {shown}: {e}")))?;
+    let store =
+        RedisStore::new_with_tls(target, &config.redis.key_prefix, timeout, &config.redis.tls)
+            .map_err(|e| {
+                crate::exit::usage(format!(
+                    "--redis-url / redis.url {shown}: {}",
+                    fleet_budget::redact::redact_text(&e.to_string())
+                ))
+            })?;
     store.ping().await.map_err(|e| unreachable(&shown, &e))?;
     Ok(Arc::new(store))
 }
 
-/// The error for a Redis that does not answer.
+/// The error for a Redis that does not answer, or (`rediss://`) whose TLS handshake failed:
+/// then which failure and what to check, never "does not answer" (both exit 1).
 pub(crate) fn unreachable(shown: &str, e: &dyn std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!(
-        "Redis at {shown} does not answer: {}. Start one with `docker compose up -d` (repository root) or point --redis-url / FLEET_BUDGET_REDIS_URL at yours",
-        fleet_budget::redact::redact_text(&e.to_string())
-    )
+    let text = fleet_budget::redact::redact_text(&e.to_string());
+    match TlsFailure::of_text(&text) {
+        Some(failure) => anyhow::anyhow!(
+            "Redis at {shown}: TLS refused ({failure}): {} [{text}]",
+            failure.explain("redis"),
+        ),
+        None => anyhow::anyhow!(
+            "Redis at {shown} does not answer: {text}. Start one with `docker compose up -d` (repository root) or point --redis-url / FLEET_BUDGET_REDIS_URL at yours"
+        ),
+    }
 }

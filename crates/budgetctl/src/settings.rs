@@ -44,6 +44,8 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
     fleet_budget_amqp::connection::set_timeouts(fleet_budget_amqp::connection::Timeouts::of(
         &config.amqp,
     ));
+    // `amqps://` connections use the `[amqp]` certificate files.
+    fleet_budget_amqp::connection::set_tls(config.amqp.tls.clone());
     Ok(config)
 }
 

@@ -4,18 +4,21 @@
 //! Problems of all sections are reported together in one [`ConfigError`], worded like the
 //! core's ([`fleet_budget::config::Checker`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_budget::Config;
 use fleet_budget::config::{Checker, ConfigError, Problem, check_url};
+use fleet_budget::tls::TlsFiles;
 use serde::Deserialize;
 
 /// Environment variable that overrides `amqp.url`.
 pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
+/// Environment variable that overrides `amqp.tls_ca_file`.
+pub const ENV_AMQP_CA_FILE: &str = "FLEET_BUDGET_AMQP_CA_FILE";
 
-/// The URL schemes of a broker.
-pub const AMQP_SCHEMES: [&str; 1] = ["amqp"];
+/// The URL schemes of a broker (`amqps` is TLS).
+pub const AMQP_SCHEMES: [&str; 2] = ["amqp", "amqps"];
 
 /// The section of the file this crate reads.
 const SECTION: &str = "amqp";
@@ -43,6 +46,10 @@ pub struct AmqpSettings {
     /// How long one broker step may take: opening a channel, a declare, a publisher confirm
     /// (default 30 s; `amqp.operation_timeout_ms`).
     pub operation_timeout: Duration,
+    /// Certificate files for `amqps://` (`amqp.tls_ca_file`, `tls_cert_file`, `tls_key_file`;
+    /// the CA file also from `FLEET_BUDGET_AMQP_CA_FILE`). The CA file is trusted besides the
+    /// system's root certificates.
+    pub tls: TlsFiles,
 }
 
 impl Default for AmqpSettings {
@@ -56,6 +63,7 @@ impl Default for AmqpSettings {
             max_replays: 3,
             connect_timeout: crate::connection::Timeouts::DEFAULT.connect,
             operation_timeout: crate::connection::Timeouts::DEFAULT.operation,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -64,8 +72,7 @@ impl AmqpSettings {
     /// Points at the broker `url`, as a command-line override does.
     ///
     /// # Errors
-    /// Not an `amqp://` URL (the problem shows it with its password redacted; `amqps://` is refused
-    /// because this build has no TLS);
+    /// Not an `amqp://` or `amqps://` URL (the problem shows it with its password redacted);
     /// nothing changes then.
     pub fn set_url(&mut self, url: &str) -> Result<(), Problem> {
         check_url("amqp.url", url, &AMQP_SCHEMES)?;
@@ -132,12 +139,16 @@ impl WorkerConfig {
         }
     }
 
-    /// Applies `FLEET_BUDGET_REDIS_URL` and `FLEET_BUDGET_AMQP_URL` as found by `lookup` (an
-    /// empty value is no override).
+    /// Applies `FLEET_BUDGET_REDIS_URL`, `FLEET_BUDGET_AMQP_URL` and the CA files
+    /// (`FLEET_BUDGET_REDIS_CA_FILE`, `FLEET_BUDGET_AMQP_CA_FILE`) as found by `lookup` (an empty
+    /// value is no override).
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) {
         self.budget.apply_env(&lookup);
         if let Some(url) = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty()) {
             self.amqp.url = url;
+        }
+        if let Some(file) = lookup(ENV_AMQP_CA_FILE).filter(|f| !f.is_empty()) {
+            self.amqp.tls.ca_file = Some(file.into());
         }
     }
 }
@@ -161,6 +172,9 @@ struct RawAmqp {
     max_replays: Option<i64>,
     connect_timeout_ms: Option<i64>,
     operation_timeout_ms: Option<i64>,
+    tls_ca_file: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
 }
 
 impl RawAmqp {
@@ -214,6 +228,18 @@ impl RawAmqp {
             ms(amqp.operation_timeout),
         );
         amqp.operation_timeout = Duration::from_millis(operation.unsigned_abs());
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            c.problem(
+                "amqp.tls_cert_file",
+                "(only one of the pair)",
+                "amqp.tls_cert_file and amqp.tls_key_file must be set together",
+            );
+        }
+        amqp.tls = TlsFiles {
+            ca_file: self.tls_ca_file,
+            cert_file: self.tls_cert_file,
+            key_file: self.tls_key_file,
+        };
         amqp
     }
 }
@@ -347,10 +373,14 @@ mod tests {
         let p = settings.set_url("redis://u:hunter2@h").unwrap_err();
         assert!(!p.to_string().contains("hunter2"), "{p}");
         assert_eq!(settings.url, AmqpSettings::default().url);
-        let p = settings.set_url("amqps://u:hunter2@h/v").unwrap_err();
-        assert!(p.allowed.contains("not be encrypted"), "{p}");
+        let p = settings
+            .set_url("amqps://u:hunter2@h/v#insecure")
+            .unwrap_err();
+        assert!(p.allowed.contains("#fragment"), "{p}");
         assert!(!p.to_string().contains("hunter2"), "{p}");
         assert_eq!(settings.url, AmqpSettings::default().url);
+        settings.set_url("amqps://h/v").unwrap();
+        assert_eq!(settings.url, "amqps://h/v");
         settings.set_url("amqp://h/v").unwrap();
         assert_eq!(settings.url, "amqp://h/v");
     }

@@ -11,6 +11,8 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use fleet_budget::redact::redact_url;
+use fleet_budget::tls::{TlsFailure, TlsFiles, install_crypto_provider, is_tls_url};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties};
 
@@ -94,31 +96,81 @@ pub async fn deadline<T>(
         })
 }
 
+static TLS: RwLock<TlsFiles> = RwLock::new(TlsFiles {
+    ca_file: None,
+    cert_file: None,
+    key_file: None,
+});
+
+/// Sets the certificate files of every later `amqps://` connection of this process (the
+/// `amqp.tls_*` settings; the worker and `budgetctl` call it with the deadlines).
+pub fn set_tls(files: TlsFiles) {
+    *TLS.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = files;
+}
+
+/// The certificate files in force.
+#[must_use]
+pub fn tls_files() -> TlsFiles {
+    TLS.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 /// Connects to `url` with `name` as the connection name shown by the broker, within the
-/// connect deadline.
+/// connect deadline. An `amqps://` URL is connected with TLS (rustls; the CA file of
+/// [`set_tls`], else the system's root certificates; certificate and host name verified) and
+/// never in plaintext.
 ///
 /// # Errors
-/// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`], or
-/// [`AmqpError::TlsUnavailable`] for an `amqps://` URL.
+/// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`],
+/// [`AmqpError::Tls`] when the TLS handshake fails, or [`AmqpError::TlsSettings`].
 pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
-    // Without a TLS backend lapin connects `amqps://` in plaintext: never let that happen.
-    if url
-        .get(..8)
-        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://"))
-    {
-        return Err(AmqpError::TlsUnavailable {
-            url: redact_url(url),
+    let shown = redact_url(url);
+    let files = tls_files();
+    let tls = if is_tls_url(url) {
+        install_crypto_provider();
+        let material = files.load("amqp").map_err(|e| AmqpError::TlsSettings {
+            url: shown.clone(),
+            detail: e.to_string(),
+        })?;
+        OwnedTLSConfig {
+            cert_chain: material
+                .ca_pem
+                .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+            identity: material
+                .client
+                .map(|(pem, key)| OwnedIdentity::PKCS8 { pem, key }),
+        }
+    } else if files.is_set() {
+        return Err(AmqpError::TlsSettings {
+            url: shown,
+            detail: "TLS certificate files are set (amqp.tls_*) but the URL is not amqps://, \
+                     so the connection would not be encrypted"
+                .to_owned(),
         });
-    }
+    } else {
+        OwnedTLSConfig::default()
+    };
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
     let after = timeouts().connect;
-    match tokio::time::timeout(after, Connection::connect(url, props)).await {
-        Ok(result) => result.map_err(|source| AmqpError::Connect {
-            url: redact_url(url),
-            source,
+    let runtime = lapin::runtime::default_runtime().map_err(|source| AmqpError::Connect {
+        url: shown.clone(),
+        source,
+    })?;
+    let connecting = Connection::connect_with_config(url, props, tls, runtime);
+    match tokio::time::timeout(after, connecting).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(source)) => Err(match TlsFailure::of(&source) {
+            Some(failure) => AmqpError::Tls {
+                url: shown,
+                failure,
+                source,
+            },
+            None => AmqpError::Connect { url: shown, source },
         }),
         Err(_) => Err(AmqpError::Timeout {
-            step: format!("connect to RabbitMQ at {}", redact_url(url)),
+            step: format!("connect to RabbitMQ at {shown}"),
             after,
         }),
     }
@@ -129,19 +181,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn an_amqps_url_is_refused_before_any_connection_is_made() {
-        // A listener that records whether anything connected: nothing may reach it.
+    async fn certificate_files_with_a_plaintext_url_are_refused_before_any_connection() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("addr").port();
-        for url in [
-            format!("amqps://u:hunter2@127.0.0.1:{port}/%2f"),
-            format!("AMQPS://u:hunter2@127.0.0.1:{port}/%2f"),
-        ] {
-            let err = connect(&url, "tls test").await.expect_err("refused");
-            assert!(matches!(err, AmqpError::TlsUnavailable { .. }), "{err}");
-            assert!(!err.to_string().contains("hunter2"), "{err}");
-        }
+        set_tls(TlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsFiles::default()
+        });
+        let url = format!("amqp://u:hunter2@127.0.0.1:{port}/%2f");
+        let err = connect(&url, "tls test").await.expect_err("refused");
+        set_tls(TlsFiles::default());
+        assert!(matches!(err, AmqpError::TlsSettings { .. }), "{err}");
+        assert!(err.to_string().contains("not be encrypted"), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(
             listener.accept().is_err(),
             "something connected in plaintext"

@@ -51,13 +51,25 @@ pub enum AmqpError {
         /// Why.
         source: lapin::Error,
     },
-    /// An `amqps://` URL: this build has no TLS, and lapin would connect it in plaintext.
-    #[error(
-        "cannot connect to RabbitMQ at {url}: TLS (amqps://) is not available in this build, and the connection would not be encrypted"
-    )]
-    TlsUnavailable {
+    /// The TLS handshake of an `amqps://` URL failed: a plaintext broker, an untrusted
+    /// certificate, another host's certificate. Nothing was sent in plaintext.
+    #[error("cannot connect to RabbitMQ at {url}: TLS refused ({failure}): {}", failure.explain("amqp"))]
+    Tls {
         /// The URL, password redacted.
         url: String,
+        /// Which failure.
+        failure: fleet_budget::tls::TlsFailure,
+        /// The TLS library's error.
+        source: lapin::Error,
+    },
+    /// The TLS settings cannot be used: a certificate file that cannot be read, or files set
+    /// for an `amqp://` URL (which would not be encrypted).
+    #[error("cannot connect to RabbitMQ at {url}: {detail}")]
+    TlsSettings {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong, naming the setting.
+        detail: String,
     },
     /// A broker operation failed.
     #[error("RabbitMQ {operation} failed: {source}")]
@@ -121,7 +133,7 @@ impl AmqpError {
     #[must_use]
     pub fn is_connection_error(&self) -> bool {
         match self {
-            Self::Connect { .. } | Self::Timeout { .. } => true,
+            Self::Connect { .. } | Self::Timeout { .. } | Self::Tls { .. } => true,
             Self::Broker { source, .. } => is_connection_error(source),
             _ => false,
         }

@@ -48,6 +48,16 @@ impl StoreError {
         }
     }
 
+    /// Why the TLS handshake with the store failed, when that is what happened (a plaintext
+    /// server behind `rediss://`, an untrusted certificate, another host's certificate).
+    #[must_use]
+    pub fn tls_failure(&self) -> Option<crate::tls::TlsFailure> {
+        match self {
+            Self::Redis(e) => crate::tls::TlsFailure::of(e),
+            Self::Timeout(_) | Self::BadReply { .. } | Self::BadKey { .. } => None,
+        }
+    }
+
     /// Whether the connection to the store is down or was refused.
     #[must_use]
     pub fn is_connection_error(&self) -> bool {

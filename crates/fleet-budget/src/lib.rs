@@ -58,6 +58,7 @@ pub mod redact;
 pub mod store;
 #[cfg(feature = "test-harness")]
 pub mod testing;
+pub mod tls;
 
 pub use allowance::{BudgetSnapshot, Control, WindowCounters};
 pub use budget::{Admission, Call, CallOutcome, FanOut, FleetBudget, FleetBudgetBuilder, Hold};

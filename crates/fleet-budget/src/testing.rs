@@ -24,6 +24,8 @@ use crate::{Config, Dependency, FleetBudget};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+pub mod tls;
+
 /// Where Debian installs libfaketime (package `faketime`). It cannot shift redis-server
 /// itself (jemalloc recurses into it at start-up), so tests skew the *client* process instead.
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";

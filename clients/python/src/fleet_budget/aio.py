@@ -24,7 +24,9 @@ class FleetBudget(_sync.FleetBudget):
     """Use from one event loop; ``await budget.close()`` at shutdown (it flushes deposits)."""
 
     def _new_client(self, url: str, timeout: float) -> Any:
-        return redis.asyncio.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return redis.asyncio.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            **self.config.redis.client_kwargs())
 
     def _new_cluster_client(self, urls: list[str], timeout: float) -> Any:
         raise ConfigError("redis.cluster_urls", "Redis Cluster is not in the asyncio flavour yet; "

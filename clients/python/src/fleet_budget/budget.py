@@ -114,7 +114,9 @@ class FleetBudget:
         self._flusher.start()
 
     def _new_client(self, url: str, timeout: float) -> Any:
-        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            **self.config.redis.client_kwargs())
 
     def _new_cluster_client(self, urls: list[str], timeout: float) -> Any:
         from .cluster import LazyCluster

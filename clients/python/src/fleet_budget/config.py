@@ -1,6 +1,6 @@
 """The TOML configuration the Rust library reads (``crates/fleet-budget/src/config``): the same
 sections, keys, limits and defaults, every problem reported at once, ``FLEET_BUDGET_REDIS_URL``
-over ``redis.url``. Sections of other components (``[amqp]``) are ignored, as the Rust worker does."""
+over ``redis.url`` and ``FLEET_BUDGET_REDIS_CA_FILE`` over ``redis.tls_ca_file``. Sections of other components (``[amqp]``) are ignored, as the Rust worker does."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from .redact import redact_url
 from .policy import CLASS_MAX_ATTEMPTS, DEFAULT_MAX_DELAY_SECS, Backoff, BudgetPolicy, TaskCeiling
 
 ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
-REDIS_SCHEMES = ("redis", "redis+unix", "unix")
-#: Redis Cluster seed nodes (``redis.cluster_urls``).
+ENV_REDIS_CA_FILE = "FLEET_BUDGET_REDIS_CA_FILE"
+REDIS_SCHEMES = ("redis", "rediss", "redis+unix", "unix")
+#: Redis Cluster seed nodes (``redis.cluster_urls``): no TLS in this client's cluster mode yet,
+#: so ``rediss://`` seeds are refused by name rather than connected in plaintext.
 CLUSTER_SCHEMES = ("redis",)
 MAX_WINDOW_SECS = 86_400
 MAX_RATIO = 10.0
@@ -61,6 +63,30 @@ class RedisSettings:
     deposit_flush_count: int = 1000
     #: Redis Cluster seed nodes, instead of ``url`` when not empty.
     cluster_urls: list[str] = field(default_factory=list)
+    # rediss:// certificate files, as the Rust library reads them: a CA file instead of the
+    # system's roots, and a client certificate with its key.
+    tls_ca_file: Optional[str] = None
+    tls_cert_file: Optional[str] = None
+    tls_key_file: Optional[str] = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """redis-py connection arguments for the TLS settings: certificate and host name always
+        verified. Files set for a URL that is not ``rediss://`` are refused (nothing would be
+        encrypted)."""
+        tls = self.url.lower().startswith("rediss://")
+        files = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if not tls:
+            if any(files):
+                raise ValueError("TLS certificate files are set (redis.tls_*) but the URL is not "
+                                 "rediss://, so the connection would not be encrypted")
+            return {}
+        kwargs: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+        if self.tls_ca_file:
+            kwargs["ssl_ca_certs"] = self.tls_ca_file
+        if self.tls_cert_file:
+            kwargs["ssl_certfile"] = self.tls_cert_file
+            kwargs["ssl_keyfile"] = self.tls_key_file
+        return kwargs
 
 
 @dataclass(frozen=True)
@@ -128,6 +154,9 @@ class Config:
                 raise ConfigError(ENV_REDIS_URL, str(c.problems[0]), c.problems)
             self.redis.url = url
             self.redis.cluster_urls = []
+        ca_file = env.get(ENV_REDIS_CA_FILE, "")
+        if ca_file:
+            self.redis.tls_ca_file = ca_file
 
     def dependency(self, task: str) -> str:
         """The dependency whose budget ``task`` spends, not counting the cap on own budgets (an
@@ -323,7 +352,8 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
 
     r = _table(c, "redis", root.get("redis"))
     _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
-                             "deposit_flush_ms", "deposit_flush_count"))
+                             "deposit_flush_ms", "deposit_flush_count", "tls_ca_file",
+                             "tls_cert_file", "tls_key_file"))
     if "url" in r:
         url = r["url"]
         if not isinstance(url, str):
@@ -352,6 +382,15 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     config.redis.deposit_flush_ms = c.int_in("redis.deposit_flush_ms", r.get("deposit_flush_ms"), 0, 10_000, 100)
     config.redis.deposit_flush_count = c.int_in(
         "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        if key in r:
+            if isinstance(r[key], str) and r[key]:
+                setattr(config.redis, key, r[key])
+            else:
+                c.problem(f"redis.{key}", repr(r[key]), "must be the path of a PEM file")
+    if (config.redis.tls_cert_file is None) != (config.redis.tls_key_file is None):
+        c.problem("redis.tls_cert_file", "(only one of the pair)",
+                  "redis.tls_cert_file and redis.tls_key_file must be set together")
 
     d = _table(c, "defaults", root.get("defaults"))
     _unknown(c, "defaults", d, (*_POLICY_KEYS, "max_attempts", "backoff_base_ms", "backoff_cap_ms",
@@ -461,12 +500,17 @@ def _toml_key(name: str) -> str:
 
 
 def _url_problem(c: _Checker, key: str, url: str, schemes: tuple[str, ...]) -> bool:
-    """Checks ``url`` as the Rust ``check_url`` does; True when it is usable. A TLS scheme
-    (``rediss``) is refused by name: TLS is not built in, and it would not be encrypted."""
+    """Checks ``url`` as the Rust ``check_url`` does; True when it is usable. A TLS scheme this
+    client cannot honour is refused by name rather than connected without encryption, and a
+    ``#fragment`` (``rediss://h/#insecure``) is refused: certificate checks cannot be turned off."""
     scheme, sep, _ = url.partition("://")
     if sep and scheme.endswith("s") and scheme not in schemes and scheme[:-1] in schemes:
-        c.problem(key, _redact(url), f"TLS ({scheme}://) is not available in this build, and the connection "
+        c.problem(key, _redact(url), f"TLS ({scheme}://) is not available here, and the connection "
                   f"would not be encrypted; use {scheme[:-1]}:// on a trusted network or through a TLS tunnel")
+        return False
+    if "#" in url:
+        c.problem(key, _redact(url), "must not have a #fragment (certificate and host name checks "
+                  "cannot be turned off)")
         return False
     if not _url_ok(url, schemes):
         c.problem(key, _redact(url), "must be a URL of the form " + " or ".join(f"{s}://..." for s in schemes))

@@ -41,7 +41,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     let shown = target.display();
     let timeout = redis_conn::cli_timeout(budget);
     let store = Arc::new(
-        RedisStore::new(target, &budget.redis.key_prefix, timeout)
+        RedisStore::new_with_tls(target, &budget.redis.key_prefix, timeout, &budget.redis.tls)
             .map_err(|e| usage(format!("--redis-url / redis.url {shown}: {e}")))?,
     );
     let mut exporter = FleetExporter::new(Arc::clone(&store) as Arc<dyn BudgetStore>, budget)?

@@ -17,6 +17,7 @@ mod plan;
 mod rabbitmq;
 mod redis;
 mod simulate;
+mod tls;
 mod usage;
 
 use std::path::PathBuf;
@@ -28,6 +29,8 @@ fn budgetctl() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_budgetctl"));
     c.env_remove("FLEET_BUDGET_REDIS_URL")
         .env_remove("FLEET_BUDGET_AMQP_URL")
+        .env_remove("FLEET_BUDGET_REDIS_CA_FILE")
+        .env_remove("FLEET_BUDGET_AMQP_CA_FILE")
         .env_remove("RUST_LOG");
     c.stdin(Stdio::null());
     c

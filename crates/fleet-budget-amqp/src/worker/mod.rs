@@ -79,10 +79,12 @@ pub struct WorkerOptions {
 
 impl WorkerOptions {
     /// Options from `config.amqp`, consuming `topology`'s work queue. Applies the `[amqp]`
-    /// deadlines to the process ([`crate::connection::set_timeouts`]).
+    /// deadlines and TLS files to the process ([`crate::connection::set_timeouts`],
+    /// [`crate::connection::set_tls`]).
     #[must_use]
     pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
         crate::connection::set_timeouts(crate::connection::Timeouts::of(&config.amqp));
+        crate::connection::set_tls(config.amqp.tls.clone());
         Self {
             url: config.amqp.url.clone(),
             queue: topology.work_queue.clone(),

@@ -13,5 +13,6 @@ mod common;
 mod inspect;
 mod metrics;
 mod replay;
+mod tls;
 mod topology;
 mod worker;

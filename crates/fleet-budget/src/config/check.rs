@@ -22,6 +22,17 @@ pub fn check_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> 
     if let Some(problem) = tls_not_built(key, url, schemes) {
         return Err(problem);
     }
+    if url
+        .split_once('#')
+        .is_some_and(|(_, fragment)| !fragment.is_empty())
+    {
+        // `rediss://host/#insecure` would ask the Redis client to skip certificate checks.
+        return Err(Problem::new(
+            key,
+            redact_url(url),
+            "must not have a #fragment (certificate and host name checks cannot be turned off)",
+        ));
+    }
     let ok = schemes.iter().any(|s| {
         url.strip_prefix(s)
             .and_then(|r| r.strip_prefix("://"))
@@ -38,9 +49,9 @@ pub fn check_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> 
     ))
 }
 
-/// The TLS variant of an allowed scheme (`rediss` for `redis`, `amqps` for `amqp`): this build
-/// has no TLS, and its client libraries would connect such a URL **without encryption**, so the
-/// URL is refused as a configuration error rather than silently downgraded.
+/// The TLS variant of an allowed scheme that this build cannot honour (a scheme plus `s` that is
+/// not itself allowed, e.g. `unixs` where only `unix` is): refused as a configuration error
+/// rather than connected **without encryption**.
 fn tls_not_built(key: &str, url: &str, schemes: &[&str]) -> Option<Problem> {
     let (scheme, _) = url.split_once("://")?;
     let plain = scheme.strip_suffix('s')?;

@@ -31,7 +31,9 @@ pub use self::check::{Checker, MAX_KEY_PREFIX_LEN, check_key_prefix, check_url};
 pub use self::defaults::{MAX_RATIO, MAX_WINDOW_SECS};
 pub use self::error::{ConfigError, Problem};
 pub use self::metrics::MetricsSettings;
-pub use self::redis::{CLUSTER_SCHEMES, ENV_REDIS_URL, FallbackMode, REDIS_SCHEMES, RedisSettings};
+pub use self::redis::{
+    CLUSTER_SCHEMES, ENV_REDIS_CA_FILE, ENV_REDIS_URL, FallbackMode, REDIS_SCHEMES, RedisSettings,
+};
 use crate::breaker::BreakerPolicy;
 use crate::ceiling::Ceilings;
 use crate::concurrency::ConcurrencyPolicy;
@@ -134,11 +136,15 @@ impl Config {
         raw.resolve(origin)
     }
 
-    /// Applies `FLEET_BUDGET_REDIS_URL` as found by `lookup` (an empty value is no override).
+    /// Applies `FLEET_BUDGET_REDIS_URL` and `FLEET_BUDGET_REDIS_CA_FILE` as found by `lookup` (an
+    /// empty value is no override).
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) {
         if let Some(url) = lookup(ENV_REDIS_URL).filter(|u| !u.is_empty()) {
             self.redis.url = url;
             self.redis.cluster_urls.clear();
+        }
+        if let Some(file) = lookup(ENV_REDIS_CA_FILE).filter(|f| !f.is_empty()) {
+            self.redis.tls.ca_file = Some(file.into());
         }
     }
 
@@ -410,9 +416,11 @@ pub(super) mod tests {
         assert_eq!(c.redis.url, RedisSettings::default().url);
         c.redis.cluster_urls.push("redis://c:1".to_owned());
         assert!(
-            c.set_redis_url("rediss://h:1").is_err(),
-            "no TLS in this build"
+            c.set_redis_url("rediss://h:1/#insecure").is_err(),
+            "certificate checks cannot be turned off"
         );
+        assert_eq!(c.redis.url, RedisSettings::default().url);
+        c.set_redis_url("rediss://h:1").unwrap();
         c.set_redis_url("redis://h:1").unwrap();
         assert_eq!(c.redis.url, "redis://h:1");
         assert!(c.redis.cluster_urls.is_empty());

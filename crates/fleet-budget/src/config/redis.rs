@@ -1,17 +1,23 @@
 //! The `[redis]` section: where the fleet store is, its deadline, and what to do without it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::tls::TlsFiles;
 
 use super::check::{Checker, check_key_prefix, check_url};
 
 /// Environment variable that overrides `redis.url`.
 pub const ENV_REDIS_URL: &str = "FLEET_BUDGET_REDIS_URL";
+/// Environment variable that overrides `redis.tls_ca_file`.
+pub const ENV_REDIS_CA_FILE: &str = "FLEET_BUDGET_REDIS_CA_FILE";
 
-/// The URL schemes of a single Redis server.
-pub const REDIS_SCHEMES: [&str; 3] = ["redis", "redis+unix", "unix"];
-/// The URL schemes of Redis Cluster seed nodes.
+/// The URL schemes of a single Redis server (`rediss` is TLS).
+pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+/// The URL schemes of Redis Cluster seed nodes: no `rediss` yet (TLS to a cluster is not tested
+/// here, and the Python client's cluster mode has none), so it is refused by name.
 pub const CLUSTER_SCHEMES: [&str; 1] = ["redis"];
 
 /// What to do when the fleet store (Redis) cannot answer in time.
@@ -57,6 +63,9 @@ pub struct RedisSettings {
     pub deposit_flush: Duration,
     /// ... or as soon as this many deposits are pending for one dependency (default 1000).
     pub deposit_flush_count: u64,
+    /// Certificate files for `rediss://` (`redis.tls_ca_file`, `tls_cert_file`,
+    /// `tls_key_file`; the CA file also from `FLEET_BUDGET_REDIS_CA_FILE`).
+    pub tls: TlsFiles,
 }
 
 impl Default for RedisSettings {
@@ -69,6 +78,7 @@ impl Default for RedisSettings {
             fallback: FallbackMode::Local,
             deposit_flush: Duration::from_millis(100),
             deposit_flush_count: 1000,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -83,6 +93,9 @@ pub(super) struct RawRedis {
     fallback: Option<FallbackMode>,
     deposit_flush_ms: Option<i64>,
     deposit_flush_count: Option<i64>,
+    tls_ca_file: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
 }
 
 impl RawRedis {
@@ -124,6 +137,18 @@ impl RawRedis {
             1000,
         );
         redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            c.problem(
+                "redis.tls_cert_file",
+                "(only one of the pair)",
+                "redis.tls_cert_file and redis.tls_key_file must be set together",
+            );
+        }
+        redis.tls = TlsFiles {
+            ca_file: self.tls_ca_file,
+            cert_file: self.tls_cert_file,
+            key_file: self.tls_key_file,
+        };
         redis
     }
 }

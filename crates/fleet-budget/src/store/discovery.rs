@@ -41,11 +41,11 @@ impl RedisStore {
     pub async fn discover_dependencies(&self) -> Result<Vec<Dependency>, DiscoveryError> {
         let nodes = match self.target() {
             RedisTarget::Single(url) => vec![url.clone()],
-            RedisTarget::Cluster(seeds) => cluster_masters(seeds, self.timeout()).await?,
+            RedisTarget::Cluster(seeds) => cluster_masters(self, seeds, self.timeout()).await?,
         };
         let mut found = Vec::new();
         for url in nodes {
-            found.extend(scan_node(&url, self.prefix(), self.timeout()).await?);
+            found.extend(scan_node(self, &url, self.prefix(), self.timeout()).await?);
         }
         found.sort();
         found.dedup();
@@ -53,8 +53,10 @@ impl RedisStore {
     }
 }
 
-/// The dependencies with a budget key under `prefix` on the node at `url`.
+/// The dependencies with a budget key under `prefix` on the node at `url` (connected with
+/// `store`'s TLS certificates).
 async fn scan_node(
+    store: &RedisStore,
     url: &str,
     prefix: &str,
     timeout: Duration,
@@ -63,7 +65,7 @@ async fn scan_node(
         node: redact_url(url),
         source,
     };
-    let client = redis::Client::open(url).map_err(|e| failed(e.into()))?;
+    let client = store.client_for(url).map_err(|e| failed(e.into()))?;
     let scan = async move {
         let mut conn = client.get_multiplexed_async_connection().await?;
         let pattern = budget_key_pattern(prefix);
@@ -95,13 +97,14 @@ async fn scan_node(
 
 /// The URLs of a cluster's live masters, from the first seed that answers `CLUSTER NODES`.
 async fn cluster_masters(
+    store: &RedisStore,
     seeds: &[String],
     timeout: Duration,
 ) -> Result<Vec<String>, DiscoveryError> {
     let mut last_error = None;
     for seed in seeds {
         let query = async {
-            let client = redis::Client::open(seed.as_str())?;
+            let client = store.client_for(seed)?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             redis::cmd("CLUSTER")
                 .arg("NODES")

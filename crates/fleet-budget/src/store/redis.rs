@@ -13,7 +13,7 @@ use futures::future::{BoxFuture, Shared};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Script, ScriptInvocation};
+use redis::{Client, ClientTlsConfig, Script, ScriptInvocation, TlsCertificates};
 use tokio::sync::OnceCell;
 
 use super::group_commit::{DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, batch_answer};
@@ -29,6 +29,7 @@ use crate::error::StoreError;
 use crate::keys::budget_key;
 use crate::policy::BudgetPolicy;
 use crate::redact::redact_url;
+use crate::tls::{TlsFiles, install_crypto_provider, is_tls_url};
 
 /// Where the fleet budgets live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +81,12 @@ pub struct RedisStore {
     connecting: Mutex<Option<Connecting>>,
     /// Group commit of withdrawals (`None`: one `spend.lua` call per decision).
     group: Option<GroupCommit>,
+    /// Host and port of a `rediss://` server, to tell a handshake nobody answers from a
+    /// server that is down (see [`RedisStore::ping`]).
+    tls_address: Option<(String, u16)>,
+    /// The certificates of `rediss://` connections, when files were given (for the other
+    /// connections this store opens: discovery's `SCAN` of each node).
+    certificates: Option<TlsCertificates>,
 }
 
 /// A cluster connection being made in a task of its own, awaited by any number of callers.
@@ -105,9 +112,35 @@ impl RedisStore {
     /// # Errors
     /// A URL that cannot be parsed.
     pub fn new(target: RedisTarget, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        Self::new_with_tls(target, prefix, timeout, &TlsFiles::default())
+    }
+
+    /// [`RedisStore::new`] with the certificate files of `rediss://` URLs: a CA file (instead
+    /// of the system's root certificates) and a client certificate and key. Certificates and
+    /// host names are always verified.
+    ///
+    /// # Errors
+    /// A URL that cannot be parsed, certificate files that cannot be read, or files given for
+    /// a URL that is not `rediss://` (the connection would not be encrypted).
+    pub fn new_with_tls(
+        target: RedisTarget,
+        prefix: &str,
+        timeout: Duration,
+        tls: &TlsFiles,
+    ) -> Result<Self, StoreError> {
+        let certificates = tls_certificates(&target, tls)?;
+        let mut tls_address = None;
         let (connection, cluster_client) = match &target {
             RedisTarget::Single(url) => {
-                let client = Client::open(url.as_str())?;
+                let client = match &certificates {
+                    Some(certs) => Client::build_with_tls(url.as_str(), certs.clone())?,
+                    None => Client::open(url.as_str())?,
+                };
+                if let redis::ConnectionAddr::TcpTls { host, port, .. } =
+                    client.get_connection_info().addr()
+                {
+                    tls_address = Some((host.clone(), *port));
+                }
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
                     .set_response_timeout(Some(timeout.max(Duration::from_millis(250))))
@@ -118,13 +151,16 @@ impl RedisStore {
                 (OnceCell::new_with(Some(Connection::Single(manager))), None)
             }
             RedisTarget::Cluster(urls) => {
-                let client = ClusterClient::builder(urls.iter().map(String::as_str))
+                let mut builder = ClusterClient::builder(urls.iter().map(String::as_str))
                     .connection_timeout(timeout.max(Duration::from_millis(250)))
                     .response_timeout(timeout.max(Duration::from_millis(250)))
                     .retries(3)
                     .min_retry_wait(5)
-                    .max_retry_wait(200)
-                    .build()?;
+                    .max_retry_wait(200);
+                if let Some(certs) = &certificates {
+                    builder = builder.certs(certs.clone());
+                }
+                let client = builder.build()?;
                 (OnceCell::new(), Some(client))
             }
         };
@@ -136,6 +172,8 @@ impl RedisStore {
             connection,
             connecting: Mutex::new(None),
             group: Some(GroupCommit::new(DEFAULT_MAX_BATCH)),
+            tls_address,
+            certificates,
         })
     }
 
@@ -213,26 +251,29 @@ impl RedisStore {
         }
     }
 
-    /// A store as `settings` describe it: target, key prefix and deadline.
+    /// A store as `settings` describe it: target, key prefix, deadline and TLS files.
     ///
     /// # Errors
-    /// A URL that cannot be parsed.
+    /// A URL that cannot be parsed, or TLS files that cannot be used.
     pub fn from_settings(settings: &RedisSettings) -> Result<Self, StoreError> {
-        Self::new(
+        Self::new_with_tls(
             RedisTarget::from_settings(settings),
             &settings.key_prefix,
             settings.timeout,
+            &settings.tls,
         )
     }
 
     /// Connects now and checks the server answers (`PING`), within the store's deadline × 20.
     ///
     /// # Errors
-    /// The server does not answer.
+    /// The server does not answer. For a `rediss://` server that accepts TCP connections but
+    /// never answers the TLS handshake (a plaintext server), the error's
+    /// [`StoreError::tls_failure`] says so.
     pub async fn ping(&self) -> Result<Duration, StoreError> {
         let started = std::time::Instant::now();
         let deadline = self.timeout.saturating_mul(20).max(Duration::from_secs(1));
-        tokio::time::timeout(deadline, async {
+        let result = tokio::time::timeout(deadline, async {
             let mut cmd = redis::cmd("PING");
             let cmd = cmd.arg("fleet-budget");
             match self.connection().await? {
@@ -242,14 +283,46 @@ impl RedisStore {
             Ok::<_, StoreError>(())
         })
         .await
-        .map_err(|_| StoreError::Timeout(deadline))??;
-        Ok(started.elapsed())
+        .map_err(|_| StoreError::Timeout(deadline))
+        .and_then(|inner| inner);
+        match result {
+            Ok(()) => Ok(started.elapsed()),
+            Err(e) if e.is_timeout() => Err(self
+                .unanswered_handshake(started.elapsed())
+                .await
+                .unwrap_or(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// After a timeout on a `rediss://` server: when a plain TCP connection (nothing sent) is
+    /// accepted at once, the server is up and it is the TLS handshake that got no answer.
+    async fn unanswered_handshake(&self, after: Duration) -> Option<StoreError> {
+        let (host, port) = self.tls_address.as_ref()?;
+        let probe = tokio::net::TcpStream::connect((host.as_str(), *port));
+        tokio::time::timeout(Duration::from_secs(1), probe)
+            .await
+            .ok()?
+            .ok()?;
+        let unanswered = crate::tls::HandshakeUnanswered { after };
+        Some(StoreError::Redis(
+            std::io::Error::new(std::io::ErrorKind::TimedOut, unanswered).into(),
+        ))
     }
 
     /// Where the store points, passwords redacted.
     #[must_use]
     pub fn target(&self) -> &RedisTarget {
         &self.target
+    }
+
+    /// A client for another connection to `url` (a node of the target), with the store's TLS
+    /// certificates.
+    pub(super) fn client_for(&self, url: &str) -> redis::RedisResult<Client> {
+        match &self.certificates {
+            Some(certs) if is_tls_url(url) => Client::build_with_tls(url, certs.clone()),
+            _ => Client::open(url),
+        }
     }
 
     /// The key prefix.
@@ -394,6 +467,48 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// The certificates of a TLS target when files are given (`None`: the system's roots, or no
+/// TLS); files for a target that is not `rediss://` are refused, since nothing would be
+/// encrypted.
+fn tls_certificates(
+    target: &RedisTarget,
+    tls: &TlsFiles,
+) -> Result<Option<TlsCertificates>, StoreError> {
+    let urls: Vec<&str> = match target {
+        RedisTarget::Single(url) => vec![url.as_str()],
+        RedisTarget::Cluster(urls) => urls.iter().map(String::as_str).collect(),
+    };
+    if urls.iter().any(|url| is_tls_url(url)) {
+        install_crypto_provider();
+    }
+    if !tls.is_set() {
+        return Ok(None);
+    }
+    if let Some(plain) = urls.iter().find(|url| !is_tls_url(url)) {
+        return Err(StoreError::Redis(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS certificate files are set (redis.tls_*) but the URL is not rediss://, so the connection would not be encrypted",
+            redact_url(plain),
+        ))));
+    }
+    let material = tls.load("redis").map_err(|e| {
+        StoreError::Redis(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS certificate file",
+            e.to_string(),
+        )))
+    })?;
+    Ok(Some(TlsCertificates {
+        client_tls: material
+            .client
+            .map(|(client_cert, client_key)| ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: material.ca_pem,
+    }))
 }
 
 /// The scripts' refusal of a key (`fleet-budget: key <key> ...`, lua/README.md) as a

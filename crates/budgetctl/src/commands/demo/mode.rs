@@ -63,10 +63,11 @@ pub(super) async fn choose(config: &WorkerConfig, in_process: bool) -> Mode {
         return mode;
     }
     let timeout = Duration::from_millis(500);
-    match RedisStore::new(
+    match RedisStore::new_with_tls(
         redis_conn::target(&config.budget),
         &config.budget.redis.key_prefix,
         timeout,
+        &config.budget.redis.tls,
     ) {
         Ok(store) => match store.ping().await {
             Ok(_) => {
