@@ -54,6 +54,7 @@ pub mod error;
 pub mod keys;
 pub mod metrics;
 pub mod policy;
+pub mod printable;
 pub mod redact;
 pub mod store;
 #[cfg(feature = "test-harness")]

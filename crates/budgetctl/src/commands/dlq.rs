@@ -219,19 +219,17 @@ pub(crate) async fn show_messages(
     Ok(())
 }
 
-/// Text from a message as a table cell: control characters shown as `?` (a hostile producer
-/// must not drive the terminal), at most `max` characters.
+/// Text from a message as a table cell: control and bidirectional control characters shown as
+/// `\u{…}` (a hostile producer must not drive the terminal or reorder what it shows), at most
+/// `max` characters.
 fn printable(text: &str, max: usize) -> String {
-    let clean: String = text
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
+    let clean = fleet_budget::printable::escape_text(text);
     if clean.chars().count() > max {
         let mut short: String = clean.chars().take(max.saturating_sub(1)).collect();
         short.push('…');
         short
     } else {
-        clean
+        clean.into_owned()
     }
 }
 
@@ -290,8 +288,8 @@ pub(crate) async fn stats(config: &WorkerConfig, json: bool) -> anyhow::Result<(
             ]];
             for d in &q.by_dependency_reason {
                 rows.push(vec![
-                    format!("  {}", d.dependency),
-                    d.reason.clone(),
+                    format!("  {}", printable(&d.dependency, 200)),
+                    printable(&d.reason, 40),
                     thousands(d.count),
                 ]);
             }
@@ -353,7 +351,8 @@ mod tests {
 
     #[test]
     fn printable_hides_control_characters_and_shortens() {
-        assert_eq!(printable("a\x1b[2Jb\n", 40), "a?[2Jb?");
+        assert_eq!(printable("a\x1b[2Jb\n", 40), "a\\u{1b}[2Jb\\u{a}");
+        assert_eq!(printable("pay\u{202E}lanoitan", 40), "pay\\u{202e}lanoitan");
         assert_eq!(printable("abcdef", 4), "abc…");
         assert_eq!(printable("abcd", 4), "abcd");
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use fleet_budget::clock::now_ms;
 use fleet_budget::control::AuditEntry;
+use fleet_budget::printable::escape_text;
 use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use fleet_budget_amqp::replay::audit;
 use fleet_budget_amqp::{
@@ -194,7 +195,12 @@ pub(crate) async fn replay_queue(
                 "matching".to_owned(),
             ]];
             for ((d, reason), n) in &r.by_dependency_reason {
-                rows.push(vec![d.clone(), reason.clone(), thousands(*n)]);
+                // Names from message headers: escaped, as everywhere they are printed.
+                rows.push(vec![
+                    escape_text(d).into_owned(),
+                    escape_text(reason).into_owned(),
+                    thousands(*n),
+                ]);
             }
             if rows.len() > 1 {
                 out!("{}", table_aligned(&rows, &[0, 1]));

@@ -13,6 +13,7 @@ mod budget;
 mod config_check;
 mod dead_letters;
 mod demo;
+mod hostile_names;
 mod plan;
 mod rabbitmq;
 mod redis;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fleet_budget::Dependency;
+use fleet_budget::printable::escape_text;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::Acker;
@@ -364,7 +365,7 @@ impl Replayer {
             if snapshot.remaining() > 0 {
                 checked.insert(dependency.to_owned(), Instant::now());
                 if p.paused_on.take().is_some() {
-                    tracing::info!(dependency, "budget has headroom again; replay resumes");
+                    tracing::info!(dependency = %escape_text(dependency), "budget has headroom again; replay resumes");
                     progress(p);
                     return start.elapsed();
                 }
@@ -372,7 +373,7 @@ impl Replayer {
                 return Duration::ZERO;
             }
             if p.paused_on.is_none() {
-                tracing::info!(dependency, "budget exhausted; replay paused");
+                tracing::info!(dependency = %escape_text(dependency), "budget exhausted; replay paused");
                 p.paused_on = Some(dependency.to_owned());
                 progress(p);
             }

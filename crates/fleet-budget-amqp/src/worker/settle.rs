@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
+use fleet_budget::printable::escape_text;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
@@ -53,7 +54,7 @@ impl Settler {
                     }
                 }
                 if let Err(e) = self.budget.on_success(task).await {
-                    tracing::warn!(error = %e, task, "success not counted");
+                    tracing::warn!(error = %escape_text(&e.to_string()), task = %escape_text(task), "success not counted");
                 }
             }
             Outcome::Retry { tier, record } => {
