@@ -9,6 +9,7 @@
     missing_docs
 )]
 
+mod acl;
 mod budget;
 mod config_check;
 mod dead_letters;

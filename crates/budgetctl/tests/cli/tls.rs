@@ -37,7 +37,7 @@ fn status_and_bench_over_rediss_and_each_refusal_named() {
         "--json",
     ];
     let v = json(&redis_with_ca(&url, &ca, &bench));
-    assert_eq!(v["granted"], 10, "{v}");
+    assert_eq!(v["retries_granted"], 10, "{v}");
     json(&redis_with_ca(&url, &ca, &["status", "--json"]));
 
     let o = redis_with_ca(&url, &pki.other_ca_file(), &["status"]);

@@ -1,0 +1,176 @@
+//! Least privilege: the Redis users of `lua/README.md` (read from it, not copied) on a private
+//! server. The worker path runs under `fleet-worker`, `status` under `fleet-readonly` and `bench`
+//! under `fleet-operator`, authenticated by the user name in the URL, with nothing refused
+//! (`ACL LOG` stays empty); the same users are refused on another prefix, and the read-only
+//! user cannot write.
+
+use std::time::Duration;
+
+use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{BudgetSource, Config, Decision, Dependency, Failure, FleetBudget};
+
+use crate::{assert_exit, json, run_with};
+
+const PASSWORD: &str = "acl-test-pw";
+
+/// The `ACL SETUSER` lines of lua/README.md, with the test's password.
+fn documented_users() -> Vec<Vec<String>> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/README.md"))
+            .expect("read lua/README.md");
+    let users: Vec<Vec<String>> = readme
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER "))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|w| {
+                    if w == ">CHANGE-ME" {
+                        format!(">{PASSWORD}")
+                    } else {
+                        w.to_owned()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        users.len(),
+        3,
+        "lua/README.md lists the worker, read-only and operator users"
+    );
+    users
+}
+
+fn server_with_users() -> RedisServer {
+    let server = RedisServer::start();
+    for user in documented_users() {
+        let args: Vec<&str> = user.iter().map(String::as_str).collect();
+        let ok: String = server.cmd(&args);
+        assert_eq!(ok, "OK", "{args:?}");
+    }
+    let _: String = server.cmd(&["ACL", "LOG", "RESET"]);
+    server
+}
+
+fn url(server: &RedisServer, user: &str) -> String {
+    format!("redis://{user}:{PASSWORD}@127.0.0.1:{}", server.port())
+}
+
+/// What Redis refused since the last reset: one entry per refused command, key or auth.
+fn refused(server: &RedisServer) -> Vec<String> {
+    let log: Vec<redis::Value> = server.cmd(&["ACL", "LOG"]);
+    log.iter().map(|entry| format!("{entry:?}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_users_are_enough_and_no_more() {
+    let server = server_with_users();
+
+    // bench under the operator (first: it refuses a prefix holding budgets it did not make).
+    let operator = url(&server, "fleet-operator");
+    let v = json(&run_with(
+        &["--redis-url", operator.as_str()],
+        "bench --dependency bench-acl --successes 50 --retries 20 --json",
+    ));
+    assert_eq!(v["retries_granted"], 10, "{v}");
+
+    // The worker path: attempts, successes, a retry decided by the fleet budget, the flush.
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 2000\nfallback = \"deny\"\n[dependencies.search]\ntasks = [\"index\"]\n",
+        url(&server, "fleet-worker")
+    );
+    let config = Config::from_toml(&text, "acl.toml").unwrap();
+    let budget = FleetBudget::from_config(&config).await.unwrap();
+    for _ in 0..20 {
+        budget.on_attempt("index", 1).await.unwrap();
+        budget.on_success("index").await.unwrap();
+    }
+    budget.on_attempt("index", 1).await.unwrap();
+    let decision = budget
+        .on_failure("index", 1, &Failure::retryable("503"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            decision,
+            Decision::Retry {
+                source: BudgetSource::Fleet,
+                ..
+            }
+        ),
+        "{decision:?}"
+    );
+    budget.shutdown().await.unwrap();
+    let (_, source) = budget.status(&Dependency::new("search").unwrap()).await;
+    assert_eq!(source, BudgetSource::Fleet);
+
+    // status under the read-only user: both budgets, found with SCAN.
+    let readonly = url(&server, "fleet-readonly");
+    let v = json(&run_with(
+        &["--redis-url", readonly.as_str()],
+        "status --json",
+    ));
+    let deps = v["dependencies"].as_array().unwrap();
+    let search = deps
+        .iter()
+        .find(|d| d["dependency"] == "search")
+        .expect("search listed");
+    assert_eq!(search["successes"], 20, "{v}");
+    assert!(deps.iter().any(|d| d["dependency"] == "bench-acl"), "{v}");
+
+    assert_eq!(
+        refused(&server),
+        Vec::<String>::new(),
+        "nothing may be refused"
+    );
+
+    // The same users on another prefix: refused, named.
+    let store = RedisStore::new(
+        RedisTarget::Single(url(&server, "fleet-worker")),
+        "other",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let dep = Dependency::new("search").unwrap();
+    let e = store
+        .withdraw(&dep, &fleet_budget::BudgetPolicy::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("noperm"), "{e}");
+    let o = run_with(
+        &["--redis-url", operator.as_str(), "--key-prefix", "other"],
+        "bench --dependency search --successes 5 --retries 1",
+    );
+    assert_exit(&o, 1, "no permissions");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains(PASSWORD));
+
+    // The read-only user cannot write, even through a script.
+    let store =
+        RedisStore::new(RedisTarget::Single(readonly), "fb", Duration::from_secs(2)).unwrap();
+    let hash = |server: &RedisServer| -> Vec<String> { server.cmd(&["HGETALL", "fb:v1:{search}"]) };
+    let before = hash(&server);
+    assert!(!before.is_empty());
+    let e = store
+        .withdraw(&dep, &fleet_budget::BudgetPolicy::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("can't run this command"), "{e}");
+    assert_eq!(hash(&server), before, "nothing written");
+    // A wrong password for a documented user is refused too.
+    let e = RedisStore::new(
+        RedisTarget::Single(format!(
+            "redis://fleet-worker:wrong@127.0.0.1:{}",
+            server.port()
+        )),
+        "fb",
+        Duration::from_secs(2),
+    )
+    .unwrap()
+    .ping()
+    .await
+    .unwrap_err();
+    assert!(!e.to_string().contains("wrong@"), "{e}");
+    // The refusals above are what ACL LOG holds now: it does record them.
+    assert!(refused(&server).len() >= 2, "{:?}", refused(&server));
+}
