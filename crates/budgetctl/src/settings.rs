@@ -44,6 +44,9 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
     fleet_budget_amqp::connection::set_timeouts(fleet_budget_amqp::connection::Timeouts::of(
         &config.amqp,
     ));
+    if let Some(p) = config.amqp.tls_problem() {
+        return Err(usage(format!("{}: {}", p.key, p.allowed)));
+    }
     // `amqps://` connections use the `[amqp]` certificate files.
     fleet_budget_amqp::connection::set_tls(config.amqp.tls.clone());
     Ok(config)

@@ -80,6 +80,19 @@ impl AmqpSettings {
         Ok(())
     }
 
+    /// The problem of certificate files set (`amqp.tls_*`) for a URL that is not `amqps://`:
+    /// nothing would be encrypted, so the files are not silently ignored.
+    #[must_use]
+    pub fn tls_problem(&self) -> Option<Problem> {
+        (self.tls.is_set() && !fleet_budget::tls::is_tls_url(&self.url)).then(|| {
+            Problem::new(
+                "amqp.tls_ca_file",
+                fleet_budget::redact::redact_url(&self.url),
+                "amqp.tls_* files are set but amqp.url is not amqps://, so the connection would not be encrypted",
+            )
+        })
+    }
+
     /// The `[amqp]` section of `text`, every other section left to its owner.
     fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let file: AmqpFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -110,11 +123,17 @@ impl WorkerConfig {
     /// Reads and validates a file, then applies the environment overrides.
     ///
     /// # Errors
-    /// The file cannot be read, is not TOML of this shape, or holds invalid values.
+    /// The file cannot be read, is not TOML of this shape, or holds invalid values (certificate
+    /// files for a plaintext broker URL included).
     pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
         let text = fleet_budget::config::read_file(path)?;
-        let mut config = Self::from_toml(&text, &path.display().to_string())?;
+        let origin = path.display().to_string();
+        let mut config = Self::from_toml(&text, &origin)?;
         config.apply_env(|name| std::env::var(name).ok());
+        // Checked once the environment has had its say on the URL.
+        if let Some(problem) = config.amqp.tls_problem() {
+            return Err(ConfigError::invalid(&origin, vec![problem]));
+        }
         Ok(config)
     }
 
@@ -382,7 +401,12 @@ mod tests {
         settings.set_url("amqps://h/v").unwrap();
         assert_eq!(settings.url, "amqps://h/v");
         settings.set_url("amqp://h/v").unwrap();
-        assert_eq!(settings.url, "amqp://h/v");
+        assert!(settings.tls_problem().is_none());
+        settings.tls.ca_file = Some("ca.pem".into());
+        let p = settings.tls_problem().expect("files for a plaintext URL");
+        assert!(p.to_string().contains("not be encrypted"), "{p}");
+        settings.set_url("amqps://h/v").unwrap();
+        assert!(settings.tls_problem().is_none());
     }
 
     #[test]

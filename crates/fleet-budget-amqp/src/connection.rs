@@ -142,14 +142,10 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
                 .client
                 .map(|(pem, key)| OwnedIdentity::PKCS8 { pem, key }),
         }
-    } else if files.is_set() {
-        return Err(AmqpError::TlsSettings {
-            url: shown,
-            detail: "TLS certificate files are set (amqp.tls_*) but the URL is not amqps://, \
-                     so the connection would not be encrypted"
-                .to_owned(),
-        });
     } else {
+        // Files set for a plaintext URL are a configuration problem
+        // (`AmqpSettings::tls_problem`), reported where the configuration is read: the files
+        // are process-wide, and another connection of the process may be `amqps://`.
         OwnedTLSConfig::default()
     };
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
@@ -173,31 +169,5 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
             step: format!("connect to RabbitMQ at {shown}"),
             after,
         }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn certificate_files_with_a_plaintext_url_are_refused_before_any_connection() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let port = listener.local_addr().expect("addr").port();
-        set_tls(TlsFiles {
-            ca_file: Some("/nonexistent/ca.pem".into()),
-            ..TlsFiles::default()
-        });
-        let url = format!("amqp://u:hunter2@127.0.0.1:{port}/%2f");
-        let err = connect(&url, "tls test").await.expect_err("refused");
-        set_tls(TlsFiles::default());
-        assert!(matches!(err, AmqpError::TlsSettings { .. }), "{err}");
-        assert!(err.to_string().contains("not be encrypted"), "{err}");
-        assert!(!err.to_string().contains("hunter2"), "{err}");
-        assert!(
-            listener.accept().is_err(),
-            "something connected in plaintext"
-        );
     }
 }

@@ -62,8 +62,8 @@ pub enum AmqpError {
         /// The TLS library's error.
         source: lapin::Error,
     },
-    /// The TLS settings cannot be used: a certificate file that cannot be read, or files set
-    /// for an `amqp://` URL (which would not be encrypted).
+    /// The TLS settings cannot be used: a certificate file that cannot be read or holds no
+    /// certificate (key).
     #[error("cannot connect to RabbitMQ at {url}: {detail}")]
     TlsSettings {
         /// The URL, password redacted.
