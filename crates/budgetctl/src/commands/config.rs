@@ -124,17 +124,18 @@ pub(crate) fn check(args: &ConfigCheckArgs) -> anyhow::Result<()> {
 
 fn error_views(e: &ConfigError) -> Vec<ErrorView> {
     if e.problems().is_empty() {
+        // A parse error quotes the line it failed on, which may hold a password.
         return vec![ErrorView {
             key: None,
             value: None,
-            message: e.to_string(),
+            message: fleet_budget::redact::redact_text(&e.to_string()),
         }];
     }
     e.problems()
         .iter()
         .map(|p| ErrorView {
             key: Some(p.key.clone()),
-            value: Some(p.value.clone()),
+            value: Some(fleet_budget::redact::redact_text(&p.value)),
             message: p.allowed.clone(),
         })
         .collect()

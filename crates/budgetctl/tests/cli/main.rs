@@ -17,6 +17,7 @@ mod demo;
 mod hostile_names;
 mod plan;
 mod rabbitmq;
+mod redaction;
 mod redis;
 mod simulate;
 mod tls;
