@@ -490,8 +490,7 @@ async fn one_failed_master_sends_only_its_dependencies_to_the_fallback() {
     // The cluster client may need a moment to stop routing through the dead node; after that,
     // dependencies on healthy masters keep their fleet budget. The regression gave 1% from the
     // fleet; half is asked, because on a loaded machine a healthy master's reply can miss the
-    // 200 ms deadline too, and that dependency then waits out one probe interval in fallback
-    // (seen at 72–79% with eight builds running).
+    // 200 ms deadline too, and that dependency then waits out one probe interval in fallback.
     assert!(
         from_fleet_on_healthy * 2 >= healthy_calls,
         "{from_fleet_on_healthy} of {healthy_calls} decisions on healthy masters came from the fleet"
