@@ -45,7 +45,13 @@ fuzz_target!(|data: &[u8]| {
     {
         return;
     }
-    let shape = SHAPES[usize::from(pick) % SHAPES.len()].replace("{}", secret);
+    let template = SHAPES[usize::from(pick) % SHAPES.len()];
+    // A secret that the shape's own words hold (`aws_secret_access_ke` in
+    // `aws_secret_access_key=`) shows with them, masked or not.
+    if template.replace("{}", "***").contains(secret) {
+        return;
+    }
+    let shape = template.replace("{}", secret);
     let mid = (0..=around.len() / 2)
         .rev()
         .find(|&i| around.is_char_boundary(i))
