@@ -146,7 +146,13 @@ impl WorkerConfig {
         let budget = Config::from_toml_ignoring(text, origin, &[SECTION]);
         let amqp = AmqpSettings::from_toml(text, origin);
         match (budget, amqp) {
-            (Ok(budget), Ok(amqp)) => Ok(Self { budget, amqp }),
+            (Ok(mut budget), Ok(amqp)) => {
+                // A task without its own max_delay may wait as long as the longest tier.
+                if let Some(longest) = amqp.retry_tiers.last() {
+                    budget.ceilings.default_max_delay = *longest;
+                }
+                Ok(Self { budget, amqp })
+            }
             (budget, amqp) => {
                 // A file that does not parse says so first; otherwise all problems together.
                 let mut problems = Vec::new();

@@ -137,11 +137,14 @@ pub enum DeadLetterReason {
     /// A job fanning out to several dependencies used up its retries across its branches
     /// ([`crate::budget::FanOut`]). No budget spent.
     FanoutExhausted,
+    /// The job would wait longer than its task's `max_delay`: a `Retry-After` past it, or a
+    /// `fb-not-before-ms` further away than it. No budget spent.
+    DelayExceeded,
 }
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::NonRetryable,
         Self::AttemptsExhausted,
         Self::BudgetExhausted,
@@ -150,11 +153,12 @@ impl DeadLetterReason {
         Self::ConcurrencyRetryShare,
         Self::CircuitOpen,
         Self::FanoutExhausted,
+        Self::DelayExceeded,
     ];
 
     /// The wire name (`non_retryable`, `attempts_exhausted`, `budget_exhausted`,
     /// `budget_frozen`, `concurrency_cap`, `concurrency_retry_share`, `circuit_open`,
-    /// `fanout_exhausted`).
+    /// `fanout_exhausted`, `delay_exceeded`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -166,6 +170,7 @@ impl DeadLetterReason {
             Self::ConcurrencyRetryShare => "concurrency_retry_share",
             Self::CircuitOpen => "circuit_open",
             Self::FanoutExhausted => "fanout_exhausted",
+            Self::DelayExceeded => "delay_exceeded",
         }
     }
 
@@ -194,7 +199,8 @@ pub enum BudgetSource {
     Blind,
     /// A local-only budget by configuration (no Redis).
     Local,
-    /// No budget was asked: the failure was not retryable or the attempts were exhausted.
+    /// No budget was asked: the failure was not retryable, the attempts were exhausted, or the
+    /// delay was past the task's `max_delay`.
     NotConsulted,
 }
 

@@ -98,6 +98,15 @@ pub enum Error {
         /// What is wrong with the name.
         source: InvalidName,
     },
+    /// A task name that is not mapped, while unmapped tasks are refused
+    /// (`[unmapped_tasks] policy = "reject"`).
+    #[error(
+        "task {task:?} has no dependency mapping, and unmapped tasks are rejected ([unmapped_tasks] policy = \"reject\")"
+    )]
+    UnmappedTask {
+        /// The task.
+        task: String,
+    },
     /// The store failed and the fallback is disabled.
     #[error(transparent)]
     Store(#[from] StoreError),

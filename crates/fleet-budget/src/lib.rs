@@ -66,7 +66,7 @@ pub use budget::{Admission, Call, CallOutcome, FanOut, FleetBudget, FleetBudgetB
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};
 pub use decision::{BudgetSource, DeadLetterReason, Decision, Failure, FailureKind};
-pub use dependency::{Dependency, DependencyMap, InvalidName};
+pub use dependency::{Dependency, DependencyMap, InvalidName, UnmappedTasks};
 pub use error::{Error, StoreError};
 pub use metrics::Metrics;
 pub use policy::{BudgetPolicy, DepositBasis, WindowMode};

@@ -205,15 +205,48 @@ impl Outcome {
         }
     }
 
-    /// A task the budget cannot map to a dependency: dead-lettered as `non_retryable`, class
-    /// `invalid_task`, without a dependency.
+    /// A task the budget cannot map to a dependency: dead-lettered as `non_retryable`, without
+    /// a dependency, class `unmapped_task` when unmapped tasks are refused
+    /// (`[unmapped_tasks] policy = "reject"`), else `invalid_task` (a name that cannot be a
+    /// dependency name).
     #[must_use]
     pub fn invalid_task(job: &JobContext, error: &fleet_budget::Error) -> Self {
-        let failure = Failure::non_retryable(error).with_class("invalid_task");
+        let class = if matches!(error, fleet_budget::Error::UnmappedTask { .. }) {
+            "unmapped_task"
+        } else {
+            "invalid_task"
+        };
+        let failure = Failure::non_retryable(error).with_class(class);
         Self::DeadLetter(job.dead_letter(
             DeadLetterReason::NonRetryable,
             &failure,
             String::new(),
+            None,
+            BudgetSource::NotConsulted,
+        ))
+    }
+
+    /// A delivery whose `fb-not-before-ms` is further away than its task's `max_delay`
+    /// (`now_ms` in `job`): dead-lettered `delay_exceeded`, class `not_before`, without running
+    /// it or asking the budget, instead of cycling through the delay tiers for as long as the
+    /// header says.
+    #[must_use]
+    pub fn not_before_too_far(
+        job: &JobContext,
+        not_before_ms: u64,
+        max_delay: Duration,
+        dependency: Option<&str>,
+    ) -> Self {
+        let failure = Failure::non_retryable(format!(
+            "fb-not-before-ms {not_before_ms} is {} ms away, past the task's max_delay of {} ms",
+            not_before_ms.saturating_sub(job.now_ms),
+            millis(max_delay)
+        ))
+        .with_class("not_before");
+        Self::DeadLetter(job.dead_letter(
+            DeadLetterReason::DelayExceeded,
+            &failure,
+            dependency.unwrap_or_default().to_owned(),
             None,
             BudgetSource::NotConsulted,
         ))
@@ -460,6 +493,28 @@ mod tests {
                 replays: 1,
             }
         );
+    }
+
+    #[test]
+    fn a_not_before_past_max_delay_is_dead_lettered_delay_exceeded() {
+        let Outcome::DeadLetter(record) = Outcome::not_before_too_far(
+            &job(),
+            50_000 + 86_400_000,
+            Duration::from_secs(1024),
+            Some("search"),
+        ) else {
+            panic!("a dead-letter");
+        };
+        assert_eq!(record.reason, DeadLetterReason::DelayExceeded);
+        assert_eq!(record.error_class, "not_before");
+        assert!(
+            record.error.contains("86400000 ms away"),
+            "{}",
+            record.error
+        );
+        assert!(record.error.contains("1024000 ms"), "{}", record.error);
+        assert_eq!(record.dependency, "search");
+        assert_eq!(record.budget_source, Some(BudgetSource::NotConsulted));
     }
 
     #[test]

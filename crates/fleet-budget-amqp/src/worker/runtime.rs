@@ -200,17 +200,34 @@ where
         .filter(|k| !k.is_empty())
         .or_else(|| parsed.as_ref().ok().and_then(|h| h.task.clone()))
         .unwrap_or_else(|| delivery.routing_key.as_str().to_owned());
-    // A delivery not due yet (a retry between hops of its delay) waits in the next tier.
+    let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &s.queue);
+    // A delivery not due yet (a retry between hops of its delay) waits in the next tier, unless
+    // it asks to wait longer than its task's max_delay: then it is dead-lettered, not held.
     if let Ok(JobHeaders {
         not_before_ms: Some(not_before),
         ..
     }) = &parsed
-        && let Some(wait) = Outcome::wait(&s.topology, headers::now_ms(), *not_before)
     {
-        s.carry_out(&delivery, &table, &task, wait).await;
-        return;
+        let now = headers::now_ms();
+        let ceiling = s.budget.ceiling(&task);
+        let outcome = if ceiling.allows_wait(Duration::from_millis(not_before.saturating_sub(now)))
+        {
+            Outcome::wait(&s.topology, now, *not_before)
+        } else {
+            job.now_ms = now;
+            let dependency = s.budget.dependency(&task).ok();
+            Some(Outcome::not_before_too_far(
+                &job,
+                *not_before,
+                ceiling.max_delay.unwrap_or_default(),
+                dependency.as_ref().map(fleet_budget::Dependency::as_str),
+            ))
+        };
+        if let Some(outcome) = outcome {
+            s.carry_out(&delivery, &table, &task, outcome).await;
+            return;
+        }
     }
-    let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &s.queue);
     let outcome = match &parsed {
         Err(e) => {
             let dependency = s

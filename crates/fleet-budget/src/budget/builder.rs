@@ -117,6 +117,7 @@ impl FleetBudgetBuilder {
             defaults: c.defaults,
             policies: c.policies,
             map: c.map,
+            own_budgets: crate::dependency::OwnBudgets::new(),
             ceilings: c.ceilings,
             fleet,
             concurrency: c.concurrency,

@@ -46,7 +46,7 @@ use crate::clock::Clock;
 use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy};
 use crate::config::{Config, FallbackMode};
 use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
-use crate::dependency::{Dependency, DependencyMap};
+use crate::dependency::{Dependency, DependencyMap, OwnBudgets, Unresolved};
 use crate::error::{Error, StoreError};
 use crate::metrics::Metrics;
 use crate::policy::BudgetPolicy;
@@ -65,6 +65,8 @@ struct Inner {
     defaults: BudgetPolicy,
     policies: BTreeMap<Dependency, BudgetPolicy>,
     map: DependencyMap,
+    /// The unmapped names given a budget of their own (bounded: `[unmapped_tasks]`).
+    own_budgets: OwnBudgets,
     ceilings: Ceilings,
     fleet: Option<Arc<dyn BudgetStore>>,
     /// Concurrency budgets by dependency (`[dependencies.X.concurrency]`).
@@ -110,17 +112,25 @@ impl FleetBudget {
         Self::builder(config).build()
     }
 
-    /// The dependency whose budget `task` spends.
+    /// The dependency whose budget `task` spends: its mapping, else what `[unmapped_tasks]`
+    /// says (its own budget while fewer than the cap have one, else the shared `unmapped`
+    /// budget; a named dependency's; or a refusal).
     ///
     /// # Errors
-    /// An unmapped task whose name cannot be a dependency name.
+    /// An unmapped task that is refused ([`Error::UnmappedTask`]), or that is to be its own
+    /// dependency and whose name cannot be a dependency name ([`Error::InvalidTask`]).
     pub fn dependency(&self, task: &str) -> Result<Dependency, Error> {
         self.inner
             .map
-            .resolve(task)
-            .map_err(|source| Error::InvalidTask {
-                task: task.to_owned(),
-                source,
+            .resolve_admitting(task, &self.inner.own_budgets)
+            .map_err(|e| match e {
+                Unresolved::InvalidName(source) => Error::InvalidTask {
+                    task: task.to_owned(),
+                    source,
+                },
+                Unresolved::Rejected => Error::UnmappedTask {
+                    task: task.to_owned(),
+                },
             })
     }
 
@@ -201,7 +211,8 @@ impl FleetBudget {
     }
 
     /// Decides what to do with a failed execution, in the order of the contract:
-    /// non-retryable → dead-letter; `attempt >= max_attempts` → dead-letter; ask the
+    /// non-retryable → dead-letter; `attempt >= max_attempts` → dead-letter; a `Retry-After`
+    /// longer than the task's `max_delay` → dead-letter `delay_exceeded`; ask the
     /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
     /// delay with backoff and jitter, at least any `Retry-After`.
     ///
@@ -257,6 +268,18 @@ impl FleetBudget {
             return Ok(self.dead_letter(
                 dependency,
                 DeadLetterReason::AttemptsExhausted,
+                None,
+                BudgetSource::NotConsulted,
+            ));
+        }
+        // A wait the dependency asks for past `max_delay` is refused before any budget is
+        // spent: honouring it would hold the job for longer than anyone agreed to wait.
+        if let Some(after) = failure.retry_after_hint()
+            && !ceiling.allows_wait(after)
+        {
+            return Ok(self.dead_letter(
+                dependency,
+                DeadLetterReason::DelayExceeded,
                 None,
                 BudgetSource::NotConsulted,
             ));

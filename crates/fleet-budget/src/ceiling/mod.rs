@@ -7,6 +7,11 @@
 //!
 //! `max_attempts` always counts executions *including the first*: `max_attempts = 5` means at
 //! most 4 retries.
+//!
+//! `max_delay` bounds how long a job may be told to wait: a backoff delay is capped at it, and a
+//! wait the job asks for itself (a dependency's `Retry-After`, a `fb-not-before-ms` header) that
+//! is longer dead-letters the job `delay_exceeded` instead of holding it in the delay tiers
+//! forever, never run and never dead-lettered.
 
 pub mod backoff;
 pub mod hops;
@@ -85,6 +90,11 @@ pub struct TaskCeiling {
     /// A ceiling by time: retry until this long after the job's first failure, the last attempt
     /// running when it ends ([`window`]).
     pub recovery_window: Option<Duration>,
+    /// The longest the job may wait before its next execution (`max_delay_secs`): backoff
+    /// delays are capped at it, and a longer `Retry-After` or `fb-not-before-ms` dead-letters
+    /// the job `delay_exceeded`. `None` as configured means the default
+    /// ([`Ceilings::for_task`] fills it in).
+    pub max_delay: Option<Duration>,
 }
 
 impl Default for TaskCeiling {
@@ -93,6 +103,7 @@ impl Default for TaskCeiling {
             max_attempts: 5,
             backoff: Backoff::default(),
             recovery_window: None,
+            max_delay: None,
         }
     }
 }
@@ -105,7 +116,14 @@ impl TaskCeiling {
             max_attempts: backoff.attempts_for_recovery_window(window),
             backoff,
             recovery_window: Some(window),
+            max_delay: None,
         }
+    }
+
+    /// Whether the job may wait `wait` before its next execution (at most `max_delay`).
+    #[must_use]
+    pub fn allows_wait(&self, wait: Duration) -> bool {
+        self.max_delay.is_none_or(|max| wait <= max)
     }
 
     /// Whether the failure of execution `failed_attempt`, `since_first_failure` after the job's
@@ -122,7 +140,9 @@ impl TaskCeiling {
 
     /// The delay after execution `failed_attempt` failed: the backoff's jittered delay, fitted
     /// to the recovery window when there is one and the time since the first failure is known
-    /// ([`delay_within_window`]). A `Retry-After` is a lower bound, even past the window.
+    /// ([`delay_within_window`]), and at most `max_delay`. A `Retry-After` is a lower bound, even
+    /// past the window; one past `max_delay` is the caller's to refuse ([`Self::allows_wait`],
+    /// checked before the budget is asked), so it is never shortened here.
     pub fn delay<R: Rng + ?Sized>(
         &self,
         failed_attempt: u32,
@@ -138,6 +158,7 @@ impl TaskCeiling {
             }
             _ => drawn,
         };
+        let fitted = self.max_delay.map_or(fitted, |max| fitted.min(max));
         match retry_after {
             Some(floor) if floor > fitted => floor,
             _ => fitted,
@@ -145,20 +166,48 @@ impl TaskCeiling {
     }
 }
 
+/// The `max_delay` of tasks that set none: the longest of the default retry tiers (1,024 s), or
+/// twice the task's backoff cap when that is longer ([`Ceilings::for_task`]).
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(1024);
+
 /// Ceilings per task, with a default for tasks not listed.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Ceilings {
     /// For tasks without their own entry.
     pub default: TaskCeiling,
     /// Per task.
     pub tasks: HashMap<String, TaskCeiling>,
+    /// The `max_delay` of a task that sets none (neither in `[tasks.*]` nor in `[defaults]`):
+    /// the longest retry tier. [`DEFAULT_MAX_DELAY`] unless the broker's configuration says
+    /// otherwise (`fleet-budget-amqp` sets it from `amqp.retry_tiers_secs`).
+    pub default_max_delay: Duration,
+}
+
+impl Default for Ceilings {
+    fn default() -> Self {
+        Self {
+            default: TaskCeiling::default(),
+            tasks: HashMap::new(),
+            default_max_delay: DEFAULT_MAX_DELAY,
+        }
+    }
 }
 
 impl Ceilings {
-    /// The ceiling of `task`.
+    /// The ceiling of `task`, its `max_delay` filled in: as configured, else
+    /// [`Ceilings::default_max_delay`] or twice the task's backoff cap, whichever is longer, so
+    /// that the default never cuts a delay the task's own backoff draws (jitter reaches 5⁄4 of
+    /// the cap, and a recovery window's last delay is lengthened by at most half a delay more).
     #[must_use]
     pub fn for_task(&self, task: &str) -> TaskCeiling {
-        self.tasks.get(task).copied().unwrap_or(self.default)
+        let mut ceiling = self.tasks.get(task).copied().unwrap_or(self.default);
+        let own_backoff = ceiling.backoff.cap.saturating_mul(2);
+        ceiling.max_delay = Some(
+            ceiling
+                .max_delay
+                .unwrap_or_else(|| self.default_max_delay.max(own_backoff)),
+        );
+        ceiling
     }
 }
 
@@ -198,5 +247,69 @@ mod tests {
         let count = TaskCeiling::default();
         assert!(!count.exhausted(4, s(10_000)));
         assert!(count.exhausted(5, s(0)));
+    }
+
+    #[test]
+    fn max_delay_caps_the_backoff_and_bounds_what_a_job_may_wait() {
+        let capped = TaskCeiling {
+            backoff: Backoff {
+                cap: Duration::from_secs(86_400),
+                ..Backoff::default()
+            },
+            max_delay: Some(Duration::from_secs(100)),
+            ..TaskCeiling::default()
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        for attempt in 1..40 {
+            assert!(capped.delay(attempt, None, None, &mut rng) <= Duration::from_secs(100));
+        }
+        assert!(capped.allows_wait(Duration::from_secs(100)));
+        assert!(!capped.allows_wait(Duration::from_millis(100_001)));
+        assert!(
+            TaskCeiling::default().allows_wait(Duration::MAX),
+            "unset: unbounded"
+        );
+        let ceilings = Ceilings {
+            tasks: HashMap::from([("own".to_owned(), capped)]),
+            ..Ceilings::default()
+        };
+        assert_eq!(
+            ceilings.for_task("own").max_delay,
+            Some(Duration::from_secs(100))
+        );
+        assert_eq!(
+            ceilings.for_task("other").max_delay,
+            Some(Duration::from_secs(1200)),
+            "twice the default 600 s backoff cap, longer than the longest default tier"
+        );
+        // Unset: never shorter than what the task's own backoff can draw.
+        let slow = TaskCeiling {
+            max_delay: None,
+            ..capped
+        };
+        let ceilings = Ceilings {
+            tasks: HashMap::from([("slow".to_owned(), slow)]),
+            default_max_delay: Duration::from_millis(200),
+            ..Ceilings::default()
+        };
+        assert_eq!(
+            ceilings.for_task("slow").max_delay,
+            Some(Duration::from_secs(2 * 86_400))
+        );
+        let short_cap = Ceilings {
+            default: TaskCeiling {
+                backoff: Backoff {
+                    cap: Duration::from_secs(10),
+                    ..Backoff::default()
+                },
+                ..TaskCeiling::default()
+            },
+            ..Ceilings::default()
+        };
+        assert_eq!(
+            short_cap.for_task("any").max_delay,
+            Some(DEFAULT_MAX_DELAY),
+            "the longest tier"
+        );
     }
 }

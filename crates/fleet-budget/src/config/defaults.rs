@@ -25,6 +25,17 @@ pub(super) struct RawDefaults {
     max_attempts: Option<i64>,
     backoff_base_ms: Option<i64>,
     backoff_cap_ms: Option<i64>,
+    max_delay_secs: Option<i64>,
+}
+
+/// Longest `max_delay_secs` accepted: a week.
+pub const MAX_DELAY_SECS: i64 = 7 * 86_400;
+
+/// The `max_delay_secs` of the section at `at`, when given and in range.
+pub(super) fn max_delay(c: &mut Checker, at: &str, secs: Option<i64>) -> Option<Duration> {
+    let key = format!("{at}.max_delay_secs");
+    let secs = c.int_in(&key, secs, 1, MAX_DELAY_SECS, 0);
+    (secs > 0).then(|| Duration::from_secs(secs.unsigned_abs()))
 }
 
 impl RawDefaults {
@@ -49,6 +60,7 @@ impl RawDefaults {
                 Backoff::default(),
             ),
             recovery_window: None,
+            max_delay: max_delay(c, "defaults", self.max_delay_secs),
         };
         (policy, ceiling)
     }
@@ -172,6 +184,17 @@ mod tests {
         let p = problems("[dependencies.search]\nmin_allowance = -1\n");
         assert_eq!(p[0].key, "dependencies.search.min_allowance");
         assert_eq!(p[0].value, "-1");
+    }
+
+    #[test]
+    fn max_delay_from_a_second_to_a_week() {
+        for value in ["0", "-1", "604801"] {
+            let p = problems(&format!("[defaults]\nmax_delay_secs = {value}\n"));
+            assert_eq!(p[0].key, "defaults.max_delay_secs");
+            assert!(p[0].allowed.contains("1 to 604800"), "{}", p[0]);
+        }
+        let p = problems("[tasks.t]\nmax_delay_secs = 0\n");
+        assert_eq!(p[0].key, "tasks.t.max_delay_secs");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The `[dependencies.*]` sections: a policy per dependency and the tasks that spend it.
+//! The `[dependencies.*]` sections: a policy per dependency and the tasks that spend it; and
+//! `[unmapped_tasks]`: what a task no section names spends.
 
 use std::collections::BTreeMap;
 
@@ -6,7 +7,7 @@ use serde::Deserialize;
 
 use super::check::{Checker, toml_key};
 use super::defaults::PolicyFields;
-use crate::dependency::{Dependency, DependencyMap};
+use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 
 #[derive(Debug, Default, Deserialize)]
@@ -23,6 +24,99 @@ pub(super) struct RawDependency {
     pub(super) concurrency: Option<super::concurrency::RawConcurrency>,
     /// `[dependencies.X.breaker]`, resolved by `breaker.rs`.
     pub(super) breaker: Option<super::breaker::RawBreaker>,
+}
+
+/// The `[unmapped_tasks]` section, as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUnmapped {
+    policy: Option<UnmappedPolicy>,
+    dependency: Option<String>,
+    max_own_budgets: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum UnmappedPolicy {
+    OwnBudget,
+    Share,
+    Reject,
+}
+
+/// Most unmapped names that may get a budget of their own, per process.
+pub const MAX_OWN_BUDGETS: i64 = 100_000;
+
+impl RawUnmapped {
+    /// What unmapped tasks spend. `share` must name a dependency with a section, so that a typo
+    /// does not quietly make a budget of its own; each key only goes with its policy.
+    pub(super) fn resolve(
+        self,
+        c: &mut Checker,
+        policies: &BTreeMap<Dependency, BudgetPolicy>,
+    ) -> UnmappedTasks {
+        let policy = self.policy.unwrap_or(UnmappedPolicy::OwnBudget);
+        if policy != UnmappedPolicy::Share
+            && let Some(d) = &self.dependency
+        {
+            c.problem(
+                "unmapped_tasks.dependency",
+                format!("{d:?}"),
+                "goes only with policy = \"share\"",
+            );
+        }
+        if policy != UnmappedPolicy::OwnBudget
+            && let Some(n) = self.max_own_budgets
+        {
+            c.problem(
+                "unmapped_tasks.max_own_budgets",
+                n,
+                "goes only with policy = \"own_budget\"",
+            );
+        }
+        match policy {
+            UnmappedPolicy::Reject => UnmappedTasks::Reject,
+            UnmappedPolicy::OwnBudget => {
+                let default = i64::try_from(DEFAULT_MAX_OWN_BUDGETS).unwrap_or(100);
+                let n = c.int_in(
+                    "unmapped_tasks.max_own_budgets",
+                    self.max_own_budgets,
+                    0,
+                    MAX_OWN_BUDGETS,
+                    default,
+                );
+                UnmappedTasks::OwnBudget {
+                    max_own: usize::try_from(n).unwrap_or(DEFAULT_MAX_OWN_BUDGETS),
+                }
+            }
+            UnmappedPolicy::Share => {
+                let shared = self
+                    .dependency
+                    .as_deref()
+                    .and_then(|d| Dependency::new(d).ok())
+                    .filter(|d| policies.contains_key(d));
+                if let Some(shared) = shared {
+                    UnmappedTasks::Share(shared)
+                } else {
+                    let named: Vec<&str> = policies.keys().map(Dependency::as_str).collect();
+                    c.problem(
+                        "unmapped_tasks.dependency",
+                        self.dependency
+                            .as_deref()
+                            .map_or_else(|| "none".to_owned(), |d| format!("{d:?}")),
+                        format!(
+                            "policy = \"share\" needs the name of a [dependencies.*] section ({})",
+                            if named.is_empty() {
+                                "there is none".to_owned()
+                            } else {
+                                named.join(", ")
+                            }
+                        ),
+                    );
+                    UnmappedTasks::default()
+                }
+            }
+        }
+    }
 }
 
 /// The policies of the dependencies with a section (fields not given come from `defaults`), and
@@ -90,7 +184,71 @@ pub(super) fn resolve(
 
 #[cfg(test)]
 mod tests {
+    use super::super::Config;
     use super::super::tests::problems;
+    use crate::dependency::{OwnBudgets, UnmappedTasks, Unresolved};
+
+    #[test]
+    fn unmapped_tasks_own_budget_share_or_reject() {
+        let c = Config::from_toml("", "t").unwrap();
+        assert_eq!(
+            c.map.unmapped(),
+            &UnmappedTasks::OwnBudget { max_own: 100 },
+            "today's default, now capped"
+        );
+        let c = Config::from_toml("[unmapped_tasks]\nmax_own_budgets = 2\n", "t").unwrap();
+        let own = OwnBudgets::new();
+        let deps: Vec<String> = ["a", "b", "c", "a"]
+            .iter()
+            .map(|t| c.map.resolve_admitting(t, &own).unwrap().to_string())
+            .collect();
+        assert_eq!(deps, ["a", "b", "unmapped", "a"]);
+        let c = Config::from_toml(
+            "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"search\"\n[dependencies.search]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.map.resolve("whatever").unwrap().as_str(), "search");
+        let c = Config::from_toml("[unmapped_tasks]\npolicy = \"reject\"\n", "t").unwrap();
+        assert_eq!(c.map.resolve("whatever"), Err(Unresolved::Rejected));
+    }
+
+    #[test]
+    fn invalid_unmapped_tasks_sections() {
+        for (text, key, needle) in [
+            (
+                "[unmapped_tasks]\npolicy = \"share\"\n",
+                "unmapped_tasks.dependency",
+                "there is none",
+            ),
+            (
+                "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"serch\"\n[dependencies.search]\n",
+                "unmapped_tasks.dependency",
+                "(search)",
+            ),
+            (
+                "[unmapped_tasks]\npolicy = \"reject\"\ndependency = \"search\"\n",
+                "unmapped_tasks.dependency",
+                "only with policy = \"share\"",
+            ),
+            (
+                "[unmapped_tasks]\npolicy = \"reject\"\nmax_own_budgets = 3\n",
+                "unmapped_tasks.max_own_budgets",
+                "only with policy = \"own_budget\"",
+            ),
+            (
+                "[unmapped_tasks]\nmax_own_budgets = -1\n",
+                "unmapped_tasks.max_own_budgets",
+                "0 to 100000",
+            ),
+        ] {
+            let p = problems(text);
+            assert_eq!(p.len(), 1, "{text}: {p:?}");
+            assert_eq!(p[0].key, key, "{text}");
+            assert!(p[0].allowed.contains(needle), "{text}: {}", p[0]);
+        }
+        assert!(Config::from_toml("[unmapped_tasks]\npolicy = \"own\"\n", "t").is_err());
+    }
 
     #[test]
     fn invalid_dependency_names() {

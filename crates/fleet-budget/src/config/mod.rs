@@ -28,7 +28,8 @@ use serde::Deserialize;
 
 pub use self::audit::{AuditSettings, DEFAULT_AUDIT_MAX_AGE_DAYS, DEFAULT_AUDIT_MAX_ENTRIES};
 pub use self::check::{Checker, MAX_KEY_PREFIX_LEN, check_key_prefix, check_url};
-pub use self::defaults::{MAX_RATIO, MAX_WINDOW_SECS};
+pub use self::defaults::{MAX_DELAY_SECS, MAX_RATIO, MAX_WINDOW_SECS};
+pub use self::dependencies::MAX_OWN_BUDGETS;
 pub use self::error::{ConfigError, Problem};
 pub use self::metrics::MetricsSettings;
 pub use self::redis::{
@@ -215,6 +216,8 @@ struct RawConfig {
     metrics: metrics::RawMetrics,
     #[serde(default)]
     audit: audit::RawAudit,
+    #[serde(default)]
+    unmapped_tasks: dependencies::RawUnmapped,
 }
 
 impl RawConfig {
@@ -237,7 +240,8 @@ impl RawConfig {
                 breakers.push((name.clone(), raw));
             }
         }
-        let (policies, map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
+        let (policies, mut map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
+        map.set_unmapped(self.unmapped_tasks.resolve(&mut c, &policies));
         // Resolved once the policies are known: half-open probes are spent from the floor.
         let mut breaker_policies = BTreeMap::new();
         for (name, raw) in breakers {
@@ -267,6 +271,7 @@ impl RawConfig {
             ceilings: Ceilings {
                 default: default_ceiling,
                 tasks,
+                ..Ceilings::default()
             },
             metrics,
             audit,

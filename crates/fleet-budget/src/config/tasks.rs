@@ -1,4 +1,4 @@
-//! The `[tasks.*]` sections: the attempt ceiling and backoff of each task.
+//! The `[tasks.*]` sections: the attempt ceiling, backoff and `max_delay` of each task.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::{Checker, toml_key};
-use super::defaults::backoff;
+use super::defaults::{backoff, max_delay};
 use crate::ceiling::{JobClass, TaskCeiling};
-use crate::dependency::DependencyMap;
+use crate::dependency::{DependencyMap, UnmappedTasks};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,6 +18,7 @@ pub(super) struct RawTask {
     recovery_window_secs: Option<i64>,
     backoff_base_ms: Option<i64>,
     backoff_cap_ms: Option<i64>,
+    max_delay_secs: Option<i64>,
 }
 
 /// The ceiling of each task with a section: from its class, its `max_attempts`, or its recovery
@@ -31,7 +32,7 @@ pub(super) fn resolve(
     let mut ceilings = HashMap::new();
     for (task, t) in sections {
         let at = format!("tasks.{}", toml_key(&task));
-        if !map.is_mapped(&task) {
+        if !map.is_mapped(&task) && matches!(map.unmapped(), UnmappedTasks::OwnBudget { .. }) {
             // An unmapped task is its own dependency, so its name must be a valid one.
             c.dependency_name(&at, &task);
         }
@@ -48,11 +49,13 @@ pub(super) fn resolve(
             );
         }
         let backoff = backoff(c, &at, t.backoff_base_ms, t.backoff_cap_ms, default.backoff);
+        let max_delay = max_delay(c, &at, t.max_delay_secs).or(default.max_delay);
         let ceiling = if let Some(class) = t.class {
             TaskCeiling {
                 max_attempts: class.max_attempts(),
                 backoff,
                 recovery_window: None,
+                max_delay,
             }
         } else if let Some(n) = t.max_attempts {
             TaskCeiling {
@@ -66,6 +69,7 @@ pub(super) fn resolve(
                 .unwrap_or(5),
                 backoff,
                 recovery_window: None,
+                max_delay,
             }
         } else if let Some(secs) = t.recovery_window_secs {
             let secs = c.int_in(
@@ -75,12 +79,19 @@ pub(super) fn resolve(
                 7 * 86_400,
                 60,
             );
-            TaskCeiling::recovery_window(
-                backoff,
-                Duration::from_secs(u64::try_from(secs).unwrap_or(60)),
-            )
+            TaskCeiling {
+                max_delay,
+                ..TaskCeiling::recovery_window(
+                    backoff,
+                    Duration::from_secs(u64::try_from(secs).unwrap_or(60)),
+                )
+            }
         } else {
-            TaskCeiling { backoff, ..default }
+            TaskCeiling {
+                backoff,
+                max_delay,
+                ..default
+            }
         };
         ceilings.insert(task, ceiling);
     }

@@ -12,7 +12,7 @@
 //! | `fleet_budget_successes_total` | counter | dependency | successful jobs |
 //! | `fleet_budget_retries_granted_total` | counter | dependency | retries the budget granted |
 //! | `fleet_budget_retries_denied_total` | counter | dependency | retries the budget refused (never counted as retries) |
-//! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`) |
+//! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`, `budget_frozen`, `delay_exceeded`) |
 //! | `fleet_budget_allowance` | gauge | dependency | allowance this process saw at its last decision |
 //! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at this process's last decision |
 //! | `fleet_budget_fallback_active` | gauge | dependency | 1 while the fleet store fails for the dependency and the fallback decides, else 0 |
@@ -28,8 +28,9 @@
 //! | `fleet_budget_breaker_transitions_total` | counter | dependency, to | circuit breaker state changes made by this process (`open`, `half_open`, `closed`) |
 //! | `fleet_budget_breaker_state` | gauge | dependency | breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open |
 //!
-//! Every label is bounded: `dependency` by the configuration (a task without a mapping is its
-//! own dependency, so keep task names a closed set), the others by the enums above.
+//! Every label is bounded: `dependency` by the configuration plus at most
+//! `unmapped_tasks.max_own_budgets + 1` values for unmapped task names (names past the cap share
+//! `unmapped`; `share` and `reject` add none), the others by the enums above.
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
 

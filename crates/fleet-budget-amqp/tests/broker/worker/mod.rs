@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::common::Env;
 
+mod bounds;
 mod breaker;
 mod concurrency;
 mod end_to_end;
