@@ -134,6 +134,14 @@ impl Publisher {
         }
     }
 
+    /// The largest frame the connection takes (`frame_max` as negotiated), when the publisher
+    /// owns one: a message's properties must fit one frame ([`headers::fit_frame`]).
+    #[must_use]
+    pub fn frame_max(&self) -> Option<usize> {
+        let n = self.connection.as_ref()?.configuration().frame_max();
+        usize::try_from(n).ok().filter(|n| *n > 0)
+    }
+
     /// The connection, when the publisher owns one.
     #[must_use]
     pub fn connection(&self) -> Option<&Connection> {

@@ -14,6 +14,7 @@ mod budget;
 mod config_check;
 mod dead_letters;
 mod demo;
+mod hostile;
 mod hostile_names;
 mod plan;
 mod rabbitmq;

@@ -18,7 +18,7 @@ pub mod copy;
 pub mod fields;
 pub mod records;
 
-pub use copy::{put_back, without_expiration};
+pub use copy::{fit_frame, header_frame_size, put_back, without_expiration};
 pub use fields::{
     HeaderError, get_str, get_u64, remove, set_str, set_u64, table, without_broker_headers,
 };
@@ -84,6 +84,13 @@ pub const PARK_REASON: &str = "fb-park-reason";
 pub const PARKED_MS: &str = "fb-parked-ms";
 /// The producer's per-message `expiration`, kept when a copy drops it (see [`copy`]).
 pub const ORIGINAL_EXPIRATION: &str = "fb-original-expiration";
+
+/// The producer's `user_id`, kept when a copy drops it (the broker refuses a `user_id` that is
+/// not the publishing connection's user; see [`copy`]).
+pub const ORIGINAL_USER_ID: &str = "fb-original-user-id";
+/// Headers dropped from a copy so that it fits one frame, with their sizes (see
+/// [`copy::fit_frame`]).
+pub const DROPPED_HEADERS: &str = "fb-dropped-headers";
 
 /// Headers that describe one dead-lettering; removed when the message is replayed.
 pub const DEAD_LETTER_HEADERS: [&str; 17] = [
@@ -175,7 +182,7 @@ mod tests {
     use super::*;
 
     /// The names that are not in [`DEAD_LETTER_HEADERS`].
-    const OTHERS: [&str; 11] = [
+    const OTHERS: [&str; 13] = [
         ATTEMPT,
         REPLAYS,
         TASK,
@@ -186,6 +193,8 @@ mod tests {
         PARK_REASON,
         PARKED_MS,
         ORIGINAL_EXPIRATION,
+        ORIGINAL_USER_ID,
+        DROPPED_HEADERS,
         "fb-",
     ];
 

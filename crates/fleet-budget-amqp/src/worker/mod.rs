@@ -159,6 +159,9 @@ pub struct WorkerCounts {
     /// Jobs held without running (a primary at the concurrency cap, a circuit open) and sent
     /// to wait in a tier, then acked.
     pub held: u64,
+    /// Jobs of the work queue of which no copy at all could be published (not even a parked
+    /// one), rejected without requeue so that the broker dead-letters them intact.
+    pub broker_dead_lettered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -173,6 +176,7 @@ struct Stats {
     waited_again: AtomicU64,
     parked: AtomicU64,
     held: AtomicU64,
+    broker_dead_lettered: AtomicU64,
 }
 
 impl Stats {
@@ -189,6 +193,7 @@ impl Stats {
             waited_again: l(&self.waited_again),
             parked: l(&self.parked),
             held: l(&self.held),
+            broker_dead_lettered: l(&self.broker_dead_lettered),
         }
     }
 }

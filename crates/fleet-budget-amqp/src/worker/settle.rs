@@ -22,6 +22,10 @@ use crate::metrics::{AmqpMetrics, CopyKind};
 use crate::publish::{Publisher, fanout_key};
 use crate::topology::Topology;
 
+/// Bytes kept free in a copy's header frame for the headers a park adds (`fb-park-reason` of at
+/// most 512 bytes, `fb-parked-ms`).
+const PARK_ROOM: usize = 600;
+
 /// What settling the deliveries of one connection needs.
 pub(super) struct Settler {
     pub(super) budget: FleetBudget,
@@ -152,11 +156,15 @@ impl Settler {
         kind: CopyKind,
         done: &AtomicU64,
     ) -> bool {
-        let properties = headers::without_expiration(
+        let mut properties = headers::without_expiration(
             &headers::with_message_id(delivery.properties.clone()),
             headers,
         )
         .with_delivery_mode(2);
+        if let Some(frame_max) = self.publisher.frame_max() {
+            // Room for the park headers, should the copy have to be parked.
+            properties = headers::fit_frame(properties, frame_max.saturating_sub(PARK_ROOM));
+        }
         let started = Instant::now();
         let published = self
             .publisher
@@ -185,6 +193,15 @@ impl Settler {
                     .await
                 {
                     Ok(()) => &self.stats.parked,
+                    Err(e) if e.is_permanent() && self.queue == self.topology.work_queue => {
+                        // No copy of this message can be published by us (say its body is over
+                        // the broker's maximum now): let the broker move it, intact, to the
+                        // dead-letter queue through the work queue's dead-letter exchange. It
+                        // arrives without fb- headers; replay parks it, saying so.
+                        tracing::warn!(error = %e, "no copy can be published; the broker dead-letters the original");
+                        self.reject_to_dead_letters(delivery).await;
+                        return false;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "parked copy not confirmed; the original is requeued, not acked");
                         self.requeue(delivery).await;
@@ -206,6 +223,21 @@ impl Settler {
             }
         }
         confirmed
+    }
+
+    /// Rejects `delivery` without requeue: the work queue's dead-letter exchange takes it.
+    async fn reject_to_dead_letters(&self, delivery: &Delivery) {
+        bump(&self.stats.broker_dead_lettered);
+        if let Err(e) = delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: false,
+                ..BasicNackOptions::default()
+            })
+            .await
+        {
+            tracing::warn!(error = %e, "reject failed; the broker redelivers when the channel closes");
+        }
     }
 
     /// Puts `delivery` back after the pause (nack with requeue).

@@ -15,6 +15,7 @@ mod bounds;
 mod breaker;
 mod concurrency;
 mod end_to_end;
+mod hostile;
 mod lifecycle;
 mod no_loss;
 mod recovery_window;
