@@ -133,6 +133,9 @@ pub struct Peek {
     pub seen: u64,
     /// The selected messages, in the order read, at most the limit.
     pub messages: Vec<QueuedMessage>,
+    /// Messages put back whose original is not known to be removed (the broker did not answer
+    /// behind the acks): possible duplicates, never losses. 0 unless the broker failed.
+    pub uncertain: u64,
 }
 
 /// Shows up to `limit` messages of `queue` that `filter` selects, reading them through the
@@ -164,5 +167,6 @@ pub async fn peek_queue(
         total: inspection.total,
         seen: inspection.seen,
         messages,
+        uncertain: inspection.uncertain,
     })
 }
