@@ -130,6 +130,8 @@ pub(crate) struct PeekOutput {
     depth: u64,
     /// Messages read to find these (the read stops at `--limit`).
     read: u64,
+    /// Put back, but the broker did not confirm the original's removal: possible duplicates.
+    uncertain: u64,
     messages: Vec<MessageView>,
 }
 
@@ -150,6 +152,7 @@ pub(crate) async fn show_messages(
         total,
         seen,
         messages,
+        uncertain,
     } = peek_queue(&config.amqp.url, queue, &filter, args.limit)
         .await
         .map_err(|e| broker_error(config, &e))?;
@@ -157,6 +160,7 @@ pub(crate) async fn show_messages(
         queue: queue.to_owned(),
         depth: total,
         read: seen,
+        uncertain,
         messages: messages.into_iter().map(MessageView::from).collect(),
     };
     if args.json {
@@ -169,6 +173,12 @@ pub(crate) async fn show_messages(
         out.messages.len(),
         thousands(out.read)
     );
+    if out.uncertain > 0 {
+        outln!(
+            "warning: the broker did not answer behind the acks; {} of the messages read may now be there twice",
+            thousands(out.uncertain)
+        );
+    }
     if out.messages.is_empty() {
         return Ok(());
     }
