@@ -396,6 +396,22 @@ fn bad_configurations_are_refused_alike() {
         "[redis]\nfallback = 1\n",
         "[dependencies.x]\ntasks = [1]\n",
         "[tasks.t]\nclass = \"paid\"\n[defaults]\nmax_attempts = 0\nmode = \"weekly\"\n",
+        "[unmapped_tasks]\npolicy = \"share\"\n",
+        "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"serch\"\n[dependencies.search]\n",
+        "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"search\"\n[dependencies.search]\n",
+        "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"a{b\"\n[dependencies.\"a{b\"]\n",
+        "[unmapped_tasks]\npolicy = \"reject\"\ndependency = \"search\"\nmax_own_budgets = 3\n",
+        "[unmapped_tasks]\npolicy = \"share\"\nmax_own_budgets = 3\n",
+        "[unmapped_tasks]\nmax_own_budgets = -1\n[defaults]\nmax_delay_secs = 0\n",
+        "[unmapped_tasks]\nmax_own_budgets = 100001\n[tasks.t]\nmax_delay_secs = 604801\n",
+        "[unmapped_tasks]\nmax_own_budgets = 0\n[defaults]\nmax_delay_secs = 604800\n",
+        "[unmapped_tasks]\npolicy = \"own\"\n",
+        "[unmapped_tasks]\nmax_own_budgets = \"many\"\n",
+        "[unmapped_tasks]\ndependency = 3\n",
+        "[unmapped_tasks]\ncap = 3\n",
+        "[defaults]\nmax_delay_secs = 1.5\n",
+        "[unmapped_tasks]\npolicy = \"reject\"\n[tasks.\"a{b}\"]\nmax_delay_secs = 1\n",
+        "[tasks.\"a{b}\"]\nmax_delay_secs = 1\n",
         "",
     ];
     let mut child = Command::new(python())
@@ -537,4 +553,165 @@ fn ceilings_by_time_agree() {
     }
     drop(to_py);
     assert!(child.wait().unwrap().success());
+}
+
+/// Reads `[task, attempt, retry_after or null]` per line, prints the decision as JSON: a retry or
+/// dead letter with the dependency that decided it, or the refusal of the task.
+const UNMAPPED_DRIVER: &str = r#"
+import json, sys
+from fleet_budget import Config, DeadLetter, Failure, FleetBudget, InvalidTask, UnmappedTask
+budget = FleetBudget(Config.from_toml(sys.argv[1]), seed=1)
+def snap(s):
+    if s is None:
+        return None
+    c, k = s.current, s.control
+    return [s.allowance, s.window_index, c.successes, c.first_attempts, c.retries, c.denied,
+            int(k.conflict), int(k.frozen), int(k.overridden)]
+for line in sys.stdin:
+    task, attempt, after = json.loads(line)
+    failure = Failure.retryable("x") if after is None else Failure.after(after, "x")
+    try:
+        d = budget.on_failure(task, attempt, failure)
+    except UnmappedTask:
+        out = ["refused", "unmapped_task"]
+    except InvalidTask:
+        out = ["refused", "invalid_task"]
+    else:
+        if isinstance(d, DeadLetter):
+            out = ["dead", d.dependency, d.reason, d.source, snap(d.snapshot)]
+        else:
+            out = ["retry", d.dependency, d.next_attempt, d.source, snap(d.snapshot)]
+    print(json.dumps(out), flush=True)
+budget.close()
+"#;
+
+/// `[unmapped_tasks]` and `max_delay_secs` are decided alike: under `own_budget` the first
+/// `max_own_budgets` unmapped names spend their own budget and later ones the shared `unmapped`
+/// one (an invalid name is refused and takes no place); under `share` every unmapped name spends
+/// the named dependency's; under `reject` each is refused. A `Retry-After` past a task's
+/// `max_delay` (set, inherited from `[defaults]`, or the default 1,200 s) is dead-lettered
+/// `delay_exceeded` before the budget, one at it is retried.
+#[tokio::test]
+async fn unmapped_names_and_long_waits_are_decided_alike() {
+    let server = RedisServer::start();
+    let mut ops: Vec<(String, u32, Option<u64>)> = Vec::new();
+    for round in 0..3u32 {
+        for i in 0..8 {
+            ops.push((format!("t{i}"), 1 + round, None));
+        }
+        ops.push(("a{b}".to_owned(), 1, None));
+        for after in [4, 5, 6, 1199, 1200, 1201] {
+            ops.push(("index".to_owned(), 1, Some(after)));
+            ops.push((format!("t{round}"), 1, Some(after)));
+        }
+    }
+    // (what `[defaults]` adds, the `[unmapped_tasks]` section)
+    let cases = [
+        ("", "[unmapped_tasks]\nmax_own_budgets = 3\n"),
+        (
+            "max_delay_secs = 1199\n",
+            "[unmapped_tasks]\nmax_own_budgets = 0\n",
+        ),
+        (
+            "",
+            "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"search\"\n",
+        ),
+        ("", "[unmapped_tasks]\npolicy = \"reject\"\n"),
+        ("", ""),
+    ];
+    for (n, (extra, section)) in cases.into_iter().enumerate() {
+        let text = |prefix: &str| {
+            format!(
+                "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n\
+                 [defaults]\nwindow_secs = 3600\nratio = 0.5\nmin_allowance = 2\n{extra}\
+                 [dependencies.search]\ntasks = [\"index\"]\n[tasks.index]\nmax_delay_secs = 5\n\
+                 [tasks.t1]\nmax_attempts = 3\n{section}",
+                server.url()
+            )
+        };
+        let rust_config = Config::from_toml(&text(&format!("ru{n}")), "rust").unwrap();
+        let rust = FleetBudget::from_config(&rust_config).await.unwrap();
+        let mut child = Command::new(python())
+            .args(["-c", UNMAPPED_DRIVER, &text(&format!("pu{n}"))])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run the Python driver (scripts/test makes .venv)");
+        let mut to_py = child.stdin.take().unwrap();
+        let mut from_py = BufReader::new(child.stdout.take().unwrap());
+        let mut reasons = std::collections::BTreeSet::new();
+        for (task, attempt, after) in &ops {
+            let failure = after.map_or_else(
+                || Failure::retryable("x"),
+                |s| Failure::retry_after(Duration::from_secs(s), "x"),
+            );
+            let expected = match rust.on_failure(task, *attempt, &failure).await {
+                Err(fleet_budget::Error::UnmappedTask { .. }) => {
+                    "[\"refused\", \"unmapped_task\"]".to_owned()
+                }
+                Err(fleet_budget::Error::InvalidTask { .. }) => {
+                    "[\"refused\", \"invalid_task\"]".to_owned()
+                }
+                Err(e) => panic!("{task}: {e}"),
+                Ok(Decision::DeadLetter {
+                    dependency,
+                    reason,
+                    snapshot,
+                    source,
+                }) => format!(
+                    "[\"dead\", \"{dependency}\", \"{reason}\", \"{}\", {}]",
+                    source.as_str(),
+                    snap(snapshot.as_ref())
+                ),
+                Ok(Decision::Retry {
+                    dependency,
+                    next_attempt,
+                    source,
+                    snapshot,
+                    ..
+                }) => format!(
+                    "[\"retry\", \"{dependency}\", {next_attempt}, \"{}\", {}]",
+                    source.as_str(),
+                    snap(Some(&snapshot))
+                ),
+            };
+            let after_json = after.map_or_else(|| "null".to_owned(), |s| s.to_string());
+            writeln!(to_py, "[{task:?}, {attempt}, {after_json}]").unwrap();
+            let mut answer = String::new();
+            from_py.read_line(&mut answer).unwrap();
+            assert_eq!(
+                answer.trim(),
+                expected,
+                "{section}{extra}: {task} {attempt} {after:?}"
+            );
+            reasons.insert(expected.split(", ").take(3).collect::<Vec<_>>().join(", "));
+        }
+        drop(to_py);
+        assert!(child.wait().unwrap().success(), "the Python driver failed");
+        rust.shutdown().await.unwrap();
+        // The sequence reached what it is about (not only budget refusals).
+        let seen = format!("{reasons:?}");
+        match n {
+            0 => assert!(
+                seen.contains("\\\"unmapped\\\"")
+                    && seen.contains("\\\"t2\\\"")
+                    && seen.contains("delay_exceeded"),
+                "{seen}"
+            ),
+            1 => assert!(
+                seen.contains("\\\"unmapped\\\"") && !seen.contains("\\\"t0\\\""),
+                "{seen}"
+            ),
+            2 => assert!(
+                !seen.contains("\\\"t0\\\"") && !seen.contains("unmapped"),
+                "{seen}"
+            ),
+            3 => assert!(seen.contains("unmapped_task"), "{seen}"),
+            _ => assert!(
+                seen.contains("\\\"t7\\\"") && seen.contains("invalid_task"),
+                "{seen}"
+            ),
+        }
+    }
 }
