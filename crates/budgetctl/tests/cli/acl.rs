@@ -119,6 +119,31 @@ async fn the_documented_users_are_enough_and_no_more() {
     assert_eq!(search["successes"], 20, "{v}");
     assert!(deps.iter().any(|d| d["dependency"] == "bench-acl"), "{v}");
 
+    // exporter under the read-only user: one scrape reads every budget (and discovery SCANs).
+    let deps = crate::temp_file(
+        "acl-exporter.toml",
+        "[dependencies.search]\ntasks = [\"index\"]\n",
+    );
+    let e = crate::redaction::exporter_once(
+        &[
+            "--config",
+            deps.to_str().unwrap(),
+            "--redis-url",
+            readonly.as_str(),
+        ],
+        &["--no-rabbitmq"],
+        &[],
+    );
+    assert!(e.served, "{}", e.stderr);
+    assert!(
+        e.scrape
+            .contains("fleet_budget_exporter_up{source=\"redis\"} 1"),
+        "{}",
+        e.scrape
+    );
+    assert!(e.scrape.contains("dependency=\"search\""), "{}", e.scrape);
+    assert!(!e.stderr.contains(PASSWORD) && !e.scrape.contains(PASSWORD));
+
     assert_eq!(
         refused(&server),
         Vec::<String>::new(),

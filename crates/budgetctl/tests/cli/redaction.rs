@@ -3,6 +3,8 @@
 //! broken configuration file) and runs every `budgetctl` command that reads a URL, with
 //! `RUST_LOG=trace`, against servers that do not answer; no 8-byte run of the secret (nor its
 //! percent-encoded form) may appear on stdout (`--json` included) or stderr (logs included).
+//! The long-running `exporter` is started, scraped once (the /metrics body is checked too) and
+//! killed; `demo` runs the drill (it falls back to in-process) and a scenario (it fails fast).
 //! The headers a worker or the replayer writes to RabbitMQ are checked in
 //! `crates/fleet-budget-amqp/tests/redaction.rs`.
 
@@ -169,6 +171,172 @@ fn no_secret_prints_from_any_command_or_channel() {
                             "{args:?} via {channel:?} ({redis} / {amqp}) printed {found:?} of the secret on {name}:\n{printed}"
                         )));
                     }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// What a `budgetctl exporter` run printed: stdout, stderr, and the body of one scrape of
+/// /metrics (empty when it exited before serving, as it does on a URL it refuses).
+pub(crate) struct ExporterRun {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) scrape: String,
+    /// Whether it served (and so was scraped and killed) rather than exiting.
+    pub(crate) served: bool,
+}
+
+/// Starts `budgetctl exporter` on a free port with the `global` flags, its own `args` and `env`, scrapes
+/// /metrics once after it says it serves, kills it, and returns everything it printed. The
+/// waits are guards against a hang, never assertions on time.
+pub(crate) fn exporter_once(global: &[&str], args: &[&str], env: &[(&str, &str)]) -> ExporterRun {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let port = fleet_budget::testing::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut c = budgetctl();
+    c.envs(env.iter().copied())
+        .args(global)
+        .args(["exporter", "--listen", &listen, "--discover-secs", "1"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start budgetctl exporter");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (lines, serving) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("exporter: serving") {
+                let _ = lines.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let served = serving.recv_timeout(Duration::from_secs(60)).is_ok();
+    let mut scrape = String::new();
+    if served {
+        let mut tcp = std::net::TcpStream::connect(&listen).expect("connect to the exporter");
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: redaction\r\n\r\n")
+            .unwrap();
+        tcp.read_to_string(&mut scrape).expect("read the scrape");
+        assert!(
+            scrape.lines().next().is_some_and(|l| l.contains(" 200 ")),
+            "{scrape}"
+        );
+    }
+    let _ = child.kill();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout piped")
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let stderr = reader.join().expect("stderr reader");
+    if !served {
+        assert!(
+            !status.success(),
+            "the exporter neither served nor failed:\n{stderr}"
+        );
+    }
+    ExporterRun {
+        stdout,
+        stderr,
+        scrape,
+        served,
+    }
+}
+
+/// `exporter` (served, scraped, killed) and `demo` (the drill falls back to in-process, a
+/// scenario fails fast) with secret URLs to servers that refuse: nothing they print, nor the
+/// scrape body, holds 8 bytes of the secret; what names a URL names it redacted.
+#[test]
+fn no_secret_prints_from_the_exporter_or_the_demo() {
+    let mut runner = TestRunner::new(Cases {
+        cases: 6,
+        failure_persistence: None,
+        ..Cases::default()
+    });
+    let strategy = (secret(), 0_usize..8, 0_usize..4, any::<bool>());
+    runner
+        .run(&strategy, |(s, r, a, by_flags)| {
+            let redis = redis_urls(&s).swap_remove(r);
+            let amqp = amqp_urls(&s).swap_remove(a);
+            let flags = ["--redis-url", redis.as_str(), "--amqp-url", amqp.as_str()];
+            let env = [
+                ("RUST_LOG", "trace"),
+                ("FLEET_BUDGET_REDIS_URL", redis.as_str()),
+                ("FLEET_BUDGET_AMQP_URL", amqp.as_str()),
+            ];
+            let (global, env): (&[&str], &[(&str, &str)]) = if by_flags {
+                (&flags, &env[..1])
+            } else {
+                (&[], &env)
+            };
+            let check = |what: &str, name: &str, printed: &str| {
+                if let Some(found) = leak(printed, &s) {
+                    return Err(TestCaseError::fail(format!(
+                        "{what} ({redis} / {amqp}) printed {found:?} of the secret on {name}:\n{printed}"
+                    )));
+                }
+                Ok(())
+            };
+
+            // A configured dependency, so that a scrape reads Redis (and fails).
+            let deps = temp_file(
+                &format!("redact-exporter-{r}-{a}.toml"),
+                "[dependencies.search]\ntasks = [\"index\"]\n",
+            );
+            let deps = deps.to_str().unwrap_or_default().to_owned();
+            let global: Vec<&str> = ["--config", deps.as_str()]
+                .into_iter()
+                .chain(global.iter().copied())
+                .collect();
+            let global = global.as_slice();
+            let e = exporter_once(global, &[], env);
+            check("exporter", "stdout", &e.stdout)?;
+            check("exporter", "stderr", &e.stderr)?;
+            check("exporter", "/metrics", &e.scrape)?;
+            if r < 2 && a != 3 {
+                // URLs it accepts and servers that refuse: it serves, says where it reads
+                // (redacted), and the scrape says Redis is down.
+                prop_assert!(e.served, "{}", e.stderr);
+                prop_assert!(
+                    e.scrape.contains("fleet_budget_exporter_up{source=\"redis\"} 0"),
+                    "{}",
+                    e.scrape
+                );
+                prop_assert!(e.stderr.contains("redis://"), "{}", e.stderr);
+                prop_assert!(e.stderr.contains("127.0.0.1:1"), "{}", e.stderr);
+            }
+
+            for args in [
+                &["demo", "--scenario", "slow", "--phase-secs", "1"][..],
+                &["demo", "--phase-secs", "1", "--rate", "50"],
+            ] {
+                let mut c = budgetctl();
+                c.envs(env.iter().copied()).args(global).args(args);
+                let o = c.output().expect("run budgetctl demo");
+                let (out, err) = (
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr),
+                );
+                check(&format!("{args:?}"), "stdout", &out)?;
+                check(&format!("{args:?}"), "stderr", &err)?;
+                if args.contains(&"--scenario") {
+                    prop_assert!(!o.status.success(), "{args:?} ran without services: {err}");
+                    prop_assert!(err.contains("127.0.0.1:1") || err.contains("nonexistent"), "{args:?} does not name the URL: {err}");
                 }
             }
             Ok(())
