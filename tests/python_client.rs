@@ -462,6 +462,7 @@ fn both_languages_redact_error_text_alike() {
         "GET https://bob:hunter2@search.internal:9200/x?token=abc#frag failed",
         "redis://:s3cr3t@10.0.0.1:6379/0",
         "Authorization: Bearer abc.def.ghi\nnext line",
+        "Authorization: Bearer Bearer 2hunter2xyz",
         "proxy-authorization: Basic dXNlcjpwYXNz and more",
         "basic check failed",
         "{\"password\": \"p\\\"w\", \"user\": \"u\"}",

@@ -253,7 +253,16 @@ fn scheme_credentials(text: &str, masks: &mut Vec<(usize, usize)>) {
             let len = token.find(ends_token).unwrap_or(token.len());
             if len >= min_len {
                 masks.push((from + gap, from + gap + len));
-                from += gap + len;
+                // `Bearer Bearer <token>` (a client that writes the scheme twice): a token that
+                // is itself a scheme word is read again as a scheme, so the real token after it
+                // is masked too.
+                let word = token.get(..len).unwrap_or("");
+                if !["bearer", "basic"]
+                    .iter()
+                    .any(|s| word.eq_ignore_ascii_case(s))
+                {
+                    from += gap + len;
+                }
             }
         }
     }

@@ -183,7 +183,10 @@ def _scheme_credentials(text: str, masks: list[tuple[int, int]]) -> None:
             length = next((i for i, c in enumerate(token) if _ends_token(c)), len(token))
             if length >= min_len:
                 masks.append((start_from + gap, start_from + gap + length))
-                start_from += gap + length
+                # ``Bearer Bearer <token>``: a token that is itself a scheme word is read again
+                # as a scheme, so the real token after it is masked too (as in Rust).
+                if _lower(token[:length]) not in ("bearer", "basic"):
+                    start_from += gap + length
 
 
 def _key_char(c: str) -> bool:

@@ -129,6 +129,22 @@ pub(crate) fn shapes(s: &str) -> Vec<String> {
 }
 
 #[test]
+fn a_scheme_written_twice_still_masks_the_token() {
+    // Found by the redact fuzz target after 426,244 runs: the second `Bearer` was masked as
+    // the token and the real token after it kept.
+    for text in [
+        "Authorization: Bearer Bearer 2hunter2xyz",
+        "x Bearer  Bearer 2hunter2xyz\n",
+        "bearer BEARER 2hunter2xyz",
+        "Basic basic dXNlcjpodW50ZXIy",
+    ] {
+        let shown = redact_text(text);
+        assert!(!shown.contains("2hunter2xyz"), "{text:?} -> {shown:?}");
+        assert!(!shown.contains("dXNlcjpodW50ZXIy"), "{text:?} -> {shown:?}");
+    }
+}
+
+#[test]
 fn a_user_name_rfc_3986_would_refuse_is_masked_and_showing_is_stable() {
     // Found by the url fuzz target: the user `#cookie` made the shown form end in a
     // `cookie:` header whose masking swallowed the host, so showing it again changed it.
