@@ -253,19 +253,26 @@ impl RedisCluster {
     /// slot is served.
     #[must_use]
     pub fn start(masters: usize) -> Self {
+        Self::start_with(masters, &[])
+    }
+
+    /// As [`RedisCluster::start`], each server also given `extra` arguments (for instance
+    /// `--cluster-require-full-coverage no`, so that the healthy masters go on serving their slots
+    /// once the cluster has marked a stopped master as failed).
+    #[must_use]
+    pub fn start_with(masters: usize, extra: &[&str]) -> Self {
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                    &[],
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args, &[])
             })
             .collect();
         let addresses: Vec<String> = nodes
