@@ -264,6 +264,47 @@ impl DependencyMap {
         self.resolve_with(task, |name| own.admit(name, max))
     }
 
+    /// The dependency whose budget a failure naming `name` spends ([`crate::Failure::in_dependency`],
+    /// a branch of a fan-out): `name` itself when `known` says a section configures it, or when a
+    /// mapping, the shared dependency or the overflow budget is that name; any other name comes
+    /// from the handler (often from the message), so it goes through `[unmapped_tasks]` exactly
+    /// as an unmapped task does: a budget of its own while `own` admits it (the same cap, the
+    /// same places), else [`OVERFLOW_DEPENDENCY`]; the shared dependency; or a refusal.
+    ///
+    /// # Errors
+    /// An unknown name that is refused, or that is to be its own dependency and cannot be a
+    /// dependency name.
+    pub fn resolve_named_admitting(
+        &self,
+        name: &str,
+        known: impl FnOnce(&Dependency) -> bool,
+        own: &OwnBudgets,
+    ) -> Result<Dependency, Unresolved> {
+        if let Ok(dependency) = Dependency::new(name)
+            && (self.names(&dependency) || known(&dependency))
+        {
+            return Ok(dependency);
+        }
+        let max = match self.unmapped {
+            UnmappedTasks::OwnBudget { max_own } => max_own,
+            _ => 0,
+        };
+        self.resolve_unmapped(name, |n| own.admit(n, max))
+    }
+
+    /// Whether this map itself names `dependency`: a mapping's target, the shared dependency,
+    /// or the overflow budget of own budgets.
+    fn names(&self, dependency: &Dependency) -> bool {
+        match &self.unmapped {
+            UnmappedTasks::Share(shared) if shared == dependency => return true,
+            UnmappedTasks::OwnBudget { .. } if dependency.as_str() == OVERFLOW_DEPENDENCY => {
+                return true;
+            }
+            _ => {}
+        }
+        self.tasks.values().any(|d| d == dependency)
+    }
+
     fn resolve_with(
         &self,
         task: &str,
@@ -272,13 +313,22 @@ impl DependencyMap {
         if let Some(dependency) = self.tasks.get(task) {
             return Ok(dependency.clone());
         }
+        self.resolve_unmapped(task, admit)
+    }
+
+    /// What an unmapped `name` spends under `[unmapped_tasks]`.
+    fn resolve_unmapped(
+        &self,
+        name: &str,
+        admit: impl FnOnce(&str) -> bool,
+    ) -> Result<Dependency, Unresolved> {
         match &self.unmapped {
             UnmappedTasks::Share(dependency) => Ok(dependency.clone()),
             UnmappedTasks::Reject => Err(Unresolved::Rejected),
             UnmappedTasks::OwnBudget { .. } => {
                 // Checked before admission: an invalid name never takes a place.
-                let own = Dependency::new(task)?;
-                if admit(task) {
+                let own = Dependency::new(name)?;
+                if admit(name) {
                     Ok(own)
                 } else {
                     Ok(Dependency(Arc::from(OVERFLOW_DEPENDENCY)))

@@ -107,6 +107,24 @@ pub enum Error {
         /// The task.
         task: String,
     },
+    /// A failure names a dependency ([`crate::Failure::in_dependency`], a fan-out branch) that
+    /// no section configures, is to be its own dependency, and cannot be a dependency name.
+    #[error("the failure names dependency {dependency:?}, whose name {source}")]
+    InvalidDependency {
+        /// The name the failure gave.
+        dependency: String,
+        /// What is wrong with the name.
+        source: InvalidName,
+    },
+    /// A failure names a dependency that no section configures, while unmapped names are
+    /// refused (`[unmapped_tasks] policy = "reject"`).
+    #[error(
+        "the failure names dependency {dependency:?}, which no [dependencies.*] section configures, and unmapped names are rejected ([unmapped_tasks] policy = \"reject\")"
+    )]
+    UnmappedDependency {
+        /// The name the failure gave.
+        dependency: String,
+    },
     /// The store failed and the fallback is disabled.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -9,8 +9,11 @@
     missing_docs
 )]
 
+use std::collections::BTreeSet;
+
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{Config, DeadLetterReason, Decision, Dependency, Failure, FleetBudget};
+use fleet_budget::{Config, DeadLetterReason, Decision, Dependency, Error, Failure, FleetBudget};
+use prometheus::proto::MetricFamily;
 
 fn budget_config(server: &RedisServer) -> Config {
     let text = format!(
@@ -127,4 +130,167 @@ async fn a_job_s_retries_across_its_branches_stop_at_its_cap_before_any_budget()
         "mail's one retry went to the first job"
     );
     assert!(other.on_branch_failure("{bad}", &failure).await.is_err());
+}
+
+/// The distinct values of `label` across `families`.
+fn label_values(families: &[MetricFamily], label: &str) -> BTreeSet<String> {
+    families
+        .iter()
+        .flat_map(|f| f.get_metric())
+        .flat_map(|m| m.get_label())
+        .filter(|l| l.name() == label)
+        .map(|l| l.value().to_owned())
+        .collect()
+}
+
+fn unmapped_config(server: &RedisServer, unmapped: &str) -> Config {
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"fbu\"\ndeposit_flush_ms = 0\n\
+         [defaults]\nratio = 0\nmin_allowance = 5\n\
+         [dependencies.search]\ntasks = [\"index\"]\n\
+         [dependencies.mail]\n\
+         [unmapped_tasks]\n{unmapped}\n",
+        server.url()
+    );
+    Config::from_toml(&text, "test").unwrap()
+}
+
+/// The dependency a decision spent (or would have).
+fn spent(d: &Decision) -> String {
+    let (Decision::Retry { dependency, .. } | Decision::DeadLetter { dependency, .. }) = d;
+    dependency.to_string()
+}
+
+/// A failure may name any dependency (`in_dependency`, a fan-out branch), and the name often
+/// comes from the message: 3,000 distinct names no section configures go through
+/// `[unmapped_tasks]` like unmapped tasks. With a cap of 3 own budgets, the first 3 names get
+/// one, the rest share `unmapped`: at most 3 + `unmapped` + the configured dependencies in
+/// Redis and as `dependency` label values. Before, each name was a budget of its own (3,000
+/// keys, 3,000 label values, and 3,000 fresh floors of retries).
+#[tokio::test]
+async fn thousands_of_named_dependencies_make_at_most_the_cap_of_budgets_and_label_values() {
+    let server = RedisServer::start();
+    let budget = FleetBudget::from_config(&unmapped_config(&server, "max_own_budgets = 3"))
+        .await
+        .unwrap();
+    let failure = Failure::retryable("timeout");
+    let mut spent_on = BTreeSet::new();
+    let mut granted = 0;
+    for i in 0..2000 {
+        let d = budget
+            .on_failure(
+                "index",
+                1,
+                &failure.clone().in_dependency(format!("dep-{i}")),
+            )
+            .await
+            .unwrap();
+        granted += u32::from(d.is_retry());
+        spent_on.insert(spent(&d));
+    }
+    for i in 2000..3000 {
+        let mut job = budget.fan_out("index", 5);
+        let d = job
+            .on_branch_failure(&format!("dep-{i}"), &failure)
+            .await
+            .unwrap();
+        granted += u32::from(d.is_retry());
+        spent_on.insert(spent(&d));
+    }
+    let expected: BTreeSet<String> = ["dep-0", "dep-1", "dep-2", "unmapped"]
+        .map(String::from)
+        .into();
+    assert!(
+        spent_on == expected,
+        "{} budgets spent, from {:?}",
+        spent_on.len(),
+        spent_on.iter().take(6).collect::<Vec<_>>()
+    );
+    // One failure each for the 3 own budgets, and `unmapped`'s floor of 5 for the other
+    // 2,997 names (each of them its own floor before: 3,000 granted).
+    assert_eq!(granted, 3 + 5, "retries granted across 3,000 names");
+    // Known names are never capped, and an admitted name keeps its budget.
+    for name in ["search", "mail", "dep-1", "unmapped"] {
+        let d = budget
+            .on_failure("index", 1, &failure.clone().in_dependency(name))
+            .await
+            .unwrap();
+        assert_eq!(spent(&d), name);
+    }
+    budget.flush().await.unwrap();
+    let labels = label_values(&budget.metrics().registry().gather(), "dependency");
+    let mut bounded = expected.clone();
+    bounded.extend(["search".to_owned(), "mail".to_owned()]);
+    assert!(
+        labels.is_subset(&bounded),
+        "dependency label values {labels:?}"
+    );
+    let keys: Vec<String> = server.cmd(&["KEYS", "fbu:*"]);
+    let tags: BTreeSet<&str> = keys
+        .iter()
+        .filter_map(|k| k.split_once('{')?.1.split_once('}').map(|t| t.0))
+        .collect();
+    assert!(
+        tags.iter().all(|t| bounded.contains(*t)),
+        "budget keys {keys:?}"
+    );
+}
+
+/// `share` and `reject` apply to named dependencies as to unmapped tasks: a name no section
+/// configures spends the shared dependency, or is refused with an error naming it (the worker
+/// dead-letters it `non_retryable`, class `unmapped_task`); configured names are untouched.
+#[tokio::test]
+async fn named_dependencies_share_or_are_rejected_like_unmapped_tasks() {
+    let server = RedisServer::start();
+    let shared = FleetBudget::from_config(&unmapped_config(
+        &server,
+        "policy = \"share\"\ndependency = \"mail\"",
+    ))
+    .await
+    .unwrap();
+    let failure = Failure::retryable("timeout");
+    for i in 0..1000 {
+        let d = shared
+            .on_failure("index", 1, &failure.clone().in_dependency(format!("x-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(spent(&d), "mail", "x-{i}");
+    }
+    let d = shared
+        .fan_out("index", 3)
+        .on_branch_failure("y", &failure)
+        .await;
+    assert_eq!(spent(&d.unwrap()), "mail");
+    let labels = label_values(&shared.metrics().registry().gather(), "dependency");
+    let configured: BTreeSet<String> = ["mail".to_owned(), "search".to_owned()].into();
+    assert!(labels.is_subset(&configured), "{labels:?}");
+
+    let rejecting = FleetBudget::from_config(&unmapped_config(&server, "policy = \"reject\""))
+        .await
+        .unwrap();
+    let err = rejecting
+        .on_failure("index", 1, &failure.clone().in_dependency("stranger"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnmappedDependency { dependency } if dependency == "stranger"),
+        "{err}"
+    );
+    let err = rejecting
+        .fan_out("index", 3)
+        .on_branch_failure("stranger", &failure)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::UnmappedDependency { .. }), "{err}");
+    let d = rejecting
+        .on_failure("index", 1, &failure.clone().in_dependency("mail"))
+        .await
+        .unwrap();
+    assert_eq!(spent(&d), "mail");
+    let d = rejecting
+        .fan_out("index", 3)
+        .on_branch_failure("search", &failure)
+        .await
+        .unwrap();
+    assert_eq!(spent(&d), "search");
 }

@@ -211,7 +211,11 @@ impl Outcome {
     /// dependency name).
     #[must_use]
     pub fn invalid_task(job: &JobContext, error: &fleet_budget::Error) -> Self {
-        let class = if matches!(error, fleet_budget::Error::UnmappedTask { .. }) {
+        let class = if matches!(
+            error,
+            fleet_budget::Error::UnmappedTask { .. }
+                | fleet_budget::Error::UnmappedDependency { .. }
+        ) {
             "unmapped_task"
         } else {
             "invalid_task"

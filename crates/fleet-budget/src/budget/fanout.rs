@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use super::FleetBudget;
 use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
-use crate::dependency::Dependency;
 use crate::error::Error;
 
 /// One job's retries across its branches (see the module documentation).
@@ -59,18 +58,18 @@ impl FanOut {
     /// `dependency`'s budget (refused → `budget_exhausted` or `budget_frozen`); granted → the
     /// task's backoff for this branch retry, at least any `Retry-After`.
     ///
+    /// A `dependency` no section configures spends what `[unmapped_tasks]` says, as an
+    /// unmapped task would ([`FleetBudget::named_dependency`]).
+    ///
     /// # Errors
-    /// `dependency` is not a valid dependency name.
+    /// `dependency` is unknown and refused, or unknown and not a valid dependency name.
     pub async fn on_branch_failure(
         &mut self,
         dependency: &str,
         failure: &Failure,
     ) -> Result<Decision, Error> {
-        let dependency = Dependency::new(dependency).map_err(|source| Error::InvalidTask {
-            task: dependency.to_owned(),
-            source,
-        })?;
         let budget = &self.budget;
+        let dependency = budget.named_dependency(dependency)?;
         if !failure.is_retryable() {
             return Ok(budget.dead_letter(
                 dependency,

@@ -134,6 +134,32 @@ impl FleetBudget {
             })
     }
 
+    /// The dependency whose budget a failure naming `name` spends
+    /// ([`Failure::in_dependency`], a branch of a [`FanOut`](fanout::FanOut)): `name` when a
+    /// section configures it (or a mapping, the shared dependency or `unmapped` is that name),
+    /// else what `[unmapped_tasks]` says, with the same cap and the same admitted names as
+    /// unmapped tasks: a name chosen by a handler (often read from the message) makes no more
+    /// budgets or metric label values than an unmapped task name does.
+    ///
+    /// # Errors
+    /// An unknown name that is refused ([`Error::UnmappedDependency`]), or that is to be its
+    /// own dependency and cannot be a dependency name ([`Error::InvalidDependency`]).
+    pub fn named_dependency(&self, name: &str) -> Result<Dependency, Error> {
+        let policies = &self.inner.policies;
+        self.inner
+            .map
+            .resolve_named_admitting(name, |d| policies.contains_key(d), &self.inner.own_budgets)
+            .map_err(|e| match e {
+                Unresolved::InvalidName(source) => Error::InvalidDependency {
+                    dependency: name.to_owned(),
+                    source,
+                },
+                Unresolved::Rejected => Error::UnmappedDependency {
+                    dependency: name.to_owned(),
+                },
+            })
+    }
+
     /// The policy of `dependency`.
     #[must_use]
     pub fn policy(&self, dependency: &Dependency) -> BudgetPolicy {
@@ -249,10 +275,7 @@ impl FleetBudget {
     ) -> Result<Decision, Error> {
         let dependency = match &failure.dependency {
             None => self.dependency(task)?,
-            Some(failed) => Dependency::new(failed).map_err(|source| Error::InvalidTask {
-                task: failed.clone(),
-                source,
-            })?,
+            Some(failed) => self.named_dependency(failed)?,
         };
         let attempt = attempt.max(1);
         if !failure.is_retryable() {
