@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{BudgetSource, Config, Decision, Dependency, Failure, FleetBudget};
+use fleet_budget::{
+    Admission, BudgetSource, CallOutcome, Config, Decision, Dependency, Failure, FleetBudget,
+};
 
 use crate::{assert_exit, json, run_with};
 
@@ -198,4 +200,64 @@ async fn the_documented_users_are_enough_and_no_more() {
     assert!(!e.to_string().contains("wrong@"), "{e}");
     // The refusals above are what ACL LOG holds now: it does record them.
     assert!(refused(&server).len() >= 2, "{:?}", refused(&server));
+}
+
+/// A dependency with a concurrency budget and a circuit breaker: the leases
+/// (`lease_acquire.lua`, `lease_release.lua`) and every step of `breaker.lua` (admit, record, the
+/// transition to open, a hold) run under `fleet-worker`, and `status` reads the breaker under
+/// `fleet-readonly`, with nothing refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_users_run_the_leases_and_the_breaker() {
+    let server = server_with_users();
+    let sections = "[dependencies.paid]\ntasks = [\"charge\"]\n\
+                    [dependencies.paid.concurrency]\ncap = 4\nplanned_primary = 2\n\
+                    [dependencies.paid.breaker]\nmin_volume = 3\nfailure_ratio = 0.5\nopen_secs = 600\n";
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 2000\nfallback = \"deny\"\n{sections}",
+        url(&server, "fleet-worker")
+    );
+    let config = Config::from_toml(&text, "acl.toml").unwrap();
+    let budget = FleetBudget::from_config(&config).await.unwrap();
+    for _ in 0..3 {
+        let Admission::Run(call) = budget.admit("charge", 1, None).await.unwrap() else {
+            panic!("a closed breaker and a free slot run the call");
+        };
+        assert!(
+            call.lease().is_some(),
+            "the call holds a fleet-wide slot; refused: {:?}",
+            refused(&server)
+        );
+        budget.finish(call, CallOutcome::Failed).await;
+    }
+    let held = budget.admit("charge", 1, None).await.unwrap();
+    assert!(
+        matches!(held, Admission::Wait(_)),
+        "three failures of three calls open the breaker: {held:?}"
+    );
+    budget.shutdown().await.unwrap();
+
+    let file = crate::temp_file("acl-breaker.toml", sections);
+    let readonly = url(&server, "fleet-readonly");
+    let v = json(&run_with(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--redis-url",
+            readonly.as_str(),
+        ],
+        "status --json",
+    ));
+    let paid = v["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["dependency"] == "paid")
+        .expect("paid listed");
+    assert_eq!(paid["breaker"]["state"], "open", "{v}");
+
+    assert_eq!(
+        refused(&server),
+        Vec::<String>::new(),
+        "nothing may be refused"
+    );
 }
