@@ -11,6 +11,7 @@
 
 mod acl;
 mod budget;
+mod colour;
 mod config_check;
 mod dead_letters;
 mod demo;
