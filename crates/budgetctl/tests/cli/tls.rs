@@ -1,6 +1,7 @@
 //! `rediss://` and `amqps://` from the command line: a working TLS connection, and each TLS
-//! refusal as a named runtime error (exit 1); a URL whose TLS cannot be honoured, or
-//! certificate files that cannot be used, as a configuration error (exit 2).
+//! refusal as a named runtime error (exit 1); a URL whose TLS cannot be honoured (`#insecure`,
+//! `rediss://` in `redis.cluster_urls`), or certificate files that cannot be used, as a
+//! configuration error (exit 2).
 
 use std::path::Path;
 use std::process::Output;
@@ -60,6 +61,20 @@ fn status_and_bench_over_rediss_and_each_refusal_named() {
     assert_exit(&o, 2, "redis.tls_ca_file");
     let o = redis_with_ca(&plain.url(), &ca, &["status"]);
     assert_exit(&o, 2, "not be encrypted");
+    // TLS to a Redis Cluster is not built: refused by name, never connected in plaintext.
+    let cluster = crate::temp_file(
+        "tls-cluster.toml",
+        &format!(
+            "[redis]\ncluster_urls = [\"rediss://localhost:{}\"]\n",
+            redis.tls_port()
+        ),
+    );
+    let o = budgetctl()
+        .args(["--config", cluster.to_str().unwrap(), "status"])
+        .output()
+        .expect("run budgetctl");
+    assert_exit(&o, 2, "redis.cluster_urls[0]");
+    assert!(crate::stderr(&o).contains("TLS (rediss://) is not available"));
 }
 
 fn amqp_with_ca(url: &str, ca: &Path) -> Output {
