@@ -136,3 +136,49 @@ fn bench_refuses_a_prefix_with_budgets_it_did_not_create() {
     let v = json(&run_with(&on, &format!("{bench} --i-know-this-is-live")));
     assert_eq!(v["successes"], 10, "{v}");
 }
+
+/// `budget clear` with a freeze and a set in force: both go at once, the policy's own floor is
+/// back, and the trail records what was there.
+#[test]
+fn clear_lifts_a_freeze_and_a_set_together() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let prefix = unique("clr");
+    let on = ["--redis-url", url.as_str(), "--key-prefix", prefix.as_str()];
+    json(&run_with(
+        &on,
+        "budget freeze search --for 1h --reason failover --json",
+    ));
+    json(&run_with(
+        &on,
+        "budget set search --ratio 0.5 --min-allowance 3 --for 1h --reason tighten --json",
+    ));
+    let s = json(&run_with(&on, "status --dependency search --json"));
+    let d = &s["dependencies"][0];
+    assert_eq!(d["allowance"], 0, "frozen: {s}");
+    assert!(d["overrides"]["set"].is_object(), "{s}");
+
+    let text = stdout(&run_with(
+        &on,
+        "budget clear search --reason incident-over --actor dana",
+    ));
+    assert!(
+        text.contains("search: overrides cleared") && !text.contains("there were none"),
+        "{text}"
+    );
+    let s = json(&run_with(&on, "status --dependency search --json"));
+    let d = &s["dependencies"][0];
+    assert!(d["overrides"]["freeze"].is_null(), "{s}");
+    assert!(d["overrides"]["set"].is_null(), "{s}");
+    assert_eq!(d["allowance"], 10, "the policy's floor again: {s}");
+
+    let v = json(&run_with(&on, "audit --json"));
+    let entries = v["entries"].as_array().unwrap();
+    let clear = entries.last().unwrap();
+    assert_eq!(clear["action"], "clear", "{v}");
+    assert_eq!(clear["actor"], "dana", "{v}");
+    assert_eq!(clear["before"]["freeze"]["reason"], "failover", "{v}");
+    assert!(clear["before"]["set"].is_object(), "{v}");
+    assert!(clear["after"]["freeze"].is_null(), "{v}");
+    assert!(clear["after"]["set"].is_null(), "{v}");
+}
