@@ -75,7 +75,7 @@ def test_unreachable_redis_falls_back_and_probes_by_the_clock(dead_url):
     b = budget(dead_url, clock=lambda: now[0])
     d = b.on_failure("index_document", 1, Failure.retryable("503"))
     assert isinstance(d, Retry) and d.source == "local_fallback" and b.in_fallback
-    assert b.metrics.value("fleet_budget_fallback_active") == 1
+    assert b.metrics.value("fleet_budget_fallback_active", dependency="search") == 1
     assert b.metrics.value("fleet_budget_store_errors_total", kind="connection") == 1
     b.on_failure("index_document", 1, Failure.retryable("503"))
     assert b.metrics.value("fleet_budget_store_errors_total", kind="connection") == 1, "not probed yet"

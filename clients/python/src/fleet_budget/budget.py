@@ -73,6 +73,9 @@ class FleetBudget:
         if key_prefix is not None:
             self.config.redis.key_prefix = key_prefix
         self.metrics = metrics if metrics is not None else Metrics()
+        # A series for every configured dependency before its first failure, as in Rust.
+        for dependency in self.config.policies:
+            self.metrics.fallback_active.labels(dependency).set(0)
         self._clock = clock
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
@@ -91,12 +94,13 @@ class FleetBudget:
             except ValueError as e:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
         self._redis = client
-        self._spend = client.register_script(scripts.text("spend"))
-        self._spend_many = client.register_script(scripts.text("spend_many"))
+        timed = self.metrics.timed
+        self._spend = timed("spend", client.register_script(scripts.text("spend")))
+        self._spend_many = timed("spend", client.register_script(scripts.text("spend_many")))
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
-        self._deposit = client.register_script(scripts.text("deposit"))
-        self._status = client.register_script(scripts.text("status"))
+        self._deposit = timed("deposit", client.register_script(scripts.text("deposit")))
+        self._status = timed("status", client.register_script(scripts.text("status")))
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
         # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].
@@ -396,8 +400,8 @@ class FleetBudget:
                 return
             left = len(self._degraded)
         self.metrics.fallback_dependencies.set(left)
+        self.metrics.fallback_active.labels(dependency).set(0)
         if left == 0:
-            self.metrics.fallback_active.set(0)
             log.info("fleet budget store answers again; leaving fallback")
 
     def _failed(self, dependency: str, error: BaseException) -> None:
@@ -408,8 +412,8 @@ class FleetBudget:
             count = len(self._degraded)
         if new:
             self.metrics.fallback_dependencies.set(count)
+            self.metrics.fallback_active.labels(dependency).set(1)
             if count == 1:
-                self.metrics.fallback_active.set(1)
                 log.warning("fleet budget store failed for %s (%s); entering fallback %s",
                             dependency, redact_url(str(error)), self.config.redis.fallback)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
-from typing import Optional
+import time
+from typing import Any, Awaitable, Callable, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .snapshot import BudgetSnapshot
 
@@ -15,6 +17,10 @@ log = logging.getLogger("fleet_budget")
 #: At most this many dependencies get their first policy conflict logged (bounded whatever task
 #: names arrive).
 CONFLICT_LOG_LIMIT = 1024
+
+#: Upper bounds of the store-call duration buckets, in seconds: the Rust library's
+#: ``STORE_CALL_BUCKETS``, fine around the 50 ms default deadline (``redis.timeout_ms``).
+STORE_CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.25)
 
 
 class Metrics:
@@ -34,7 +40,11 @@ class Metrics:
         self.allowance = Gauge("fleet_budget_allowance", "Allowance at the last decision.", dep, registry=r)
         self.headroom = Gauge("fleet_budget_headroom", "Retries still grantable at the last decision.", dep, registry=r)
         self.fallback_active = Gauge(
-            "fleet_budget_fallback_active", "1 while the fleet store is unreachable.", registry=r)
+            "fleet_budget_fallback_active",
+            "1 while the fleet store fails for the dependency and the fallback decides.", dep, registry=r)
+        self.store_call_duration = Histogram(
+            "fleet_budget_store_call_duration_seconds", "Budget store calls by operation, failed ones included.",
+            ["op"], buckets=STORE_CALL_BUCKETS, registry=r)
         self.fallback_dependencies = Gauge(
             "fleet_budget_fallback_dependencies", "Dependencies whose store calls fail now.", registry=r)
         self.store_errors = Counter("fleet_budget_store_errors", "Store calls that failed.", ["kind"], registry=r)
@@ -61,6 +71,33 @@ class Metrics:
         self.allowance.labels(dependency).set(snap.allowance)
         self.headroom.labels(dependency).set(snap.remaining())
 
+    def timed(self, op: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        """``call`` (a registered script), each call's duration observed under ``op`` (``spend``,
+        ``deposit``, ``status``), failed calls included; a coroutine is timed until it is done."""
+        histogram = self.store_call_duration.labels(op)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            pending = False
+            try:
+                result = call(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    pending = True
+                    return _observed(result, histogram, start)
+                return result
+            finally:
+                if not pending:
+                    histogram.observe(time.perf_counter() - start)
+
+        return run
+
     def value(self, name: str, **labels: str) -> float:
         """A sample's value (0 when never set), e.g. ``value("fleet_budget_successes_total", dependency="x")``."""
         return self.registry.get_sample_value(name, labels) or 0.0
+
+
+async def _observed(awaitable: Awaitable[Any], histogram: Any, start: float) -> Any:
+    try:
+        return await awaitable
+    finally:
+        histogram.observe(time.perf_counter() - start)
