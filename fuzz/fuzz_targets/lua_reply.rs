@@ -11,7 +11,9 @@ fuzz_target!(|data: &[u8]| {
     let redis::Value::Array(reply) = value else {
         return;
     };
+    // The caller's policy fills in the policy in force when a reply leaves it out (no conflict).
+    let caller = fleet_budget::BudgetPolicy::default();
     for script in ["spend", "deposit", "status"] {
-        let _ = fleet_budget::store::parse_reply(script, &reply);
+        let _ = fleet_budget::store::parse_reply(script, &reply, &caller);
     }
 });

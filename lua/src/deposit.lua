@@ -31,8 +31,8 @@ cur[2] = cur[2] + first_attempts
 local changed = {}
 -- @include save.lua
 if not rolled then
-  if successes > 0 then redis.call('HINCRBY', KEYS[1], 'cs', ARGV[2]) end
-  if first_attempts > 0 then redis.call('HINCRBY', KEYS[1], 'ca', ARGV[3]) end
+  if successes > 0 then redis.call('HINCRBY', key, 'cs', ARGV[2]) end
+  if first_attempts > 0 then redis.call('HINCRBY', key, 'ca', ARGV[3]) end
 end
 -- @include heard.lua
 -- @include reply.lua

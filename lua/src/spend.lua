@@ -27,8 +27,12 @@ end
 
 -- Write the counter that changed (the whole hash when the window rolled, the key is new, or the
 -- policy in force is new).
-local changed = { 'cd', cur[4] }
-if granted == 1 then changed = { 'cr', cur[3] } end
+local changed
+if granted == 1 then
+  changed = { 'cr', string.format('%d', cur[3]) }
+else
+  changed = { 'cd', string.format('%d', cur[4]) }
+end
 -- @include save.lua
 -- @include heard.lua
 -- @include reply.lua

@@ -39,16 +39,16 @@ cur[4] = cur[4] + (n - g)
 -- Write the counters that changed (the whole hash when the window rolled, the key is new, or the
 -- policy in force is new).
 local changed = {}
-if g > 0 then changed = { 'cr', cur[3] } end
+if g > 0 then changed = { 'cr', string.format('%d', cur[3]) } end
 if g < n then
   changed[#changed + 1] = 'cd'
-  changed[#changed + 1] = cur[4]
+  changed[#changed + 1] = string.format('%d', cur[4])
 end
 -- @include save.lua
 -- @include heard.lua
 if conflict == 1 and n > 1 then
   -- n calls of spend.lua would each have counted the conflict.
-  redis.call('HINCRBY', KEYS[1], 'xn', n - 1)
+  redis.call('HINCRBY', key, 'xn', n - 1)
 end
 -- @include reply.lua
 reply[1] = g

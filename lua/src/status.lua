@@ -18,8 +18,10 @@ local propose = false
 -- @include budget.lua
 -- @include estimate.lua
 -- @include reply.lua
-local x = redis.call('HMGET', KEYS[1], 'xn', 'xp', 'xt')
-reply[22] = redis.call('PTTL', KEYS[1])
+-- status sends the policy in force always (fields 18 to 21), then its own fields.
+reply[18] = ratio_text; reply[19] = min_allowance; reply[20] = basis; reply[21] = mode
+local x = redis.call('HMGET', key, 'xn', 'xp', 'xt')
+reply[22] = redis.call('PTTL', key)
 reply[23] = tonumber(x[1]) or 0
 reply[24] = x[2] or ''
 reply[25] = -1

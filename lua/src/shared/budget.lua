@@ -40,118 +40,127 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- A key of another type, or a stored number that is not one (tampered with), is refused before
 -- any write, naming the key: `fleet-budget: key <key> ...`. Counters and times are integers of at
 -- most 18 digits; ratios (r, sr) numbers from 0 to 10; floors (m, sm) integers up to 10^9.
-local h = redis.pcall('HMGET', KEYS[1], 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-  'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm')
+-- A call in steady state takes the short way: one HMGET of the fields it needs, the policy in
+-- force compared with the caller's as text (a field that equals the caller's checked argument is
+-- that argument), no override field, every counter an integer of at most 18 digits (one pattern
+-- over them all). Anything else (a new key, another policy, an override, a bad field) takes
+-- the long way, which reads every field again and checks each on its own.
+local key = KEYS[1]
+local h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+  'r', 'm', 'b', 'o', 'fu', 'su')
 if h.err then
-  return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a budget hash: ' .. h.err)
+  return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
 end
--- Each stored number is converted once, here, and h[n] holds the number from then on (the ratio
--- r keeps its text, which the reply and a conflict's record carry; fr and sr hold the numbers).
--- A key in use has the ten counters, the floor m and the time h: their lengths are checked one
--- by one and their digits by one pattern over them all (a pattern per field costs more server
--- CPU than the rest of the call's arithmetic). Otherwise (a new key, or a bad field) every field
--- is checked on its own, in order, so that the first bad one is named.
-local find = string.find
-local first = 1
-if h[1] and h[2] and h[3] and h[4] and h[5] and h[6] and h[7] and h[8] and h[9] and h[10]
-    and h[12] and h[15]
-    and #h[1] <= 18 and #h[2] <= 18 and #h[3] <= 18 and #h[4] <= 18 and #h[5] <= 18
-    and #h[6] <= 18 and #h[7] <= 18 and #h[8] <= 18 and #h[9] <= 18 and #h[10] <= 18
-    and #h[12] <= 10 and #h[15] <= 18
-    and find(h[1] .. ',' .. h[2] .. ',' .. h[3] .. ',' .. h[4] .. ',' .. h[5] .. ',' .. h[6] .. ','
-        .. h[7] .. ',' .. h[8] .. ',' .. h[9] .. ',' .. h[10] .. ',' .. h[12] .. ',' .. h[15],
-      '^%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%d+,%-?%d+$') then
-  for n = 1, 10 do h[n] = h[n] + 0 end
-  h[12] = h[12] + 0
-  h[15] = h[15] + 0
-  first = 11
-end
-local fr, sr
-for n = first, 19 do
-  local v = h[n]
-  if v and not (first == 11 and (n == 12 or n == 15)) then
-    local ok = true
-    if n == 11 or n == 18 then
-      local x = tonumber(v)
-      ok = x and x == x and x >= 0 and x <= 10
-      if n == 11 then fr = x else sr = x end
-    elseif n <= 10 or n == 15 or n == 16 or n == 17 then
-      ok = #v <= 18 and find(v, '^%-?%d+$')
-      if ok then h[n] = v + 0 end
-    elseif n == 12 or n == 19 then
-      ok = #v <= 10 and find(v, '^%d+$')
-      if ok then h[n] = v + 0 end
-    end
-    if not ok then
-      local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-        'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
-      return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' field ' .. names[n] .. ' is not a valid number')
-    end
-  end
-end
-local sw = h[1] or nil
-local i = h[2] or nil
-local cur = { h[3] or 0, h[4] or 0, h[5] or 0, h[6] or 0 }
-local prev = { h[7] or 0, h[8] or 0, h[9] or 0, h[10] or 0 }
+local sw, i, cur, prev, fu, su
 local conflict = 0
 local ask = nil
 local heard = propose
 local rolled = false
-if not sw or sw < 1 or sw ~= math.floor(sw) or not i then
-  -- A new key (or one this script cannot read): the caller's policy, fresh counters.
-  i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }; rolled = true
+local frozen = 0
+local overridden = 0
+local eratio = ratio
+local emin = min_allowance
+if h[1] == ARGV[1] and h[11] == ratio_text and h[12] == ARGV[at + 1] and h[13] == basis
+    and h[14] == mode and not h[15] and not h[16]
+    and h[2] and h[3] and h[4] and h[5] and h[6] and h[7] and h[8] and h[9] and h[10]
+    and #h[2] <= 18 and #h[3] <= 18 and #h[4] <= 18 and #h[5] <= 18 and #h[6] <= 18
+    and #h[7] <= 18 and #h[8] <= 18 and #h[9] <= 18 and #h[10] <= 18
+    and string.find(h[2] .. ',' .. h[3] .. ',' .. h[4] .. ',' .. h[5] .. ',' .. h[6] .. ','
+        .. h[7] .. ',' .. h[8] .. ',' .. h[9] .. ',' .. h[10],
+      '^%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+$') then
+  sw = window; i = h[2] + 0; fu = 0; su = 0
+  cur = { h[3] + 0, h[4] + 0, h[5] + 0, h[6] + 0 }
+  prev = { h[7] + 0, h[8] + 0, h[9] + 0, h[10] + 0 }
 else
-  local fm, fb, fo = h[12] or nil, h[13], h[14]
-  local known = fr and fm and (fb == 's' or fb == 'a') and (fo == 'sliding' or fo == 'fixed')
-  if not known then
-    rolled = true -- counters without a policy: the caller's becomes the one in force
-  elseif sw ~= window or fr ~= ratio or fm ~= min_allowance or fb ~= basis or fo ~= mode then
-    if propose and now - (h[15] or 0) >= sw then
-      rolled = true -- nobody sent the policy in force for one of its windows: the caller's replaces it
-    else
-      conflict = 1; heard = false
-      ask = window .. ' ' .. ratio_text .. ' ' .. min_allowance .. ' ' .. basis .. ' ' .. mode
-      window = sw; ratio = fr; ratio_text = h[11]; min_allowance = fm; basis = fb; mode = fo
+  h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+    'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm')
+  if h.err then
+    return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
+  end
+  -- Each stored number is converted once, here, and h[n] holds the number from then on (the
+  -- ratio r keeps its text, which the reply and a conflict's record carry; fr and sr hold the
+  -- numbers). Fields are checked in order, so that the first bad one is named.
+  local fr, sr
+  for n = 1, 19 do
+    local v = h[n]
+    if v then
+      local ok = true
+      if n == 11 or n == 18 then
+        local x = tonumber(v)
+        ok = x and x == x and x >= 0 and x <= 10
+        if n == 11 then fr = x else sr = x end
+      elseif n <= 10 or n == 15 or n == 16 or n == 17 then
+        ok = #v <= 18 and string.find(v, '^%-?%d+$')
+        if ok then h[n] = v + 0 end
+      elseif n == 12 or n == 19 then
+        ok = #v <= 10 and string.find(v, '^%d+$')
+        if ok then h[n] = v + 0 end
+      end
+      if not ok then
+        local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+          'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
+        return redis.error_reply('fleet-budget: key ' .. key .. ' field ' .. names[n] .. ' is not a valid number')
+      end
     end
   end
-  -- Roll the stored windows to the server's index: the next index shifts current into previous;
-  -- a jump of two or more clears both; a lower index (a failover to a server whose clock is
-  -- behind) keeps the stored window: counters are never un-rolled.
-  local idx = math.floor(now / sw)
-  if idx == i + 1 then
-    prev = cur; cur = { 0, 0, 0, 0 }; i = idx; rolled = true
-  elseif idx > i then
-    i = idx; cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }; rolled = true
-  end
-  if sw ~= window then
-    -- The window length changes: carry the counters over so that the new layout never allows
-    -- more than the old counters did: every retry and denial still counting is kept (both
-    -- windows, in the new current window), deposits only from the current window, scaled down
-    -- when the new window is shorter.
-    local keep = 1
-    if window < sw then keep = window / sw end
-    cur = { math.floor(cur[1] * keep), math.floor(cur[2] * keep), cur[3] + prev[3], cur[4] + prev[4] }
-    prev = { 0, 0, 0, 0 }
-    i = math.floor(now / window)
+  sw = h[1] or nil
+  i = h[2] or nil
+  cur = { h[3] or 0, h[4] or 0, h[5] or 0, h[6] or 0 }
+  prev = { h[7] or 0, h[8] or 0, h[9] or 0, h[10] or 0 }
+  if not sw or sw < 1 or sw ~= math.floor(sw) or not i then
+    -- A new key (or one this script cannot read): the caller's policy, fresh counters.
+    sw = window; i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }
     rolled = true
+  else
+    local fm, fb, fo = h[12] or nil, h[13], h[14]
+    local known = fr and fm and (fb == 's' or fb == 'a') and (fo == 'sliding' or fo == 'fixed')
+    if not known then
+      rolled = true -- counters without a policy: the caller's becomes the one in force
+    elseif sw ~= window or fr ~= ratio or fm ~= min_allowance or fb ~= basis or fo ~= mode then
+      if propose and now - (h[15] or 0) >= sw then
+        rolled = true -- nobody sent the policy in force for one of its windows: the caller's replaces it
+      else
+        conflict = 1; heard = false
+        ask = window .. ' ' .. ratio_text .. ' ' .. min_allowance .. ' ' .. basis .. ' ' .. mode
+        window = sw; ratio = fr; ratio_text = h[11]; min_allowance = fm; basis = fb; mode = fo
+        eratio = ratio; emin = min_allowance
+      end
+    end
   end
+  -- Overrides (fields fu su sr sm, written by operators through override.lua, ending by
+  -- themselves): a freeze grants no retry at all, the floor included, until server ms fu; a set
+  -- override replaces the ratio (sr) and/or the floor (sm) until su.
+  fu = h[16] or 0
+  su = h[17] or 0
+  if fu > now then frozen = 1 end
+  if su > now then
+    local sm = h[19] or nil
+    if sr and sr >= 0 and sr == sr then overridden = 1; eratio = sr end
+    if sm and sm >= 0 and sm == math.floor(sm) then overridden = 1; emin = sm end
+  end
+end
+-- Roll the stored windows to the server's index: the next index shifts current into previous;
+-- a jump of two or more clears both; a lower index (a failover to a server whose clock is
+-- behind) keeps the stored window: counters are never un-rolled.
+local idx = math.floor(now / sw)
+if idx == i + 1 then
+  prev = cur; cur = { 0, 0, 0, 0 }; i = idx; rolled = true
+elseif idx > i then
+  i = idx; cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }; rolled = true
+end
+if sw ~= window then
+  -- The window length changes: carry the counters over so that the new layout never allows
+  -- more than the old counters did: every retry and denial still counting is kept (both
+  -- windows, in the new current window), deposits only from the current window, scaled down
+  -- when the new window is shorter.
+  local keep = 1
+  if window < sw then keep = window / sw end
+  cur = { math.floor(cur[1] * keep), math.floor(cur[2] * keep), cur[3] + prev[3], cur[4] + prev[4] }
+  prev = { 0, 0, 0, 0 }
+  i = math.floor(now / window)
+  rolled = true
 end
 local d = 1
 if basis == 'a' then d = 2 end
 local sliding = mode == 'sliding'
 
--- Overrides (fields fu su sr sm, written by operators through override.lua, ending by
--- themselves): a freeze grants no retry at all, the floor included, until server ms fu; a set
--- override replaces the ratio (sr) and/or the floor (sm) until su.
-local fu = h[16] or 0
-local su = h[17] or 0
-local frozen = 0
-local overridden = 0
-local eratio = ratio
-local emin = min_allowance
-if fu > now then frozen = 1 end
-if su > now then
-  local sm = h[19] or nil
-  if sr and sr >= 0 and sr == sr then overridden = 1; eratio = sr end
-  if sm and sm >= 0 and sm == math.floor(sm) then overridden = 1; emin = sm end
-end

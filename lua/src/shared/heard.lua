@@ -2,6 +2,6 @@
 -- (xn: count, xp: its policy, xt: server ms). A caller that sent the policy in force refreshed
 -- `h` in shared/save.lua's HSET.
 if conflict == 1 and propose then
-  redis.call('HINCRBY', KEYS[1], 'xn', 1)
-  redis.call('HSET', KEYS[1], 'xp', ask, 'xt', now)
+  redis.call('HINCRBY', key, 'xn', '1')
+  redis.call('HSET', key, 'xp', ask, 'xt', string.format('%d', now))
 end

@@ -14,14 +14,14 @@ if rolled then
 end
 if heard then
   changed[#changed + 1] = 'h'
-  changed[#changed + 1] = now
+  changed[#changed + 1] = string.format('%d', now)
 end
 if #changed > 0 then
-  redis.call('HSET', KEYS[1], unpack(changed))
+  redis.call('HSET', key, unpack(changed))
 end
 if rolled then
   local expire_at = (i + 2) * window
   if fu > expire_at then expire_at = fu end
   if su > expire_at then expire_at = su end
-  redis.call('PEXPIREAT', KEYS[1], expire_at)
+  redis.call('PEXPIREAT', key, expire_at)
 end

@@ -64,7 +64,7 @@ class FleetBudget(_sync.FleetBudget):
             try:
                 reply = await self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                           args=scripts.spend_args(policy))
-                granted, snapshot, _ = scripts.parse_reply("spend", reply)
+                granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
             except (redis.exceptions.RedisError, scripts.BadReply) as e:
                 self._failed(dependency, e)
             else:
@@ -77,7 +77,7 @@ class FleetBudget(_sync.FleetBudget):
         try:
             reply = await self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                        args=scripts.status_args(policy))
-            _, snapshot, _ = scripts.parse_reply("status", reply)
+            _, snapshot, _ = scripts.parse_reply("status", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
@@ -123,7 +123,7 @@ class FleetBudget(_sync.FleetBudget):
         try:
             reply = await self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                         args=scripts.deposit_args(policy, successes, first_attempts))
-            scripts.parse_reply("deposit", reply)
+            scripts.parse_reply("deposit", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e)
             return False

@@ -251,10 +251,11 @@ class FleetBudget:
         """One store call deciding ``n`` requests: ``spend.lua`` for one, ``spend_many.lua`` for more."""
         keys = scripts.keys(self.config.redis.key_prefix, dependency)
         if n == 1:
-            granted, snapshot, _ = scripts.parse_reply("spend", self._spend(keys=keys, args=scripts.spend_args(policy)))
+            reply = self._spend(keys=keys, args=scripts.spend_args(policy))
+            granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
             return [(granted == 1, snapshot)]
         reply = self._spend_many(keys=keys, args=scripts.spend_many_args(policy, n))
-        granted, snapshot, _ = scripts.parse_reply("spend_many", reply)
+        granted, snapshot, _ = scripts.parse_reply("spend_many", reply, policy)
         return [batch_answer(snapshot, n, granted, k) for k in range(n)]
 
     def _fallback(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
@@ -271,7 +272,7 @@ class FleetBudget:
         try:
             reply = self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                  args=scripts.status_args(policy))
-            _, snapshot, _ = scripts.parse_reply("status", reply)
+            _, snapshot, _ = scripts.parse_reply("status", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
@@ -349,7 +350,7 @@ class FleetBudget:
         try:
             reply = self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                   args=scripts.deposit_args(policy, successes, first_attempts))
-            scripts.parse_reply("deposit", reply)
+            scripts.parse_reply("deposit", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e)
             return False

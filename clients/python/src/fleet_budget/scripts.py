@@ -62,42 +62,33 @@ def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int) -> l
     return [str(policy.window_ms), str(successes), str(first_attempts), *policy_args(policy)]
 
 
-def parse_reply(script: str, reply: Any) -> tuple[int, BudgetSnapshot, BudgetPolicy]:
+def parse_reply(script: str, reply: Any, caller: BudgetPolicy) -> tuple[int, BudgetSnapshot, BudgetPolicy]:
     """``granted`` (1, 0, or -1 when not a withdrawal), the snapshot and the policy in force, from
-    the 21 fields every script replies with (``lua/README.md``, "Reply")."""
+    the reply every script starts with (``lua/README.md``, "Reply"): 17 fields, then the policy in
+    force (fields 18 to 21) when it is not ``caller``'s, the policy the call sent."""
     if not isinstance(reply, (list, tuple)):
         raise BadReply(script, f"expected an array, got {type(reply).__name__}")
-    if len(reply) < 21:
-        raise BadReply(script, f"expected at least 21 fields, got {len(reply)}")
+    if len(reply) < 17:
+        raise BadReply(script, f"expected at least 17 fields, got {len(reply)}")
     values: list[int] = []
-    for i in (*range(17), 18):
+    for i in range(17):
         value = reply[i]
         if not isinstance(value, int) or isinstance(value, bool):
             raise BadReply(script, f"field {i + 1} is not an integer: {value!r:.100}")
         if i > 0 and value < 0:
             raise BadReply(script, f"field {i + 1} is negative: {value}")
         values.append(value)
-    texts: list[str] = []
-    for i in (17, 19, 20):
-        value = reply[i]
-        if isinstance(value, bytes):
-            value = value[:1024].decode("utf-8", "replace")
-        if not isinstance(value, str):
-            raise BadReply(script, f"field {i + 1} is not text: {value!r:.100}")
-        texts.append(value)
     granted, allowance, index, window_ms, elapsed, weight = values[:6]
     if window_ms == 0:
         raise BadReply(script, "window_ms is 0")
-    try:
-        ratio = float(texts[0])
-    except ValueError:
-        ratio = -1.0
-    if not ratio >= 0.0 or ratio == float("inf"):
-        raise BadReply(script, f"ratio is not a number >= 0: {texts[0]!r:.100}")
-    if texts[1] not in ("s", "a"):
-        raise BadReply(script, f"basis is {texts[1]!r:.100}")
-    if texts[2] not in ("sliding", "fixed"):
-        raise BadReply(script, f"mode is {texts[2]!r:.100}")
+    if len(reply) >= 21:
+        in_force = _policy_in_force(script, reply, window_ms)
+    elif values[14] == 1:
+        raise BadReply(script, f"a conflict without the policy in force ({len(reply)} fields)")
+    elif window_ms != caller.window_ms:
+        raise BadReply(script, f"window_ms is {window_ms}, not the caller's {caller.window_ms}, without a conflict")
+    else:
+        in_force = caller
     snapshot = BudgetSnapshot(
         window_ms=window_ms,
         window_index=index,
@@ -108,14 +99,41 @@ def parse_reply(script: str, reply: Any) -> tuple[int, BudgetSnapshot, BudgetPol
         allowance=allowance,
         control=Control(conflict=values[14] == 1, frozen=values[15] == 1, overridden=values[16] == 1),
     )
-    in_force = BudgetPolicy(
+    return granted, snapshot, in_force
+
+
+def _policy_in_force(script: str, reply: Sequence[Any], window_ms: int) -> BudgetPolicy:
+    """The policy in force, fields 18 to 21 of a reply (with ``window_ms``, field 4)."""
+    floor = reply[18]
+    if not isinstance(floor, int) or isinstance(floor, bool):
+        raise BadReply(script, f"field 19 is not an integer: {floor!r:.100}")
+    if floor < 0:
+        raise BadReply(script, f"field 19 is negative: {floor}")
+    texts: list[str] = []
+    for i in (17, 19, 20):
+        value = reply[i]
+        if isinstance(value, bytes):
+            value = value[:1024].decode("utf-8", "replace")
+        if not isinstance(value, str):
+            raise BadReply(script, f"field {i + 1} is not text: {value!r:.100}")
+        texts.append(value)
+    try:
+        ratio = float(texts[0])
+    except ValueError:
+        ratio = -1.0
+    if not ratio >= 0.0 or ratio == float("inf"):
+        raise BadReply(script, f"ratio is not a number >= 0: {texts[0]!r:.100}")
+    if texts[1] not in ("s", "a"):
+        raise BadReply(script, f"basis is {texts[1]!r:.100}")
+    if texts[2] not in ("sliding", "fixed"):
+        raise BadReply(script, f"mode is {texts[2]!r:.100}")
+    return BudgetPolicy(
         window_ms=window_ms,
         ratio=ratio,
-        min_allowance=values[17],
+        min_allowance=floor,
         deposit="request" if texts[1] == "a" else "success",
         mode=texts[2],
     )
-    return granted, snapshot, in_force
 
 
 def keys(prefix: str, dependency: str) -> Sequence[str]:

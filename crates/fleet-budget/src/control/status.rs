@@ -59,7 +59,7 @@ pub async fn fleet_status(
         invocation.arg(arg);
     }
     let reply = store.invoke("status", invocation).await?;
-    let parsed = parse_reply("status", &reply)?;
+    let parsed = parse_reply("status", &reply, policy)?;
     let bad = |detail: String| StoreError::BadReply {
         script: "status",
         detail,

@@ -422,7 +422,7 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let reply = self.invoke(name, invocation).await?;
-        parse_reply(name, &reply)
+        parse_reply(name, &reply, policy)
     }
 
     /// Runs one command within the store's deadline (for tools: overrides, the audit stream).

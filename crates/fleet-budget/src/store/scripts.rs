@@ -74,12 +74,18 @@ pub(crate) fn text_at(reply: &[Value], index: usize) -> Result<String, String> {
     }
 }
 
-/// Decodes the 21-field reply shared by the scripts (`lua/README.md`, "Reply").
-pub fn parse_reply(script: &'static str, reply: &[Value]) -> Result<ScriptReply, StoreError> {
+/// Decodes the reply shared by the scripts (`lua/README.md`, "Reply"): 17 fields, then the
+/// policy in force (fields 18 to 21) when it is not `caller`'s, the policy the call sent. A
+/// reply without them while field 15 (conflict) is 1 is refused.
+pub fn parse_reply(
+    script: &'static str,
+    reply: &[Value],
+    caller: &BudgetPolicy,
+) -> Result<ScriptReply, StoreError> {
     let bad = |detail: String| StoreError::BadReply { script, detail };
-    if reply.len() < 21 {
+    if reply.len() < 17 {
         return Err(bad(format!(
-            "expected at least 21 fields, got {}",
+            "expected at least 17 fields, got {}",
             reply.len()
         )));
     }
@@ -110,23 +116,20 @@ pub fn parse_reply(script: &'static str, reply: &[Value]) -> Result<ScriptReply,
     if window_ms == 0 {
         return Err(bad("window_ms is 0".to_owned()));
     }
-    let ratio_text = text_at(reply, 17).map_err(bad)?;
-    let ratio = ratio_text
-        .parse::<f64>()
-        .ok()
-        .filter(|r| r.is_finite() && *r >= 0.0)
-        .ok_or_else(|| bad(format!("ratio is not a number >= 0: {ratio_text:?}")))?;
-    let min_allowance = u64::try_from(int_at(reply, 18).map_err(bad)?)
-        .map_err(|_| bad("min_allowance is negative".to_owned()))?;
-    let deposit = match text_at(reply, 19).map_err(bad)?.as_str() {
-        "s" => DepositBasis::Success,
-        "a" => DepositBasis::Request,
-        other => return Err(bad(format!("basis is {other:?}"))),
-    };
-    let mode = match text_at(reply, 20).map_err(bad)?.as_str() {
-        "sliding" => WindowMode::Sliding,
-        "fixed" => WindowMode::Fixed,
-        other => return Err(bad(format!("mode is {other:?}"))),
+    let policy = if reply.len() >= 21 {
+        policy_in_force(reply, window_ms).map_err(bad)?
+    } else if conflict == 1 {
+        return Err(bad(format!(
+            "a conflict without the policy in force ({} fields)",
+            reply.len()
+        )));
+    } else if window_ms != caller.window_ms() {
+        return Err(bad(format!(
+            "window_ms is {window_ms}, not the caller's {}, without a conflict",
+            caller.window_ms()
+        )));
+    } else {
+        *caller
     };
     let granted = int_at(reply, 0).map_err(bad)?;
     Ok(ScriptReply {
@@ -155,13 +158,36 @@ pub fn parse_reply(script: &'static str, reply: &[Value]) -> Result<ScriptReply,
                 overridden: overridden == 1,
             },
         },
-        policy: BudgetPolicy {
-            window: Duration::from_millis(window_ms),
-            ratio,
-            min_allowance,
-            deposit,
-            mode,
-        },
+        policy,
+    })
+}
+
+/// The policy in force, fields 18 to 21 of a reply (with `window_ms`, field 4).
+fn policy_in_force(reply: &[Value], window_ms: u64) -> Result<BudgetPolicy, String> {
+    let ratio_text = text_at(reply, 17)?;
+    let ratio = ratio_text
+        .parse::<f64>()
+        .ok()
+        .filter(|r| r.is_finite() && *r >= 0.0)
+        .ok_or_else(|| format!("ratio is not a number >= 0: {ratio_text:?}"))?;
+    let min_allowance =
+        u64::try_from(int_at(reply, 18)?).map_err(|_| "min_allowance is negative".to_owned())?;
+    let deposit = match text_at(reply, 19)?.as_str() {
+        "s" => DepositBasis::Success,
+        "a" => DepositBasis::Request,
+        other => return Err(format!("basis is {other:?}")),
+    };
+    let mode = match text_at(reply, 20)?.as_str() {
+        "sliding" => WindowMode::Sliding,
+        "fixed" => WindowMode::Fixed,
+        other => return Err(format!("mode is {other:?}")),
+    };
+    Ok(BudgetPolicy {
+        window: Duration::from_millis(window_ms),
+        ratio,
+        min_allowance,
+        deposit,
+        mode,
     })
 }
 
@@ -169,40 +195,76 @@ pub fn parse_reply(script: &'static str, reply: &[Value]) -> Result<ScriptReply,
 mod tests {
     use super::*;
 
-    fn ints(values: &[i64]) -> Vec<Value> {
+    /// The policy the calls below sent: window 1000 ms, ratio 0.5, floor 3, successes, fixed.
+    fn caller() -> BudgetPolicy {
+        BudgetPolicy {
+            window: Duration::from_millis(1000),
+            ratio: 0.5,
+            min_allowance: 3,
+            deposit: DepositBasis::Success,
+            mode: WindowMode::Fixed,
+        }
+    }
+
+    /// Fields 1 to 14 as given, then conflict, frozen 1, overridden 0 and, when `conflict`, the
+    /// policy in force (0.2, 10, s, sliding).
+    fn reply(values: &[i64], conflict: bool) -> Vec<Value> {
         let mut reply: Vec<Value> = values.iter().map(|v| Value::Int(*v)).collect();
         reply.extend([
-            Value::Int(0),
+            Value::Int(i64::from(conflict)),
             Value::Int(1),
             Value::Int(0),
-            Value::BulkString(b"0.2".to_vec()),
-            Value::Int(10),
-            Value::BulkString(b"s".to_vec()),
-            Value::BulkString(b"sliding".to_vec()),
         ]);
+        if conflict {
+            reply.extend([
+                Value::BulkString(b"0.2".to_vec()),
+                Value::Int(10),
+                Value::BulkString(b"s".to_vec()),
+                Value::BulkString(b"sliding".to_vec()),
+            ]);
+        }
         reply
     }
 
+    const GOOD: [i64; 14] = [1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8];
+
     #[test]
     fn malformed_replies_are_errors_not_panics() {
-        assert!(parse_reply("spend", &[]).is_err());
-        assert!(parse_reply("spend", &ints(&[1; 13])).is_err());
-        assert!(parse_reply("spend", &ints(&[1, -5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])).is_err());
-        assert!(parse_reply("spend", &ints(&[1, 5, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])).is_err());
-        let mut bad_ratio = ints(&[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let caller = caller();
+        assert!(parse_reply("spend", &[], &caller).is_err());
+        assert!(parse_reply("spend", &reply(&[1; 13], true), &caller).is_err());
+        assert!(parse_reply("spend", &reply(&[1; 13], false), &caller).is_err());
+        let negative = [1, -5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+        assert!(parse_reply("spend", &reply(&negative, true), &caller).is_err());
+        let zero_window = [1, 5, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+        assert!(parse_reply("spend", &reply(&zero_window, true), &caller).is_err());
+        let mut bad_ratio = reply(&GOOD, true);
         bad_ratio[17] = Value::BulkString(b"nan".to_vec());
-        assert!(parse_reply("spend", &bad_ratio).is_err());
-        let reply = parse_reply(
-            "spend",
-            &ints(&[1, 10, 7, 1000, 5, 995, 1, 2, 3, 4, 5, 6, 7, 8]),
-        )
-        .unwrap();
-        assert_eq!(reply.granted, 1);
-        assert_eq!(reply.snapshot.allowance, 10);
-        assert_eq!(reply.snapshot.previous.denied, 8);
-        assert!(reply.snapshot.control.frozen);
-        assert!(!reply.snapshot.control.conflict);
-        assert_eq!(reply.policy.window_ms(), 1000);
-        assert!((reply.policy.ratio - 0.2).abs() < f64::EPSILON);
+        assert!(parse_reply("spend", &bad_ratio, &caller).is_err());
+        let parsed = parse_reply("spend", &reply(&GOOD, true), &caller).unwrap();
+        assert_eq!(parsed.granted, 1);
+        assert_eq!(parsed.snapshot.allowance, 10);
+        assert_eq!(parsed.snapshot.previous.denied, 8);
+        assert!(parsed.snapshot.control.frozen);
+        assert!(parsed.snapshot.control.conflict);
+        assert_eq!(parsed.policy.window_ms(), 1000);
+        assert!((parsed.policy.ratio - 0.2).abs() < f64::EPSILON);
+        assert_eq!(parsed.policy.min_allowance, 10);
+    }
+
+    /// Without a conflict the scripts leave out the policy in force: it is the caller's.
+    #[test]
+    fn a_reply_without_the_policy_is_the_callers_only_without_a_conflict() {
+        let caller = caller();
+        let parsed = parse_reply("spend", &reply(&GOOD, false), &caller).unwrap();
+        assert_eq!(parsed.policy, caller);
+        assert!(!parsed.snapshot.control.conflict);
+        assert_eq!(parsed.snapshot.current.retries, 3);
+        let mut conflict = reply(&GOOD, false);
+        conflict[14] = Value::Int(1);
+        assert!(parse_reply("spend", &conflict, &caller).is_err());
+        let mut other_window = reply(&GOOD, false);
+        other_window[3] = Value::Int(2000);
+        assert!(parse_reply("spend", &other_window, &caller).is_err());
     }
 }
