@@ -376,6 +376,10 @@ fn bad_configurations_are_refused_alike() {
         "[redis]\nurl = \"http://u:hunter2@h\"\n",
         "[redis]\ntimeout_ms = 0\nkey_prefix = \"a b\"\ndeposit_flush_ms = 10001\n",
         "[dependencies.\"a{b\"]\n",
+        // Bidi controls, in a dependency name, a task section and a tasks list (TOML escapes).
+        "[dependencies.\"pay\\u202Ex\"]\n",
+        "[tasks.\"x\\u2066y\"]\nmax_attempts = 3\n",
+        "[dependencies.search]\ntasks = [\"send\\u202Eliam\", \"ok\"]\n",
         "[dependencies.x]\ntasks = [\"t\", \"t\"]\n[dependencies.y]\ntasks = [\"t\"]\n",
         "[tasks.t]\nclass = \"paid\"\nmax_attempts = 2\n",
         "[tasks.t]\nbackoff_base_ms = 500\nbackoff_cap_ms = 100\n",

@@ -189,14 +189,21 @@ def dependency_name_problem(name: str) -> Optional[str]:
     if len(name.encode("utf-8")) > MAX_DEPENDENCY_LEN:
         return f"dependency name is {len(name.encode('utf-8'))} bytes long, at most {MAX_DEPENDENCY_LEN} allowed"
     for c in name:
-        if c in "{}" or _is_control(c):
-            return f"dependency name contains {c!r}; `{{`, `}}` and control characters are not allowed"
+        if c in "{}" or _is_control(c) or _is_bidi_control(c):
+            return (f"dependency name contains {c!r}; `{{`, `}}`, control and bidirectional control "
+                    "characters are not allowed")
     return None
 
 
 def _is_control(c: str) -> bool:
     o = ord(c)
     return o < 0x20 or 0x7F <= o <= 0x9F
+
+
+def _is_bidi_control(c: str) -> bool:
+    """The Rust ``is_bidi_control``: a name holding one prints as something it is not."""
+    o = ord(c)
+    return o in (0x061C, 0x200E, 0x200F) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069
 
 
 class _Checker:
@@ -424,8 +431,10 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             raise _wrong_type(f"{at}.tasks", tasks, "a list of task names")
         for i, task in enumerate(tasks):
             key = f"{at}.tasks[{i}]"
-            if not isinstance(task, str) or not task or any(_is_control(ch) for ch in task):
-                c.problem(key, repr(task), "a task name must be non-empty and hold no control characters")
+            if (not isinstance(task, str) or not task
+                    or any(_is_control(ch) or _is_bidi_control(ch) for ch in task)):
+                c.problem(key, repr(task),
+                          "a task name must be non-empty and hold no control or bidirectional control characters")
             elif task in config.tasks:
                 first = config.tasks[task]
                 c.problem(key, repr(task), "is listed twice in this dependency" if first == name else
@@ -494,9 +503,15 @@ def _debug_str(value: Any) -> str:
 
 
 def _toml_key(name: str) -> str:
+    """A key as Rust's ``toml_key`` shows it: quoted unless bare, with control and bidirectional
+    control characters escaped (``\\u{202e}``) so that a key never prints as something it is not."""
     if name and all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name):
         return name
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    escapes = {"\\": "\\\\", '"': '\\"', "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"}
+    shown = "".join(
+        escapes.get(ch) or (f"\\u{{{ord(ch):x}}}" if _is_control(ch) or _is_bidi_control(ch) else ch)
+        for ch in name)
+    return '"' + shown + '"'
 
 
 def _url_problem(c: _Checker, key: str, url: str, schemes: tuple[str, ...]) -> bool:

@@ -7,7 +7,9 @@ use serde::Deserialize;
 
 use super::check::{Checker, toml_key};
 use super::defaults::PolicyFields;
-use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
+use crate::dependency::{
+    DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks, is_bidi_control,
+};
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 
 #[derive(Debug, Default, Deserialize)]
@@ -149,11 +151,15 @@ pub(super) fn resolve(
         policies.insert(dependency.clone(), policy);
         for (i, task) in dep.tasks.iter().enumerate() {
             let key = format!("{at}.tasks[{i}]");
-            if task.is_empty() || task.chars().any(char::is_control) {
+            if task.is_empty()
+                || task
+                    .chars()
+                    .any(|ch| ch.is_control() || is_bidi_control(ch))
+            {
                 c.problem(
                     &key,
                     format!("{task:?}"),
-                    "a task name must be non-empty and hold no control characters",
+                    "a task name must be non-empty and hold no control or bidirectional control characters",
                 );
                 continue;
             }
@@ -264,6 +270,20 @@ mod tests {
             assert_eq!(p.len(), 1, "{name}");
             assert!(p[0].key.starts_with("dependencies."), "{}", p[0]);
             assert!(p[0].allowed.contains(needle), "{name}: {}", p[0]);
+        }
+    }
+
+    /// Regression: a task name in a `tasks` list with a bidi override was accepted (and printed
+    /// raw by `config check`), while the same name as a `[tasks.*]` section was refused.
+    #[test]
+    fn task_names_with_bidi_or_control_characters_are_refused() {
+        // As written in TOML: its \uXXXX escapes make the characters.
+        for task in [r"send\u202Eliam", r"a\u2066b", r"a\u0007b", ""] {
+            let text = format!("[dependencies.search]\ntasks = [\"{task}\"]\n");
+            let p = problems(&text);
+            assert_eq!(p.len(), 1, "{task:?}: {p:?}");
+            assert_eq!(p[0].key, "dependencies.search.tasks[0]");
+            assert!(!p[0].value.contains(['\u{202E}', '\u{2066}']), "{}", p[0]);
         }
     }
 
