@@ -22,6 +22,8 @@ local window = tonumber(ARGV[1])
 if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then
   return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer, at most 86400000 (one day)')
 end
+-- [shared/n_arg.lua] ARGV[2], how many requests to decide: a plain integer from 1 to 10000.
+-- Sets: n.
 if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 5 then
   return redis.error_reply('fleet-budget: ARGV[2] n must be an integer from 1 to 10000')
 end
@@ -212,9 +214,11 @@ local deposits_sc = cur[d] * window + prev[d] * pw
 local allowance = math.floor(eratio * deposits_sc / window)
 if allowance < emin then allowance = emin end
 if frozen == 1 then allowance = 0 end
-
--- Decide the n in order, as spend.lua would one after the other at this instant: a grant while
--- retries_est + 1 <= allowance (the allowance does not move within the call).
+-- [shared/decide_n.lua] Decides the n in order, as spend.lua would one after the other at this
+-- instant: a grant while retries_est + 1 <= allowance (the allowance does not move within the
+-- call). Grants count as retries, the rest as denials.
+-- Needs: n, and what shared/estimate.lua sets. Sets: g (granted, 0..n), changed (the counters
+-- that moved, for shared/save.lua).
 local g = 0
 local used = cur[3] * window + prev[3] * pw + window
 while g < n and used <= allowance * window do
@@ -223,9 +227,6 @@ while g < n and used <= allowance * window do
 end
 cur[3] = cur[3] + g
 cur[4] = cur[4] + (n - g)
-
--- Write the counters that changed (the whole hash when the window rolled, the key is new, or the
--- policy in force is new).
 local changed = {}
 if g > 0 then changed = { 'cr', string.format('%d', cur[3]) } end
 if g < n then
@@ -266,8 +267,9 @@ if conflict == 1 and propose then
   redis.call('HINCRBY', key, 'xn', '1')
   redis.call('HSET', key, 'xp', ask, 'xt', string.format('%d', now))
 end
+-- [shared/conflicts_n.lua] n calls of spend.lua would each have counted a conflict: after
+-- shared/heard.lua's one, the other n - 1.
 if conflict == 1 and n > 1 then
-  -- n calls of spend.lua would each have counted the conflict.
   redis.call('HINCRBY', key, 'xn', n - 1)
 end
 -- [shared/reply.lua] The reply every script starts with (lua/README.md, "Reply"); the script

@@ -220,3 +220,244 @@ async fn a_lone_decision_is_one_spend_call_and_a_bad_batch_size_is_refused() {
         "refused calls wrote nothing"
     );
 }
+
+/// Deposits 1000 successes on each of `deps` (allowance 200 each under [`policy`]).
+async fn fund(s: &RedisStore, deps: &[Dependency], p: &BudgetPolicy) {
+    for d in deps {
+        s.deposit(
+            d,
+            p,
+            Deposits {
+                successes: 1000,
+                first_attempts: 0,
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_for_many_dependencies_share_calls_and_each_budget_is_exact() {
+    let server = RedisServer::start();
+    let s = store(&server, Duration::from_secs(5));
+    let p = policy();
+    let deps: Vec<Dependency> = (0..4)
+        .map(|i| Dependency::new(&format!("shared-{i}")).unwrap())
+        .collect();
+    away_from_the_roll(&s, &deps[0], &p).await;
+    fund(&s, &deps, &p).await;
+    let before = s.group_commit_stats();
+    let mut tasks = Vec::new();
+    for t in 0..32usize {
+        let (s, deps) = (Arc::clone(&s), deps.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for i in 0..25usize {
+                let which = (t + i) % deps.len();
+                answers.push((which, s.withdraw(&deps[which], &p).await.unwrap()));
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+    let stats = s.group_commit_stats();
+    let (calls, decisions, budgets) = (
+        stats.calls - before.calls,
+        stats.decisions - before.decisions,
+        stats.budgets - before.budgets,
+    );
+    assert_eq!(decisions, 800, "every decision sent once");
+    assert!(
+        budgets > calls,
+        "calls held several dependencies: {budgets} budgets in {calls} calls"
+    );
+    for (which, d) in deps.iter().enumerate() {
+        let mine: Vec<_> = answers.iter().filter(|(w, _)| *w == which).collect();
+        assert_eq!(mine.len(), 200);
+        let granted = mine.iter().filter(|(_, w)| w.granted).count();
+        assert_eq!(granted, 200, "{d}: allowance 200, 200 asked");
+        let mut seen: Vec<_> = mine
+            .iter()
+            .map(|(_, w)| (w.snapshot.current.retries, w.snapshot.current.denied))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            200,
+            "{d}: no two decisions saw the same counters"
+        );
+    }
+    // Past the allowance: 40 more per dependency, all denied and counted as denials.
+    let mut tasks = Vec::new();
+    for t in 0..32usize {
+        let (s, deps) = (Arc::clone(&s), deps.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut granted = 0;
+            for i in 0..5usize {
+                granted += usize::from(s.withdraw(&deps[(t + i) % 4], &p).await.unwrap().granted);
+            }
+            granted
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 0);
+    }
+    for d in &deps {
+        let snap = s.status(d, &p).await.unwrap();
+        assert_eq!(
+            (snap.current.retries, snap.current.denied),
+            (200, 40),
+            "{d}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_double_counts() {
+    let server = RedisServer::start();
+    let s = store(&server, Duration::from_millis(100));
+    let patient = store(&server, Duration::from_secs(10));
+    let p = policy();
+    let deps: Vec<Dependency> = (0..8)
+        .map(|i| Dependency::new(&format!("cut-many-{i}")).unwrap())
+        .collect();
+    away_from_the_roll(&patient, &deps[0], &p).await;
+    fund(&patient, &deps, &p).await;
+    // The three scripts loaded first (a call cut while its EVALSHA meets NOSCRIPT is never
+    // retried): one decision on each of deps 0 and 1, and one more on dep 0.
+    let warmed = s
+        .withdraw_batch(&[(&deps[0], &p, 1), (&deps[1], &p, 1)])
+        .await
+        .unwrap();
+    assert!(warmed.iter().all(Result::is_ok), "{warmed:?}");
+    s.withdraw_many(&deps[0], &p, 1).await.unwrap();
+    s.withdraw(&deps[0], &p).await.unwrap();
+    let mut expected = vec![0u64; deps.len()];
+    expected[0] = 3;
+    expected[1] = 1;
+    let warm = s.group_commit_stats();
+
+    // The server holds every command for 600 ms: the lone decision (dep 0) goes out and waits;
+    // the 31 that arrive meanwhile, over all 8 dependencies, queue behind it. When the first
+    // one's deadline passes, the group goes to the next, which sends the other 30 with its own
+    // as one spend_batch.lua call over the 8 keys: also held, also cut.
+    let _: String = server.cmd(&["CLIENT", "PAUSE", "600", "ALL"]);
+    let first = {
+        let (s, d) = (Arc::clone(&s), deps[0].clone());
+        tokio::spawn(async move { s.withdraw(&d, &p).await })
+    };
+    expected[0] += 1;
+    while s.group_commit_stats().calls == warm.calls {
+        tokio::task::yield_now().await;
+    }
+    // Later deadlines than the first's (ordering of the scene, not a condition checked).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut rest = Vec::new();
+    for i in 0..31usize {
+        let which = (i + 1) % deps.len();
+        expected[which] += 1;
+        let (s, d) = (Arc::clone(&s), deps[which].clone());
+        rest.push(tokio::spawn(async move { s.withdraw(&d, &p).await }));
+    }
+    for task in std::iter::once(first).chain(rest) {
+        let e = task.await.unwrap().unwrap_err();
+        assert!(
+            e.is_timeout(),
+            "nothing is answered by a paused server: {e}"
+        );
+    }
+    let cut = s.group_commit_stats();
+    assert_eq!(cut.decisions - warm.decisions, 32);
+    assert_eq!(
+        (cut.calls - warm.calls, cut.budgets - warm.budgets),
+        (2, 9),
+        "the lone call, then one batch of 31 over the 8 dependencies"
+    );
+
+    // The held commands run when the pause ends: each decision sent is counted once on its own
+    // budget, none lost (the server got them) and none twice (nothing was sent again).
+    let counted = async || {
+        let mut counts = Vec::new();
+        for d in &deps {
+            let snap = patient.status(d, &p).await.unwrap();
+            counts.push((snap.current.retries, snap.current.denied));
+        }
+        counts
+    };
+    eventually(
+        "the held calls run when the pause ends",
+        Duration::from_secs(5),
+        async || {
+            let counts = counted().await;
+            counts.iter().map(|(r, d)| r + d).sum::<u64>() >= expected.iter().sum::<u64>()
+        },
+    )
+    .await;
+    let want: Vec<(u64, u64)> = expected.iter().map(|n| (*n, 0)).collect();
+    assert_eq!(
+        counted().await,
+        want,
+        "allowance 200 each: every decision granted, once"
+    );
+
+    // The group was handed on: decisions after the cut are answered, and batched again.
+    let mut tasks = Vec::new();
+    for i in 0..32usize {
+        let which = i % deps.len();
+        expected[which] += 1;
+        let (s, d) = (Arc::clone(&s), deps[which].clone());
+        tasks.push(tokio::spawn(
+            async move { s.withdraw(&d, &p).await.unwrap() },
+        ));
+    }
+    for task in tasks {
+        assert!(task.await.unwrap().granted);
+    }
+    let want: Vec<(u64, u64)> = expected.iter().map(|n| (*n, 0)).collect();
+    assert_eq!(counted().await, want);
+    assert_eq!(s.group_commit_stats().decisions - warm.decisions, 64);
+}
+
+#[tokio::test]
+async fn a_refused_budget_in_a_batch_does_not_stop_the_others() {
+    let server = RedisServer::start();
+    let s = store(&server, Duration::from_secs(5));
+    let p = policy();
+    let (good, bad) = (
+        Dependency::new("good").unwrap(),
+        Dependency::new("tampered").unwrap(),
+    );
+    let _: String = server.cmd(&["SET", &s.key(&bad), "not a hash"]);
+    let replies = s
+        .withdraw_batch(&[(&good, &p, 2), (&bad, &p, 3), (&good, &p, 1)])
+        .await
+        .unwrap();
+    let [first, refused, again] = &replies[..] else {
+        panic!("{replies:?}");
+    };
+    assert_eq!(first.as_ref().unwrap().len(), 2);
+    assert_eq!(again.as_ref().unwrap()[0].snapshot.current.retries, 3);
+    let e = refused.as_ref().unwrap_err();
+    assert!(
+        e.to_string().contains("is not a budget hash"),
+        "the refusal names the key: {e}"
+    );
+    let kind: String = server.cmd(&["TYPE", &s.key(&bad)]);
+    assert_eq!(kind, "string", "the refused budget was not written");
+    let snap = s.status(&good, &p).await.unwrap();
+    assert_eq!(snap.current.retries, 3, "the others were decided, once");
+    for n in [0, 10_001] {
+        let replies = s
+            .withdraw_batch(&[(&good, &p, n), (&bad, &p, 1)])
+            .await
+            .unwrap();
+        let e = replies[0].as_ref().unwrap_err();
+        assert!(e.to_string().contains("ARGV[2] n must be"), "{e}");
+    }
+    assert!(s.withdraw_batch(&[]).await.is_err(), "no budget: refused");
+}

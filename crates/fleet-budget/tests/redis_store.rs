@@ -111,6 +111,9 @@ enum Op {
     Spend,
     /// `n` withdrawals in one `spend_many.lua` call (group commit's batch).
     SpendMany(u64),
+    /// One `spend_batch.lua` call (group commit over several dependencies): `n` withdrawals,
+    /// then one of another dependency, then `n / 2 + 1` more of the first (a key twice).
+    SpendBatch(u64),
     Status,
     Sleep(u64),
 }
@@ -122,6 +125,7 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     for case in 0..6 {
         let d = dep(&format!("equiv-{case}"));
+        let other = dep(&format!("equiv-{case}-other"));
         let mode = if case % 2 == 0 {
             WindowMode::Sliding
         } else {
@@ -144,7 +148,10 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
             let op = match rng.random_range(0..10) {
                 0..=2 => Op::Deposit(rng.random_range(0..30), rng.random_range(0..30)),
                 3..=5 => Op::Spend,
-                6 => Op::SpendMany(rng.random_range(1..12)),
+                // Every other step's batch is a spend_batch.lua call (the random sequence is the
+                // one drawn before that script existed).
+                6 if step % 2 == 0 => Op::SpendMany(rng.random_range(1..12)),
+                6 => Op::SpendBatch(rng.random_range(1..12)),
                 7 => Op::Status,
                 _ => Op::Sleep(rng.random_range(50..400)),
             };
@@ -164,6 +171,53 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
                     for (k, w) in batch.iter().enumerate() {
                         let l = local.withdraw_now(&d, &p);
                         assert_eq!(w, &l, "case {case} step {step} {op:?} request {k}");
+                    }
+                    if last_index.is_some_and(|i| i != at.window_index) {
+                        crossed += 1;
+                    }
+                    last_index = Some(at.window_index);
+                    continue;
+                }
+                Op::SpendBatch(n) => {
+                    // Each budget's answers are its spends in order at the call's instant, the
+                    // first key's two entries one after the other.
+                    let second = n / 2 + 1;
+                    let batch = redis
+                        .withdraw_batch(&[(&d, &p, n), (&other, &p, 1), (&d, &p, second)])
+                        .await
+                        .unwrap();
+                    let [first, others, again] = &batch[..] else {
+                        panic!("three entries, three answers: {batch:?}");
+                    };
+                    let (first, others, again) = (
+                        first.as_ref().unwrap(),
+                        others.as_ref().unwrap(),
+                        again.as_ref().unwrap(),
+                    );
+                    assert_eq!(
+                        (first.len() as u64, others.len(), again.len() as u64),
+                        (n, 1, second)
+                    );
+                    let at = first[0].snapshot;
+                    clock.set_ms(at.window_index * at.window_ms + at.elapsed_ms);
+                    for (k, w) in first.iter().enumerate() {
+                        let l = local.withdraw_now(&d, &p);
+                        assert_eq!(
+                            w, &l,
+                            "case {case} step {step} {op:?} first entry, request {k}"
+                        );
+                    }
+                    assert_eq!(
+                        others[0],
+                        local.withdraw_now(&other, &p),
+                        "case {case} step {step} {op:?} other dependency"
+                    );
+                    for (k, w) in again.iter().enumerate() {
+                        let l = local.withdraw_now(&d, &p);
+                        assert_eq!(
+                            w, &l,
+                            "case {case} step {step} {op:?} third entry, request {k}"
+                        );
                     }
                     if last_index.is_some_and(|i| i != at.window_index) {
                         crossed += 1;
@@ -209,7 +263,7 @@ async fn redis_and_local_stores_agree_on_random_sequences() {
                     (Some(w.granted), w.snapshot)
                 }
                 Op::Status => (None, local.status_now(&d, &p)),
-                Op::Sleep(_) | Op::SpendMany(_) => unreachable!(),
+                Op::Sleep(_) | Op::SpendMany(_) | Op::SpendBatch(_) => unreachable!(),
             };
             assert_eq!(
                 redis_granted, local_granted,

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot, Control, WindowCounters
 
-NAMES = ("spend", "spend_many", "deposit", "status")
+NAMES = ("spend", "spend_many", "spend_batch", "deposit", "status")
 
 
 class BadReply(Exception):

@@ -1,11 +1,14 @@
-//! Group commit for withdrawals: while one decision for a dependency is in flight, the decisions
-//! that arrive for it wait, then go to Redis together as one `spend_many.lua` call.
+//! Group commit for withdrawals: while one call of a group is in flight, the decisions that arrive
+//! for it wait, then go to Redis together as one call.
 //!
-//! Nothing waits when nothing is in flight: a lone decision is sent at once, as one `spend.lua`
-//! call. Under load the Redis work per decision falls by the batch size. Per lane (a budget key
-//! with its policy) there is at most one call in flight; its sender is the *leader*, a caller
-//! whose own decision is in the batch. When the leader's call is over (answered, failed, or the
-//! leader's future dropped), a guard hands the lane to the next waiting caller with up to
+//! A *group* is every decision that may share one script call: on one Redis server, the
+//! decisions for any dependency (a `spend_batch.lua` call may hold many keys); on Redis Cluster,
+//! those for one budget key (a script's keys must share a slot, and each dependency has a slot of
+//! its own through its hash tag). Nothing waits when nothing is in flight: a lone decision is
+//! sent at once, as one `spend.lua` call. Under load the Redis work per decision falls by the
+//! batch size. Per group there is at most one call in flight; its sender is the *leader*, a
+//! caller whose own decision is in the batch. When the leader's call is over (answered, failed,
+//! or the leader's future dropped), a guard hands the group to the next waiting caller with up to
 //! `max_batch − 1` others: that caller leads the next batch. So:
 //!
 //! - every caller waits at most the store's deadline from its arrival, whether it leads or not
@@ -14,6 +17,8 @@
 //!   leader reached Redis or not, and its callers get an error (the fallback answers them), as
 //!   a single call that timed out does;
 //! - a caller that gives up while queued is skipped, never sent.
+//!
+//! `store/batch.rs` sends the batches.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,65 +26,76 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::scripts::policy_args;
-use super::{RedisStore, Withdrawal};
+use super::Withdrawal;
 use crate::allowance::BudgetSnapshot;
-use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
 
 /// The largest batch by default.
 pub const DEFAULT_MAX_BATCH: usize = 64;
 
-/// The most a batch may hold (`spend_many.lua` refuses more than 10,000).
+/// The most a batch may hold (`spend_many.lua` and `spend_batch.lua` refuse more than 10,000).
 pub const MAX_BATCH_LIMIT: usize = 10_000;
+
+/// One decision asked for: the budget key and the caller's policy.
+pub(super) struct Request {
+    pub(super) key: String,
+    pub(super) policy: BudgetPolicy,
+}
 
 /// What a queued caller is woken with.
 pub(super) enum Wake {
     /// Its decision, decided in someone else's batch.
     Answer(Result<Withdrawal, StoreError>),
-    /// It leads the next batch, carrying these callers' decisions with its own.
-    Lead(Vec<Waiter>),
+    /// It leads the next batch: its own request back, carried with these callers' decisions.
+    Lead(Request, Vec<Waiter>),
 }
 
-/// A queued caller.
-pub(super) type Waiter = oneshot::Sender<Wake>;
-
-#[derive(Default)]
-struct Lane {
-    waiting: VecDeque<Waiter>,
+/// A queued caller: its request, and where its answer (or the lead) goes.
+pub(super) struct Waiter {
+    pub(super) request: Request,
+    pub(super) tx: oneshot::Sender<Wake>,
 }
 
-/// The lanes of one store: a lane is in the map while a call of it is in flight.
+/// The groups of one store: a group is in the map while a call of it is in flight.
 pub(super) struct GroupCommit {
-    lanes: Mutex<HashMap<String, Lane>>,
+    groups: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    /// One group for every key (one Redis server), or one per key (Redis Cluster).
+    across_keys: bool,
     max_batch: usize,
     calls: AtomicU64,
     decisions: AtomicU64,
+    budgets: AtomicU64,
 }
 
 /// How many withdrawal calls the store sent and how many decisions they carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupCommitStats {
-    /// `spend.lua` and `spend_many.lua` calls sent.
+    /// `spend.lua`, `spend_many.lua` and `spend_batch.lua` calls sent.
     pub calls: u64,
     /// Decisions those calls carried (each sent once).
     pub decisions: u64,
+    /// Budgets (keys with a policy) those calls decided: one per `spend.lua` or `spend_many.lua`
+    /// call, one per entry of a `spend_batch.lua` call.
+    pub budgets: u64,
 }
 
 /// The caller's place: lead now (nothing was in flight), or wait.
 pub(super) enum Turn {
-    Lead,
+    Lead(Request),
     Wait(oneshot::Receiver<Wake>),
 }
 
 impl GroupCommit {
-    pub(super) fn new(max_batch: usize) -> Self {
+    /// `across_keys`: one group for all keys (one server); else one group per key (cluster).
+    pub(super) fn new(max_batch: usize, across_keys: bool) -> Self {
         Self {
-            lanes: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            across_keys,
             max_batch: max_batch.clamp(1, MAX_BATCH_LIMIT),
             calls: AtomicU64::new(0),
             decisions: AtomicU64::new(0),
+            budgets: AtomicU64::new(0),
         }
     }
 
@@ -87,72 +103,78 @@ impl GroupCommit {
         self.max_batch
     }
 
-    /// Joins `lane`: leads when nothing is in flight on it, else queues.
-    pub(super) fn join(&self, lane: &str) -> Turn {
-        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(busy) = lanes.get_mut(lane) {
+    /// The group of `key`: `""` for all of them on one server (no allocation), else the key.
+    pub(super) fn group_of<'k>(&self, key: &'k str) -> &'k str {
+        if self.across_keys { "" } else { key }
+    }
+
+    /// Joins the group of `request`: leads when nothing is in flight on it, else queues.
+    pub(super) fn join(&self, request: Request) -> Turn {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(busy) = groups.get_mut(self.group_of(&request.key)) {
             let (tx, rx) = oneshot::channel();
-            busy.waiting.push_back(tx);
+            busy.push_back(Waiter { request, tx });
             Turn::Wait(rx)
         } else {
-            lanes.insert(lane.to_owned(), Lane::default());
-            Turn::Lead
+            groups.insert(self.group_of(&request.key).to_owned(), VecDeque::new());
+            Turn::Lead(request)
         }
     }
 
-    /// Counts a call about to be sent with `decisions` decisions.
-    pub(super) fn sent(&self, decisions: usize) {
+    /// Counts a call about to be sent with `decisions` decisions over `budgets` budgets.
+    pub(super) fn sent(&self, decisions: usize, budgets: usize) {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.decisions.fetch_add(
-            u64::try_from(decisions).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.decisions
+            .fetch_add(count(decisions), Ordering::Relaxed);
+        self.budgets.fetch_add(count(budgets), Ordering::Relaxed);
     }
 
     pub(super) fn stats(&self) -> GroupCommitStats {
         GroupCommitStats {
             calls: self.calls.load(Ordering::Relaxed),
             decisions: self.decisions.load(Ordering::Relaxed),
+            budgets: self.budgets.load(Ordering::Relaxed),
         }
     }
 
-    /// The leader of `lane` is done: hands the lane to the first live waiter with up to
+    /// The leader of `group` is done: hands the group to the first live waiter with up to
     /// `max_batch − 1` more, or frees it when none wait.
-    fn hand_off(&self, lane: &str) {
-        self.hand_off_with(lane, Vec::new());
+    fn hand_off(&self, group: &str) {
+        self.hand_off_with(group, Vec::new());
     }
 
     /// As [`Self::hand_off`], with `returned` (a batch whose leader never took it) first in line.
-    fn hand_off_with(&self, lane: &str, returned: Vec<Waiter>) {
-        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(queue) = lanes.get_mut(lane) else {
+    fn hand_off_with(&self, group: &str, returned: Vec<Waiter>) {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(queue) = groups.get_mut(group) else {
             return;
         };
         for waiter in returned.into_iter().rev() {
-            queue.waiting.push_front(waiter);
+            queue.push_front(waiter);
         }
         loop {
-            let Some(next) = queue.waiting.pop_front() else {
-                lanes.remove(lane);
+            let Some(next) = queue.pop_front() else {
+                groups.remove(group);
                 return;
             };
-            if next.is_closed() {
+            if next.tx.is_closed() {
                 continue;
             }
             let mut batch = Vec::new();
             while batch.len() + 1 < self.max_batch {
-                match queue.waiting.pop_front() {
-                    Some(waiter) if waiter.is_closed() => {}
+                match queue.pop_front() {
+                    Some(waiter) if waiter.tx.is_closed() => {}
                     Some(waiter) => batch.push(waiter),
                     None => break,
                 }
             }
-            match next.send(Wake::Lead(batch)) {
+            match next.tx.send(Wake::Lead(next.request, batch)) {
                 Ok(()) => return,
-                Err(Wake::Lead(batch)) => {
+                Err(Wake::Lead(_, batch)) => {
                     // It gave up between the check and the send: the others go back, in order.
                     for waiter in batch.into_iter().rev() {
-                        queue.waiting.push_front(waiter);
+                        queue.push_front(waiter);
                     }
                 }
                 Err(Wake::Answer(_)) => {}
@@ -161,30 +183,30 @@ impl GroupCommit {
     }
 }
 
-/// Held by a leader while its batch is in flight: on drop (done or cancelled) the lane goes on.
+/// Held by a leader while its batch is in flight: on drop (done or cancelled) the group goes on.
 pub(super) struct Leading<'a> {
     pub(super) group: &'a GroupCommit,
-    pub(super) lane: &'a str,
+    pub(super) id: &'a str,
 }
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        self.group.hand_off(self.lane);
+        self.group.hand_off(self.id);
     }
 }
 
 /// A queued caller's receiver: if it is dropped holding the lead of a batch (its deadline fell
-/// between the hand-off and its taking it), the batch and the lane go to the next in line.
+/// between the hand-off and its taking it), the batch and the group go to the next in line.
 pub(super) struct Waiting<'a> {
     pub(super) group: &'a GroupCommit,
-    pub(super) lane: &'a str,
     pub(super) rx: oneshot::Receiver<Wake>,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if let Ok(Wake::Lead(batch)) = self.rx.try_recv() {
-            self.group.hand_off_with(self.lane, batch);
+        if let Ok(Wake::Lead(own, batch)) = self.rx.try_recv() {
+            self.group
+                .hand_off_with(self.group.group_of(&own.key), batch);
         }
     }
 }
@@ -247,80 +269,4 @@ pub fn batch_answer(
         granted: k < granted,
         snapshot: answer,
     })
-}
-
-/// The group-commit protocol as the Redis store runs it.
-impl RedisStore {
-    /// A withdrawal by group commit (see `store/group_commit.rs`): lead a batch now, or wait
-    /// for an answer or for the lead of the next batch; all within the store's deadline.
-    pub(super) async fn withdraw_grouped(
-        &self,
-        group: &GroupCommit,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-    ) -> Result<Withdrawal, StoreError> {
-        let mut lane = self.key(dependency);
-        lane.push('\0');
-        lane.push_str(&policy.window_ms().to_string());
-        for arg in policy_args(policy) {
-            lane.push('\0');
-            lane.push_str(&arg);
-        }
-        let lane = lane.as_str();
-        let turn = async {
-            let followers = match group.join(lane) {
-                Turn::Lead => Vec::new(),
-                Turn::Wait(rx) => {
-                    let mut waiting = Waiting { group, lane, rx };
-                    match (&mut waiting.rx).await {
-                        Ok(Wake::Answer(answer)) => return answer,
-                        Ok(Wake::Lead(followers)) => followers,
-                        // The leader was dropped with our decision in flight: it may have been
-                        // counted, so it is not sent again.
-                        Err(_) => return Err(StoreError::Timeout(self.timeout())),
-                    }
-                }
-            };
-            let _leading = Leading { group, lane };
-            self.lead(group, dependency, policy, followers).await
-        };
-        tokio::time::timeout(self.timeout(), turn)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.timeout())))
-    }
-
-    /// Sends the leader's decision with its followers' (the leader's is first), and answers them.
-    async fn lead(
-        &self,
-        group: &GroupCommit,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-        followers: Vec<Waiter>,
-    ) -> Result<Withdrawal, StoreError> {
-        group.sent(followers.len() + 1);
-        if followers.is_empty() {
-            return self.withdraw_one(dependency, policy).await;
-        }
-        let n = u64::try_from(followers.len() + 1).unwrap_or(u64::MAX);
-        match self.withdraw_many(dependency, policy, n).await {
-            Ok(answers) => {
-                let mut answers = answers.into_iter();
-                let own = answers.next();
-                for (follower, answer) in followers.into_iter().zip(answers) {
-                    // A follower that gave up is not there to answer; its decision stays counted.
-                    let _ = follower.send(Wake::Answer(Ok(answer)));
-                }
-                own.ok_or_else(|| StoreError::BadReply {
-                    script: "spend_many",
-                    detail: "no answers".to_owned(),
-                })
-            }
-            Err(error) => {
-                for follower in followers {
-                    let _ = follower.send(Wake::Answer(Err(copy_error(&error))));
-                }
-                Err(error)
-            }
-        }
-    }
 }

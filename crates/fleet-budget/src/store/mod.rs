@@ -12,6 +12,7 @@ use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
 
+mod batch;
 mod discovery;
 mod group_commit;
 mod local;
@@ -23,8 +24,8 @@ pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT, bat
 pub use local::{LocalBudget, LocalStore};
 pub use redis::{RedisStore, RedisTarget};
 pub use scripts::{
-    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply,
-    parse_reply, policy_args,
+    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT,
+    STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
 };
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).

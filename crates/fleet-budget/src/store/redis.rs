@@ -164,6 +164,8 @@ impl RedisStore {
                 (OnceCell::new(), Some(client))
             }
         };
+        // One server takes a batch over many keys; on a cluster a script's keys share a slot.
+        let across_keys = matches!(target, RedisTarget::Single(_));
         Ok(Self {
             target,
             prefix: prefix.to_owned(),
@@ -171,7 +173,7 @@ impl RedisStore {
             cluster_client,
             connection,
             connecting: Mutex::new(None),
-            group: Some(GroupCommit::new(DEFAULT_MAX_BATCH)),
+            group: Some(GroupCommit::new(DEFAULT_MAX_BATCH, across_keys)),
             tls_address,
             certificates,
         })
@@ -184,7 +186,8 @@ impl RedisStore {
     /// `max_batch` decisions); a lone decision never waits.
     #[must_use]
     pub fn with_group_commit(mut self, max_batch: Option<usize>) -> Self {
-        self.group = max_batch.map(GroupCommit::new);
+        let across_keys = matches!(self.target, RedisTarget::Single(_));
+        self.group = max_batch.map(|n| GroupCommit::new(n, across_keys));
         self
     }
 
@@ -217,9 +220,7 @@ impl RedisStore {
     ) -> Result<Vec<Withdrawal>, StoreError> {
         let ScriptReply {
             granted, snapshot, ..
-        } = self
-            .run(&SPEND_MANY_SCRIPT, "spend_many", dependency, policy, &[n])
-            .await?;
+        } = self.run_many(&self.key(dependency), policy, n).await?;
         let granted = u64::try_from(granted).map_err(|_| StoreError::BadReply {
             script: "spend_many",
             detail: format!("granted is {granted}"),
@@ -229,15 +230,27 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn withdraw_one(
+    /// One `spend_many.lua` call of `n` on `key`.
+    pub(super) async fn run_many(
         &self,
-        dependency: &Dependency,
+        key: &str,
+        policy: &BudgetPolicy,
+        n: u64,
+    ) -> Result<ScriptReply, StoreError> {
+        self.run_key(&SPEND_MANY_SCRIPT, "spend_many", key, policy, &[n])
+            .await
+    }
+
+    /// One `spend.lua` call on `key`.
+    pub(super) async fn spend_one(
+        &self,
+        key: &str,
         policy: &BudgetPolicy,
     ) -> Result<Withdrawal, StoreError> {
         let ScriptReply {
             granted, snapshot, ..
         } = self
-            .run(&SPEND_SCRIPT, "spend", dependency, policy, &[])
+            .run_key(&SPEND_SCRIPT, "spend", key, policy, &[])
             .await?;
         match granted {
             0 | 1 => Ok(Withdrawal {
@@ -413,7 +426,20 @@ impl RedisStore {
         policy: &BudgetPolicy,
         own: &[u64],
     ) -> Result<ScriptReply, StoreError> {
-        let mut invocation = script.key(self.key(dependency));
+        self.run_key(script, name, &self.key(dependency), policy, own)
+            .await
+    }
+
+    /// [`Self::run`] on `key`.
+    async fn run_key(
+        &self,
+        script: &Script,
+        name: &'static str,
+        key: &str,
+        policy: &BudgetPolicy,
+        own: &[u64],
+    ) -> Result<ScriptReply, StoreError> {
+        let mut invocation = script.key(key);
         invocation.arg(policy.window_ms());
         for arg in own {
             invocation.arg(*arg);
@@ -517,7 +543,12 @@ fn bad_key(e: &redis::RedisError) -> Option<StoreError> {
     if e.code() != Some("fleet-budget:") {
         return None;
     }
-    let rest = e.detail()?.strip_prefix("key ")?;
+    key_refusal(e.detail()?)
+}
+
+/// The text after `fleet-budget: ` of a script's refusal of a key, as a [`StoreError::BadKey`].
+pub(super) fn key_refusal(text: &str) -> Option<StoreError> {
+    let rest = text.strip_prefix("key ")?;
     let at = [" is not a budget hash", " is not a breaker hash", " field "]
         .iter()
         .filter_map(|marker| rest.find(marker))
@@ -553,7 +584,7 @@ impl BudgetStore for RedisStore {
         Box::pin(async move {
             match &self.group {
                 Some(group) => self.withdraw_grouped(group, dependency, policy).await,
-                None => self.withdraw_one(dependency, policy).await,
+                None => self.spend_one(&self.key(dependency), policy).await,
             }
         })
     }

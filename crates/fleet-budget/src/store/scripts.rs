@@ -17,6 +17,10 @@ pub static SPEND_SCRIPT: LazyLock<Script> =
 /// `lua/spend_many.lua`: decide n retry requests together (group commit).
 pub static SPEND_MANY_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/spend_many.lua")));
+/// `lua/spend_batch.lua`: decide the requests of several budgets together (group commit on one
+/// server).
+pub static SPEND_BATCH_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend_batch.lua")));
 /// `lua/deposit.lua`: record deposits.
 pub static DEPOSIT_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));

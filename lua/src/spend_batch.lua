@@ -1,0 +1,39 @@
+-- fleet-budget spend_batch: the requests of several budgets decided in one atomic call (group
+-- commit across dependencies on one Redis node). Entry j is decided exactly as a spend_many.lua
+-- call with KEYS[j] and its six arguments would decide it, the entries in order, so the answer
+-- is what the spend.lua calls of every entry, one after the other at that instant, would give.
+-- Contract: lua/README.md (key layout v1).
+--
+-- KEYS     the budget hash of each entry, 1 to 10000 of them (on Redis Cluster: all in one slot).
+--          A key may come twice (two policies for one budget): its entries run in order.
+-- ARGV     six per entry, entry j's from 6j - 5: window_ms, n (1 to 10000), ratio,
+--          min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
+-- Reply    one element per entry, in order: spend_many.lua's reply for it, or, when spend_many.lua
+--          would have replied an error for it, that error's text (a string, not an array). An
+--          entry's error writes nothing of it and does not stop the others.
+if #KEYS < 1 or #KEYS > 10000 or #ARGV ~= 6 * #KEYS then
+  return redis.error_reply('fleet-budget: spend_batch takes 1 to 10000 keys and 6 arguments per key')
+end
+local function spend_many(KEYS, ARGV)
+  -- @include window_arg.lua
+  -- @include n_arg.lua
+  local at = 3
+  local propose = true
+  -- @include budget.lua
+  -- @include estimate.lua
+  -- @include decide_n.lua
+  -- @include save.lua
+  -- @include heard.lua
+  -- @include conflicts_n.lua
+  -- @include reply.lua
+  reply[1] = g
+  return reply
+end
+local replies = {}
+for j = 1, #KEYS do
+  local a = 6 * j - 6
+  local r = spend_many({ KEYS[j] }, { ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6] })
+  if r.err then r = r.err end
+  replies[j] = r
+end
+return replies
