@@ -14,7 +14,9 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use fleet_budget::store::{DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT};
+use fleet_budget::store::{
+    DEPOSIT_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
+};
 use fleet_budget::testing::RedisServer;
 
 /// Set to `1` to write the generated scripts instead of checking them.
@@ -104,6 +106,7 @@ fn the_library_loads_the_shipped_scripts() {
     for (name, script) in [
         ("spend", &*SPEND_SCRIPT),
         ("spend_many", &*SPEND_MANY_SCRIPT),
+        ("spend_batch", &*SPEND_BATCH_SCRIPT),
         ("deposit", &*DEPOSIT_SCRIPT),
         ("status", &*STATUS_SCRIPT),
         (

@@ -1,7 +1,7 @@
 //! The Redis store against the physical limit, side by side in one run (issues 3, 11 and 14).
 //!
 //! ```text
-//! cargo run --release -p fleet-budget --features test-harness --example redis_bench -- [--decisions N] [--smoke]
+//! cargo run --release -p fleet-budget --features test-harness --example redis_bench -- [--decisions N] [--smoke] [--only 1,6,7]
 //! ```
 //!
 //! Starts its own `redis-server` processes through the test harness (a single node and a
@@ -22,7 +22,8 @@
 //!
 //! Round trips are counted by the server (`INFO commandstats` after `CONFIG RESETSTAT`), leaving
 //! out the commands a script runs inside the server. `--smoke` runs everything with tiny counts
-//! (a few seconds; the idle-window check still waits its two 1 s windows).
+//! (a few seconds; the idle-window check still waits its two 1 s windows). `--only` runs the
+//! sections listed (section 3 needs 1's figures, so it runs 1 too).
 //!
 //! `measure.rs` holds what the sections measure with; `sections.rs` sections 1, 3, 4 and 5;
 //! `throughput.rs` sections 2, 6, 7 and 8.
@@ -50,6 +51,14 @@ pub(crate) struct Args {
     pub(crate) latency_calls: usize,
     pub(crate) jobs_seconds: f64,
     pub(crate) smoke: bool,
+    /// The sections to run (all when empty).
+    pub(crate) only: Vec<u32>,
+}
+
+impl Args {
+    fn runs(&self, section: u32) -> bool {
+        self.only.is_empty() || self.only.contains(&section)
+    }
 }
 
 fn args() -> Args {
@@ -58,6 +67,7 @@ fn args() -> Args {
         latency_calls: 20_000,
         jobs_seconds: 3.0,
         smoke: false,
+        only: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -74,10 +84,19 @@ fn args() -> Args {
                     latency_calls: 300,
                     jobs_seconds: 0.5,
                     smoke: true,
+                    only: a.only,
                 };
             }
+            "--only" => {
+                a.only = it
+                    .next()
+                    .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                    .expect("--only 1,6,7");
+            }
             other => {
-                panic!("unknown argument {other:?}; usage: redis_bench [--decisions N] [--smoke]")
+                panic!(
+                    "unknown argument {other:?}; usage: redis_bench [--decisions N] [--smoke] [--only 1,6,7]"
+                )
             }
         }
     }
@@ -106,7 +125,7 @@ async fn main() {
         .trim()
         .to_owned();
     println!(
-        "redis_bench: redis-server {version} on 127.0.0.1:{} (private), {} cores, load average {}, decisions={} latency_calls={}{}",
+        "redis_bench: redis-server {version} on 127.0.0.1:{} (private), {} cores, load average {}, decisions={} latency_calls={}{}{}",
         server.port(),
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         std::fs::read_to_string("/proc/loadavg")
@@ -117,7 +136,12 @@ async fn main() {
             .join(" "),
         args.decisions,
         args.latency_calls,
-        if args.smoke { " (smoke)" } else { "" }
+        if args.smoke { " (smoke)" } else { "" },
+        if args.only.is_empty() {
+            String::new()
+        } else {
+            format!(" sections {:?}", args.only)
+        }
     );
     let store = Arc::new(
         RedisStore::new(
@@ -147,16 +171,41 @@ async fn main() {
     };
 
     let mut summary: Vec<String> = Vec::new();
-    let decision = sections::latency(&bench, &mut summary).await;
-    throughput::script_cost(&bench, &mut summary);
-    sections::naive(&bench, &decision, &mut summary).await;
-    throughput::one_dependency(&bench, &mut summary).await;
-    throughput::many_dependencies(&bench, &mut summary).await;
-    throughput::cluster(&bench, &mut summary).await;
-    sections::coalescing(&bench, &mut summary).await;
-    sections::memory(&bench, &mut summary).await;
+    let a = &bench.args;
+    if a.runs(1) || a.runs(3) {
+        let decision = sections::latency(&bench, &mut summary).await;
+        if a.runs(3) {
+            sections::naive(&bench, &decision, &mut summary).await;
+        }
+    }
+    if a.runs(2) {
+        throughput::script_cost(&bench, &mut summary);
+    }
+    if a.runs(6) {
+        throughput::one_dependency(&bench, &mut summary).await;
+    }
+    if a.runs(7) {
+        throughput::many_dependencies(&bench, &mut summary).await;
+    }
+    if a.runs(8) {
+        throughput::cluster(&bench, &mut summary).await;
+    }
+    if a.runs(4) {
+        sections::coalescing(&bench, &mut summary).await;
+    }
+    if a.runs(5) {
+        sections::memory(&bench, &mut summary).await;
+    }
 
-    println!("\n## summary");
+    println!(
+        "\n## summary (load average at the end {})",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     for line in summary {
         println!("- {line}");
     }

@@ -81,6 +81,8 @@ pub struct RedisStore {
     connecting: Mutex<Option<Connecting>>,
     /// Group commit of withdrawals (`None`: one `spend.lua` call per decision).
     group: Option<GroupCommit>,
+    /// Whether a group commit batch may hold several dependencies (one server only).
+    across_dependencies: bool,
     /// Host and port of a `rediss://` server, to tell a handshake nobody answers from a
     /// server that is down (see [`RedisStore::ping`]).
     tls_address: Option<(String, u16)>,
@@ -174,6 +176,7 @@ impl RedisStore {
             connection,
             connecting: Mutex::new(None),
             group: Some(GroupCommit::new(DEFAULT_MAX_BATCH, across_keys)),
+            across_dependencies: across_keys,
             tls_address,
             certificates,
         })
@@ -181,13 +184,27 @@ impl RedisStore {
 
     /// Sets group commit of withdrawals: `Some(max_batch)` (on by default, with
     /// [`DEFAULT_MAX_BATCH`](super::DEFAULT_MAX_BATCH); clamped to 1..=10,000) or `None` for one
-    /// `spend.lua` call per decision. While a decision for a dependency is in flight, the ones
-    /// that arrive for it wait and then go together as one `spend_many.lua` call (up to
-    /// `max_batch` decisions); a lone decision never waits.
+    /// `spend.lua` call per decision. While a call is in flight on one server, the decisions
+    /// that arrive, for any dependency, wait and then go together as one call (up to `max_batch`
+    /// decisions: `spend_many.lua` for one dependency, `spend_batch.lua` for several); on Redis
+    /// Cluster, per dependency. A lone decision never waits.
     #[must_use]
     pub fn with_group_commit(mut self, max_batch: Option<usize>) -> Self {
-        let across_keys = matches!(self.target, RedisTarget::Single(_));
+        let across_keys = self.across_dependencies;
         self.group = max_batch.map(|n| GroupCommit::new(n, across_keys));
+        self
+    }
+
+    /// With `false`, group commit batches per dependency only, as it always does on Redis
+    /// Cluster: for a single URL that is a proxy spreading keys over several servers, where a
+    /// script's keys must live on one. (On by default for a single server.)
+    #[must_use]
+    pub fn with_batches_across_dependencies(mut self, across: bool) -> Self {
+        self.across_dependencies = across && matches!(self.target, RedisTarget::Single(_));
+        let across_keys = self.across_dependencies;
+        self.group = self
+            .group
+            .map(|group| GroupCommit::new(group.max_batch(), across_keys));
         self
     }
 
