@@ -20,6 +20,7 @@ local successes = tonumber(ARGV[2])
 local first_attempts = tonumber(ARGV[3])
 local at = 4
 local propose = true
+-- @include clock.lua
 -- @include budget.lua
 cur[1] = cur[1] + successes
 cur[2] = cur[2] + first_attempts

@@ -12,6 +12,7 @@
 -- @include window_arg.lua
 local at = 2
 local propose = true
+-- @include clock.lua
 -- @include budget.lua
 -- @include estimate.lua
 

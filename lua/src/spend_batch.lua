@@ -14,6 +14,7 @@
 if #KEYS < 1 or #KEYS > 10000 or #ARGV ~= 6 * #KEYS then
   return redis.error_reply('fleet-budget: spend_batch takes 1 to 10000 keys and 6 arguments per key')
 end
+-- @include clock.lua
 local function spend_many(KEYS, ARGV)
   -- @include window_arg.lua
   -- @include n_arg.lua

@@ -16,6 +16,7 @@
 -- @include n_arg.lua
 local at = 3
 local propose = true
+-- @include clock.lua
 -- @include budget.lua
 -- @include estimate.lua
 -- @include decide_n.lua

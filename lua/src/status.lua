@@ -15,6 +15,7 @@
 -- @include window_arg.lua
 local at = 2
 local propose = false
+-- @include clock.lua
 -- @include budget.lua
 -- @include estimate.lua
 -- @include reply.lua

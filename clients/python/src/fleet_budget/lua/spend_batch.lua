@@ -16,6 +16,11 @@
 if #KEYS < 1 or #KEYS > 10000 or #ARGV ~= 6 * #KEYS then
   return redis.error_reply('fleet-budget: spend_batch takes 1 to 10000 keys and 6 arguments per key')
 end
+-- [shared/clock.lua] Server time, never the caller's clock: workers with skewed clocks share the
+-- same windows. Read once per call (spend_batch.lua: once for all its entries, one instant).
+-- Sets: now (server ms).
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local function spend_many(KEYS, ARGV)
   -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
   -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
@@ -38,14 +43,14 @@ local function spend_many(KEYS, ARGV)
   local propose = true
   -- [shared/budget.lua] The caller's policy, the policy in force, the overrides, and the budget
   -- rolled to the server's window.
-  -- Needs: window, `at` (the ARGV index where ratio, min_allowance, basis and mode start) and
+  -- Needs: window, now (shared/clock.lua), `at` (the ARGV index where ratio, min_allowance, basis and mode start) and
   -- `propose` (true when the caller's policy may become the policy in force: spend and deposit).
   -- Sets: ratio (and ratio_text, as sent), min_allowance, basis, mode (the policy in force: the caller's, or the hash's when
   -- they differ), ask (the caller's policy as text, set on a conflict), conflict (1 when they differ), heard (the
   -- caller sent the policy in force), d (the counter that earns allowance: 1 successes for basis
   -- "s", 2 first attempts for "a"), sliding; fu and su (server ms when the freeze and the set
   -- override end), frozen and overridden (1 while they are in force) and eratio, emin (the ratio and floor the allowance uses: the policy's,
-  -- or the set override's); now (server ms), i (window index), cur and prev (the current and
+  -- or the set override's); i (window index), cur and prev (the current and
   -- previous window's successes, first attempts, retries granted, retries denied: fields cs ca cr
   -- cd and ps pa pr pd), rolled (the whole hash must be written).
   local ratio_text = ARGV[at] or ''
@@ -66,10 +71,6 @@ local function spend_many(KEYS, ARGV)
   if mode ~= 'sliding' and mode ~= 'fixed' then
     return redis.error_reply('fleet-budget: ARGV[' .. (at + 3) .. '] mode must be "sliding" or "fixed"')
   end
-
-  -- Server time, never the caller's clock: workers with skewed clocks share the same windows.
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
   -- The policy in force (fields w r m b o; h: server ms when a caller last sent it). A caller
   -- whose policy differs is served by the policy in force and counted as a conflict; its policy
