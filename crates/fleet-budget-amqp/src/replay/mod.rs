@@ -16,8 +16,10 @@
 //!   and polls until it is not).
 //!
 //! Every copy is published with confirms and the dead-letter acked only after `Ack` without a
-//! return; a copy not confirmed is counted **failed** and the message stays in the dead-letter
-//! queue. Nothing is dropped.
+//! return; a message whose move is not confirmed (or whose original exchange is gone) is
+//! counted **failed** and stays in the dead-letter queue, put back as a copy like a skipped one
+//! (its delivery count not raised). Nothing is dropped. How a run ends without leaving
+//! originals beside their copies: [`run`].
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack);
@@ -49,6 +51,7 @@ pub mod peek;
 pub mod purge;
 pub mod run;
 pub mod select;
+mod settle;
 
 pub use dry_run::DryRunReport;
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};

@@ -1,6 +1,23 @@
 //! A replay run: read up to the messages present at the start, move or park each with confirms
 //! (pipelined, `window` at a time), ack after the confirm, pace to the rate, and pause while the
 //! dependency's budget is exhausted.
+//!
+//! How a run ends matters as much as how it moves: the dead-letter queue is a quorum queue, which
+//! applies an ack as a command of its log, sent by the broker's channel without waiting; a
+//! channel's close returns every message the channel still holds, and that return can overtake
+//! acks the queue has not applied yet (the channel holds settlements back once 32 await the log,
+//! and drops what it holds at the close). An overtaken ack leaves the original beside its copy: the
+//! next run replays it twice. So, as [`super::inspect`] does, the originals are acked in few
+//! commands (one `basic.ack` with `multiple` over every original settled so far, see
+//! [`Settler`]), and the run waits behind its last acks before the close: the consumer's
+//! `basic.cancel` is a synchronous command of the same log, sent by the same channel, answered
+//! once every ack sent before it is applied. (`basic.get`, which [`super::inspect`] uses, would
+//! do as well, but takes a message and raises its delivery count.)
+//!
+//! A message that cannot be moved (its original exchange is gone, or the copy is not
+//! confirmed) is put back as a copy, like a skipped one, and counted failed: a nack with requeue
+//! would raise its delivery count on every run (on RabbitMQ 4.x, deleted at the 21st). Only when
+//! that copy fails too is the original held and returned at the end.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,12 +27,13 @@ use fleet_budget::printable::escape_text;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::Acker;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicQosOptions};
 use lapin::types::ShortString;
 use tokio::time::Instant;
 
 use super::Replayer;
 use super::select::{Class, ReplayOptions, Selection};
+use super::settle::Settler;
 use crate::connection::within;
 use crate::error::AmqpError;
 use crate::headers;
@@ -68,13 +86,26 @@ pub struct ReplayReport {
     pub elapsed: Duration,
 }
 
-/// What a copy is: a move back to the original exchange, a park, or a skipped message put
-/// back into the dead-letter queue (see [`super::inspect`]).
+/// What a copy is: a move back to the original exchange, a park, a skipped message put back
+/// into the dead-letter queue (see [`super::inspect`]), or a message that cannot be moved (its
+/// original exchange is gone) put back the same way, counted failed.
 #[derive(Clone, Copy)]
 enum Kind {
     Move,
     Park,
     Keep,
+    Return,
+}
+
+/// What became of a copy.
+enum Copied {
+    /// Confirmed: the original can be acked.
+    Confirmed,
+    /// The move or park was not confirmed, but a copy put back into the source queue was: the
+    /// original can be acked (the message stays, counted failed, its delivery count not raised).
+    PutBack,
+    /// No copy confirmed: the original is held and returned at the end of the run.
+    Failed(PublishError),
 }
 
 impl Replayer {
@@ -121,9 +152,8 @@ impl Replayer {
         let tag = format!("fleet-budget-replay-{}", headers::new_message_id());
         let mut consumer = self.consume(&ch, &tag).await?;
         let mut pacer = Pacer::new(options.rate);
-        let mut held: Vec<Acker> = Vec::new();
+        let mut settler = Settler::default();
         let mut inflight = FuturesUnordered::new();
-        let mut acks = FuturesUnordered::new();
         let mut exchanges: HashMap<String, bool> = HashMap::new();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
@@ -198,97 +228,113 @@ impl Replayer {
                     {
                         tracing::warn!(exchange = %r.original_exchange, "original exchange does not exist; message left in the dead-letter queue");
                         p.failed += 1;
-                        held.push(d.acker);
-                        progress(&p);
-                        continue;
-                    }
-                    let paused = self
-                        .wait_for_budget(
-                            &r.dependency,
-                            options,
-                            &mut budgets,
-                            &mut p,
-                            &mut progress,
+                        (
+                            Kind::Return,
+                            String::new(),
+                            self.source_queue.clone(),
+                            table.clone(),
                         )
-                        .await;
-                    if !paused.is_zero() {
-                        report.paused += paused;
-                        pacer.reset();
+                    } else {
+                        let paused = self
+                            .wait_for_budget(
+                                &r.dependency,
+                                options,
+                                &mut budgets,
+                                &mut p,
+                                &mut progress,
+                            )
+                            .await;
+                        if !paused.is_zero() {
+                            report.paused += paused;
+                            pacer.reset();
+                        }
+                        pacer.wait().await;
+                        let mut moved = headers::replay_headers(&table, r.replays);
+                        // A parked job goes back as a job, not as a parked message.
+                        headers::fields::remove(&mut moved, headers::PARK_REASON);
+                        headers::fields::remove(&mut moved, headers::PARKED_MS);
+                        (
+                            Kind::Move,
+                            r.original_exchange,
+                            r.original_routing_key,
+                            moved,
+                        )
                     }
-                    pacer.wait().await;
-                    let mut moved = headers::replay_headers(&table, r.replays);
-                    // A parked job goes back as a job, not as a parked message.
-                    headers::fields::remove(&mut moved, headers::PARK_REASON);
-                    headers::fields::remove(&mut moved, headers::PARKED_MS);
-                    (
-                        Kind::Move,
-                        r.original_exchange,
-                        r.original_routing_key,
-                        moved,
-                    )
                 }
             };
-            let acker = d.acker;
-            let props = match kind {
-                Kind::Keep => headers::put_back(&props),
+            let (tag, acker) = (d.delivery_tag, d.acker);
+            let copy = match kind {
+                Kind::Keep | Kind::Return => headers::put_back(&props),
                 Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
             };
-            match publisher
-                .send(&exchange, &routing_key, &d.data, props)
-                .await
-            {
+            match publisher.send(&exchange, &routing_key, &d.data, copy).await {
                 Ok(pending) => {
-                    inflight.push(async move { (acker, kind, confirmed(pending).await) });
+                    settler.sent(tag);
+                    let (publisher, source, data) =
+                        (&publisher, self.source_queue.as_str(), d.data);
+                    inflight.push(async move {
+                        let copied = match confirmed(pending).await {
+                            Ok(()) => Copied::Confirmed,
+                            Err(e) if matches!(kind, Kind::Move | Kind::Park) => {
+                                tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
+                                put_back(publisher, source, &data, &props).await
+                            }
+                            Err(e) => Copied::Failed(e),
+                        };
+                        (tag, acker, kind, copied)
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
                     if !matches!(kind, Kind::Keep) {
                         p.failed += 1;
                     }
-                    held.push(acker);
+                    settler.hold(tag, acker);
                 }
             }
-            while inflight.len() >= options.window.max(1) {
-                if let Some(done) = inflight.next().await
-                    && let Some(acker) = count_confirmed(done, &mut p, &mut held)
+            loop {
+                // Settle the confirms that have already arrived, so progress is current.
+                while let Some(Some(done)) = inflight.next().now_or_never() {
+                    count_confirmed(done, &mut p, &mut settler);
+                }
+                // A full window, or as many originals unsettled as the prefetch lets the
+                // broker push: nothing more to read until some are confirmed and acked.
+                let full = inflight.len() >= options.window.max(1)
+                    || settler.unsettled() >= usize::from(prefetch);
+                settler.ack(full).await;
+                if !(inflight.len() >= options.window.max(1)
+                    || settler.unsettled() >= usize::from(prefetch))
                 {
-                    acks.push(ack(acker));
+                    break;
+                }
+                match inflight.next().await {
+                    Some(done) => count_confirmed(done, &mut p, &mut settler),
+                    None => break,
                 }
             }
-            // Settle the confirms that have already arrived, so progress is current.
-            while let Some(Some(done)) = inflight.next().now_or_never() {
-                if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
-                    acks.push(ack(acker));
-                }
-            }
-            while let Some(Some(())) = acks.next().now_or_never() {}
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            if let Some(acker) = count_confirmed(done, &mut p, &mut held) {
-                acks.push(ack(acker));
-            }
+            count_confirmed(done, &mut p, &mut settler);
         }
-        while acks.next().await.is_some() {}
-        // The cancel is a round trip behind the acks: lapin sends a channel close ahead of
-        // frames still queued, and an ack overtaken by it would become a duplicate replay.
-        let _ = ch
-            .basic_cancel(
+        // The last acks (one command), then the cancel: a synchronous command of the quorum
+        // queue's log, sent by the same channel, so once it is answered every ack before it is
+        // applied and the close cannot return those originals beside their copies.
+        settler.ack(true).await;
+        let cancelled = within(
+            "cancel the replay's consumer",
+            ch.basic_cancel(
                 amqp_name("consumer tag", &tag)?,
                 BasicCancelOptions::default(),
-            )
-            .await;
-        for acker in held {
-            let _ = acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await;
+            ),
+        )
+        .await;
+        if let Err(e) = cancelled {
+            tracing::warn!(error = %e, originals = settler.acked, "no answer behind the last acks; the last originals may stay beside their copies (duplicates)");
         }
-        // A round trip behind the nacks, before the close (lapin sends a close ahead of frames
-        // still queued).
-        let _ = ch.basic_qos(prefetch, BasicQosOptions::default()).await;
+        // Returned after the cancel, so that the consumer does not read them again; a nack the
+        // close overtakes returns the message all the same.
+        settler.return_held().await;
         // Deliveries pushed after the bound are unacked: closing the channel requeues them.
         let _ = ch.close(200, ShortString::from("replay done")).await;
         publisher.close().await;
@@ -382,43 +428,58 @@ impl Replayer {
     }
 }
 
-/// Counts a finished copy; returns the ack to send when it was confirmed.
+/// Puts a message whose move or park was not confirmed back into `queue` as a copy.
+async fn put_back(
+    publisher: &Publisher,
+    queue: &str,
+    data: &[u8],
+    props: &lapin::BasicProperties,
+) -> Copied {
+    let sent = publisher
+        .send("", queue, data, headers::put_back(props))
+        .await;
+    match sent {
+        Ok(pending) => match confirmed(pending).await {
+            Ok(()) => Copied::PutBack,
+            Err(e) => Copied::Failed(e),
+        },
+        Err(e) => Copied::Failed(e),
+    }
+}
+
+/// Counts a finished copy, and hands its original to the settler: to ack when a copy was
+/// confirmed, else to hold (returned at the end of the run).
 fn count_confirmed(
-    done: (Acker, Kind, Result<(), PublishError>),
+    done: (u64, Acker, Kind, Copied),
     p: &mut ReplayProgress,
-    held: &mut Vec<Acker>,
-) -> Option<Acker> {
-    let (acker, kind, result) = done;
-    match result {
-        Ok(()) => {
+    settler: &mut Settler,
+) {
+    let (tag, acker, kind, copied) = done;
+    match copied {
+        Copied::Confirmed => {
             match kind {
                 Kind::Move => p.moved += 1,
                 Kind::Park => p.parked += 1,
-                Kind::Keep => {}
+                Kind::Keep | Kind::Return => {}
             }
-            Some(acker)
+            settler.confirmed(tag, acker);
         }
-        Err(e) => {
+        Copied::PutBack => {
+            p.failed += 1;
+            settler.confirmed(tag, acker);
+        }
+        Copied::Failed(e) => {
             tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
-            if !matches!(kind, Kind::Keep) {
+            if matches!(kind, Kind::Move | Kind::Park) {
                 p.failed += 1;
             }
-            held.push(acker);
-            None
+            settler.hold(tag, acker);
         }
     }
 }
 
 /// Most deliveries a run holds unacked (its prefetch).
 const PREFETCH: u16 = 256;
-
-/// Acks a dead-letter whose copy was confirmed. Acks are pipelined rather than awaited one by
-/// one; a failed ack leaves the message in the dead-letter queue (a possible duplicate later).
-async fn ack(acker: Acker) {
-    if let Err(e) = acker.ack(BasicAckOptions::default()).await {
-        tracing::warn!(error = %e, "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)");
-    }
-}
 
 /// Spaces sends `1 / rate` apart on a fixed schedule (late sends catch up, up to one second).
 struct Pacer {

@@ -13,6 +13,7 @@ mod common;
 mod inspect;
 mod metrics;
 mod replay;
+mod replay_close;
 mod tls;
 mod topology;
 mod worker;

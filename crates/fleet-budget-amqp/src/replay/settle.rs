@@ -1,0 +1,101 @@
+//! Settling the originals of a replay run: acked in as few commands as possible once their copies
+//! are confirmed, held ones returned at the end (see [`super::run`] for why the number of
+//! commands matters on a quorum queue).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lapin::Acker;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+
+/// Originals confirmed before the run acks them in one command (unless nothing is in flight).
+pub(super) const ACK_EVERY: usize = 64;
+
+/// The originals of a run between their read and their settlement, by delivery tag.
+///
+/// One `basic.ack` with `multiple` on tag `T` settles every original of the channel up to `T`,
+/// so it is sent only over originals that are all confirmed: below the lowest tag whose copy is
+/// still in flight, and below the lowest held one (held originals stay unsettled until the end
+/// of the run, when they are returned: returning them earlier would have the consumer read them
+/// again). Originals confirmed above a held one are acked one by one (rare: a copy failed).
+/// Deliveries pushed past the run's bound are never read, so their tags are above every tag
+/// acked.
+#[derive(Default)]
+pub(super) struct Settler {
+    /// Tags whose copy awaits its confirmation.
+    inflight: BTreeSet<u64>,
+    /// Confirmed, not yet acked.
+    confirmed: BTreeMap<u64, Acker>,
+    /// Copy failed or not attempted: returned at the end of the run.
+    held: BTreeMap<u64, Acker>,
+    /// Originals acked (the ack sent without error).
+    pub(super) acked: u64,
+}
+
+impl Settler {
+    /// Originals read and not yet settled.
+    pub(super) fn unsettled(&self) -> usize {
+        self.inflight.len() + self.confirmed.len() + self.held.len()
+    }
+
+    pub(super) fn sent(&mut self, tag: u64) {
+        self.inflight.insert(tag);
+    }
+
+    pub(super) fn confirmed(&mut self, tag: u64, acker: Acker) {
+        self.inflight.remove(&tag);
+        self.confirmed.insert(tag, acker);
+    }
+
+    pub(super) fn hold(&mut self, tag: u64, acker: Acker) {
+        self.inflight.remove(&tag);
+        self.held.insert(tag, acker);
+    }
+
+    /// Acks the confirmed originals that can be: every one below the lowest copy in flight,
+    /// once [`ACK_EVERY`] are waiting, nothing is in flight, or `now` (the window or the
+    /// prefetch is full, or the run ends).
+    pub(super) async fn ack(&mut self, now: bool) {
+        if !(now || self.inflight.is_empty() || self.confirmed.len() >= ACK_EVERY) {
+            return;
+        }
+        let below = self.inflight.first().copied().unwrap_or(u64::MAX);
+        let mut ready = self.confirmed.split_off(&below);
+        std::mem::swap(&mut ready, &mut self.confirmed);
+        let first_held = self.held.keys().next().copied().unwrap_or(u64::MAX);
+        let one_by_one = ready.split_off(&first_held);
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        if let Some((_, last)) = ready.last_key_value() {
+            let n = count(ready.len());
+            match last.ack(BasicAckOptions { multiple: true }).await {
+                Ok(true) => self.acked += n,
+                _ => tracing::warn!(
+                    originals = n,
+                    "ack of replayed dead-letters failed; they stay and may be replayed again (duplicates)"
+                ),
+            }
+        }
+        for acker in one_by_one.values() {
+            match acker.ack(BasicAckOptions::default()).await {
+                Ok(true) => self.acked += 1,
+                _ => tracing::warn!(
+                    "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)"
+                ),
+            }
+        }
+    }
+
+    /// Returns the held originals to the queue (nack with requeue), once nothing is consumed.
+    pub(super) async fn return_held(&mut self) {
+        for acker in std::mem::take(&mut self.held).into_values() {
+            let returned = acker
+                .nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                })
+                .await;
+            if !matches!(returned, Ok(true)) {
+                tracing::warn!("nack of a dead-letter not replayed failed; the close returns it");
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The end of a replay run: every original whose copy was confirmed is acked, and the acks are
+//! applied by the quorum dead-letter queue before the run closes its channel. Otherwise the
+//! close returns the last originals beside their copies and the next run replays them twice.
+
+use std::collections::BTreeSet;
+
+use fleet_budget::DeadLetterReason;
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::{ReplayOptions, Replayer};
+
+use crate::common::{Env, message_id};
+
+/// Dead letters per run: more than a window of confirms, so the run ends on a burst of acks.
+const PER_RUN: usize = 400;
+
+/// Four runs of 400 dead letters each, every run followed by a second run: the dead-letter
+/// queue is empty the moment a run returns, the second run finds nothing, and the work queue
+/// holds every job exactly once. Before the run waited behind its acks, the quorum queue
+/// returned part of the last window at the close (a second run replayed them again).
+#[tokio::test]
+async fn runs_leave_no_original_beside_its_copy() {
+    let env = Env::new("replayclose", "", "", "").await;
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let options = ReplayOptions::new(&env.config);
+    let publisher = env.publisher().await;
+    let mut seeded = BTreeSet::new();
+    let mut left_behind = Vec::new();
+    for round in 0..4 {
+        seeded.extend(
+            env.seed_dead_letters(
+                &publisher,
+                PER_RUN,
+                "search",
+                DeadLetterReason::BudgetExhausted,
+                0,
+                headers::now_ms(),
+            )
+            .await,
+        );
+        let run = replayer.run(&options, |_| {}).await.unwrap();
+        assert_eq!(
+            (run.total, run.seen, run.moved, run.failed),
+            (PER_RUN as u64, PER_RUN as u64, PER_RUN as u64, 0),
+            "round {round}: {run:?}"
+        );
+        left_behind.push(env.depth(&env.topology.dead_queue).await);
+        let again = replayer.run(&options, |_| {}).await.unwrap();
+        assert_eq!(again.moved, 0, "round {round}: replayed twice: {again:?}");
+    }
+    publisher.close().await;
+    assert_eq!(
+        left_behind,
+        vec![0; 4],
+        "originals left in the dead-letter queue after each run"
+    );
+    let moved = env.drain(&env.topology.work_queue).await;
+    let ids: BTreeSet<String> = moved.iter().map(|(p, _)| message_id(p)).collect();
+    assert_eq!(moved.len(), seeded.len(), "every job once, no duplicate");
+    assert_eq!(ids, seeded);
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 0);
+}
+
+/// Dead letters whose original exchange is gone cannot be moved: each run counts them failed
+/// and leaves them, put back as copies. Twenty-five runs later they are all there, once, with a
+/// delivery count of at most 1. Before, each run returned them with a nack (requeue), one more
+/// delivery each time: 25 after 25 runs, past RabbitMQ 4.x's default limit of 20, at which a
+/// quorum queue with nowhere to dead-letter to deletes them.
+#[tokio::test]
+async fn failed_moves_do_not_raise_the_delivery_count() {
+    let env = Env::new("replaygone", "", "", "").await;
+    let mut record = env.dead_letter_record(
+        "search",
+        DeadLetterReason::BudgetExhausted,
+        headers::now_ms(),
+    );
+    record.original_exchange = format!("{}.gone", env.topology.work_exchange);
+    let publisher = env.publisher().await;
+    let mut seeded = BTreeSet::new();
+    for i in 0..3 {
+        seeded.insert(
+            env.publish_dead_letter(&publisher, &record, format!("job {i}").as_bytes())
+                .await,
+        );
+    }
+    publisher.close().await;
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let options = ReplayOptions::new(&env.config);
+    for run in 0..25 {
+        let report = replayer.run(&options, |_| {}).await.unwrap();
+        assert_eq!(
+            (report.failed, report.moved, report.parked),
+            (3, 0, 0),
+            "run {run}: {report:?}"
+        );
+    }
+    let left = env.drain(&env.topology.dead_queue).await;
+    let ids: BTreeSet<String> = left.iter().map(|(p, _)| message_id(p)).collect();
+    assert_eq!(
+        (left.len(), ids),
+        (3, seeded),
+        "nothing lost, nothing duplicated"
+    );
+    for (props, _) in &left {
+        let count = headers::get_u64(&headers::table(props), "x-delivery-count")
+            .unwrap()
+            .unwrap_or(0);
+        assert!(count <= 1, "delivery count {count} after 25 runs");
+        assert_eq!(
+            crate::common::header_str(props, headers::REASON).as_deref(),
+            Some("budget_exhausted"),
+            "the dead-letter record is kept"
+        );
+    }
+}
