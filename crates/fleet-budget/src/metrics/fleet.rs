@@ -20,6 +20,8 @@
 //! | `fleet_budget_policy_ratio` | gauge | dependency | the policy's ratio (retries per deposit) |
 //! | `fleet_budget_policy_min_allowance` | gauge | dependency | the policy's floor (retries per window) |
 //! | `fleet_budget_policy_window_seconds` | gauge | dependency | the policy's window length |
+//! | `fleet_budget_override_frozen` | gauge | dependency | 1 while an operator's freeze is in force (no retry granted, the floor included), else 0 |
+//! | `fleet_budget_override_set` | gauge | dependency | 1 while an operator's `set` override replaces the ratio and/or the floor, else 0 |
 //! | `fleet_budget_fleet_dependencies` | gauge | — | dependencies read (configured and found in Redis) |
 //!
 //! Amplification over the last window is `fleet_budget_window_executions /
@@ -145,7 +147,7 @@ type Family = (&'static str, &'static str, fn(&DependencyBudget) -> f64);
 
 /// The gauges of the fleet's budgets (module docs), in the order they are written.
 #[allow(clippy::cast_precision_loss)]
-const FAMILIES: [Family; 12] = [
+const FAMILIES: [Family; 14] = [
     (
         "fleet_budget_window_allowance",
         "Retries allowed in the last window, fleet-wide.",
@@ -206,12 +208,22 @@ const FAMILIES: [Family; 12] = [
         "Window length of the policy in force.",
         |b| b.policy.window.as_secs_f64(),
     ),
+    (
+        "fleet_budget_override_frozen",
+        "1 while an operator's freeze is in force (no retry granted, the floor included).",
+        |b| f64::from(u8::from(b.snapshot.control.frozen)),
+    ),
+    (
+        "fleet_budget_override_set",
+        "1 while an operator's set override replaces the ratio and/or the floor.",
+        |b| f64::from(u8::from(b.snapshot.control.overridden)),
+    ),
 ];
 
 /// Writes the gauges of `budgets` (module docs) in the Prometheus text format.
 ///
 /// Written directly rather than through a `prometheus::Registry`: at 10,000 dependencies that is
-/// 120,000 series per scrape, and building, gathering and sorting them as metric objects took
+/// 140,000 series per scrape, and building, gathering and sorting them as metric objects took
 /// most of the scrape (docs/BENCHMARKS.md, "Fleet exporter").
 pub fn write_budgets(out: &mut String, budgets: &[DependencyBudget]) {
     use std::fmt::Write;
