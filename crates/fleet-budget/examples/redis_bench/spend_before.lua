@@ -1,5 +1,9 @@
--- GENERATED from lua/src/spend.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- A FROZEN COPY, not generated: do not edit it or regenerate it. This is lua/spend.lua as it
+-- was at commit 45e412d26408b4d975f18941eb8798b195aaa432, the last version before 0483985
+-- ("Lua: a leaner spend/spend_many, same answers"), kept as the "before" script of the
+-- redis_bench example (throughput.rs, section 2: server CPU per call, before against now).
+-- Below these six lines the file is that version byte for byte, without its first two lines
+-- (the generated-file note):  git show 45e412d:lua/spend.lua | tail -n +3
 -- fleet-budget spend: try to spend one retry from a dependency's budget (atomic, one round trip).
 -- Contract: lua/README.md (key layout v1). Keep in step with crates/fleet-budget/src/allowance.rs.
 --
