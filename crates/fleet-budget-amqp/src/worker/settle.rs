@@ -20,7 +20,7 @@ use super::{Stats, bump};
 use crate::headers;
 use crate::metrics::{AmqpMetrics, CopyKind};
 use crate::publish::{Publisher, fanout_key};
-use crate::topology::Topology;
+use crate::topology::{RetryTier, Topology};
 
 /// Bytes kept free in a copy's header frame for the headers a park adds (`fb-park-reason` of at
 /// most 512 bytes, `fb-parked-ms`).
@@ -98,18 +98,11 @@ impl Settler {
                 tier,
                 not_before_ms,
             } => {
-                let mut t = table.clone();
-                headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
-                headers::set_u64(
-                    &mut t,
-                    headers::RETRY_TIER_MS,
-                    u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
-                );
-                self.publish_then_ack(
+                self.wait_in(
                     delivery,
-                    (&tier.exchange, &self.queue),
-                    t,
-                    CopyKind::WaitAgain,
+                    table.clone(),
+                    &tier,
+                    not_before_ms,
                     &self.stats.waited_again,
                 )
                 .await;
@@ -121,26 +114,41 @@ impl Settler {
             } => {
                 let mut t = table.clone();
                 record.write(&mut t);
-                headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
-                headers::set_u64(
-                    &mut t,
-                    headers::RETRY_TIER_MS,
-                    u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
-                );
-                self.publish_then_ack(
-                    delivery,
-                    (&tier.exchange, &self.queue),
-                    t,
-                    CopyKind::WaitAgain,
-                    &self.stats.held,
-                )
-                .await;
+                self.wait_in(delivery, t, &tier, not_before_ms, &self.stats.held)
+                    .await;
             }
             Outcome::Requeue => {
                 tracing::error!("no retry tiers configured; requeueing");
                 self.requeue(delivery).await;
             }
         }
+    }
+
+    /// Sends a copy of `delivery` with the headers `t` through `tier`, back to the queue
+    /// consumed, to wait there again until `not_before_ms` (a hop of a longer wait), counting
+    /// `done`.
+    async fn wait_in(
+        &self,
+        delivery: &Delivery,
+        mut t: FieldTable,
+        tier: &RetryTier,
+        not_before_ms: u64,
+        done: &AtomicU64,
+    ) {
+        headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
+        headers::set_u64(
+            &mut t,
+            headers::RETRY_TIER_MS,
+            u64::try_from(tier.delay.as_millis()).unwrap_or(u64::MAX),
+        );
+        self.publish_then_ack(
+            delivery,
+            (&tier.exchange, &self.queue),
+            t,
+            CopyKind::WaitAgain,
+            done,
+        )
+        .await;
     }
 
     /// Publishes a persistent copy of `delivery` (same message id and body, `headers`, no
@@ -228,16 +236,7 @@ impl Settler {
     /// Rejects `delivery` without requeue: the work queue's dead-letter exchange takes it.
     async fn reject_to_dead_letters(&self, delivery: &Delivery) {
         bump(&self.stats.broker_dead_lettered);
-        if let Err(e) = delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: false,
-                ..BasicNackOptions::default()
-            })
-            .await
-        {
-            tracing::warn!(error = %e, "reject failed; the broker redelivers when the channel closes");
-        }
+        nack(delivery, false).await;
     }
 
     /// Puts `delivery` back after the pause (nack with requeue).
@@ -247,15 +246,19 @@ impl Settler {
             m.requeued();
         }
         tokio::time::sleep(self.unconfirmed_pause).await;
-        if let Err(e) = delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            })
-            .await
-        {
-            tracing::warn!(error = %e, "nack failed; the broker redelivers when the channel closes");
-        }
+        nack(delivery, true).await;
+    }
+}
+
+/// Nacks `delivery`, with `requeue` or without (a reject). A failure only logs: the broker
+/// redelivers what a closed channel left unsettled.
+async fn nack(delivery: &Delivery, requeue: bool) {
+    let options = BasicNackOptions {
+        requeue,
+        ..BasicNackOptions::default()
+    };
+    if let Err(e) = delivery.acker.nack(options).await {
+        let what = if requeue { "nack" } else { "reject" };
+        tracing::warn!(error = %e, "{what} failed; the broker redelivers when the channel closes");
     }
 }
