@@ -236,35 +236,28 @@ impl RawAmqp {
         }
         let replays = c.int_in("amqp.max_replays", self.max_replays, 0, 1000, 3);
         amqp.max_replays = u32::try_from(replays).unwrap_or(3);
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        let connect = c.int_in(
+        amqp.connect_timeout = c.duration_in(
             "amqp.connect_timeout_ms",
             self.connect_timeout_ms,
             1,
             3_600_000,
-            ms(amqp.connect_timeout),
+            amqp.connect_timeout,
+            Duration::from_millis,
         );
-        amqp.connect_timeout = Duration::from_millis(connect.unsigned_abs());
-        let operation = c.int_in(
+        amqp.operation_timeout = c.duration_in(
             "amqp.operation_timeout_ms",
             self.operation_timeout_ms,
             1,
             3_600_000,
-            ms(amqp.operation_timeout),
+            amqp.operation_timeout,
+            Duration::from_millis,
         );
-        amqp.operation_timeout = Duration::from_millis(operation.unsigned_abs());
-        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
-            c.problem(
-                "amqp.tls_cert_file",
-                "(only one of the pair)",
-                "amqp.tls_cert_file and amqp.tls_key_file must be set together",
-            );
-        }
-        amqp.tls = TlsFiles {
-            ca_file: self.tls_ca_file,
-            cert_file: self.tls_cert_file,
-            key_file: self.tls_key_file,
-        };
+        amqp.tls = c.tls_files(
+            "amqp",
+            self.tls_ca_file,
+            self.tls_cert_file,
+            self.tls_key_file,
+        );
         amqp
     }
 }

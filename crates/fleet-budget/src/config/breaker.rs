@@ -20,6 +20,9 @@ use serde::Deserialize;
 use super::check::Checker;
 use crate::breaker::BreakerPolicy;
 
+/// The longest of its durations accepted: a day.
+const DAY_SECS: i64 = 86_400;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBreaker {
@@ -40,20 +43,18 @@ impl RawBreaker {
         let before = c.problem_count();
         let d = BreakerPolicy::default();
         let key = |name: &str| format!("{at}.{name}");
-        let secs = |c: &mut Checker, name: &str, v: Option<i64>, lo: i64, default: Duration| {
-            let default = i64::try_from(default.as_secs()).unwrap_or(60);
-            Duration::from_secs(c.int_in(&key(name), v, lo, 86_400, default).unsigned_abs())
+        let mut secs = |name: &str, v: Option<i64>, lo: i64, default: Duration| {
+            c.duration_in(&key(name), v, lo, DAY_SECS, default, Duration::from_secs)
         };
-        let window = secs(c, "window_secs", self.window_secs, 1, d.window);
-        let open = secs(c, "open_secs", self.open_secs, 1, d.open);
+        let window = secs("window_secs", self.window_secs, 1, d.window);
+        let open = secs("open_secs", self.open_secs, 1, d.open);
         let probe_timeout = secs(
-            c,
             "probe_timeout_secs",
             self.probe_timeout_secs,
             1,
             d.probe_timeout,
         );
-        let max_wait = secs(c, "max_wait_secs", self.max_wait_secs, 0, d.max_wait);
+        let max_wait = secs("max_wait_secs", self.max_wait_secs, 0, d.max_wait);
         let failure_ratio = self.failure_ratio.unwrap_or(d.failure_ratio);
         if !(failure_ratio > 0.0 && failure_ratio <= 1.0) {
             c.problem(
@@ -98,7 +99,7 @@ impl RawBreaker {
         if c.problem_count() > before {
             return None;
         }
-        match (BreakerPolicy {
+        let policy = BreakerPolicy {
             window,
             failure_ratio,
             min_volume,
@@ -107,15 +108,8 @@ impl RawBreaker {
             close_after,
             probe_timeout,
             max_wait,
-        })
-        .checked()
-        {
-            Ok(policy) => Some(policy),
-            Err(e) => {
-                c.problem(at, "the section", e.to_string());
-                None
-            }
-        }
+        };
+        c.section(at, policy.checked())
     }
 }
 

@@ -5,10 +5,13 @@
 //! `[amqp]`) and the CLI's overrides check values the same way and word problems alike.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use super::Problem;
 use crate::dependency::validate_name;
 use crate::redact::redact_url;
+use crate::tls::TlsFiles;
 
 /// Longest key prefix accepted.
 pub const MAX_KEY_PREFIX_LEN: usize = 64;
@@ -133,12 +136,68 @@ impl Checker {
 
     /// `value` if it lies in `lo..=hi`, `default` if it is absent or (with a problem) out of range.
     pub fn int_in(&mut self, key: &str, value: Option<i64>, lo: i64, hi: i64, default: i64) -> i64 {
-        match value {
-            None => default,
-            Some(v) if (lo..=hi).contains(&v) => v,
-            Some(v) => {
-                self.problem(key, v, format!("must be an integer from {lo} to {hi}"));
-                default
+        self.in_range(key, value, lo, hi).unwrap_or(default)
+    }
+
+    /// `value` in units of `unit` (`Duration::from_secs`, `Duration::from_millis`) if it lies
+    /// in `lo..=hi` (`lo` at least 0), `default` if it is absent or (with a problem) out of range.
+    pub fn duration_in(
+        &mut self,
+        key: &str,
+        value: Option<i64>,
+        lo: i64,
+        hi: i64,
+        default: Duration,
+        unit: fn(u64) -> Duration,
+    ) -> Duration {
+        self.in_range(key, value, lo, hi)
+            .and_then(|v| u64::try_from(v).ok())
+            .map_or(default, unit)
+    }
+
+    /// `value` when it is given and lies in `lo..=hi`; a problem when it is given outside.
+    fn in_range(&mut self, key: &str, value: Option<i64>, lo: i64, hi: i64) -> Option<i64> {
+        let v = value?;
+        if (lo..=hi).contains(&v) {
+            Some(v)
+        } else {
+            self.problem(key, v, format!("must be an integer from {lo} to {hi}"));
+            None
+        }
+    }
+
+    /// The certificate files of the section `section` (`redis`, `amqp`), with a problem when
+    /// only one of its `tls_cert_file` and `tls_key_file` is given (a client certificate needs
+    /// its key).
+    pub fn tls_files(
+        &mut self,
+        section: &str,
+        ca_file: Option<PathBuf>,
+        cert_file: Option<PathBuf>,
+        key_file: Option<PathBuf>,
+    ) -> TlsFiles {
+        if cert_file.is_some() != key_file.is_some() {
+            self.problem(
+                &format!("{section}.tls_cert_file"),
+                "(only one of the pair)",
+                format!("{section}.tls_cert_file and {section}.tls_key_file must be set together"),
+            );
+        }
+        TlsFiles {
+            ca_file,
+            cert_file,
+            key_file,
+        }
+    }
+
+    /// The section at `at` as its own whole-section check found it (`checked`, once each value
+    /// passed): the value, or `None` with the error recorded as the section's problem.
+    pub fn section<T, E: fmt::Display>(&mut self, at: &str, checked: Result<T, E>) -> Option<T> {
+        match checked {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.problem(at, "the section", e.to_string());
+                None
             }
         }
     }
@@ -200,6 +259,27 @@ mod tests {
         // A scheme that is not the TLS form of an allowed one gets the usual problem.
         let p = check_url("k", "https://h", &["redis"]).unwrap_err();
         assert_eq!(p.allowed, "must be a URL of the form redis://...");
+    }
+
+    #[test]
+    fn durations_in_range_or_the_default_with_a_problem() {
+        let mut c = Checker::new();
+        let d = Duration::from_secs(7);
+        assert_eq!(c.duration_in("k", None, 0, 10, d, Duration::from_secs), d);
+        let three = c.duration_in("k", Some(3), 0, 10, d, Duration::from_millis);
+        assert_eq!(three, Duration::from_millis(3));
+        assert_eq!(c.problem_count(), 0);
+        assert_eq!(
+            c.duration_in("k", Some(11), 0, 10, d, Duration::from_secs),
+            d
+        );
+        assert_eq!(
+            c.duration_in("k", Some(-1), 0, 10, d, Duration::from_secs),
+            d
+        );
+        let p = c.into_problems();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].allowed, "must be an integer from 0 to 10");
     }
 
     #[test]

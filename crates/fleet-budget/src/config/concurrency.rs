@@ -75,13 +75,21 @@ impl RawConcurrency {
             MAX_CAP,
             3,
         );
-        let lease_secs = c.int_in(&format!("{at}.lease_secs"), self.lease_secs, 1, 86_400, 30);
-        let max_wait_secs = c.int_in(
+        let lease = c.duration_in(
+            &format!("{at}.lease_secs"),
+            self.lease_secs,
+            1,
+            86_400,
+            Duration::from_secs(30),
+            Duration::from_secs,
+        );
+        let max_wait = c.duration_in(
             &format!("{at}.max_wait_secs"),
             self.max_wait_secs,
             0,
             86_400,
-            600,
+            Duration::from_secs(600),
+            Duration::from_secs,
         );
         if let Some(f) = self.max_retry_fraction
             && !(f.is_finite() && (0.0..=1000.0).contains(&f))
@@ -95,27 +103,19 @@ impl RawConcurrency {
         if c.problem_count() > before {
             return None;
         }
-        let (cap, planned, min_slots, lease_secs, max_wait_secs) = (
+        let (cap, planned, min_slots) = (
             u64::try_from(cap).ok()?,
             u64::try_from(planned).ok()?,
             u64::try_from(min_slots).ok()?,
-            u64::try_from(lease_secs).ok()?,
-            u64::try_from(max_wait_secs).ok()?,
         );
         let mut policy = ConcurrencyPolicy::derived(cap, planned, min_slots).ok()?;
         if let Some(f) = self.max_retry_fraction {
             policy.max_retry_fraction = f;
         }
-        policy.lease = Duration::from_secs(lease_secs);
+        policy.lease = lease;
         policy.primary_waits = self.primary_waits.unwrap_or(false);
-        policy.max_wait = Duration::from_secs(max_wait_secs);
-        match policy.checked() {
-            Ok(policy) => Some(policy),
-            Err(e) => {
-                c.problem(at, "the section", e.to_string());
-                None
-            }
-        }
+        policy.max_wait = max_wait;
+        c.section(at, policy.checked())
     }
 }
 

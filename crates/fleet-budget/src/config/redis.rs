@@ -137,18 +137,12 @@ impl RawRedis {
             1000,
         );
         redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
-        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
-            c.problem(
-                "redis.tls_cert_file",
-                "(only one of the pair)",
-                "redis.tls_cert_file and redis.tls_key_file must be set together",
-            );
-        }
-        redis.tls = TlsFiles {
-            ca_file: self.tls_ca_file,
-            cert_file: self.tls_cert_file,
-            key_file: self.tls_key_file,
-        };
+        redis.tls = c.tls_files(
+            "redis",
+            self.tls_ca_file,
+            self.tls_cert_file,
+            self.tls_key_file,
+        );
         redis
     }
 }
