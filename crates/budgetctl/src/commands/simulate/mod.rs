@@ -5,6 +5,7 @@ mod brownout;
 mod capacity;
 mod chart;
 mod concurrency;
+mod svg;
 mod timeline_chart;
 
 use clap::{Subcommand, ValueEnum};
