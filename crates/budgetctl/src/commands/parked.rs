@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::audit::{Trail, record};
 use super::dlq::{MessageFilterArgs, PeekArgs, show_messages};
-use super::replay::{Source, finish, replay_queue};
+use super::replay::{RunArgs, Source, replay};
 use crate::amqp_conn::broker_error;
 use crate::exit::usage;
 use crate::output::{print_json, thousands};
@@ -39,14 +39,8 @@ pub(crate) struct ParkedReplayArgs {
     /// Move at most this many messages.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
-    /// Count what would move, move nothing.
-    #[arg(long)]
-    dry_run: bool,
     #[command(flatten)]
-    trail: Trail,
-    /// Print one JSON object on stdout.
-    #[arg(long)]
-    json: bool,
+    run: RunArgs,
 }
 
 /// `parked purge`.
@@ -88,16 +82,7 @@ pub(crate) async fn run(config: &WorkerConfig, command: &ParkedCommand) -> anyho
             options.filter = args.filter.filter()?;
             options.rate = Some(f64::from(args.rate));
             options.limit = args.limit;
-            let (out, entry) = replay_queue(
-                config,
-                Source::Parked,
-                &options,
-                args.dry_run,
-                args.json,
-                &args.trail,
-            )
-            .await?;
-            finish(config, &out, entry, args.json, "parked").await
+            replay(config, Source::Parked, &options, &args.run).await
         }
         ParkedCommand::Purge(args) => purge(config, &topology, args).await,
     }

@@ -51,6 +51,13 @@ pub(crate) struct ReplayArgs {
     /// Move at most this many messages.
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The flags that end every replay command (`replay`, `parked replay`): how it runs and prints.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
     /// Count what would move, move nothing.
     #[arg(long)]
     dry_run: bool,
@@ -126,16 +133,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
     };
     options.rate = Some(f64::from(args.rate));
     options.limit = args.limit;
-    let (out, entry) = replay_queue(
-        config,
-        Source::DeadLetters,
-        &options,
-        args.dry_run,
-        args.json,
-        &args.trail,
-    )
-    .await?;
-    finish(config, &out, entry, args.json, "dead-letter").await
+    replay(config, Source::DeadLetters, &options, &args.run).await
 }
 
 /// Which queue a replay reads.
@@ -145,11 +143,34 @@ pub(crate) enum Source {
     Parked,
 }
 
+impl Source {
+    /// The queue's name for people: "the {name} queue".
+    fn name(self) -> &'static str {
+        match self {
+            Self::DeadLetters => "dead-letter",
+            Self::Parked => "parked",
+        }
+    }
+}
+
+/// Replays the messages of `source` that `options` select (with `--dry-run`, predicts the
+/// replay), then prints its outcome and records it: [`replay_queue`], then [`finish`].
+pub(crate) async fn replay(
+    config: &WorkerConfig,
+    source: Source,
+    options: &ReplayOptions,
+    run: &RunArgs,
+) -> anyhow::Result<()> {
+    let (out, entry) =
+        replay_queue(config, source, options, run.dry_run, run.json, &run.trail).await?;
+    finish(config, &out, entry, run.json, source.name()).await
+}
+
 /// Replays (or, with `dry_run`, predicts a replay of) the messages of `source` that `options`
 /// select, printing progress on stderr; the dry run prints its table by dependency × reason
 /// unless `json`. A run also returns its audit entry (queue depths before and after), to be
 /// recorded once its outcome is printed.
-pub(crate) async fn replay_queue(
+async fn replay_queue(
     config: &WorkerConfig,
     source: Source,
     options: &ReplayOptions,
@@ -278,7 +299,7 @@ pub(crate) async fn replay_queue(
 /// Prints a replay's outcome (JSON or the table), records its audit entry, and turns copies
 /// that failed into exit 1, the same in both modes: a script reading the JSON must not take a
 /// partial replay for success.
-pub(crate) async fn finish(
+async fn finish(
     config: &WorkerConfig,
     out: &ReplayOutput,
     entry: Option<AuditEntry>,
