@@ -17,7 +17,7 @@ use fleet_budget_sim::upstream::Upstream;
 use super::progress::{Progress, QueueGauge, Watched};
 use super::{
     FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, amqp_settings, bad_input,
-    call, job_failure,
+    call, job_failure, submit_paced,
 };
 
 /// How long an idle worker waits before looking at the queue again, at most.
@@ -79,14 +79,13 @@ pub(super) async fn run(s: &RunSettings, budget: &FleetBudget) -> RunReport {
 
     let queue = &shared.queue;
     // Submitting to memory cannot fail.
-    let _ = s
-        .submit_paced(&submitted, async |ids| {
-            for id in ids {
-                queue.submit(id, bad_input(id));
-            }
-            Ok(())
-        })
-        .await;
+    let _ = submit_paced(s.rate, jobs, &submitted, async |ids| {
+        for id in ids {
+            queue.submit(id, bad_input(id));
+        }
+        Ok(())
+    })
+    .await;
     // Let the last retries finish (the longest backoff is 1 s per attempt).
     wait_idle(&shared, s.phase.max(Duration::from_secs(5))).await;
     let first = FirstPass::measure(&shared.upstream, started, budget, &shared.outcomes);

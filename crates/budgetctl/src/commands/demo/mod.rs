@@ -7,12 +7,13 @@
 //! `succeeded + dead-lettered-then-replayed + parked = submitted`, `lost = 0`.
 //!
 //! Jobs go through RabbitMQ ([`rabbit`]: the library's `Worker`s and `Replayer` on a topology of
-//! the drill's own). When Redis does not answer, the budget is kept in this process; when
+//! the drill's own, as [`broker`] runs them for the scenarios too). When Redis does not answer, the budget is kept in this process; when
 //! RabbitMQ does not answer, the queue is `fleet-budget-sim`'s in-memory one ([`memory`], jobs
 //! settled by the worker's own outcome mapping). [`mode`] says which URL failed, how to start
 //! the services, and which mode ran. The dependency, the queue and the tally are the models of
 //! `fleet-budget-sim`; this module runs them on real time and prints.
 
+mod broker;
 mod memory;
 mod mode;
 mod progress;
@@ -113,10 +114,13 @@ fn job_failure(e: CallError) -> Failure {
         CallError::Overloaded => {
             Failure::retryable("search answered 503: over capacity").with_class("http_503")
         }
-        CallError::BadInput => {
-            Failure::non_retryable("search answered 400: malformed document").with_class("http_400")
-        }
+        CallError::BadInput => malformed_document(),
     }
+}
+
+/// The failure of a job with bad input, in the drill and the scenarios: 400, whatever the load.
+fn malformed_document() -> Failure {
+    Failure::non_retryable("search answered 400: malformed document").with_class("http_400")
 }
 
 /// One call to the dependency, now in the run that started at `started`.
@@ -165,9 +169,7 @@ impl RunSettings {
     }
 
     fn jobs(&self) -> u64 {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = (self.submit_for().as_secs_f64() * f64::from(self.rate)).round() as u64;
-        n
+        jobs_for(self.submit_for(), self.rate)
     }
 
     /// Messages replayed per second: a little under the dependency's healthy capacity.
@@ -176,28 +178,54 @@ impl RunSettings {
             .unwrap_or(u32::MAX)
             .max(1)
     }
+}
 
-    /// Submits the run's jobs at `rate` per second, evenly: every 10 ms, the ids due by then go
-    /// to `submit`; `submitted` counts them for the progress line.
-    async fn submit_paced(
-        &self,
-        submitted: &AtomicU64,
-        mut submit: impl AsyncFnMut(Range<u64>) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
-        let jobs = self.jobs();
-        let mut tick = tokio::time::interval(Duration::from_millis(10));
-        let started = Instant::now();
-        let mut next_id = 0u64;
-        while next_id < jobs {
-            tick.tick().await;
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let due = ((started.elapsed().as_secs_f64() * f64::from(self.rate)) as u64).min(jobs);
-            submit(next_id..due).await?;
-            next_id = next_id.max(due);
-            submitted.store(next_id, Ordering::Relaxed);
-        }
-        Ok(())
+/// How many jobs `rate` per second submits in `submit_for`.
+fn jobs_for(submit_for: Duration, rate: u32) -> u64 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let n = (submit_for.as_secs_f64() * f64::from(rate)).round() as u64;
+    n
+}
+
+/// Submits jobs `0..jobs` at `rate` per second, evenly: every 10 ms, the ids due by then go to
+/// `submit`; `submitted` counts them for the progress line.
+async fn submit_paced(
+    rate: u32,
+    jobs: u64,
+    submitted: &AtomicU64,
+    mut submit: impl AsyncFnMut(Range<u64>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let started = Instant::now();
+    let mut next_id = 0u64;
+    while next_id < jobs {
+        tick.tick().await;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let due = ((started.elapsed().as_secs_f64() * f64::from(rate)) as u64).min(jobs);
+        submit(next_id..due).await?;
+        next_id = next_id.max(due);
+        submitted.store(next_id, Ordering::Relaxed);
     }
+    Ok(())
+}
+
+/// A name for this run of the command, unique enough to keep its keys and queues apart from
+/// another's.
+fn run_id() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        fleet_budget::clock::now_ms() % 1_000_000
+    )
+}
+
+/// The error of `run` (`the drill`, `scenario slow`) failed on the broker, redacted.
+fn failed_on_broker(run: &str, config: &WorkerConfig, e: &anyhow::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{run} on RabbitMQ at {} failed: {}",
+        fleet_budget::redact::redact_url(&config.amqp.url),
+        fleet_budget::redact::redact_text(&format!("{e:#}"))
+    )
 }
 
 /// Runs the command.
@@ -225,11 +253,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
         degraded_from: Duration::from_secs_f64(drill.phase_secs),
         degraded_until: Duration::from_secs_f64(drill.phase_secs * 2.0),
     };
-    let run_id = format!(
-        "{}-{}",
-        std::process::id(),
-        fleet_budget::clock::now_ms() % 1_000_000
-    );
+    let run_id = run_id();
     eprintln!(
         "drill: {} workers, {} jobs/s for {:.0}s; dependency `{DEPENDENCY}` serves {}/s, drops to {}/s from {:.0}s to {:.0}s, then recovers",
         drill.workers,
@@ -267,13 +291,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
             Ok(memory::run(&settings, &budget_handle).await)
         };
         let _ = budget_handle.shutdown().await;
-        runs.push(report.map_err(|e| {
-            anyhow::anyhow!(
-                "the drill on RabbitMQ at {} failed: {}",
-                fleet_budget::redact::redact_url(&config.amqp.url),
-                fleet_budget::redact::redact_text(&format!("{e:#}"))
-            )
-        })?);
+        runs.push(report.map_err(|e| failed_on_broker("the drill", config, &e))?);
     }
     let report = DemoReport::new(mode, &drill, &schedule, runs);
     eprintln!("drill finished in {:.0}s", started.elapsed().as_secs_f64());
@@ -291,7 +309,6 @@ async fn drill_budget(
     mode: &Mode,
     settings: &RunSettings,
 ) -> anyhow::Result<FleetBudget> {
-    let mut c = config.clone();
     let policy = if settings.budget {
         BudgetPolicy {
             window: WINDOW,
@@ -301,14 +318,31 @@ async fn drill_budget(
             mode: WindowMode::Sliding,
         }
     } else {
-        BudgetPolicy {
-            window: WINDOW,
-            ratio: 0.0,
-            min_allowance: 1_000_000_000,
-            deposit: DepositBasis::Success,
-            mode: WindowMode::Sliding,
-        }
+        UNLIMITED
     };
+    let c = run_config(config, policy, &settings.key_prefix)?;
+    if mode.redis.is_some() {
+        Ok(FleetBudget::from_config(&c).await?)
+    } else {
+        Ok(FleetBudget::local(&c))
+    }
+}
+
+/// A budget that never refuses a retry, on the drill's window: every run without a rate budget
+/// has it, so that all runs go through the same code.
+const UNLIMITED: BudgetPolicy = BudgetPolicy {
+    window: WINDOW,
+    ratio: 0.0,
+    min_allowance: 1_000_000_000,
+    deposit: DepositBasis::Success,
+    mode: WindowMode::Sliding,
+};
+
+/// `config` for one run: `policy` for the demo's dependency (and as the default), [`TASK`]
+/// mapped to it, up to [`MAX_ATTEMPTS`] executions per job with short backoffs, Redis keys under
+/// `key_prefix` with a timeout and a deposit flush made for a quick run.
+fn run_config(config: &Config, policy: BudgetPolicy, key_prefix: &str) -> anyhow::Result<Config> {
+    let mut c = config.clone();
     let dependency = fleet_budget::Dependency::new(DEPENDENCY)?;
     c.defaults = policy;
     c.policies.insert(dependency.clone(), policy);
@@ -320,12 +354,8 @@ async fn drill_budget(
         cap: Duration::from_secs(1),
     };
     c.ceilings.tasks.clear();
-    c.redis.key_prefix.clone_from(&settings.key_prefix);
+    key_prefix.clone_into(&mut c.redis.key_prefix);
     c.redis.timeout = c.redis.timeout.max(Duration::from_millis(250));
     c.redis.deposit_flush = Duration::from_millis(50);
-    if mode.redis.is_some() {
-        Ok(FleetBudget::from_config(&c).await?)
-    } else {
-        Ok(FleetBudget::local(&c))
-    }
+    Ok(c)
 }

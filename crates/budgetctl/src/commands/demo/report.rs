@@ -95,12 +95,7 @@ impl RunReport {
             budget: s.budget,
             jobs_submitted: jobs,
             executions: first.calls,
-            #[allow(clippy::cast_precision_loss)]
-            amplification: if jobs == 0 {
-                0.0
-            } else {
-                first.calls as f64 / jobs as f64
-            },
+            amplification: amplification(first.calls, jobs),
             peak_executions_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
             successes: first.successes,
             retries_granted: first.retries_granted,
@@ -174,15 +169,102 @@ pub(super) fn print_comparison(r: &DemoReport) {
         r.budget_min_allowance,
         r.max_attempts
     );
+    let mut rows = Rows::new(["without budget", "with budget"], a, b);
+    rows.count("jobs submitted", |r| r.jobs_submitted);
+    rows.count("upstream calls (executions)", |r| r.executions);
+    rows.text("amplification (calls/job)", |r| {
+        format!("{:.2}x", r.amplification)
+    });
+    rows.count("peak upstream calls/s", |r| r.peak_executions_per_sec);
+    rows.count("successes (before replay)", |r| r.successes);
+    rows.count("retries granted", |r| r.retries_granted);
+    rows.count("retries denied", |r| r.retries_denied);
+    rows.count("dead-lettered", |r| r.dead_lettered_total);
+    rows.dead_letter_reasons(|r| &r.dead_lettered, |_| true);
+    rows.count("after recovery: replayed", |r| r.replayed);
+    rows.count("  parked (came back again)", |r| r.parked);
+    print_side_by_side(
+        &rows.into_rows(),
+        15,
+        [
+            (a.label.as_str(), &a.accounting),
+            (b.label.as_str(), &b.accounting),
+        ],
+    );
+}
+
+/// Executions per job submitted (0 without jobs).
+#[allow(clippy::cast_precision_loss)]
+pub(super) fn amplification(executions: u64, jobs: u64) -> f64 {
+    if jobs == 0 {
+        0.0
+    } else {
+        executions as f64 / jobs as f64
+    }
+}
+
+/// The table of two runs side by side, one row per figure: its name, then each run's value.
+pub(super) struct Rows<'a, R> {
+    runs: [&'a R; 2],
+    rows: Vec<Vec<String>>,
+}
+
+impl<'a, R> Rows<'a, R> {
+    /// The table of `a` and `b`, headed by their `labels`.
+    pub(super) fn new(labels: [&str; 2], a: &'a R, b: &'a R) -> Self {
+        let [la, lb] = labels.map(str::to_owned);
+        Self {
+            runs: [a, b],
+            rows: vec![vec![String::new(), la, lb]],
+        }
+    }
+
+    /// A row of `name`, each run's value as `value` writes it.
+    pub(super) fn text(&mut self, name: &str, value: impl Fn(&R) -> String) {
+        let [a, b] = self.runs;
+        self.rows.push(vec![name.to_owned(), value(a), value(b)]);
+    }
+
+    /// A row of `name`, each run's count (with thousands separators).
+    pub(super) fn count(&mut self, name: &str, count: impl Fn(&R) -> u64) {
+        self.text(name, |r| thousands(count(r)));
+    }
+
+    /// A row per dead-letter reason that `shown` selects (given the runs' counts by reason,
+    /// `dead_lettered`), indented under the total.
+    pub(super) fn dead_letter_reasons(
+        &mut self,
+        dead_lettered: impl Fn(&R) -> &BTreeMap<String, u64>,
+        shown: impl Fn(&str) -> bool,
+    ) {
+        for reason in DeadLetterReason::ALL.map(DeadLetterReason::as_str) {
+            if shown(reason) {
+                self.count(&format!("  {reason}"), |r| {
+                    dead_lettered(r).get(reason).copied().unwrap_or(0)
+                });
+            }
+        }
+    }
+
+    pub(super) fn into_rows(self) -> Vec<Vec<String>> {
+        self.rows
+    }
+}
+
+/// Prints the two runs' table, then every job of each accounted for (labels padded to
+/// `label_width`).
+pub(super) fn print_side_by_side(
+    rows: &[Vec<String>],
+    label_width: usize,
+    runs: [(&str, &Accounting); 2],
+) {
     outln!();
-    out!("{}", table(&comparison_rows(a, b)));
+    out!("{}", table(rows));
     outln!();
     outln!("every job accounted for:");
-    for run in [a, b] {
-        let acc = &run.accounting;
+    for (label, acc) in runs {
         let mut line = format!(
-            "  {:<15} succeeded {} + dead-lettered then replayed {} + parked {} = {} submitted; lost {}",
-            run.label,
+            "  {label:<label_width$} succeeded {} + dead-lettered then replayed {} + parked {} = {} submitted; lost {}",
             thousands(acc.succeeded),
             thousands(acc.dead_lettered_then_replayed),
             thousands(acc.parked),
@@ -197,35 +279,4 @@ pub(super) fn print_comparison(r: &DemoReport) {
         }
         outln!("{line}");
     }
-}
-
-/// The table of the two runs: one row per figure.
-fn comparison_rows(a: &RunReport, b: &RunReport) -> Vec<Vec<String>> {
-    let row = |name: &str, f: &dyn Fn(&RunReport) -> String| vec![name.to_owned(), f(a), f(b)];
-    let n = |f: fn(&RunReport) -> u64| move |run: &RunReport| thousands(f(run));
-    let mut rows = vec![
-        vec![
-            String::new(),
-            "without budget".to_owned(),
-            "with budget".to_owned(),
-        ],
-        row("jobs submitted", &n(|r| r.jobs_submitted)),
-        row("upstream calls (executions)", &n(|r| r.executions)),
-        row("amplification (calls/job)", &|r| {
-            format!("{:.2}x", r.amplification)
-        }),
-        row("peak upstream calls/s", &n(|r| r.peak_executions_per_sec)),
-        row("successes (before replay)", &n(|r| r.successes)),
-        row("retries granted", &n(|r| r.retries_granted)),
-        row("retries denied", &n(|r| r.retries_denied)),
-        row("dead-lettered", &n(|r| r.dead_lettered_total)),
-    ];
-    for reason in DeadLetterReason::ALL.map(DeadLetterReason::as_str) {
-        rows.push(row(&format!("  {reason}"), &|r| {
-            thousands(r.dead_lettered.get(reason).copied().unwrap_or(0))
-        }));
-    }
-    rows.push(row("after recovery: replayed", &n(|r| r.replayed)));
-    rows.push(row("  parked (came back again)", &n(|r| r.parked)));
-    rows
 }

@@ -23,13 +23,13 @@ mod slow;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use fleet_budget::{Backoff, BudgetPolicy, Config, DepositBasis, FleetBudget, WindowMode};
+use fleet_budget::{Config, FleetBudget};
 use fleet_budget_amqp::WorkerConfig;
 
 use self::dependency::Profile;
 use self::report::ScenarioReport;
 use super::mode::{self, Mode};
-use super::{DEPENDENCY, MAX_ATTEMPTS, TASK};
+use super::{DEPENDENCY, UNLIMITED, failed_on_broker, jobs_for, run_config, run_id};
 use crate::output::print_json;
 
 /// A scenario of `demo --scenario`.
@@ -74,9 +74,7 @@ pub(crate) struct Setup {
 
 impl Setup {
     fn jobs(&self) -> u64 {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = (self.submit_for.as_secs_f64() * f64::from(self.rate)).round() as u64;
-        n
+        jobs_for(self.submit_for, self.rate)
     }
 }
 
@@ -95,11 +93,7 @@ pub(crate) async fn run(
     let mode = mode::choose(config, false).await;
     require_services(&mode)?;
     let started = Instant::now();
-    let run_id = format!(
-        "{}-{}",
-        std::process::id(),
-        fleet_budget::clock::now_ms() % 1_000_000
-    );
+    let run_id = run_id();
     let t = setup.profile.trouble;
     eprintln!(
         "scenario {}: {} jobs/s for {:.0}s; `{DEPENDENCY}` cap {} calls at once, latency {} ms, callers time out after {} ms; trouble from {:.0}s to {:.0}s ({})",
@@ -127,12 +121,7 @@ pub(crate) async fn run(
         let report = run::run(&setup, label, protected, config, &budget, &key_prefix).await;
         let _ = budget.shutdown().await;
         runs.push(report.map_err(|e| {
-            anyhow::anyhow!(
-                "scenario {} on RabbitMQ at {} failed: {}",
-                scenario.as_str(),
-                fleet_budget::redact::redact_url(&config.amqp.url),
-                fleet_budget::redact::redact_text(&format!("{e:#}"))
-            )
+            failed_on_broker(&format!("scenario {}", scenario.as_str()), config, &e)
         })?);
     }
     let report = ScenarioReport::new(mode, &setup, runs);
@@ -160,39 +149,19 @@ fn require_services(mode: &Mode) -> anyhow::Result<()> {
 }
 
 /// A run's budget: the same unlimited rate budget in both runs (so that the comparison shows
-/// the protection alone), up to [`MAX_ATTEMPTS`] executions per job, short backoffs, in Redis
-/// under the run's own prefix; the protection added to the second run.
+/// the protection alone) and the rest of [`run_config`], in Redis under the run's own prefix;
+/// the protection added to the second run.
 async fn scenario_budget(
     config: &Config,
     setup: &Setup,
     protected: bool,
     key_prefix: &str,
 ) -> anyhow::Result<FleetBudget> {
-    let mut c = config.clone();
-    let unlimited = BudgetPolicy {
-        window: Duration::from_secs(2),
-        ratio: 0.0,
-        min_allowance: 1_000_000_000,
-        deposit: DepositBasis::Success,
-        mode: WindowMode::Sliding,
-    };
-    let dependency = fleet_budget::Dependency::new(DEPENDENCY)?;
-    c.defaults = unlimited;
-    c.policies.clear();
-    c.policies.insert(dependency.clone(), unlimited);
-    c.map.insert(TASK, dependency);
-    c.concurrency.clear();
-    c.breakers.clear();
-    c.ceilings.default.max_attempts = MAX_ATTEMPTS;
-    c.ceilings.default.backoff = Backoff {
-        base: Duration::from_millis(100),
-        factor: 2.0,
-        cap: Duration::from_secs(1),
-    };
-    c.ceilings.tasks.clear();
-    c.redis.key_prefix = key_prefix.to_owned();
-    c.redis.timeout = c.redis.timeout.max(Duration::from_millis(250));
-    c.redis.deposit_flush = Duration::from_millis(50);
+    let mut base = config.clone();
+    base.policies.clear();
+    base.concurrency.clear();
+    base.breakers.clear();
+    let mut c = run_config(&base, UNLIMITED, key_prefix)?;
     if protected {
         (setup.protect)(&mut c)?;
     }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleet_budget::{DeadLetterReason, FleetBudget};
+use fleet_budget::FleetBudget;
 use fleet_budget_amqp::WorkerHandle;
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use serde::Serialize;
@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::Setup;
 use super::dependency::{Dependency, Profile, TroubleKind};
 use crate::commands::demo::mode::Mode;
+use crate::commands::demo::report::{Rows, amplification, print_side_by_side};
 use crate::commands::demo::{DEPENDENCY, MAX_ATTEMPTS, ReplayTotals, dead_letters};
-use crate::output::{table, thousands};
 
 /// The trouble's name, for people.
 pub(super) fn trouble_name(kind: &TroubleKind) -> String {
@@ -147,12 +147,7 @@ impl RunFigures {
             jobs_submitted: jobs,
             first_attempts: first.first_attempts,
             executions: first.executions,
-            #[allow(clippy::cast_precision_loss)]
-            amplification: if jobs == 0 {
-                0.0
-            } else {
-                first.executions as f64 / jobs as f64
-            },
+            amplification: amplification(first.executions, jobs),
             successes: first.successes,
             retries_granted: first.retries_granted,
             retries_denied: first.retries_denied,
@@ -240,73 +235,48 @@ pub(super) fn print_comparison(r: &ScenarioReport) {
         r.max_attempts,
         r.protection
     );
-    outln!();
-    out!("{}", table(&rows(r.scenario, a, b)));
-    outln!();
-    outln!("every job accounted for:");
-    for run in [a, b] {
-        let acc = &run.accounting;
-        let mut line = format!(
-            "  {:<24} succeeded {} + dead-lettered then replayed {} + parked {} = {} submitted; lost {}",
-            run.label,
-            thousands(acc.succeeded),
-            thousands(acc.dead_lettered_then_replayed),
-            thousands(acc.parked),
-            thousands(acc.submitted),
-            acc.lost
-        );
-        if acc.still_dead_lettered > 0 {
-            line.push_str(&format!(
-                " (still dead-lettered: {})",
-                acc.still_dead_lettered
-            ));
-        }
-        outln!("{line}");
-    }
+    print_side_by_side(
+        &rows(r.scenario, a, b),
+        24,
+        [
+            (a.label.as_str(), &a.accounting),
+            (b.label.as_str(), &b.accounting),
+        ],
+    );
 }
 
 fn rows(scenario: &str, a: &RunFigures, b: &RunFigures) -> Vec<Vec<String>> {
-    let row = |name: &str, f: &dyn Fn(&RunFigures) -> String| vec![name.to_owned(), f(a), f(b)];
-    let n = |f: fn(&RunFigures) -> u64| move |run: &RunFigures| thousands(f(run));
-    let mut rows = vec![
-        vec![String::new(), a.label.clone(), b.label.clone()],
-        row("jobs submitted", &n(|r| r.jobs_submitted)),
-        row("first attempts", &n(|r| r.first_attempts)),
-        row("executions (calls)", &n(|r| r.executions)),
-        row("amplification (calls/job)", &|r| {
-            format!("{:.2}x", r.amplification)
-        }),
-        row("successes (before replay)", &n(|r| r.successes)),
-        row("retries granted", &n(|r| r.retries_granted)),
-        row("attempts burned (failed calls)", &n(|r| r.attempts_burned)),
-    ];
+    let mut rows = Rows::new([a.label.as_str(), b.label.as_str()], a, b);
+    rows.count("jobs submitted", |r| r.jobs_submitted);
+    rows.count("first attempts", |r| r.first_attempts);
+    rows.count("executions (calls)", |r| r.executions);
+    rows.text("amplification (calls/job)", |r| {
+        format!("{:.2}x", r.amplification)
+    });
+    rows.count("successes (before replay)", |r| r.successes);
+    rows.count("retries granted", |r| r.retries_granted);
+    rows.count("attempts burned (failed calls)", |r| r.attempts_burned);
     if scenario == "slow" {
-        rows.push(row("peak calls in flight", &n(|r| r.peak_in_flight)));
-        rows.push(row("timeouts", &n(|r| r.timeouts)));
-        rows.push(row("503s", &n(|r| r.failed)));
+        rows.count("peak calls in flight", |r| r.peak_in_flight);
+        rows.count("timeouts", |r| r.timeouts);
+        rows.count("503s", |r| r.failed);
     } else {
-        rows.push(row("calls refused (down)", &n(|r| r.refused)));
-        rows.push(row(
-            "holds: jobs sent to wait (circuit open)",
-            &n(|r| r.held),
-        ));
-        rows.push(row("breaker: opened / half-open / closed", &|r| {
+        rows.count("calls refused (down)", |r| r.refused);
+        rows.count("holds: jobs sent to wait (circuit open)", |r| r.held);
+        rows.text("breaker: opened / half-open / closed", |r| {
             let t = r.breaker_transitions;
             format!("{} / {} / {}", t.open, t.half_open, t.closed)
-        }));
+        });
     }
-    rows.push(row("dead-lettered", &n(|r| r.dead_lettered_total)));
-    for reason in DeadLetterReason::ALL.map(DeadLetterReason::as_str) {
-        if a.dead_lettered.contains_key(reason) || b.dead_lettered.contains_key(reason) {
-            rows.push(row(&format!("  {reason}"), &|r| {
-                thousands(r.dead_lettered.get(reason).copied().unwrap_or(0))
-            }));
-        }
-    }
-    rows.push(row("after recovery: replayed", &n(|r| r.replayed)));
-    rows.push(row("  parked (came back again)", &n(|r| r.parked)));
-    rows.push(row("all done, seconds after recovery", &|r| {
+    rows.count("dead-lettered", |r| r.dead_lettered_total);
+    rows.dead_letter_reasons(
+        |r| &r.dead_lettered,
+        |reason| a.dead_lettered.contains_key(reason) || b.dead_lettered.contains_key(reason),
+    );
+    rows.count("after recovery: replayed", |r| r.replayed);
+    rows.count("  parked (came back again)", |r| r.parked);
+    rows.text("all done, seconds after recovery", |r| {
         format!("{:.1}", r.drained_secs_after_recovery)
-    }));
-    rows
+    });
+    rows.into_rows()
 }

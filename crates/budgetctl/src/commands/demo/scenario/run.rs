@@ -8,18 +8,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fleet_budget::{Failure, FleetBudget};
-use fleet_budget_amqp::{
-    Job, Migrations, Publisher, ReplayOptions, Replayer, Topology, Worker, WorkerConfig,
-    WorkerHandle, WorkerOptions, delete_topology,
-};
-use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
-use futures::future::try_join_all;
+use fleet_budget_amqp::{Job, Topology, WorkerConfig};
+use fleet_budget_sim::accounting::JobOutcomes;
 
 use super::Setup;
 use super::dependency::{CallFailure, Dependency};
 use super::report::{FirstPass, RunFigures};
-use crate::commands::demo::rabbit::{Depths, parse_payload, payload, wait_settled};
-use crate::commands::demo::{MAX_REPLAYS, ReplayTotals, TASK, amqp_settings, dead_letters};
+use crate::commands::demo::broker::{
+    Depths, Workers, on_own_topology, parse_payload, publish_paced, replay_dead_letters,
+    wait_settled,
+};
+use crate::commands::demo::{amqp_settings, dead_letters, malformed_document};
 use crate::output::thousands;
 
 /// Which failure a failed call is, for the budget (and the breaker).
@@ -34,9 +33,7 @@ fn failure(e: CallFailure) -> Failure {
         CallFailure::Refused => {
             Failure::retryable("search refused the connection: it is down").with_class("refused")
         }
-        CallFailure::BadInput => {
-            Failure::non_retryable("search answered 400: malformed document").with_class("http_400")
-        }
+        CallFailure::BadInput => malformed_document(),
     }
 }
 
@@ -52,17 +49,13 @@ pub(super) async fn run(
     let mut c = config.clone();
     c.amqp = amqp_settings(&config.amqp, prefix);
     c.amqp.prefetch = setup.prefetch;
-    let url = c.amqp.url.clone();
-    fleet_budget_amqp::migrate(&url, &c.amqp, &Migrations::embedded()?, false).await?;
-    let topology = Topology::new(&c.amqp);
-    let conn = fleet_budget_amqp::connect(&url, "budgetctl demo scenario").await?;
-    let depths = Depths::new(conn.create_channel().await?, topology.clone());
-    let result = drive(setup, label, protected, &c, budget, &topology, &depths).await;
-    if let Err(e) = delete_topology(&conn, &topology).await {
-        tracing::warn!(error = %e, prefix = %c.amqp.prefix, "the scenario's topology was not deleted");
-    }
-    let _ = conn.close(200, "scenario done".into()).await;
-    result
+    on_own_topology(
+        &c,
+        "budgetctl demo scenario",
+        "scenario",
+        async |topology, depths| drive(setup, label, protected, &c, budget, topology, depths).await,
+    )
+    .await
 }
 
 /// What the handlers share.
@@ -79,35 +72,29 @@ fn start_workers(
     budget: &FleetBudget,
     topology: &Topology,
     shared: &Arc<Shared>,
-) -> (Vec<WorkerHandle>, Vec<tokio::task::JoinHandle<()>>) {
-    let mut options = WorkerOptions::new(c, topology);
-    options.name = "budgetctl demo scenario worker".to_owned();
-    let mut handles = Vec::new();
-    let mut joins = Vec::new();
-    for _ in 0..setup.workers {
-        let worker = Worker::new(budget.clone(), topology.clone(), options.clone());
-        handles.push(worker.handle());
-        let shared = Arc::clone(shared);
-        joins.push(tokio::spawn(async move {
-            let _ = worker
-                .run(move |job: Job| {
-                    let shared = Arc::clone(&shared);
-                    async move {
-                        let Some((id, bad)) = parse_payload(&job.payload) else {
-                            return Err(Failure::poison("not a scenario job"));
-                        };
-                        shared.dependency.call(bad).await.map_err(failure)?;
-                        shared.outcomes.succeeded(id, job.replays > 0);
-                        let ms = u64::try_from(shared.dependency.elapsed().as_millis())
-                            .unwrap_or(u64::MAX);
-                        shared.last_success_ms.fetch_max(ms, Ordering::Relaxed);
-                        Ok(())
-                    }
-                })
-                .await;
-        }));
-    }
-    (handles, joins)
+) -> Workers {
+    let shared = Arc::clone(shared);
+    let handler = move |job: Job| {
+        let shared = Arc::clone(&shared);
+        async move {
+            let Some((id, bad)) = parse_payload(&job.payload) else {
+                return Err(Failure::poison("not a scenario job"));
+            };
+            shared.dependency.call(bad).await.map_err(failure)?;
+            shared.outcomes.succeeded(id, job.replays > 0);
+            let ms = u64::try_from(shared.dependency.elapsed().as_millis()).unwrap_or(u64::MAX);
+            shared.last_success_ms.fetch_max(ms, Ordering::Relaxed);
+            Ok(())
+        }
+    };
+    Workers::start(
+        setup.workers,
+        "budgetctl demo scenario worker",
+        c,
+        budget,
+        topology,
+        handler,
+    )
 }
 
 /// Prints a progress line on stderr every second until `stop` is set.
@@ -151,7 +138,6 @@ async fn drive(
     topology: &Topology,
     depths: &Depths,
 ) -> anyhow::Result<RunFigures> {
-    let url = c.amqp.url.clone();
     let shared = Arc::new(Shared {
         dependency: Arc::new(Dependency::new(setup.profile)),
         outcomes: Arc::default(),
@@ -168,34 +154,19 @@ async fn drive(
         Arc::clone(&submitted),
         Arc::clone(&stop),
     );
-    let (handles, joins) = start_workers(setup, c, budget, topology, &shared);
+    let workers = start_workers(setup, c, budget, topology, &shared);
 
     // Jobs go out once every worker consumes, so that the run does not start with a burst.
     let connecting = Instant::now();
-    while handles.iter().any(|h| h.counts().connections == 0)
+    while workers
+        .handles()
+        .iter()
+        .any(|h| h.counts().connections == 0)
         && connecting.elapsed() < Duration::from_secs(10)
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let publisher = Publisher::connect(&url).await?;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let started = Instant::now();
-    let mut next_id = 0u64;
-    while next_id < jobs {
-        tick.tick().await;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let due = ((started.elapsed().as_secs_f64() * f64::from(setup.rate)) as u64).min(jobs);
-        let payloads: Vec<Vec<u8>> = (next_id..due).map(payload).collect();
-        try_join_all(
-            payloads
-                .iter()
-                .map(|p| publisher.publish_job(&topology.work_exchange, TASK, TASK, p)),
-        )
-        .await?;
-        next_id = next_id.max(due);
-        submitted.store(next_id, Ordering::Relaxed);
-    }
-    publisher.close().await;
+    publish_paced(&c.amqp.url, topology, setup.rate, jobs, &submitted).await?;
 
     // The first pass: until nothing waits in the queues (held jobs wait in the tiers) and
     // every delivery is settled, bounded by the breaker's longest wait and the trouble.
@@ -204,41 +175,34 @@ async fn drive(
         .trouble
         .until
         .saturating_sub(shared.dependency.elapsed());
-    wait_settled(depths, &handles, trouble_left + Duration::from_secs(150)).await?;
-    let first = FirstPass::measure(&shared.dependency, budget, &shared.outcomes, &handles);
+    wait_settled(
+        depths,
+        workers.handles(),
+        trouble_left + Duration::from_secs(150),
+    )
+    .await?;
+    let first = FirstPass::measure(
+        &shared.dependency,
+        budget,
+        &shared.outcomes,
+        workers.handles(),
+    );
 
-    let mut replay_options = ReplayOptions::new(c);
-    replay_options.rate = Some(f64::from(setup.replay_rate.max(1)));
-    replay_options.max_replays = MAX_REPLAYS;
-    replay_options.idle_timeout = Duration::from_secs(2);
-    let replayer = Replayer::new(url.clone(), topology.clone(), Some(budget.clone()));
-    let mut replay = ReplayTotals::default();
-    for _ in 0..=MAX_REPLAYS + 1 {
-        if depths.dead().await? == 0 {
-            break;
-        }
-        let r = replayer.run(&replay_options, |_| {}).await?;
-        replay.moved += r.moved;
-        replay.parked += r.parked;
-        wait_settled(depths, &handles, Duration::from_secs(30)).await?;
-    }
+    let replay = replay_dead_letters(
+        c,
+        budget,
+        depths,
+        &workers,
+        setup.replay_rate.max(1),
+        Duration::from_secs(30),
+    )
+    .await?;
 
-    for h in &handles {
-        h.shutdown();
-    }
-    for j in joins {
-        let _ = j.await;
-    }
+    workers.stop().await;
     stop.store(true, Ordering::Release);
     let _ = shown.await;
 
-    let left = depths.read().await?;
-    let accounting = Accounting::tally(
-        jobs,
-        &shared.outcomes,
-        u64::from(left.parked),
-        u64::from(left.dead),
-    );
+    let accounting = depths.tally(jobs, &shared.outcomes).await?;
     let drained = Duration::from_millis(shared.last_success_ms.load(Ordering::Relaxed))
         .saturating_sub(setup.profile.trouble.until);
     Ok(RunFigures::new(

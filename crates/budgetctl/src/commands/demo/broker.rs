@@ -1,0 +1,239 @@
+//! What every demo run on RabbitMQ does, the drill's ([`super::rabbit`]) and the scenarios'
+//! (`scenario::run`): a topology of the run's own (migrated, then deleted), library `Worker`s
+//! consuming its work queue, jobs published with confirms at a steady rate, the library
+//! `Replayer` on the dead letters after recovery, and every job accounted for from the queues
+//! left.
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use fleet_budget::{Failure, FleetBudget};
+use fleet_budget_amqp::{
+    AmqpError, Job, Migrations, Publisher, QueueDepths, ReplayOptions, Replayer, Topology, Worker,
+    WorkerConfig, WorkerHandle, WorkerOptions, delete_topology, queue_depth,
+};
+use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
+use futures::future::try_join_all;
+
+use super::{MAX_REPLAYS, ReplayTotals, TASK, bad_input, submit_paced};
+
+/// Message counts of a run's queues, on a channel of their own.
+#[derive(Clone)]
+pub(super) struct Depths {
+    channel: lapin::Channel,
+    topology: Topology,
+}
+
+impl Depths {
+    pub(super) async fn read(&self) -> Result<QueueDepths, AmqpError> {
+        QueueDepths::read(&self.channel, &self.topology).await
+    }
+
+    /// Ready messages waiting for a worker: the work queue and the retry tiers (unacked ones
+    /// are the workers').
+    async fn waiting(&self) -> Result<u64, AmqpError> {
+        Ok(self.read().await?.waiting())
+    }
+
+    pub(super) async fn dead(&self) -> Result<u64, AmqpError> {
+        Ok(u64::from(
+            queue_depth(&self.channel, &self.topology.dead_queue).await?,
+        ))
+    }
+
+    /// Every one of `jobs` accounted for: `outcomes`, and what is left parked and dead-lettered.
+    pub(super) async fn tally(
+        &self,
+        jobs: u64,
+        outcomes: &JobOutcomes,
+    ) -> Result<Accounting, AmqpError> {
+        let left = self.read().await?;
+        Ok(Accounting::tally(
+            jobs,
+            outcomes,
+            u64::from(left.parked),
+            u64::from(left.dead),
+        ))
+    }
+}
+
+/// Runs `body` on a topology of the run's own, as `c.amqp` names it: migrated first, deleted
+/// afterwards whatever `body` returned. `name` names the connection that reads the queue depths;
+/// `run` (`drill`, `scenario`) the run in what is logged.
+pub(super) async fn on_own_topology<R>(
+    c: &WorkerConfig,
+    name: &str,
+    run: &str,
+    body: impl AsyncFnOnce(&Topology, &Depths) -> anyhow::Result<R>,
+) -> anyhow::Result<R> {
+    let url = &c.amqp.url;
+    fleet_budget_amqp::migrate(url, &c.amqp, &Migrations::embedded()?, false).await?;
+    let topology = Topology::new(&c.amqp);
+    let conn = fleet_budget_amqp::connect(url, name).await?;
+    let depths = Depths {
+        channel: conn.create_channel().await?,
+        topology: topology.clone(),
+    };
+    let result = body(&topology, &depths).await;
+    if let Err(e) = delete_topology(&conn, &topology).await {
+        tracing::warn!(error = %e, prefix = %c.amqp.prefix, "the {run}'s topology was not deleted");
+    }
+    let _ = conn.close(200, format!("{run} done").as_str().into()).await;
+    result
+}
+
+/// A run's library workers, each with a connection of its own.
+pub(super) struct Workers {
+    handles: Vec<WorkerHandle>,
+    joins: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `n` workers named `name` on `topology`, each running `handler` on every job.
+    pub(super) fn start<H, F>(
+        n: u32,
+        name: &str,
+        c: &WorkerConfig,
+        budget: &FleetBudget,
+        topology: &Topology,
+        handler: H,
+    ) -> Self
+    where
+        H: Fn(Job) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        let mut options = WorkerOptions::new(c, topology);
+        options.name = name.to_owned();
+        let mut handles = Vec::new();
+        let mut joins = Vec::new();
+        for _ in 0..n {
+            let worker = Worker::new(budget.clone(), topology.clone(), options.clone());
+            handles.push(worker.handle());
+            let handler = handler.clone();
+            joins.push(tokio::spawn(async move {
+                let _ = worker.run(handler).await;
+            }));
+        }
+        Self { handles, joins }
+    }
+
+    pub(super) fn handles(&self) -> &[WorkerHandle] {
+        &self.handles
+    }
+
+    /// Shuts every worker down and waits for it.
+    pub(super) async fn stop(self) {
+        for h in &self.handles {
+            h.shutdown();
+        }
+        for j in self.joins {
+            let _ = j.await;
+        }
+    }
+}
+
+/// Whether every delivery a worker received has been settled (or held in a tier, or parked).
+fn workers_settled(handles: &[WorkerHandle]) -> bool {
+    handles.iter().all(|h| {
+        let c = h.counts();
+        c.deliveries
+            == c.succeeded
+                + c.retried
+                + c.dead_lettered
+                + c.requeued
+                + c.ack_failed
+                + c.waited_again
+                + c.held
+                + c.parked
+    })
+}
+
+/// Waits until nothing is waiting or in flight for `quiet` in a row, at most `within`.
+pub(super) async fn wait_settled(
+    depths: &Depths,
+    handles: &[WorkerHandle],
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    let mut quiet_since: Option<Instant> = None;
+    while Instant::now() < deadline {
+        let idle = depths.waiting().await? == 0 && workers_settled(handles);
+        match (idle, quiet_since) {
+            (true, Some(t)) if t.elapsed() >= Duration::from_millis(600) => return Ok(()),
+            (true, None) => quiet_since = Some(Instant::now()),
+            (false, _) => quiet_since = None,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+fn payload(id: u64) -> Vec<u8> {
+    format!("{{\"document\":{id},\"malformed\":{}}}", bad_input(id)).into_bytes()
+}
+
+/// (id, bad input) of a demo payload; `None` for anything else (dead-lettered as non-retryable).
+pub(super) fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    Some((v.get("document")?.as_u64()?, v.get("malformed")?.as_bool()?))
+}
+
+/// Publishes jobs `0..jobs` to `topology`'s work exchange at `rate` per second, evenly (see
+/// [`submit_paced`]); each batch's confirms are awaited together. `submitted` counts them.
+pub(super) async fn publish_paced(
+    url: &str,
+    topology: &Topology,
+    rate: u32,
+    jobs: u64,
+    submitted: &AtomicU64,
+) -> anyhow::Result<()> {
+    let publisher = Publisher::connect(url).await?;
+    let publisher = &publisher;
+    submit_paced(rate, jobs, submitted, async |ids| {
+        let payloads: Vec<Vec<u8>> = ids.map(payload).collect();
+        try_join_all(
+            payloads
+                .iter()
+                .map(|p| publisher.publish_job(&topology.work_exchange, TASK, TASK, p)),
+        )
+        .await?;
+        Ok(())
+    })
+    .await?;
+    publisher.close().await;
+    Ok(())
+}
+
+/// After recovery: the library replayer on the dead letters at `rate` per second, pass after
+/// pass until the dead-letter queue is empty (at most [`MAX_REPLAYS`] + 2 passes), waiting up
+/// to `settle_within` after each for the workers to settle what it moved.
+pub(super) async fn replay_dead_letters(
+    c: &WorkerConfig,
+    budget: &FleetBudget,
+    depths: &Depths,
+    workers: &Workers,
+    rate: u32,
+    settle_within: Duration,
+) -> anyhow::Result<ReplayTotals> {
+    let mut options = ReplayOptions::new(c);
+    options.rate = Some(f64::from(rate));
+    options.max_replays = MAX_REPLAYS;
+    options.idle_timeout = Duration::from_secs(2);
+    let replayer = Replayer::new(
+        c.amqp.url.clone(),
+        depths.topology.clone(),
+        Some(budget.clone()),
+    );
+    let mut replay = ReplayTotals::default();
+    for _ in 0..=MAX_REPLAYS + 1 {
+        if depths.dead().await? == 0 {
+            break;
+        }
+        let r = replayer.run(&options, |_| {}).await?;
+        replay.moved += r.moved;
+        replay.parked += r.parked;
+        wait_settled(depths, workers.handles(), settle_within).await?;
+    }
+    Ok(replay)
+}
