@@ -159,6 +159,29 @@ impl RabbitNode {
         }
     }
 
+    /// Evaluates an Erlang expression on this node (`rabbitmqctl eval`, bounded by its own
+    /// timeout): changes to its settings for tests, such as a lower `max_message_size`.
+    #[allow(dead_code, reason = "used by tests/oversized_body.rs, not by the game day")]
+    pub(crate) fn eval(&self, expression: &str) -> Result<String, String> {
+        let out = self
+            .command("rabbitmqctl")
+            .args(["-n", &self.node, "--timeout", "60", "eval", expression])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("rabbitmqctl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!(
+                "rabbitmqctl eval {expression}: {}\n{text}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
     /// Stops, then starts again with the same name, ports and database.
     pub(crate) async fn restart(&mut self) -> Result<(), String> {
         self.stop();

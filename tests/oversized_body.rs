@@ -1,0 +1,202 @@
+//! Issue 9, item 3: a job whose body the broker refuses on every copy. A private RabbitMQ node
+//! holds a 64 KiB job; its maximum message size is then lowered to 16 KiB (as an operator might),
+//! so no copy of the job (retry, dead letter, parked) can ever be published. The contract
+//! (`docs/semantics.md`, "Copies that can never be published"): the job must not loop and must
+//! not be acked silently; from the work queue it is rejected without requeue, and the broker
+//! dead-letters it intact through the work queue's dead-letter exchange. Replay cannot park it
+//! either: it counts it failed and leaves it in the dead-letter queue.
+//!
+//! The shared broker's maximum is node-wide and is never changed: the node is the game day's
+//! private one (`tests/game_day/rabbit_node.rs`).
+
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+#[allow(dead_code)]
+#[path = "game_day/rabbit_node.rs"]
+mod rabbit_node;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{Failure, FleetBudget};
+use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_amqp::{ReplayOptions, Replayer, Worker, WorkerConfig, WorkerOptions, headers};
+
+use self::rabbit_node::RabbitNode;
+
+/// The job's body, and the maximum message size the node is lowered to.
+const BODY: usize = 64 * 1024;
+const MAX_MESSAGE_SIZE: usize = 16 * 1024;
+
+async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !cond().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn a_body_the_broker_refuses_on_every_copy_is_dead_lettered_by_the_broker_once() {
+    if !Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists() {
+        eprintln!("skipped: RabbitMQ's server scripts are not installed, no private node");
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(refused_body());
+}
+
+#[allow(clippy::too_many_lines)]
+async fn refused_body() {
+    let node = RabbitNode::start().await.expect("a private RabbitMQ node");
+    let redis = RedisServer::start();
+    let toml = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 2000\ndeposit_flush_ms = 0\n\
+         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\nprefetch = 4\nretry_tiers_secs = [0.2, 0.5]\n\
+         [defaults]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\nmin_allowance = 10\n",
+        redis.url(),
+        node.url(),
+        unique_prefix("oversize")
+    );
+    let config = WorkerConfig::from_toml(&toml, "test").unwrap();
+    let broker = TestBroker::with_settings(config.amqp.clone());
+    broker.migrate().await;
+    let topology = broker.topology.clone();
+    let big = vec![b'x'; BODY];
+    let publisher = broker.publisher().await;
+    let id = publisher
+        .publish_job(&topology.work_exchange, "t", "t", &big)
+        .await
+        .unwrap();
+    publisher.close().await;
+
+    // The node's maximum is lowered below the job it holds: new channels refuse its body.
+    node.eval(&format!(
+        "application:set_env(rabbit, max_message_size, {MAX_MESSAGE_SIZE})."
+    ))
+    .unwrap();
+    let refused = broker.publisher().await;
+    let again = refused
+        .publish_job(&topology.work_exchange, "t", "t", &big)
+        .await;
+    assert!(
+        again
+            .as_ref()
+            .is_err_and(fleet_budget_amqp::PublishError::is_permanent),
+        "the lowered maximum is in force: {again:?}"
+    );
+    refused.close().await;
+
+    // The handler fails retryably: the retry copy, then the parked copy, are refused.
+    let runs = Arc::new(AtomicU64::new(0));
+    let budget = FleetBudget::from_config(&config.budget).await.unwrap();
+    let worker = Worker::new(
+        budget,
+        topology.clone(),
+        WorkerOptions::new(&config, &topology),
+    );
+    let handle = worker.handle();
+    let join = {
+        let runs = Arc::clone(&runs);
+        tokio::spawn(async move {
+            worker
+                .run(move |_job| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async { Err(Failure::retryable("upstream 503")) }
+                })
+                .await
+                .unwrap()
+        })
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the broker dead-letters the job",
+        || async { broker.depth(&topology.dead_queue).await == 1 },
+    )
+    .await;
+    handle.shutdown();
+    let counts = tokio::time::timeout(Duration::from_secs(60), join)
+        .await
+        .expect("the worker stops")
+        .unwrap();
+    assert_eq!(
+        (
+            runs.load(Ordering::SeqCst),
+            counts.deliveries,
+            counts.broker_dead_lettered
+        ),
+        (1, 1, 1),
+        "ran once, delivered once, no loop: {counts:?}"
+    );
+    assert_eq!(
+        (
+            counts.retried,
+            counts.dead_lettered,
+            counts.parked,
+            counts.requeued,
+            counts.succeeded
+        ),
+        (0, 0, 0, 0, 0),
+        "no copy was confirmed, so nothing was acked: {counts:?}"
+    );
+    assert_eq!(broker.depth(&topology.work_queue).await, 0);
+    assert_eq!(broker.depth(&topology.parked_queue).await, 0);
+
+    // Replay cannot park it (its park copy is refused too): counted failed, left in place.
+    for run in 0..2 {
+        let report = Replayer::new(node.url(), topology.clone(), None)
+            .run(&ReplayOptions::new(&config), |_| {})
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                report.seen,
+                report.malformed,
+                report.failed,
+                report.parked,
+                report.moved
+            ),
+            (1, 1, 1, 0, 0),
+            "replay {run}: {report:?}"
+        );
+    }
+    let left = broker.drain(&topology.dead_queue).await;
+    assert_eq!(left.len(), 1, "the job is in the dead-letter queue once");
+    let (props, body) = &left[0];
+    assert_eq!(headers::message_id(props).unwrap(), id);
+    assert_eq!(body.len(), BODY, "the body is intact");
+    let table = headers::table(props);
+    assert_eq!(
+        headers::get_str(&table, headers::BROKER_FIRST_DEATH_REASON)
+            .unwrap()
+            .as_deref(),
+        Some("rejected"),
+        "dead-lettered by the broker: {props:?}"
+    );
+    assert_eq!(
+        headers::get_str(&table, headers::REASON).unwrap(),
+        None,
+        "no fb- record"
+    );
+    assert_eq!(broker.depth(&topology.parked_queue).await, 0);
+}
