@@ -165,6 +165,37 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP) until [`RedisServer::thaw`]: it answers nothing, and what
+    /// clients send meanwhile waits in their sockets and runs, in order, when it is thawed.
+    ///
+    /// `CLIENT PAUSE` holds commands too, but for a fixed time (on Redis 7.0 `CLIENT UNPAUSE`
+    /// is held as well), so a test built on it races that time on a loaded machine; a frozen
+    /// server waits for the test to say so.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a server [`RedisServer::freeze`] froze (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("the server is running")
+            .id()
+            .to_string();
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(&pid)
+            .stdin(Stdio::null())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid}: {status}");
+    }
+
     /// Starts the server again on the same port (empty: nothing is saved).
     pub fn restart(&mut self) {
         self.stop();

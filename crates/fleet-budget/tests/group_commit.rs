@@ -26,6 +26,11 @@ fn policy() -> BudgetPolicy {
     }
 }
 
+/// The deadline of the store whose calls the test cuts: seconds, so that the scene's ordering
+/// (who joins the lane before whose deadline) holds through the scheduling stalls of a loaded
+/// machine, and the calls meant to be answered are never cut by one.
+const CUT_DEADLINE: Duration = Duration::from_secs(2);
+
 fn store(server: &RedisServer, timeout: Duration) -> Arc<RedisStore> {
     Arc::new(
         RedisStore::new(RedisTarget::Single(server.url()), "fbg", timeout)
@@ -104,8 +109,7 @@ async fn concurrent_withdrawals_are_batched_and_grant_exactly_the_allowance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_cut_by_the_deadline_neither_loses_nor_double_counts() {
     let server = RedisServer::start();
-    let deadline = Duration::from_millis(100);
-    let s = store(&server, deadline);
+    let s = store(&server, CUT_DEADLINE);
     let patient = store(&server, Duration::from_secs(10));
     let (d, p) = (Dependency::new("cut").unwrap(), policy());
     away_from_the_roll(&patient, &d, &p).await;
@@ -126,10 +130,10 @@ async fn a_batch_cut_by_the_deadline_neither_loses_nor_double_counts() {
     s.withdraw(&d, &p).await.unwrap();
     let warm = s.group_commit_stats();
 
-    // The server holds every command for 600 ms: the lone decision goes out and waits; the 31
-    // that arrive meanwhile queue behind it. When the first one's deadline passes, the lane goes
-    // to the next, which sends the other 30 with its own as one batch: also held, also cut.
-    let _: String = server.cmd(&["CLIENT", "PAUSE", "600", "ALL"]);
+    // The server is frozen until the scene is over: the lone decision goes out and waits; the 31
+    // that join meanwhile queue behind it. When the first one's deadline passes, the lane goes to
+    // the next, which sends the other 30 with its own as one batch: also held, also cut.
+    server.freeze();
     let first = {
         let (s, d) = (Arc::clone(&s), d.clone());
         tokio::spawn(async move { s.withdraw(&d, &p).await })
@@ -137,21 +141,30 @@ async fn a_batch_cut_by_the_deadline_neither_loses_nor_double_counts() {
     while s.group_commit_stats().calls == warm.calls {
         tokio::task::yield_now().await;
     }
-    // Later deadlines than the first's (ordering of the scene, not a condition checked).
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let mut rest = Vec::new();
-    for _ in 0..31 {
-        let (s, d) = (Arc::clone(&s), d.clone());
-        rest.push(tokio::spawn(async move { s.withdraw(&d, &p).await }));
-    }
+    // Later deadlines than the first's, by half of it: when the first's passes, the next in line
+    // takes the lead long before its own (ordering of the scene, not a condition checked).
+    tokio::time::sleep(CUT_DEADLINE / 2).await;
+    // One poll each: all 31 join the queue now, at once, while the first is still in flight.
+    let mut rest: Vec<_> = (0..31).map(|_| s.withdraw(&d, &p)).collect();
+    std::future::poll_fn(|cx| {
+        for call in &mut rest {
+            assert!(
+                call.as_mut().poll(cx).is_pending(),
+                "a frozen server answered"
+            );
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let (first, rest) = tokio::join!(first, futures::future::join_all(rest));
     let mut answered = 0u64;
-    for task in std::iter::once(first).chain(rest) {
-        match task.await.unwrap() {
+    for answer in std::iter::once(first.unwrap()).chain(rest) {
+        match answer {
             Ok(_) => answered += 1,
             Err(e) => assert!(e.is_timeout(), "{e}"),
         }
     }
-    assert_eq!(answered, 0, "nothing was answered by a paused server");
+    assert_eq!(answered, 0, "nothing was answered by a frozen server");
     let cut = s.group_commit_stats();
     assert_eq!(cut.decisions - warm.decisions, 32);
     assert_eq!(
@@ -160,12 +173,13 @@ async fn a_batch_cut_by_the_deadline_neither_loses_nor_double_counts() {
         "the lone call, then one batch of 31"
     );
 
-    // The held commands run when the pause ends: each decision sent is counted once, none
+    // The held commands run when the server is thawed: each decision sent is counted once, none
     // lost (the server got them) and none twice (nothing was sent again).
+    server.thaw();
     let sent = 3 + cut.decisions - warm.decisions;
     eventually(
-        "the held calls run when the pause ends",
-        Duration::from_secs(5),
+        "the held calls run when the server is thawed",
+        Duration::from_secs(30),
         async || {
             let snap = patient.status(&d, &p).await.unwrap();
             snap.current.retries + snap.current.denied >= sent
