@@ -356,6 +356,28 @@ impl RedisCluster {
         }
     }
 
+    /// Waits until node `observer` has marked a stopped master as failed (flag `fail`, no longer
+    /// `fail?`): from then on the cluster's state no longer changes by itself (about
+    /// cluster-node-timeout, 2 s, after the stop; `within` is only a guard against a hang).
+    pub fn wait_marked_failed(&self, observer: usize, within: Duration) {
+        let observer = self
+            .nodes
+            .get(observer)
+            .expect("an observer among the nodes");
+        let deadline = Instant::now() + within;
+        loop {
+            let nodes: String = observer.cmd(&["CLUSTER", "NODES"]);
+            if nodes.lines().any(|l| l.contains("master,fail ")) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no master marked failed within {within:?}: {nodes}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The seed URLs.
     #[must_use]
     pub fn urls(&self) -> Vec<String> {
