@@ -49,9 +49,12 @@ fn check_demo(v: &Value) {
             > 0,
         "{with}"
     );
+    // The budget cut what the dependency received, in counts: fewer retries granted, fewer
+    // calls per job. Not the busiest second against the other run's: that is a rate in real time,
+    // and on a loaded machine a stall then a burst of queued jobs can make one second of the
+    // budgeted run busier than any of the other, though it made far fewer calls.
     assert!(
-        with["peak_executions_per_sec"].as_u64().unwrap()
-            < without["peak_executions_per_sec"].as_u64().unwrap(),
+        with["retries_granted"].as_u64().unwrap() < without["retries_granted"].as_u64().unwrap(),
         "{v}"
     );
     assert!(
