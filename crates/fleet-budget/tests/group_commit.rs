@@ -334,7 +334,7 @@ async fn decisions_for_many_dependencies_share_calls_and_each_budget_is_exact() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_double_counts() {
     let server = RedisServer::start();
-    let s = store(&server, Duration::from_millis(100));
+    let s = store(&server, CUT_DEADLINE);
     let patient = store(&server, Duration::from_secs(10));
     let p = policy();
     let deps: Vec<Dependency> = (0..8)
@@ -356,11 +356,11 @@ async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_do
     expected[1] = 1;
     let warm = s.group_commit_stats();
 
-    // The server holds every command for 600 ms: the lone decision (dep 0) goes out and waits;
-    // the 31 that arrive meanwhile, over all 8 dependencies, queue behind it. When the first
-    // one's deadline passes, the group goes to the next, which sends the other 30 with its own
-    // as one spend_batch.lua call over the 8 keys: also held, also cut.
-    let _: String = server.cmd(&["CLIENT", "PAUSE", "600", "ALL"]);
+    // The server is frozen until the scene is over: the lone decision (dep 0) goes out and
+    // waits; the 31 that join meanwhile, over all 8 dependencies, queue behind it. When the first
+    // one's deadline passes, the group goes to the next, which sends the other 30 with its own as
+    // one spend_batch.lua call over the 8 keys: also held, also cut.
+    server.freeze();
     let first = {
         let (s, d) = (Arc::clone(&s), deps[0].clone());
         tokio::spawn(async move { s.withdraw(&d, &p).await })
@@ -369,20 +369,32 @@ async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_do
     while s.group_commit_stats().calls == warm.calls {
         tokio::task::yield_now().await;
     }
-    // Later deadlines than the first's (ordering of the scene, not a condition checked).
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let mut rest = Vec::new();
-    for i in 0..31usize {
-        let which = (i + 1) % deps.len();
-        expected[which] += 1;
-        let (s, d) = (Arc::clone(&s), deps[which].clone());
-        rest.push(tokio::spawn(async move { s.withdraw(&d, &p).await }));
-    }
-    for task in std::iter::once(first).chain(rest) {
-        let e = task.await.unwrap().unwrap_err();
+    // Later deadlines than the first's, by half of it (ordering of the scene, not a condition
+    // checked); then one poll each: all 31 join the queue at once, while the first is in flight.
+    tokio::time::sleep(CUT_DEADLINE / 2).await;
+    let mut rest: Vec<_> = (0..31usize)
+        .map(|i| {
+            let which = (i + 1) % deps.len();
+            expected[which] += 1;
+            s.withdraw(&deps[which], &p)
+        })
+        .collect();
+    std::future::poll_fn(|cx| {
+        for call in &mut rest {
+            assert!(
+                call.as_mut().poll(cx).is_pending(),
+                "a frozen server answered"
+            );
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let (first, rest) = tokio::join!(first, futures::future::join_all(rest));
+    for answer in std::iter::once(first.unwrap()).chain(rest) {
+        let e = answer.unwrap_err();
         assert!(
             e.is_timeout(),
-            "nothing is answered by a paused server: {e}"
+            "nothing is answered by a frozen server: {e}"
         );
     }
     let cut = s.group_commit_stats();
@@ -393,8 +405,9 @@ async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_do
         "the lone call, then one batch of 31 over the 8 dependencies"
     );
 
-    // The held commands run when the pause ends: each decision sent is counted once on its own
-    // budget, none lost (the server got them) and none twice (nothing was sent again).
+    // The held commands run when the server is thawed: each decision sent is counted once on its
+    // own budget, none lost (the server got them) and none twice (nothing was sent again).
+    server.thaw();
     let counted = async || {
         let mut counts = Vec::new();
         for d in &deps {
@@ -404,8 +417,8 @@ async fn a_batch_over_many_dependencies_cut_by_the_deadline_neither_loses_nor_do
         counts
     };
     eventually(
-        "the held calls run when the pause ends",
-        Duration::from_secs(5),
+        "the held calls run when the server is thawed",
+        Duration::from_secs(30),
         async || {
             let counts = counted().await;
             counts.iter().map(|(r, d)| r + d).sum::<u64>() >= expected.iter().sum::<u64>()
