@@ -1,13 +1,14 @@
 //! The fleet exporter against a real Redis: what a scrape shows (operators' overrides included),
 //! and what it shows when Redis stops answering (`fleet_budget_exporter_up{source="redis"} 0`,
-//! no stale budget series).
-#![allow(clippy::unwrap_used)]
+//! no stale budget series), and that a source that hangs costs a scraper that source only, within
+//! the timeout the scraper announces.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_budget::control::{AuditLog, OverrideAction, overrides};
-use fleet_budget::metrics::FleetExporter;
+use fleet_budget::metrics::{ExporterSource, FleetExporter, MetricsServer, ReadFuture};
 use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{Config, Dependency};
@@ -124,4 +125,84 @@ async fn a_scrape_shows_configured_and_found_dependencies_and_says_when_redis_is
         !text.contains("fleet_budget_window_allowance{"),
         "stale: {text}"
     );
+}
+
+/// A source that never answers (a broker that accepts the connection and then says nothing).
+struct Hanging;
+
+impl ExporterSource for Hanging {
+    fn name(&self) -> &'static str {
+        "hanging"
+    }
+
+    fn read(&self) -> ReadFuture<'_> {
+        Box::pin(std::future::pending())
+    }
+
+    fn clear(&self) {}
+}
+
+/// `GET /metrics` as Prometheus sends it, announcing a scrape timeout of `timeout_secs`.
+async fn scrape_as_prometheus(addr: std::net::SocketAddr, timeout_secs: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nX-Prometheus-Scrape-Timeout-Seconds: {timeout_secs}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+/// Regression: a scrape waited for a slow source as long as the exporter's own bound (8 s by
+/// default) whatever the scraper's timeout, so a Prometheus that waits less got no answer at all:
+/// the budgets, which Redis had given at once, were lost with the slow source (the end-to-end
+/// test's alert never fired on a loaded machine, where reading RabbitMQ took seconds). Now the
+/// reading ends within a share of the timeout Prometheus announces.
+#[tokio::test]
+async fn a_hanging_source_costs_the_scraper_that_source_only_within_its_timeout() {
+    let server = RedisServer::start();
+    let config = config();
+    let store: Arc<dyn BudgetStore> = Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(server.url()),
+            &config.redis.key_prefix,
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    let exporter = Arc::new(
+        FleetExporter::new(store, &config)
+            .unwrap()
+            .scrape_timeout(Duration::from_secs(600))
+            .source(Box::new(Hanging)),
+    );
+    let metrics = MetricsServer::bind(([127, 0, 0, 1], 0).into(), Arc::clone(&exporter))
+        .await
+        .unwrap();
+    // The scraper waits 5 s; 60 s is only a guard against the hang (the exporter's own bound
+    // here is 600 s).
+    let response = tokio::time::timeout(
+        Duration::from_secs(60),
+        scrape_as_prometheus(metrics.local_addr(), "5"),
+    )
+    .await
+    .expect("an answer within the scraper's timeout, not the exporter's 600 s");
+    for line in [
+        "fleet_budget_exporter_up{source=\"hanging\"} 0",
+        "fleet_budget_exporter_up{source=\"redis\"} 1",
+        "fleet_budget_policy_ratio{dependency=\"search\"} 0.1",
+    ] {
+        assert!(
+            response.contains(&format!("{line}\n")),
+            "{line} missing in\n{response}"
+        );
+    }
+    metrics.shutdown().await;
 }

@@ -5,9 +5,11 @@
 //!
 //! A scrape is bounded: one at a time (a second scraper waits for the first and gets its own
 //! reading), every store call within the store's deadline, the whole reading within
-//! [`FleetExporter::scrape_timeout`], at most [`FleetExporter::max_dependencies`] dependencies.
-//! A source that fails or times out shows `fleet_budget_exporter_up{source} 0` and its series
-//! disappear, instead of the scrape failing.
+//! [`FleetExporter::scrape_timeout`] — or within [`SCRAPER_SHARE`] of the scraper's own timeout
+//! when it says so (Prometheus' `X-Prometheus-Scrape-Timeout-Seconds`) and that is shorter — at
+//! most [`FleetExporter::max_dependencies`] dependencies. A source that fails or times out shows
+//! `fleet_budget_exporter_up{source} 0` and its series disappear, instead of the scrape failing:
+//! a slow RabbitMQ does not cost the scraper the budgets.
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
@@ -23,6 +25,9 @@ use std::time::{Duration, Instant};
 use prometheus::{GaugeVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::fleet::{read_budgets, write_budgets};
+
+/// The share of the scraper's timeout a reading may take; the rest is for the answer to travel.
+pub const SCRAPER_SHARE: f64 = 0.8;
 use super::server::{Exposition, RenderFuture, encode};
 use crate::config::Config;
 use crate::dependency::Dependency;
@@ -188,13 +193,23 @@ impl FleetExporter {
 
     /// Reads every source now and returns the text exposition.
     pub async fn scrape(&self) -> String {
+        self.scrape_within(None).await
+    }
+
+    /// As [`FleetExporter::scrape`] for a scraper that gives up after `scraper_timeout`: the
+    /// reading (the wait for an earlier scrape included) ends within [`SCRAPER_SHARE`] of it when
+    /// that is shorter than [`FleetExporter::scrape_timeout`].
+    pub async fn scrape_within(&self, scraper_timeout: Option<Duration>) -> String {
+        let bound = scraper_timeout.map_or(self.scrape_timeout, |t| {
+            self.scrape_timeout.min(t.mul_f64(SCRAPER_SHARE))
+        });
+        let deadline = tokio::time::Instant::now() + bound;
         let _one_at_a_time = self.scrape.lock().await;
         let redis = async {
             let started = Instant::now();
             let (dependencies, dropped) = self.dependencies();
             let read =
-                tokio::time::timeout(self.scrape_timeout, read_budgets(&self.store, dependencies))
-                    .await;
+                tokio::time::timeout_at(deadline, read_budgets(&self.store, dependencies)).await;
             let budgets = match read {
                 Ok((budgets, None)) => Some(budgets),
                 Ok((_, Some(e))) => {
@@ -202,7 +217,7 @@ impl FleetExporter {
                     None
                 }
                 Err(_) => {
-                    tracing::warn!(timeout = ?self.scrape_timeout, "exporter: reading the fleet store timed out");
+                    tracing::warn!(timeout = ?bound, "exporter: reading the fleet store timed out");
                     None
                 }
             };
@@ -212,7 +227,7 @@ impl FleetExporter {
         };
         let others = futures::future::join_all(self.sources.iter().map(|source| async move {
             let started = Instant::now();
-            let ok = match tokio::time::timeout(self.scrape_timeout, source.read()).await {
+            let ok = match tokio::time::timeout_at(deadline, source.read()).await {
                 Ok(Ok(())) => true,
                 Ok(Err(why)) => {
                     tracing::warn!(source = source.name(), error = %why, "exporter: reading failed");
@@ -246,5 +261,9 @@ impl FleetExporter {
 impl Exposition for Arc<FleetExporter> {
     fn render(&self) -> RenderFuture<'_> {
         Box::pin(self.scrape())
+    }
+
+    fn render_within(&self, scraper_timeout: Option<Duration>) -> RenderFuture<'_> {
+        Box::pin(self.scrape_within(scraper_timeout))
     }
 }

@@ -43,12 +43,12 @@ mod timed_store;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-pub use exporter::{ExporterSource, FleetExporter, ReadFuture};
+pub use exporter::{ExporterSource, FleetExporter, ReadFuture, SCRAPER_SHARE};
 pub use fleet::{DependencyBudget, READ_CONCURRENCY, read_budgets, write_budgets};
 
 pub use server::{
     CONNECTION_TIMEOUT, Exposition, HEAD_TIMEOUT, MAX_CONNECTIONS, MetricsServer, RenderFuture,
-    ServeError, TEXT_FORMAT, encode,
+    SCRAPE_TIMEOUT_HEADER, ServeError, TEXT_FORMAT, encode,
 };
 pub(crate) use timed_store::TimedStore;
 

@@ -44,10 +44,21 @@ pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// A boxed future returned by [`Exposition::render`].
 pub type RenderFuture<'a> = Pin<Box<dyn Future<Output = String> + Send + 'a>>;
 
+/// The request header in which Prometheus says how long it waits for a scrape, in seconds.
+pub const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+
 /// What `/metrics` serves: the Prometheus text exposition, rendered anew for each scrape.
 pub trait Exposition: Send + Sync + 'static {
     /// The text of one scrape.
     fn render(&self) -> RenderFuture<'_>;
+
+    /// The text of one scrape whose scraper gives up after `scraper_timeout` (Prometheus sends
+    /// it in [`SCRAPE_TIMEOUT_HEADER`]): an exposition that reads slow sources answers within it,
+    /// instead of answering a scraper that has gone. By default, [`Exposition::render`].
+    fn render_within(&self, scraper_timeout: Option<Duration>) -> RenderFuture<'_> {
+        let _ = scraper_timeout;
+        self.render()
+    }
 }
 
 impl Exposition for Registry {
@@ -221,7 +232,7 @@ async fn respond(req: &Request<Incoming>, exposition: &dyn Exposition) -> Respon
     }
     match req.uri().path() {
         "/metrics" => {
-            let body = exposition.render().await;
+            let body = exposition.render_within(scraper_timeout(req)).await;
             let mut response = Response::new(Full::new(if head {
                 Bytes::new()
             } else {
@@ -238,6 +249,20 @@ async fn respond(req: &Request<Incoming>, exposition: &dyn Exposition) -> Respon
             "not found: metrics are on /metrics\n",
         ),
     }
+}
+
+/// The scraper's timeout from [`SCRAPE_TIMEOUT_HEADER`]: a positive number of seconds, at most an
+/// hour; anything else is ignored.
+fn scraper_timeout(req: &Request<Incoming>) -> Option<Duration> {
+    let seconds: f64 = req
+        .headers()
+        .get(SCRAPE_TIMEOUT_HEADER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (seconds.is_finite() && seconds > 0.0).then(|| Duration::from_secs_f64(seconds.min(3600.0)))
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
