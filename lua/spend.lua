@@ -67,8 +67,9 @@ end
 -- A call in steady state takes the short way: one HMGET of the fields it needs, the policy in
 -- force compared with the caller's as text (a field that equals the caller's checked argument is
 -- that argument), no override field, every counter an integer of at most 18 digits (one pattern
--- over them all). Anything else (a new key, another policy, an override, a bad field) takes
--- the long way, which reads every field again and checks each on its own.
+-- over them all). Anything else takes the long way: no key is a fresh budget; otherwise
+-- (another policy, an override, a bad field) the three fields left out (h sr sm) are read too
+-- and each field is checked on its own.
 local key = KEYS[1]
 local h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
   'r', 'm', 'b', 'o', 'fu', 'su')
@@ -95,12 +96,17 @@ if h[1] == ARGV[1] and h[11] == ratio_text and h[12] == ARGV[at + 1] and h[13] =
   sw = window; i = h[2] + 0; fu = 0; su = 0
   cur = { h[3] + 0, h[4] + 0, h[5] + 0, h[6] + 0 }
   prev = { h[7] + 0, h[8] + 0, h[9] + 0, h[10] + 0 }
+elseif not (h[1] or h[2] or h[3] or h[4] or h[5] or h[6] or h[7] or h[8] or h[9] or h[10]
+    or h[11] or h[12] or h[13] or h[14] or h[15] or h[16]) then
+  -- No key (or none of these fields): the caller's policy, fresh counters. The three fields not
+  -- read could not change that: h only matters against a policy in force, sr and sm with su.
+  sw = window; i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }
+  rolled = true; fu = 0; su = 0
 else
-  h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-    'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm')
-  if h.err then
-    return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
-  end
+  -- The fields the short way leaves out (the key is a hash: the HMGET above worked).
+  local more = redis.call('HMGET', key, 'h', 'sr', 'sm')
+  h = { h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14],
+    more[1], h[15], h[16], more[2], more[3] }
   -- Each stored number is converted once, here, and h[n] holds the number from then on (the
   -- ratio r keeps its text, which the reply and a conflict's record carry; fr and sr hold the
   -- numbers). Fields are checked in order, so that the first bad one is named.
