@@ -22,7 +22,7 @@ pub(crate) struct AuditArgs {
     #[arg(long)]
     dependency: Option<String>,
     /// At most this many (the newest).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     limit: u64,
     /// Print one JSON object on stdout.
     #[arg(long)]

@@ -59,10 +59,10 @@ pub(crate) struct SetArgs {
     /// The dependency.
     dependency: String,
     /// Retries allowed per deposit meanwhile (0–1000).
-    #[arg(long, value_parser = |s: &str| crate::args::number_in(s, 0.0..=1000.0, "from 0 to 1000"))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| crate::args::number_in(s, 0.0..=1000.0, "from 0 to 1000"))]
     ratio: Option<f64>,
     /// Retries always allowed per window meanwhile.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     min_allowance: Option<u64>,
     /// How long (`30m`, `1h30m`).
     #[arg(long = "for", value_name = "DURATION", value_parser = when::duration)]

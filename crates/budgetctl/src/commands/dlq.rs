@@ -72,7 +72,7 @@ pub(crate) fn reason(s: &str) -> Result<String, String> {
 #[derive(Debug, Args)]
 pub(crate) struct PeekArgs {
     /// Show at most this many messages (the read stops there).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub(crate) limit: u64,
     #[command(flatten)]
     pub(crate) filter: MessageFilterArgs,

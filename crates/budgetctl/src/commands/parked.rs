@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::audit::{Trail, record};
 use super::dlq::{MessageFilterArgs, PeekArgs, show_messages};
-use super::replay::{RunArgs, Source, replay};
+use super::replay::{PaceArgs, RunArgs, Source, replay};
 use crate::amqp_conn::broker_error;
 use crate::exit::usage;
 use crate::output::{print_json, thousands};
@@ -33,12 +33,8 @@ pub(crate) enum ParkedCommand {
 pub(crate) struct ParkedReplayArgs {
     #[command(flatten)]
     filter: MessageFilterArgs,
-    /// Messages moved per second at most.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    rate: u32,
-    /// Move at most this many messages.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    limit: Option<u64>,
+    #[command(flatten)]
+    pace: PaceArgs,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -49,7 +45,7 @@ pub(crate) struct PurgeArgs {
     #[command(flatten)]
     filter: MessageFilterArgs,
     /// Delete at most this many messages.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
     /// Yes, delete them: parked messages are jobs, and a purge cannot be undone.
     #[arg(long)]
@@ -80,8 +76,7 @@ pub(crate) async fn run(config: &WorkerConfig, command: &ParkedCommand) -> anyho
         ParkedCommand::Replay(args) => {
             let mut options = ReplayOptions::new(config);
             options.filter = args.filter.filter()?;
-            options.rate = Some(f64::from(args.rate));
-            options.limit = args.limit;
+            args.pace.apply(&mut options);
             replay(config, Source::Parked, &options, &args.run).await
         }
         ParkedCommand::Purge(args) => purge(config, &topology, args).await,

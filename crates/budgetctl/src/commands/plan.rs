@@ -19,13 +19,13 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     recovery_window: Option<Duration>,
     /// Or a ceiling by count: executions including the first.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     max_attempts: Option<u32>,
     /// Delay after the first failure, before jitter.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "2s")]
     base: Duration,
     /// Growth per attempt.
-    #[arg(long, value_name = "F", value_parser = factor_arg, default_value = "2")]
+    #[arg(long, allow_negative_numbers = true, value_name = "F", value_parser = factor_arg, default_value = "2")]
     factor: f64,
     /// Longest nominal delay.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "10m")]

@@ -45,14 +45,31 @@ pub(crate) struct ReplayArgs {
     /// Only messages whose (redacted) error text contains this.
     #[arg(long, value_name = "TEXT")]
     error_contains: Option<String>,
+    #[command(flatten)]
+    pace: PaceArgs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// How fast and how far every replay command (`replay`, `parked replay`) moves. A negative
+/// number is read as the flag's value, so the error names the flag and the value (without
+/// `allow_negative_numbers`, clap takes `-5` for an unknown flag).
+#[derive(Debug, Args)]
+pub(crate) struct PaceArgs {
     /// Messages moved per second at most.
     #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rate: u32,
     /// Move at most this many messages.
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
-    #[command(flatten)]
-    run: RunArgs,
+}
+
+impl PaceArgs {
+    /// Sets the rate and the limit of `options`.
+    pub(crate) fn apply(&self, options: &mut ReplayOptions) {
+        options.rate = Some(f64::from(self.rate));
+        options.limit = self.limit;
+    }
 }
 
 /// The flags that end every replay command (`replay`, `parked replay`): how it runs and prints.
@@ -131,8 +148,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         message_id: args.message_id.clone(),
         error_contains: args.error_contains.clone(),
     };
-    options.rate = Some(f64::from(args.rate));
-    options.limit = args.limit;
+    args.pace.apply(&mut options);
     replay(config, Source::DeadLetters, &options, &args.run).await
 }
 

@@ -73,6 +73,50 @@ fn bad_values_exit_2_naming_the_flag() {
     assert_exit(&o, 2, "FLEET_BUDGET_REDIS_URL");
 }
 
+/// A negative number is a bad value of the flag it follows, named with the value, in every
+/// command that takes a count: `parked replay --rate -5` was refused as an unknown argument
+/// `-5` while `replay --rate -5` named `--rate`.
+#[test]
+fn negative_numbers_are_bad_values_naming_the_flag_and_the_value() {
+    for (command, flag, value) in [
+        ("replay --dependency search --rate -5", "--rate", "-5"),
+        ("parked replay --rate -5", "--rate", "-5"),
+        ("replay --dependency search --limit -1", "--limit", "-1"),
+        ("parked replay --limit -1", "--limit", "-1"),
+        ("parked purge --limit -1 --yes", "--limit", "-1"),
+        ("parked list --limit -1", "--limit", "-1"),
+        ("dlq peek --limit -1", "--limit", "-1"),
+        ("audit --limit -1", "--limit", "-1"),
+        ("budget set search --ratio -1 --for 30m", "--ratio", "-1"),
+        (
+            "budget set search --min-allowance -1 --for 30m",
+            "--min-allowance",
+            "-1",
+        ),
+        ("plan --max-attempts -3", "--max-attempts", "-3"),
+        ("plan --max-attempts 5 --factor -2", "--factor", "-2"),
+        (
+            "simulate concurrency --timeline --ticks -5",
+            "--ticks",
+            "-5",
+        ),
+    ] {
+        let o = run_with(&[], command);
+        assert_exit(&o, 2, flag);
+        assert!(
+            stderr(&o).contains(&format!("'{value}'"))
+                || stderr(&o).contains(&format!("`{value}`")),
+            "{command}: the value is not named:\n{}",
+            stderr(&o)
+        );
+        assert!(
+            !stderr(&o).contains("unexpected argument"),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
+}
+
 #[test]
 fn missing_or_malformed_config_exits_2_naming_it() {
     let o = run(&["--config", "/nonexistent/fleet.toml", "status"]);

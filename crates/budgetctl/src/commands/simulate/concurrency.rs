@@ -46,7 +46,7 @@ pub(crate) struct ConcurrencyArgs {
     #[arg(long)]
     timeline: bool,
     /// With --timeline: ticks to run.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..=i64::from(slowing::MAX_TICKS)))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..=i64::from(slowing::MAX_TICKS)))]
     ticks: u32,
     /// With --timeline: length of a tick, ms.
     #[arg(long, default_value_t = 100.0, value_parser = millis)]
