@@ -206,3 +206,27 @@ async fn a_hanging_source_costs_the_scraper_that_source_only_within_its_timeout(
     }
     metrics.shutdown().await;
 }
+
+/// An exporter without a bound of its own (`Duration::MAX`) still scrapes: a deadline too far to
+/// compute is no deadline, not a panic.
+#[tokio::test]
+async fn an_unbounded_exporter_scrapes() {
+    let server = RedisServer::start();
+    let config = config();
+    let store: Arc<dyn BudgetStore> = Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(server.url()),
+            &config.redis.key_prefix,
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    let exporter = FleetExporter::new(store, &config)
+        .unwrap()
+        .scrape_timeout(Duration::MAX);
+    let text = exporter.scrape().await;
+    assert!(
+        text.contains("fleet_budget_exporter_up{source=\"redis\"} 1\n"),
+        "{text}"
+    );
+}

@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use prometheus::{GaugeVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::fleet::{read_budgets, write_budgets};
-
-/// The share of the scraper's timeout a reading may take; the rest is for the answer to travel.
-pub const SCRAPER_SHARE: f64 = 0.8;
 use super::server::{Exposition, RenderFuture, encode};
 use crate::config::Config;
 use crate::dependency::Dependency;
 use crate::store::BudgetStore;
+
+/// The share of the scraper's timeout a reading may take; the rest is for the answer to travel.
+pub const SCRAPER_SHARE: f64 = 0.8;
 
 /// A boxed future returned by [`ExporterSource::read`].
 pub type ReadFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -203,7 +203,11 @@ impl FleetExporter {
         let bound = scraper_timeout.map_or(self.scrape_timeout, |t| {
             self.scrape_timeout.min(t.mul_f64(SCRAPER_SHARE))
         });
-        let deadline = tokio::time::Instant::now() + bound;
+        let now = tokio::time::Instant::now();
+        // A bound too large to add to now is no bound, as `tokio::time::timeout` takes it.
+        let deadline = now
+            .checked_add(bound)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let _one_at_a_time = self.scrape.lock().await;
         let redis = async {
             let started = Instant::now();
