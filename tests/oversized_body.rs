@@ -4,7 +4,8 @@
 //! (`docs/semantics.md`, "Copies that can never be published"): the job must not loop and must
 //! not be acked silently; from the work queue it is rejected without requeue, and the broker
 //! dead-letters it intact through the work queue's dead-letter exchange. Replay cannot park it
-//! either: it counts it failed and leaves it in the dead-letter queue.
+//! either: it counts it failed and leaves it in the dead-letter queue, and moves the dead letters
+//! behind it exactly once.
 //!
 //! The shared broker's maximum is node-wide and is never changed: the node is the game day's
 //! private one (`tests/game_day/rabbit_node.rs`).
@@ -36,6 +37,8 @@ use self::rabbit_node::RabbitNode;
 /// The job's body, and the maximum message size the node is lowered to.
 const BODY: usize = 64 * 1024;
 const MAX_MESSAGE_SIZE: usize = 16 * 1024;
+/// Dead letters queued behind the refused one.
+const SMALL: usize = 300;
 
 async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
 where
@@ -162,24 +165,38 @@ async fn refused_body() {
     assert_eq!(broker.depth(&topology.work_queue).await, 0);
     assert_eq!(broker.depth(&topology.parked_queue).await, 0);
 
-    // Replay cannot park it (its park copy is refused too): counted failed, left in place.
-    for run in 0..2 {
+    // Replay cannot park it (its park copy is refused too): counted failed, held and returned
+    // at the end of the run. The dead letters behind it are moved, each acked on its own (a
+    // multiple ack would cover the held one), and none is left beside its copy.
+    let publisher = broker.publisher().await;
+    let behind = broker
+        .seed_dead_letters(
+            &publisher,
+            SMALL,
+            "t",
+            fleet_budget::DeadLetterReason::BudgetExhausted,
+            0,
+            headers::now_ms(),
+        )
+        .await;
+    publisher.close().await;
+    for (run, moved) in [(0, SMALL), (1, 0)] {
         let report = Replayer::new(node.url(), topology.clone(), None)
             .run(&ReplayOptions::new(&config), |_| {})
             .await
             .unwrap();
         assert_eq!(
-            (
-                report.seen,
-                report.malformed,
-                report.failed,
-                report.parked,
-                report.moved
-            ),
-            (1, 1, 1, 0, 0),
+            (report.malformed, report.failed, report.parked, report.moved),
+            (1, 1, 0, moved as u64),
             "replay {run}: {report:?}"
         );
     }
+    let moved = broker.drain(&topology.work_queue).await;
+    let moved: std::collections::BTreeSet<String> = moved
+        .iter()
+        .map(|(p, _)| headers::message_id(p).unwrap().to_owned())
+        .collect();
+    assert_eq!(moved, behind.into_iter().collect(), "each moved once");
     let left = broker.drain(&topology.dead_queue).await;
     assert_eq!(left.len(), 1, "the job is in the dead-letter queue once");
     let (props, body) = &left[0];

@@ -208,13 +208,20 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let confirm = ch
-            .basic_publish(ex, rk, opts, payload, properties)
-            .await
-            .map_err(|source| PublishError::Channel {
-                exchange: exchange.to_owned(),
-                source,
-            })?;
+        // Bounded like the confirm: a publish racing the broker's close of the channel (a copy
+        // it refused) must not wait for ever.
+        let after = timeouts().operation;
+        let confirm =
+            tokio::time::timeout(after, ch.basic_publish(ex, rk, opts, payload, properties))
+                .await
+                .map_err(|_| PublishError::Timeout {
+                    exchange: exchange.to_owned(),
+                    after,
+                })?
+                .map_err(|source| PublishError::Channel {
+                    exchange: exchange.to_owned(),
+                    source,
+                })?;
         Ok(PendingConfirm {
             confirm,
             exchange: exchange.to_owned(),

@@ -24,11 +24,12 @@ use std::time::Duration;
 
 use fleet_budget::Dependency;
 use fleet_budget::printable::escape_text;
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lapin::Acker;
 use lapin::options::{BasicCancelOptions, BasicQosOptions};
 use lapin::types::ShortString;
+use lapin::{Acker, BasicProperties};
 use tokio::time::Instant;
 
 use super::Replayer;
@@ -37,7 +38,7 @@ use super::settle::Settler;
 use crate::connection::within;
 use crate::error::AmqpError;
 use crate::headers;
-use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
+use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fanout_key};
 use crate::topology::inspect::exchange_exists;
 use crate::topology::names::amqp_name;
 
@@ -97,15 +98,39 @@ enum Kind {
     Return,
 }
 
-/// What became of a copy.
-enum Copied {
-    /// Confirmed: the original can be acked.
-    Confirmed,
-    /// The move or park was not confirmed, but a copy put back into the source queue was: the
-    /// original can be acked (the message stays, counted failed, its delivery count not raised).
-    PutBack,
-    /// No copy confirmed: the original is held and returned at the end of the run.
-    Failed(PublishError),
+/// A copy whose confirmation has come: the original's tag and acker, what the copy was, and,
+/// for a move or a park, the body and properties to put the message back with if it failed.
+struct Done {
+    tag: u64,
+    acker: Acker,
+    kind: Kind,
+    result: Result<(), PublishError>,
+    kept: Option<(Vec<u8>, BasicProperties)>,
+}
+
+/// The copies awaiting their confirmation. Nothing in them publishes: a publish waits for the
+/// publisher's channel, which a copy polled only by this set could hold (a deadlock).
+type InFlight = FuturesUnordered<BoxFuture<'static, Done>>;
+
+/// Awaits the confirmation of a copy.
+fn await_copy(
+    tag: u64,
+    acker: Acker,
+    kind: Kind,
+    pending: PendingConfirm,
+    kept: Option<(Vec<u8>, BasicProperties)>,
+) -> BoxFuture<'static, Done> {
+    async move {
+        let result = confirmed(pending).await;
+        Done {
+            tag,
+            acker,
+            kind,
+            result,
+            kept,
+        }
+    }
+    .boxed()
 }
 
 impl Replayer {
@@ -153,7 +178,7 @@ impl Replayer {
         let mut consumer = self.consume(&ch, &tag).await?;
         let mut pacer = Pacer::new(options.rate);
         let mut settler = Settler::default();
-        let mut inflight = FuturesUnordered::new();
+        let mut inflight = InFlight::new();
         let mut exchanges: HashMap<String, bool> = HashMap::new();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
@@ -270,19 +295,8 @@ impl Replayer {
             match publisher.send(&exchange, &routing_key, &d.data, copy).await {
                 Ok(pending) => {
                     settler.sent(tag);
-                    let (publisher, source, data) =
-                        (&publisher, self.source_queue.as_str(), d.data);
-                    inflight.push(async move {
-                        let copied = match confirmed(pending).await {
-                            Ok(()) => Copied::Confirmed,
-                            Err(e) if matches!(kind, Kind::Move | Kind::Park) => {
-                                tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
-                                put_back(publisher, source, &data, &props).await
-                            }
-                            Err(e) => Copied::Failed(e),
-                        };
-                        (tag, acker, kind, copied)
-                    });
+                    let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
+                    inflight.push(await_copy(tag, acker, kind, pending, kept));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
@@ -295,7 +309,8 @@ impl Replayer {
             loop {
                 // Settle the confirms that have already arrived, so progress is current.
                 while let Some(Some(done)) = inflight.next().now_or_never() {
-                    count_confirmed(done, &mut p, &mut settler);
+                    self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+                        .await;
                 }
                 // A full window, or as many originals unsettled as the prefetch lets the
                 // broker push: nothing more to read until some are confirmed and acked.
@@ -308,14 +323,18 @@ impl Replayer {
                     break;
                 }
                 match inflight.next().await {
-                    Some(done) => count_confirmed(done, &mut p, &mut settler),
+                    Some(done) => {
+                        self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+                            .await;
+                    }
                     None => break,
                 }
             }
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            count_confirmed(done, &mut p, &mut settler);
+            self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+                .await;
         }
         // The last acks (one command), then the cancel: a synchronous command of the quorum
         // queue's log, sent by the same channel, so once it is answered every ack before it is
@@ -359,6 +378,57 @@ impl Replayer {
         }
     }
 
+    /// Counts a copy whose confirmation has come, and hands its original to the settler: to ack
+    /// when the copy was confirmed, else to hold (returned at the end of the run). A move or a
+    /// park that failed is counted failed and the message put back in the source queue as a
+    /// copy (like a skipped one), so that its original can be acked without a nack raising its
+    /// delivery count; only if that copy fails too is the original held.
+    async fn count_confirmed(
+        &self,
+        done: Done,
+        p: &mut ReplayProgress,
+        settler: &mut Settler,
+        publisher: &Publisher,
+        inflight: &mut InFlight,
+    ) {
+        let Done {
+            tag,
+            acker,
+            kind,
+            result,
+            kept,
+        } = done;
+        let e = match result {
+            Ok(()) => {
+                match kind {
+                    Kind::Move => p.moved += 1,
+                    Kind::Park => p.parked += 1,
+                    Kind::Keep | Kind::Return => {}
+                }
+                settler.confirmed(tag, acker);
+                return;
+            }
+            Err(e) => e,
+        };
+        let Some((data, props)) = kept else {
+            tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
+            settler.hold(tag, acker);
+            return;
+        };
+        p.failed += 1;
+        tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
+        let sent = publisher
+            .send("", &self.source_queue, &data, headers::put_back(&props))
+            .await;
+        match sent {
+            Ok(pending) => inflight.push(await_copy(tag, acker, Kind::Return, pending, None)),
+            Err(e) => {
+                tracing::warn!(error = %e, "put-back copy not sent; message left in the dead-letter queue");
+                settler.hold(tag, acker);
+            }
+        }
+    }
+
     /// Whether the original exchange `name` exists, asked once per exchange and run.
     async fn original_exchange_exists(
         publisher: &Publisher,
@@ -373,7 +443,8 @@ impl Replayer {
         let Some(conn) = publisher.connection() else {
             return true;
         };
-        let Ok(probe) = conn.create_channel().await else {
+        let Ok(probe) = within("open a channel to probe an exchange", conn.create_channel()).await
+        else {
             return true;
         };
         let exists = exchange_exists(&probe, name).await.unwrap_or(false);
@@ -424,56 +495,6 @@ impl Replayer {
                 progress(p);
             }
             tokio::time::sleep(options.budget_poll).await;
-        }
-    }
-}
-
-/// Puts a message whose move or park was not confirmed back into `queue` as a copy.
-async fn put_back(
-    publisher: &Publisher,
-    queue: &str,
-    data: &[u8],
-    props: &lapin::BasicProperties,
-) -> Copied {
-    let sent = publisher
-        .send("", queue, data, headers::put_back(props))
-        .await;
-    match sent {
-        Ok(pending) => match confirmed(pending).await {
-            Ok(()) => Copied::PutBack,
-            Err(e) => Copied::Failed(e),
-        },
-        Err(e) => Copied::Failed(e),
-    }
-}
-
-/// Counts a finished copy, and hands its original to the settler: to ack when a copy was
-/// confirmed, else to hold (returned at the end of the run).
-fn count_confirmed(
-    done: (u64, Acker, Kind, Copied),
-    p: &mut ReplayProgress,
-    settler: &mut Settler,
-) {
-    let (tag, acker, kind, copied) = done;
-    match copied {
-        Copied::Confirmed => {
-            match kind {
-                Kind::Move => p.moved += 1,
-                Kind::Park => p.parked += 1,
-                Kind::Keep | Kind::Return => {}
-            }
-            settler.confirmed(tag, acker);
-        }
-        Copied::PutBack => {
-            p.failed += 1;
-            settler.confirmed(tag, acker);
-        }
-        Copied::Failed(e) => {
-            tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
-            if matches!(kind, Kind::Move | Kind::Park) {
-                p.failed += 1;
-            }
-            settler.hold(tag, acker);
         }
     }
 }
