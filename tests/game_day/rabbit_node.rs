@@ -161,7 +161,10 @@ impl RabbitNode {
 
     /// Evaluates an Erlang expression on this node (`rabbitmqctl eval`, bounded by its own
     /// timeout): changes to its settings for tests, such as a lower `max_message_size`.
-    #[allow(dead_code, reason = "used by tests/oversized_body.rs, not by the game day")]
+    #[allow(
+        dead_code,
+        reason = "used by tests/oversized_body.rs, not by the game day"
+    )]
     pub(crate) fn eval(&self, expression: &str) -> Result<String, String> {
         let out = self
             .command("rabbitmqctl")
