@@ -149,6 +149,17 @@ impl Replayer {
         let options = &self.effective(options);
         let started = Instant::now();
         let (publisher, ch, total) = self.open("fleet-budget replay").await?;
+        // Parks and put-back copies go out on a connection of their own: a copy the broker
+        // refuses (a body over its maximum) closes the channel it was sent on, and every copy in
+        // flight there ends with an unknown outcome; moves must not be among them.
+        let keeper = match Publisher::connect(&self.url).await {
+            Ok(k) => k,
+            Err(e) => {
+                let _ = ch.close(200, ShortString::from("replay not started")).await;
+                publisher.close().await;
+                return Err(e);
+            }
+        };
         let mut p = ReplayProgress {
             total,
             ..ReplayProgress::default()
@@ -161,6 +172,7 @@ impl Replayer {
         if total == 0 {
             let _ = ch.close(200, ShortString::from("nothing to replay")).await;
             publisher.close().await;
+            keeper.close().await;
             report.elapsed = started.elapsed();
             return Ok(report);
         }
@@ -292,7 +304,12 @@ impl Replayer {
                 Kind::Keep | Kind::Return => headers::put_back(&props),
                 Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
             };
-            match publisher.send(&exchange, &routing_key, &d.data, copy).await {
+            let via = if matches!(kind, Kind::Move) {
+                &publisher
+            } else {
+                &keeper
+            };
+            match via.send(&exchange, &routing_key, &d.data, copy).await {
                 Ok(pending) => {
                     settler.sent(tag);
                     let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
@@ -309,7 +326,7 @@ impl Replayer {
             loop {
                 // Settle the confirms that have already arrived, so progress is current.
                 while let Some(Some(done)) = inflight.next().now_or_never() {
-                    self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+                    self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
                         .await;
                 }
                 // A full window, or as many originals unsettled as the prefetch lets the
@@ -324,7 +341,7 @@ impl Replayer {
                 }
                 match inflight.next().await {
                     Some(done) => {
-                        self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+                        self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
                             .await;
                     }
                     None => break,
@@ -333,7 +350,7 @@ impl Replayer {
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            self.count_confirmed(done, &mut p, &mut settler, &publisher, &mut inflight)
+            self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
                 .await;
         }
         // The last acks (one command), then the cancel: a synchronous command of the quorum
@@ -357,6 +374,7 @@ impl Replayer {
         // Deliveries pushed after the bound are unacked: closing the channel requeues them.
         let _ = ch.close(200, ShortString::from("replay done")).await;
         publisher.close().await;
+        keeper.close().await;
         p.paused_on = None;
         progress(&p);
         report.seen = p.seen;
@@ -388,7 +406,7 @@ impl Replayer {
         done: Done,
         p: &mut ReplayProgress,
         settler: &mut Settler,
-        publisher: &Publisher,
+        keeper: &Publisher,
         inflight: &mut InFlight,
     ) {
         let Done {
@@ -417,7 +435,7 @@ impl Replayer {
         };
         p.failed += 1;
         tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
-        let sent = publisher
+        let sent = keeper
             .send("", &self.source_queue, &data, headers::put_back(&props))
             .await;
         match sent {
