@@ -24,13 +24,14 @@
 //! close. Copies are pipelined, [`WINDOW`] awaiting their confirm at a time; the originals of
 //! each batch are acked together, and one more `basic.get` behind the last acks waits until the
 //! quorum queue has applied them, so that the close cannot return them beside their copies
-//! (see [`behind_the_acks`]).
+//! (see [`behind_the_acks`]); the message that get takes is returned, and the look waits until
+//! it is ready again ([`until_returned`]): when a look returns, the queue holds what it held.
 //!
 //! [`inspect_queue_with`] lets the visitor stop the read early (`dlq peek --limit`) or remove a
 //! message instead of putting it back (`parked purge`, the one destructive caller: the original
 //! is acked without a copy).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -39,7 +40,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use lapin::types::ShortString;
 
-use crate::connection::{connect, within};
+use crate::connection::{connect, timeouts, within};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed};
@@ -48,6 +49,9 @@ use crate::topology::queue_depth;
 
 /// Copies awaiting their confirmation at a time.
 pub const WINDOW: usize = 256;
+
+/// How often [`until_returned`] reads the depth.
+const RETURN_POLL: Duration = Duration::from_millis(10);
 
 /// How an inspection reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +215,8 @@ pub async fn inspect_queue_with(
 ///
 /// The message it takes, when the queue is not empty, is returned (nack with requeue) to the
 /// head of the queue: its delivery count rises by one, but never past one, since the next look
-/// reads the head first and replaces it with a fresh copy.
+/// reads the head first and replaces it with a fresh copy. The return is applied by the queue
+/// after the nack is sent, like the acks; [`until_returned`] waits for it.
 async fn behind_the_acks(ch: &lapin::Channel, name: &ShortString, queue: &str, last: u64) -> u64 {
     let got = within(
         format!("get from {queue} behind the acks"),
@@ -228,7 +233,9 @@ async fn behind_the_acks(ch: &lapin::Channel, name: &ShortString, queue: &str, l
                     requeue: true,
                 })
                 .await;
-            if !matches!(returned, Ok(true)) {
+            if matches!(returned, Ok(true)) {
+                until_returned(ch, queue, m.message_count).await;
+            } else {
                 tracing::warn!("nack of the message behind the acks failed; the close returns it");
             }
             0
@@ -238,6 +245,45 @@ async fn behind_the_acks(ch: &lapin::Channel, name: &ShortString, queue: &str, l
             tracing::warn!(error = %e, originals = last, "no answer behind the last acks; those originals may stay beside their copies");
             last
         }
+    }
+}
+
+/// Waits until the message returned behind the acks is ready in the queue again, so that a look
+/// leaves the queue as it found it when it returns (`dlq stats` right after a peek reads the
+/// same depth). `left` is the ready count the `basic.get` answered, without the message it took.
+///
+/// A nack with requeue is sent without an answer, and no AMQP command waits for it without
+/// taking another message (which would need returning in turn), so the wait reads the ready
+/// count (a passive declare) until it is above `left`: until then the returned message is
+/// neither ready nor gone, and the depth reads one short. (The queue's consumer count cannot
+/// tell whether anyone else takes messages: the `basic.get` counts as a consumer until its
+/// message is back.)
+///
+/// A count below `left` but above 0 means another consumer (a replay running) takes messages
+/// meanwhile: the look then promises nothing about the depth and stops waiting. A count of 0
+/// is not trusted (a quorum queue's leader that does not answer the count within 250 ms is
+/// reported as 0 messages). Bounded by the operation deadline; past it the look ends anyway,
+/// and the message still comes back (it is never lost).
+async fn until_returned(ch: &lapin::Channel, queue: &str, left: u32) {
+    let deadline = Instant::now() + timeouts().operation;
+    loop {
+        match queue_depth(ch, queue).await {
+            Ok(ready) if ready > left || (1..left).contains(&ready) => return,
+            Ok(_) if Instant::now() < deadline => {}
+            Ok(ready) => {
+                tracing::warn!(
+                    ready,
+                    left,
+                    "the message returned behind the acks is not back yet; the look ends anyway"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the depth after the look; the look ends anyway");
+                return;
+            }
+        }
+        tokio::time::sleep(RETURN_POLL).await;
     }
 }
 
