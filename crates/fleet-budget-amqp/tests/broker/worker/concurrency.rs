@@ -28,6 +28,11 @@ fn in_flight(env: &Env) -> (u64, u64) {
     )
 }
 
+/// Executions that were retries (attempt 2) so far.
+fn retried(attempts: &Mutex<Vec<u32>>) -> usize {
+    attempts.lock().unwrap().iter().filter(|a| **a == 2).count()
+}
+
 #[tokio::test]
 async fn a_retry_without_a_slot_is_dead_lettered_naming_the_concurrency_budget() {
     let env = Env::new(
@@ -85,15 +90,25 @@ async fn a_retry_without_a_slot_is_dead_lettered_naming_the_concurrency_budget()
         assert_eq!(header_u64(&props, headers::ATTEMPTS), Some(2));
     }
     assert_eq!(in_flight(&env), (0, 1), "only the other worker's lease");
-    // Once the slot is free, retries run.
+    // Once the slot is free, retries run. One job at a time, each published once the last one's
+    // lease is given back: the share is one slot, so two retries in flight at once would rightly
+    // refuse the second (dead-lettered `concurrency_retry_share`, never retried). Three jobs
+    // published together did that whenever their retries came back close enough to overlap
+    // (the machine loaded), and the wait for a third success then never ended.
     leases(&env).release(&other).await.unwrap();
-    for _ in 0..3 {
+    for done in 1..=3 {
         env.publish_one(b"y").await;
+        wait_until(
+            LONG,
+            "the job retried, succeeded and gave its lease back",
+            || async {
+                let dead = env.depth(&env.topology.dead_queue).await;
+                assert_eq!(dead, 0, "a retry with a free slot was refused");
+                retried(&attempts) == done && in_flight(&env) == (0, 0)
+            },
+        )
+        .await;
     }
-    wait_until(LONG, "three more jobs retried and succeeded", || async {
-        attempts.lock().unwrap().iter().filter(|a| **a == 2).count() == 3
-    })
-    .await;
     let counts = stop(runner).await;
     assert_eq!((counts.succeeded, counts.dead_lettered), (3, 3));
     assert_eq!(in_flight(&env), (0, 0), "every lease given back");
