@@ -166,9 +166,20 @@ impl RabbitNode {
         reason = "used by tests/oversized_body.rs, not by the game day"
     )]
     pub(crate) fn eval(&self, expression: &str) -> Result<String, String> {
+        self.ctl(&["eval", expression])
+    }
+
+    /// Runs `rabbitmqctl` against this node only, bounded by its own timeout (`add_user`,
+    /// `set_permissions`, ...).
+    #[allow(
+        dead_code,
+        reason = "used by tests/oversized_body.rs and tests/foreign_user_id.rs, not by the game day"
+    )]
+    pub(crate) fn ctl(&self, args: &[&str]) -> Result<String, String> {
         let out = self
             .command("rabbitmqctl")
-            .args(["-n", &self.node, "--timeout", "60", "eval", expression])
+            .args(["-n", &self.node, "--timeout", "60"])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()
@@ -178,7 +189,8 @@ impl RabbitNode {
             Ok(text)
         } else {
             Err(format!(
-                "rabbitmqctl eval {expression}: {}\n{text}\n{}",
+                "rabbitmqctl {}: {}\n{text}\n{}",
+                args.first().copied().unwrap_or_default(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             ))
