@@ -8,8 +8,8 @@ use crate::allowance::BudgetSnapshot;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
-use crate::store::scripts::{int_at, policy_args, text_at};
-use crate::store::{RedisStore, STATUS_SCRIPT, parse_reply};
+use crate::store::RedisStore;
+use crate::store::scripts::{int_at, text_at};
 
 /// What `budgetctl status` shows for one dependency.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -53,13 +53,7 @@ pub async fn fleet_status(
     dependency: &Dependency,
     policy: &BudgetPolicy,
 ) -> Result<FleetStatus, StoreError> {
-    let mut invocation = STATUS_SCRIPT.key(store.key(dependency));
-    invocation.arg(policy.window_ms());
-    for arg in policy_args(policy) {
-        invocation.arg(arg);
-    }
-    let reply = store.invoke("status", invocation).await?;
-    let parsed = parse_reply("status", &reply, policy)?;
+    let (status, reply) = store.read_status(dependency, policy).await?;
     let bad = |detail: String| StoreError::BadReply {
         script: "status",
         detail,
@@ -68,7 +62,7 @@ pub async fn fleet_status(
     let conflicts = int_at(&reply, 22).map_err(bad)?;
     let last = text_at(&reply, 23).map_err(bad)?;
     let age = int_at(&reply, 24).map_err(bad)?;
-    let s = parsed.snapshot;
+    let s = status.snapshot;
     let now_ms = s
         .window_index
         .saturating_mul(s.window_ms)
@@ -76,7 +70,7 @@ pub async fn fleet_status(
     let (_, stored) = overrides::read(store, dependency).await?;
     Ok(FleetStatus {
         snapshot: s,
-        policy: parsed.policy,
+        policy: status.policy,
         ttl_ms: u64::try_from(ttl).ok(),
         conflicts: u64::try_from(conflicts).unwrap_or_default(),
         conflicting_policy: Some(last).filter(|l| !l.is_empty()),

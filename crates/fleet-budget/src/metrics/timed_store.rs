@@ -9,7 +9,7 @@ use super::{Metrics, StoreOp};
 use crate::allowance::BudgetSnapshot;
 use crate::dependency::Dependency;
 use crate::policy::BudgetPolicy;
-use crate::store::{BudgetStore, Deposits, StoreFuture, Withdrawal};
+use crate::store::{BudgetStatus, BudgetStore, Deposits, StoreFuture, Withdrawal};
 
 /// The wrapped store and where its timings go.
 #[derive(Debug)]
@@ -60,6 +60,19 @@ impl BudgetStore for TimedStore {
         Box::pin(async move {
             let started = Instant::now();
             let result = self.inner.status(dependency, policy).await;
+            self.metrics.store_call(StoreOp::Status, started.elapsed());
+            result
+        })
+    }
+
+    fn status_in_force<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetStatus> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = self.inner.status_in_force(dependency, policy).await;
             self.metrics.store_call(StoreOp::Status, started.elapsed());
             result
         })

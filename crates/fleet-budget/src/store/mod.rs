@@ -25,7 +25,7 @@ pub use local::{LocalBudget, LocalStore};
 pub use redis::{RedisStore, RedisTarget};
 pub use scripts::{
     DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT,
-    STATUS_SCRIPT, ScriptReply, parse_reply, policy_args,
+    STATUS_SCRIPT, ScriptReply, parse_reply, parse_status, policy_args,
 };
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
@@ -69,6 +69,35 @@ pub struct Withdrawal {
     pub snapshot: BudgetSnapshot,
 }
 
+/// A budget as read by [`BudgetStore::status_in_force`]: what the store holds and the policy that
+/// shapes it, which is the store's to say (`lua/README.md`, "The policy in force").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetStatus {
+    /// The budget, under the policy in force.
+    pub snapshot: BudgetSnapshot,
+    /// The policy in force: the one the fleet's calls are decided by (the reader's own where the
+    /// store holds none yet: no key).
+    pub policy: BudgetPolicy,
+    /// The ratio the allowance uses: the policy's, or an operator's set override's in its place.
+    pub ratio: f64,
+    /// The floor the allowance uses: the policy's, or an operator's set override's in its place.
+    pub min_allowance: u64,
+}
+
+impl BudgetStatus {
+    /// A budget read under `policy`, the reader's own (a store without a shared policy in force
+    /// or overrides: [`LocalStore`]).
+    #[must_use]
+    pub fn under(snapshot: BudgetSnapshot, policy: BudgetPolicy) -> Self {
+        Self {
+            snapshot,
+            policy,
+            ratio: policy.ratio,
+            min_allowance: policy.min_allowance,
+        }
+    }
+}
+
 /// A store of per-dependency budgets. Each method is one atomic operation.
 pub trait BudgetStore: Send + Sync + std::fmt::Debug {
     /// Records deposits for `dependency`.
@@ -92,6 +121,20 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         dependency: &'a Dependency,
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetSnapshot>;
+
+    /// Reads the budget without changing it, with the policy in force and the ratio and floor
+    /// its allowance uses (what the fleet exporter shows). By default the reader's own policy,
+    /// for a store that keeps no policy of its own.
+    fn status_in_force<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetStatus> {
+        Box::pin(async move {
+            let snapshot = self.status(dependency, policy).await?;
+            Ok(BudgetStatus::under(snapshot, *policy))
+        })
+    }
 
     /// A short name for logs and metrics (`redis`, `redis-cluster`, `local`).
     fn kind(&self) -> &'static str;

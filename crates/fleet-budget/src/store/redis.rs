@@ -19,9 +19,9 @@ use tokio::sync::OnceCell;
 use super::group_commit::{DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, batch_answer};
 use super::scripts::{
     DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
-    policy_args,
+    parse_status, policy_args,
 };
-use super::{BudgetStore, Deposits, StoreFuture, Withdrawal};
+use super::{BudgetStatus, BudgetStore, Deposits, StoreFuture, Withdrawal};
 use crate::allowance::BudgetSnapshot;
 use crate::config::RedisSettings;
 use crate::dependency::Dependency;
@@ -485,6 +485,27 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
+    /// Reads `dependency`'s budget with `status.lua` (no writes): the budget, the policy in force
+    /// and what the allowance uses, and the whole reply for the fields only tools read
+    /// ([`crate::control::fleet_status`]). `policy` only matters while the key has none.
+    ///
+    /// # Errors
+    /// Redis failed, passed the store's deadline, or sent a reply the script never sends.
+    pub async fn read_status(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> Result<(BudgetStatus, Vec<redis::Value>), StoreError> {
+        let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
+        invocation.arg(policy.window_ms());
+        for arg in policy_args(policy) {
+            invocation.arg(arg);
+        }
+        let reply = self.invoke("status", invocation).await?;
+        let status = parse_status(&reply, policy)?;
+        Ok((status, reply))
+    }
+
     /// Runs `invocation` (its keys and arguments set) within the store's deadline.
     ///
     /// # Errors
@@ -612,10 +633,19 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
-            let reply = self
-                .run(&STATUS_SCRIPT, "status", dependency, policy, &[])
-                .await?;
-            Ok(reply.snapshot)
+            let (status, _) = self.read_status(dependency, policy).await?;
+            Ok(status.snapshot)
+        })
+    }
+
+    fn status_in_force<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetStatus> {
+        Box::pin(async move {
+            let (status, _) = self.read_status(dependency, policy).await?;
+            Ok(status)
         })
     }
 

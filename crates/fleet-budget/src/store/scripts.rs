@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::BudgetStatus;
 use crate::allowance::{BudgetSnapshot, Control, WindowCounters};
 use crate::error::StoreError;
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
@@ -166,14 +167,44 @@ pub fn parse_reply(
     })
 }
 
-/// The policy in force, fields 18 to 21 of a reply (with `window_ms`, field 4).
-fn policy_in_force(reply: &[Value], window_ms: u64) -> Result<BudgetPolicy, String> {
-    let ratio_text = text_at(reply, 17)?;
-    let ratio = ratio_text
-        .parse::<f64>()
+/// Decodes `status.lua`'s reply (`lua/README.md`, "Reply"): the budget and the policy in force
+/// (fields 18 to 21, always sent by status), and the ratio and floor the allowance uses (fields
+/// 26 and 27: a set override's in place of the policy's).
+pub fn parse_status(reply: &[Value], caller: &BudgetPolicy) -> Result<BudgetStatus, StoreError> {
+    let parsed = parse_reply("status", reply, caller)?;
+    let bad = |detail: String| StoreError::BadReply {
+        script: "status",
+        detail,
+    };
+    if reply.len() < 27 {
+        return Err(bad(format!(
+            "expected 27 fields from status, got {}",
+            reply.len()
+        )));
+    }
+    let ratio = ratio_at(reply, 25).map_err(bad)?;
+    let min_allowance = u64::try_from(int_at(reply, 26).map_err(bad)?)
+        .map_err(|_| bad("the allowance's floor is negative".to_owned()))?;
+    Ok(BudgetStatus {
+        snapshot: parsed.snapshot,
+        policy: parsed.policy,
+        ratio,
+        min_allowance,
+    })
+}
+
+/// A ratio sent as text at 0-based `index`: a finite number >= 0.
+fn ratio_at(reply: &[Value], index: usize) -> Result<f64, String> {
+    let text = text_at(reply, index)?;
+    text.parse::<f64>()
         .ok()
         .filter(|r| r.is_finite() && *r >= 0.0)
-        .ok_or_else(|| format!("ratio is not a number >= 0: {ratio_text:?}"))?;
+        .ok_or_else(|| format!("field {} is not a ratio >= 0: {text:?}", index + 1))
+}
+
+/// The policy in force, fields 18 to 21 of a reply (with `window_ms`, field 4).
+fn policy_in_force(reply: &[Value], window_ms: u64) -> Result<BudgetPolicy, String> {
+    let ratio = ratio_at(reply, 17)?;
     let min_allowance =
         u64::try_from(int_at(reply, 18)?).map_err(|_| "min_allowance is negative".to_owned())?;
     let deposit = match text_at(reply, 19)?.as_str() {
@@ -270,5 +301,37 @@ mod tests {
         let mut other_window = reply(&GOOD, false);
         other_window[3] = Value::Int(2000);
         assert!(parse_reply("spend", &other_window, &caller).is_err());
+    }
+
+    /// Status replies: the ratio and floor the allowance uses (fields 26 and 27) are read, and
+    /// one missing or malformed is an error, not a guess.
+    #[test]
+    fn a_status_reply_carries_what_the_allowance_uses() {
+        let caller = caller();
+        let mut good = reply(&GOOD, true);
+        good.extend([
+            Value::Int(5000),
+            Value::Int(0),
+            Value::BulkString(Vec::new()),
+            Value::Int(-1),
+            Value::BulkString(b"0.75".to_vec()),
+            Value::Int(12),
+        ]);
+        let status = parse_status(&good, &caller).unwrap();
+        assert!((status.policy.ratio - 0.2).abs() < f64::EPSILON);
+        assert_eq!(status.policy.min_allowance, 10);
+        assert!((status.ratio - 0.75).abs() < f64::EPSILON);
+        assert_eq!(status.min_allowance, 12);
+        assert!(parse_status(&good[..25], &caller).is_err());
+        for (index, bad) in [
+            (25, Value::BulkString(b"-1".to_vec())),
+            (25, Value::BulkString(b"nan".to_vec())),
+            (25, Value::Int(1)),
+            (26, Value::Int(-3)),
+        ] {
+            let mut reply = good.clone();
+            reply[index] = bad;
+            assert!(parse_status(&reply, &caller).is_err(), "{reply:?}");
+        }
     }
 }

@@ -10,10 +10,13 @@
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
 --           conflict, frozen, overridden, ratio, min_allowance, basis, mode,
---           ttl_ms, conflicts, conflicting_policy, conflict_age_ms}
+--           ttl_ms, conflicts, conflicting_policy, conflict_age_ms,
+--           allowance_ratio, allowance_min}
 --          (the state as the next spend would see it, under the policy in force; ttl_ms is -2
 --          when the key does not exist; conflicts counts the calls that sent another policy,
---          the last of which sent conflicting_policy ("" if none) conflict_age_ms ago (-1))
+--          the last of which sent conflicting_policy ("" if none) conflict_age_ms ago (-1);
+--          allowance_ratio (text) and allowance_min are the ratio and floor the allowance uses:
+--          the policy in force's, or an operator's set override's in their place)
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
 -- without an expiry is never made.
@@ -230,4 +233,10 @@ reply[23] = tonumber(x[1]) or 0
 reply[24] = x[2] or ''
 reply[25] = -1
 if tonumber(x[3]) then reply[25] = now - tonumber(x[3]) end
+-- The ratio and floor the allowance uses (what a dashboard compares spend with): the policy in
+-- force's, or those a set override puts in their place. A ratio goes as text (a number reply
+-- would be truncated to an integer).
+reply[26] = ratio_text
+if eratio ~= ratio then reply[26] = tostring(eratio) end
+reply[27] = emin
 return reply
