@@ -230,3 +230,94 @@ async fn an_unbounded_exporter_scrapes() {
         "{text}"
     );
 }
+
+/// Regression: the `fleet_budget_policy_*` gauges showed the exporter's own configuration, not
+/// the policy in force in Redis, so after an operator's `set` override, or with workers that run
+/// another ratio than the exporter's configuration, the retry-fraction alert and panel compared
+/// against the wrong ratio. Now they show what `status.lua` reads: the policy in force, with the
+/// ratio and floor a set override puts in its place; the configured policy only where no key
+/// holds one yet.
+#[tokio::test]
+async fn policy_gauges_show_the_policy_in_force_and_follow_a_set_override() {
+    let server = RedisServer::start();
+    let worker_config = Config::from_toml(
+        "[dependencies.search]\ntasks = [\"index_document\"]\nratio = 0.05\nmin_allowance = 3\n",
+        "worker",
+    )
+    .unwrap();
+    let exporter_config = Config::from_toml(
+        "[dependencies.search]\ntasks = [\"index_document\"]\nratio = 0.2\nmin_allowance = 7\n\
+         [dependencies.idle]\ntasks = [\"send_mail\"]\nratio = 0.3\nmin_allowance = 4\n",
+        "exporter",
+    )
+    .unwrap();
+    let store = || {
+        RedisStore::new(
+            RedisTarget::Single(server.url()),
+            &worker_config.redis.key_prefix,
+            Duration::from_millis(500),
+        )
+        .unwrap()
+    };
+    let search = Dependency::new("search").unwrap();
+    let worker = store();
+    let deposits = Deposits {
+        successes: 100,
+        first_attempts: 100,
+    };
+    worker
+        .deposit(&search, &worker_config.policy(&search), deposits)
+        .await
+        .unwrap();
+    let exporter = FleetExporter::new(Arc::new(store()), &exporter_config).unwrap();
+
+    let text = exporter.scrape().await;
+    for line in [
+        "fleet_budget_policy_ratio{dependency=\"search\"} 0.05",
+        "fleet_budget_policy_min_allowance{dependency=\"search\"} 3",
+        "fleet_budget_override_set{dependency=\"search\"} 0",
+        // No key, no policy in force: the exporter's configured policy.
+        "fleet_budget_policy_ratio{dependency=\"idle\"} 0.3",
+        "fleet_budget_policy_min_allowance{dependency=\"idle\"} 4",
+    ] {
+        assert!(
+            text.contains(&format!("{line}\n")),
+            "{line} missing in\n{text}"
+        );
+    }
+
+    let audit = AuditLog::default();
+    let set = OverrideAction::Set {
+        duration: Duration::from_secs(3600),
+        ratio: Some(0.5),
+        min_allowance: None,
+    };
+    overrides::apply(&store(), &audit, &search, set, "test", "exporter")
+        .await
+        .unwrap();
+    let text = exporter.scrape().await;
+    for line in [
+        "fleet_budget_policy_ratio{dependency=\"search\"} 0.5",
+        "fleet_budget_policy_min_allowance{dependency=\"search\"} 3",
+        "fleet_budget_override_set{dependency=\"search\"} 1",
+    ] {
+        assert!(
+            text.contains(&format!("{line}\n")),
+            "{line} missing in\n{text}"
+        );
+    }
+
+    let floor = OverrideAction::Set {
+        duration: Duration::from_secs(3600),
+        ratio: None,
+        min_allowance: Some(40),
+    };
+    overrides::apply(&store(), &audit, &search, floor, "test", "exporter")
+        .await
+        .unwrap();
+    let text = exporter.scrape().await;
+    assert!(
+        text.contains("fleet_budget_policy_min_allowance{dependency=\"search\"} 40\n"),
+        "{text}"
+    );
+}

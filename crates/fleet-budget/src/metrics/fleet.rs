@@ -17,15 +17,21 @@
 //! | `fleet_budget_window_retries_granted` | gauge | dependency | retries granted in the last window |
 //! | `fleet_budget_window_retries_denied` | gauge | dependency | retries denied in the last window |
 //! | `fleet_budget_window_progress_ratio` | gauge | dependency | how far the current window has run, 0 to 1 |
-//! | `fleet_budget_policy_ratio` | gauge | dependency | the policy's ratio (retries per deposit) |
-//! | `fleet_budget_policy_min_allowance` | gauge | dependency | the policy's floor (retries per window) |
-//! | `fleet_budget_policy_window_seconds` | gauge | dependency | the policy's window length |
+//! | `fleet_budget_policy_ratio` | gauge | dependency | the ratio the allowance uses (retries per deposit): the policy in force's, or an operator's `set` override's |
+//! | `fleet_budget_policy_min_allowance` | gauge | dependency | the floor the allowance uses (retries per window): the policy in force's, or an operator's `set` override's |
+//! | `fleet_budget_policy_window_seconds` | gauge | dependency | the window length of the policy in force |
 //! | `fleet_budget_override_frozen` | gauge | dependency | 1 while an operator's freeze is in force (no retry granted, the floor included), else 0 |
 //! | `fleet_budget_override_set` | gauge | dependency | 1 while an operator's `set` override replaces the ratio and/or the floor, else 0 |
 //! | `fleet_budget_fleet_dependencies` | gauge | — | dependencies read (configured and found in Redis) |
 //!
 //! Amplification over the last window is `fleet_budget_window_executions /
 //! fleet_budget_window_first_attempts`.
+//!
+//! The policy gauges show the policy in force in Redis (`lua/README.md`, "The policy in force"),
+//! which the workers' calls decided, not the exporter's configuration: they follow a fleet that
+//! moved to another policy and an operator's override. Where Redis holds no key for a dependency
+//! (no policy in force yet: nothing spent or deposited for two windows), they show the policy the
+//! exporter is configured with for it, the one the next call would most likely bring.
 
 use std::sync::Arc;
 
@@ -46,10 +52,14 @@ pub const READ_CONCURRENCY: usize = 128;
 pub struct DependencyBudget {
     /// The dependency.
     pub dependency: Dependency,
-    /// The policy it was read with (the one in force in this configuration).
+    /// The policy in force in the store (the exporter's configured one where there is none).
     pub policy: BudgetPolicy,
     /// What the store holds.
     pub snapshot: BudgetSnapshot,
+    /// The ratio the allowance uses: the policy's, or a set override's in its place.
+    pub ratio: f64,
+    /// The floor the allowance uses: the policy's, or a set override's in its place.
+    pub min_allowance: u64,
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -102,9 +112,10 @@ impl DependencyBudget {
     }
 }
 
-/// Reads the budget of every dependency in `dependencies`, at most [`READ_CONCURRENCY`] store
-/// calls at once (each bounded by the store's own deadline). Budgets come back in the order
-/// given; the first error is returned with those that were read.
+/// Reads the budget of every dependency in `dependencies` with the policy in force
+/// ([`BudgetStore::status_in_force`]; the policy given only counts where the store holds none),
+/// at most [`READ_CONCURRENCY`] store calls at once (each bounded by the store's own deadline).
+/// Budgets come back in the order given; the first error is returned with those that were read.
 pub async fn read_budgets(
     store: &Arc<dyn BudgetStore>,
     dependencies: Vec<(Dependency, BudgetPolicy)>,
@@ -114,13 +125,15 @@ pub async fn read_budgets(
             .map(|(i, (dependency, policy))| {
                 let store = Arc::clone(store);
                 async move {
-                    let read = store.status(&dependency, &policy).await;
+                    let read = store.status_in_force(&dependency, &policy).await;
                     (
                         i,
-                        read.map(|snapshot| DependencyBudget {
+                        read.map(|status| DependencyBudget {
                             dependency,
-                            policy,
-                            snapshot,
+                            policy: status.policy,
+                            snapshot: status.snapshot,
+                            ratio: status.ratio,
+                            min_allowance: status.min_allowance,
                         }),
                     )
                 }
@@ -195,13 +208,13 @@ const FAMILIES: [Family; 14] = [
     ),
     (
         "fleet_budget_policy_ratio",
-        "Retries allowed per deposit by the policy in force.",
-        |b| b.policy.ratio,
+        "Retries allowed per deposit: the policy in force's ratio, or a set override's.",
+        |b| b.ratio,
     ),
     (
         "fleet_budget_policy_min_allowance",
-        "Retries always allowed per window by the policy in force.",
-        |b| b.policy.min_allowance as f64,
+        "Retries always allowed per window: the policy in force's floor, or a set override's.",
+        |b| b.min_allowance as f64,
     ),
     (
         "fleet_budget_policy_window_seconds",
