@@ -139,3 +139,10 @@ def test_unmapped_tasks_of_the_wrong_shape_refuse_the_text(text):
     with pytest.raises(ConfigError) as e:
         Config.from_toml(text)
     assert not e.value.problems, "refused whole, as serde refuses it"
+
+
+def test_batch_across_dependencies_is_read_like_rust():
+    assert Config.from_toml("[redis]\nbatch_across_dependencies = false\n") is not None
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml('[redis]\nbatch_across_dependencies = "no"\n')
+    assert [p.key for p in e.value.problems] == ["redis.batch_across_dependencies"]

@@ -488,3 +488,53 @@ async fn a_refused_budget_in_a_batch_does_not_stop_the_others() {
     }
     assert!(s.withdraw_batch(&[]).await.is_err(), "no budget: refused");
 }
+
+/// `redis.batch_across_dependencies = false` (for a URL that is a sharding proxy) reaches the
+/// store built from the configuration: batches stay per dependency, every call holds one
+/// dependency's decisions, and every decision is sent once. With the default the same load puts
+/// several dependencies in one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_can_keep_batches_to_one_dependency() {
+    let server = RedisServer::start();
+    let p = policy();
+    let deps: Vec<Dependency> = (0..4)
+        .map(|i| Dependency::new(&format!("apart-{i}")).unwrap())
+        .collect();
+    for (across, prefix) in [(false, "fbq"), (true, "fbr")] {
+        let text = format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\ntimeout_ms = 5000\nbatch_across_dependencies = {across}\n",
+            server.url()
+        );
+        let config = fleet_budget::Config::from_toml(&text, "t").unwrap();
+        let s = Arc::new(RedisStore::from_settings(&config.redis).unwrap());
+        fund(&s, &deps, &p).await;
+        let before = s.group_commit_stats();
+        let mut tasks = Vec::new();
+        for t in 0..32usize {
+            let (s, deps) = (Arc::clone(&s), deps.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25usize {
+                    s.withdraw(&deps[(t + i) % deps.len()], &p).await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let stats = s.group_commit_stats();
+        let (calls, decisions, budgets) = (
+            stats.calls - before.calls,
+            stats.decisions - before.decisions,
+            stats.budgets - before.budgets,
+        );
+        assert_eq!(
+            decisions, 800,
+            "across = {across}: every decision sent once"
+        );
+        if across {
+            assert!(budgets > calls, "{budgets} budgets in {calls} calls");
+        } else {
+            assert_eq!(budgets, calls, "one dependency per call");
+        }
+    }
+}

@@ -359,8 +359,8 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
 
     r = _table(c, "redis", root.get("redis"))
     _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
-                             "deposit_flush_ms", "deposit_flush_count", "tls_ca_file",
-                             "tls_cert_file", "tls_key_file"))
+                             "deposit_flush_ms", "deposit_flush_count", "batch_across_dependencies",
+                             "tls_ca_file", "tls_cert_file", "tls_key_file"))
     if "url" in r:
         url = r["url"]
         if not isinstance(url, str):
@@ -389,6 +389,11 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     config.redis.deposit_flush_ms = c.int_in("redis.deposit_flush_ms", r.get("deposit_flush_ms"), 0, 10_000, 100)
     config.redis.deposit_flush_count = c.int_in(
         "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
+    # Read for the Rust client's group commit across dependencies; this client sends one
+    # dependency per call, so the key is only checked here.
+    if "batch_across_dependencies" in r and not isinstance(r["batch_across_dependencies"], bool):
+        c.problem("redis.batch_across_dependencies", repr(r["batch_across_dependencies"]),
+                  "must be true or false")
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
         if key in r:
             if isinstance(r[key], str) and r[key]:

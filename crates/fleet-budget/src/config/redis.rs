@@ -63,6 +63,10 @@ pub struct RedisSettings {
     pub deposit_flush: Duration,
     /// ... or as soon as this many deposits are pending for one dependency (default 1000).
     pub deposit_flush_count: u64,
+    /// Whether a group-commit batch on a single URL may hold several dependencies (default
+    /// `true`). `false` for a URL that is a proxy spreading keys over several servers, where a
+    /// script's keys must live on one; on Redis Cluster batches are per dependency anyway.
+    pub batch_across_dependencies: bool,
     /// Certificate files for `rediss://` (`redis.tls_ca_file`, `tls_cert_file`,
     /// `tls_key_file`; the CA file also from `FLEET_BUDGET_REDIS_CA_FILE`).
     pub tls: TlsFiles,
@@ -78,6 +82,7 @@ impl Default for RedisSettings {
             fallback: FallbackMode::Local,
             deposit_flush: Duration::from_millis(100),
             deposit_flush_count: 1000,
+            batch_across_dependencies: true,
             tls: TlsFiles::default(),
         }
     }
@@ -93,6 +98,7 @@ pub(super) struct RawRedis {
     fallback: Option<FallbackMode>,
     deposit_flush_ms: Option<i64>,
     deposit_flush_count: Option<i64>,
+    batch_across_dependencies: Option<bool>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
@@ -137,6 +143,7 @@ impl RawRedis {
             1000,
         );
         redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
+        redis.batch_across_dependencies = self.batch_across_dependencies.unwrap_or(true);
         redis.tls = c.tls_files(
             "redis",
             self.tls_ca_file,
@@ -156,5 +163,17 @@ mod tests {
         let p = problems("[redis]\nurl = \"http://u:hunter2@h\"\n");
         assert_eq!(p[0].key, "redis.url");
         assert!(!p[0].value.contains("hunter2"), "{}", p[0]);
+    }
+
+    #[test]
+    fn batches_across_dependencies_unless_told_not_to() {
+        use crate::Config;
+        assert!(Config::default().redis.batch_across_dependencies);
+        let c = Config::from_toml("[redis]\nbatch_across_dependencies = false\n", "t").unwrap();
+        assert!(!c.redis.batch_across_dependencies);
+        let e = Config::from_toml("[redis]\nbatch_across_dependencies = \"no\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch_across_dependencies"), "{e}");
     }
 }

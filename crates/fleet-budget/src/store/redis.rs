@@ -286,12 +286,13 @@ impl RedisStore {
     /// # Errors
     /// A URL that cannot be parsed, or TLS files that cannot be used.
     pub fn from_settings(settings: &RedisSettings) -> Result<Self, StoreError> {
-        Self::new_with_tls(
+        Ok(Self::new_with_tls(
             RedisTarget::from_settings(settings),
             &settings.key_prefix,
             settings.timeout,
             &settings.tls,
-        )
+        )?
+        .with_batches_across_dependencies(settings.batch_across_dependencies))
     }
 
     /// Connects now and checks the server answers (`PING`), within the store's deadline × 20.
