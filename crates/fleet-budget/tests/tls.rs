@@ -45,8 +45,10 @@ async fn refusal(url: &str, tls: &TlsFiles) -> StoreError {
 async fn budget_decisions_run_over_rediss_with_the_configured_ca() {
     let pki = TestPki::generate();
     let redis = TlsRedis::start(&pki, false);
+    // A deadline of seconds: this test is about TLS, and with the default 50 ms, `ping` (20
+    // deadlines, at least 1 s) was cut on a loaded machine while a debug build's handshake ran.
     let text = format!(
-        "[redis]\nurl = \"{}\"\nkey_prefix = \"fbtls\"\ntls_ca_file = \"{}\"\n",
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"fbtls\"\ntimeout_ms = 2000\ntls_ca_file = \"{}\"\n",
         redis.url(),
         pki.ca_file().display()
     );
