@@ -204,6 +204,10 @@ pub(super) struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        // Closed first: a hand-off then either sent before the close (read below) or fails and
+        // passes the lead on itself. Read before closing, a lead sent between the read and the
+        // receiver's drop would be dropped with it, and the group left busy with no leader.
+        self.rx.close();
         if let Ok(Wake::Lead(own, batch)) = self.rx.try_recv() {
             self.group
                 .hand_off_with(self.group.group_of(&own.key), batch);
@@ -269,4 +273,75 @@ pub fn batch_answer(
         granted: k < granted,
         snapshot: answer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::{DepositBasis, WindowMode};
+
+    fn request(key: &str) -> Request {
+        Request {
+            key: key.to_owned(),
+            policy: BudgetPolicy {
+                window: Duration::from_millis(1000),
+                ratio: 0.1,
+                min_allowance: 3,
+                deposit: DepositBasis::Success,
+                mode: WindowMode::Sliding,
+            },
+        }
+    }
+
+    /// A queued caller that gives up while its leader hands it the lead: whichever comes first,
+    /// the group is handed on (here, freed, as nobody else waits), never left busy with no
+    /// leader (then every later caller of the group would queue until its deadline, forever).
+    /// The two race on two threads many times over, with a shifting head start.
+    #[test]
+    fn a_lead_handed_to_a_caller_giving_up_is_never_lost() {
+        let group = GroupCommit::new(DEFAULT_MAX_BATCH, true);
+        for round in 0..20_000_u32 {
+            let Turn::Lead(_) = group.join(request("a")) else {
+                panic!("nothing was in flight");
+            };
+            let Turn::Wait(rx) = group.join(request("b")) else {
+                panic!("a call was in flight");
+            };
+            let waiting = Waiting { group: &group, rx };
+            let (ready, go) = (AtomicBool::new(false), AtomicBool::new(false));
+            let (spin_waiter, spin_leader) = (round % 97, (round / 97) % 31);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    ready.store(true, Ordering::Release);
+                    while !go.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    for _ in 0..spin_waiter {
+                        std::hint::spin_loop();
+                    }
+                    drop(waiting);
+                });
+                while !ready.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                go.store(true, Ordering::Release);
+                for _ in 0..spin_leader {
+                    std::hint::spin_loop();
+                }
+                // The leader is done: its guard hands the group on.
+                drop(Leading {
+                    group: &group,
+                    id: "",
+                });
+            });
+            let groups = group.groups.lock().unwrap_or_else(PoisonError::into_inner);
+            assert!(
+                groups.is_empty(),
+                "round {round}: the group is busy with no leader"
+            );
+        }
+    }
 }
