@@ -477,3 +477,50 @@ fn a_wrong_type_or_tampered_key_is_named() {
         "nothing was written"
     );
 }
+
+/// `spend_batch.lua` decides at most 10,000 requests in one call, whatever their split over the
+/// entries (one call holds the server while it runs: 10,000 keys of 10,000 requests each would
+/// loop 10^8 times). Past that the call is refused as a whole and writes nothing; an entry whose
+/// own `n` is not a valid count is refused on its own and does not count towards the total.
+#[test]
+fn a_batch_of_more_than_ten_thousand_requests_is_refused_and_writes_nothing() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let entry = |n: &'static str| ["60000", n, "0.2", "10", "s", "sliding"];
+    let call = |c: &mut redis::Connection, keys: &[&str], ns: &[&'static str]| {
+        let mut invocation = SPEND_BATCH_SCRIPT.prepare_invoke();
+        for (key, n) in keys.iter().zip(ns) {
+            invocation.key(*key);
+            for arg in entry(n) {
+                invocation.arg(arg);
+            }
+        }
+        invocation.invoke::<redis::Value>(c)
+    };
+    let e = call(&mut c, &["t:v1:{a}", "t:v1:{b}"], &["6000", "4001"]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("spend_batch decides at most 10000 requests in all"),
+        "{e}"
+    );
+    let keys: usize = server.cmd(&["DBSIZE"]);
+    assert_eq!(keys, 0, "a refused batch writes nothing");
+    // 10,000 in all is allowed; a bad n is that entry's own error and is not counted.
+    let replies = call(
+        &mut c,
+        &["t:v1:{a}", "t:v1:{b}", "t:v1:{c}"],
+        &["6000", "4000", "99999999"],
+    )
+    .unwrap();
+    let redis::Value::Array(replies) = replies else {
+        panic!("an array of replies: {replies:?}")
+    };
+    assert_eq!(replies.len(), 3);
+    assert!(matches!(replies[0], redis::Value::Array(_)));
+    assert!(matches!(replies[1], redis::Value::Array(_)));
+    assert!(
+        format!("{:?}", replies[2]).contains("n must be an integer from 1 to 10000"),
+        "{:?}",
+        replies[2]
+    );
+}

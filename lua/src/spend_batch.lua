@@ -6,13 +6,25 @@
 --
 -- KEYS     the budget hash of each entry, 1 to 10000 of them (on Redis Cluster: all in one slot).
 --          A key may come twice (two policies for one budget): its entries run in order.
--- ARGV     six per entry, entry j's from 6j - 5: window_ms, n (1 to 10000), ratio,
---          min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
+-- ARGV     six per entry, entry j's from 6j - 5: window_ms, n (1 to 10000; at most 10000 over
+--          all entries), ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
 -- Reply    one element per entry, in order: spend_many.lua's reply for it, or, when spend_many.lua
 --          would have replied an error for it, that error's text (a string, not an array). An
 --          entry's error writes nothing of it and does not stop the others.
 if #KEYS < 1 or #KEYS > 10000 or #ARGV ~= 6 * #KEYS then
   return redis.error_reply('fleet-budget: spend_batch takes 1 to 10000 keys and 6 arguments per key')
+end
+-- At most 10000 decisions in all (one call holds the server while it runs); an entry whose n
+-- is not a valid count is refused on its own below and does not count here.
+local total = 0
+for j = 1, #KEYS do
+  local nj = ARGV[6 * j - 4]
+  if string.match(nj, '^%d+$') and #nj <= 5 and tonumber(nj) <= 10000 then
+    total = total + tonumber(nj)
+  end
+end
+if total > 10000 then
+  return redis.error_reply('fleet-budget: spend_batch decides at most 10000 requests in all')
 end
 -- @include clock.lua
 local function spend_many(KEYS, ARGV)

@@ -317,7 +317,8 @@ impl Replayer {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
-                    if !matches!(kind, Kind::Keep) {
+                    // A Return was counted failed when its exchange was found missing.
+                    if !matches!(kind, Kind::Keep | Kind::Return) {
                         p.failed += 1;
                     }
                     settler.hold(tag, acker);
