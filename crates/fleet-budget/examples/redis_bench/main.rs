@@ -1,7 +1,7 @@
 //! The Redis store against the physical limit, side by side in one run (issues 3, 11 and 14).
 //!
 //! ```text
-//! cargo run --release -p fleet-budget --features test-harness --example redis_bench -- [--decisions N] [--smoke] [--only 1,6,7]
+//! cargo run --release -p fleet-budget --features test-harness --example redis_bench -- [--decisions N] [--latency-calls N] [--smoke] [--only 1,6,7]
 //! ```
 //!
 //! Starts its own `redis-server` processes through the test harness (a single node and a
@@ -69,15 +69,26 @@ fn args() -> Args {
         smoke: false,
         only: Vec::new(),
     };
+    let usage = "usage: redis_bench [--decisions N] [--latency-calls N] [--smoke] [--only 1,6,7]";
+    let refuse = |what: String| -> ! {
+        eprintln!("redis_bench: {what}\n{usage}");
+        std::process::exit(2)
+    };
+    let count = |flag: &str, value: Option<String>| -> usize {
+        match value.as_deref().map(str::parse::<usize>) {
+            Some(Ok(n)) if n > 0 => n,
+            Some(_) => refuse(format!(
+                "{flag} takes a whole number above 0, got {:?}",
+                value.unwrap_or_default()
+            )),
+            None => refuse(format!("{flag} needs a number")),
+        }
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--decisions" => {
-                a.decisions = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--decisions N");
-            }
+            "--decisions" => a.decisions = count("--decisions", it.next()),
+            "--latency-calls" => a.latency_calls = count("--latency-calls", it.next()),
             "--smoke" => {
                 a = Args {
                     decisions: 2_000,
@@ -88,16 +99,18 @@ fn args() -> Args {
                 };
             }
             "--only" => {
-                a.only = it
-                    .next()
-                    .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-                    .expect("--only 1,6,7");
+                let list = it.next().unwrap_or_default();
+                a.only = list
+                    .split(',')
+                    .map(|n| match n.trim().parse::<u32>() {
+                        Ok(n @ 1..=8) => n,
+                        _ => refuse(format!(
+                            "--only takes section numbers from 1 to 8, comma-separated, got {list:?}"
+                        )),
+                    })
+                    .collect();
             }
-            other => {
-                panic!(
-                    "unknown argument {other:?}; usage: redis_bench [--decisions N] [--smoke] [--only 1,6,7]"
-                )
-            }
+            other => refuse(format!("unknown argument {other:?}")),
         }
     }
     a

@@ -31,11 +31,9 @@ pub(crate) fn met(ok: bool) -> &'static str {
 pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential {
     let (server, store, bench, policy) = (&b.server, &b.store, &b.dependency, b.policy);
     reset_stats(server);
-    let (mut pings, mut decisions) = (
-        Vec::with_capacity(b.args.latency_calls),
-        Vec::with_capacity(b.args.latency_calls),
-    );
-    for _ in 0..b.args.latency_calls {
+    let calls = b.args.latency_calls;
+    let (mut pings, mut decisions) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+    for _ in 0..calls {
         let t = Instant::now();
         store.ping().await.unwrap();
         pings.push(t.elapsed());
@@ -43,22 +41,23 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
         store.withdraw(bench, &policy).await.unwrap();
         decisions.push(t.elapsed());
     }
-    let calls = server.command_calls();
-    let ours_trips =
-        (calls.get("evalsha").copied().unwrap_or(0)) as f64 / b.args.latency_calls as f64;
+    let stats = server.command_calls();
+    let ours_trips = (stats.get("evalsha").copied().unwrap_or(0)) as f64 / calls as f64;
     let (ping, decision) = (percentiles(pings), percentiles(decisions));
     println!(
-        "\n## 1. latency, sequential, one multiplexed ConnectionManager, {} calls each (interleaved)",
-        b.args.latency_calls
+        "\n## 1. latency, sequential, one multiplexed ConnectionManager, {calls} calls each (interleaved)"
     );
     println!(
         "PING (RedisStore::ping)            p50 {:>7.1} µs  p99 {:>7.1} µs",
         ping.p50, ping.p99
     );
     println!(
-        "decision (RedisStore::withdraw)    p50 {:>7.1} µs  p99 {:>7.1} µs",
-        decision.p50, decision.p99
+        "decision (RedisStore::withdraw)    p50 {:>7.1} µs  p99 {:>7.1} µs   ratio {:.2}",
+        decision.p50,
+        decision.p99,
+        decision.p50 / ping.p50
     );
+    let floor = split_decision(b).await;
     let ratio = decision.p50 / ping.p50;
     summary.push(format!(
         "1 task: decision p50 / PING p50 = {ratio:.2} (target <= 1.25: {}); p99 {:.1} / PING p99 {:.1} µs = {:.2}",
@@ -66,6 +65,9 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
         decision.p99,
         ping.p99,
         decision.p99 / ping.p99
+    ));
+    summary.push(format!(
+        "  the floor of the key layout here: TIME, HMGET of the 16 fields, HSET of 2, nothing else: {floor:.2}x PING p50"
     ));
     // The same on a current-thread runtime: the caller and the connection's driver share one
     // thread, so no cross-thread wake-up is paid (how much of the gap is the runtime's).
@@ -113,6 +115,71 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
         latency: decision,
         round_trips: ours_trips,
     }
+}
+
+/// Where a decision's time goes, each beside the PING sent just before it on the same
+/// connection (rounds of PING then the call, the calls taken in turn): `spend.lua` by `EVALSHA`
+/// without the store's code; the least any script on this key layout does (`TIME`, the `HMGET`
+/// of the 16 fields the fast path reads, an `HSET` of the 2 it writes, no arithmetic, reply 1);
+/// and `EVALSHA` of a script that only returns 1, with the same key and arguments. Returns the
+/// floor's ratio to PING.
+async fn split_decision(b: &Bench) -> f64 {
+    const FLOOR: &str = "local t = redis.call('TIME') \
+        local h = redis.call('HMGET', KEYS[1], 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', \
+        'pr', 'pd', 'r', 'm', 'b', 'o', 'fu', 'su') \
+        redis.call('HSET', KEYS[1], 'cr', h[5], 'h', t[1]) return 1";
+    let (store, policy) = (&b.store, b.policy);
+    let mut calls = Vec::new();
+    for (name, sha) in [
+        (
+            "spend.lua by EVALSHA, no store code",
+            fleet_budget::store::SPEND_SCRIPT.get_hash().to_owned(),
+        ),
+        ("floor: TIME + HMGET 16 + HSET 2", load(store, FLOOR).await),
+        (
+            "EVALSHA of `return 1`, same args",
+            load(store, "return 1").await,
+        ),
+    ] {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha)
+            .arg(1)
+            .arg(store.key(&b.dependency))
+            .arg(policy.window_ms())
+            .arg(&fleet_budget::store::policy_args(&policy));
+        calls.push((name, cmd, Vec::new(), Vec::new()));
+    }
+    for _ in 0..b.args.latency_calls {
+        for (_, cmd, pings, times) in &mut calls {
+            let t = Instant::now();
+            store.ping().await.unwrap();
+            pings.push(t.elapsed());
+            let t = Instant::now();
+            let _: redis::Value = store.query(cmd).await.unwrap();
+            times.push(t.elapsed());
+        }
+    }
+    println!("where a decision's time goes, each call after its own PING:");
+    let mut floor = 0.0;
+    for (name, _, pings, times) in calls {
+        let (ping, time) = (percentiles(pings), percentiles(times));
+        let ratio = time.p50 / ping.p50;
+        println!(
+            "  {name:<36} p50 {:>7.1} µs  PING before it p50 {:>7.1} µs   ratio {ratio:.2}",
+            time.p50, ping.p50
+        );
+        if name.starts_with("floor") {
+            floor = ratio;
+        }
+    }
+    floor
+}
+
+async fn load(store: &RedisStore, script: &str) -> String {
+    store
+        .query(redis::cmd("SCRIPT").arg("LOAD").arg(script))
+        .await
+        .unwrap()
 }
 
 /// Section 3: the naive GET / INCR / EXPIRE budget on the same kind of connection, beside
