@@ -1,6 +1,8 @@
 //! Group commit of withdrawals against a private `redis-server`: batches decide exactly what
 //! one call per decision would, a batch cut by the deadline is counted once (never lost from
-//! Redis's count, never sent again), and the lane goes on after it.
+//! Redis's count, never sent again), the lane goes on after it, and a batch is led by the caller
+//! with the most time left, so the later callers of a busy period are not cut by an older one's
+//! deadline.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,9 +14,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget};
+use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget, Withdrawal};
 use fleet_budget::testing::{RedisServer, eventually};
-use fleet_budget::{BudgetPolicy, Dependency, DepositBasis, WindowMode};
+use fleet_budget::{BudgetPolicy, Dependency, DepositBasis, StoreError, WindowMode};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 fn policy() -> BudgetPolicy {
     BudgetPolicy {
@@ -207,6 +211,143 @@ async fn a_batch_cut_by_the_deadline_neither_loses_nor_double_counts() {
     let after = patient.status(&d, &p).await.unwrap();
     assert_eq!(after.current.retries, 67);
     assert_eq!(s.group_commit_stats().decisions - warm.decisions, 64);
+}
+
+/// The deadline of the store in the busy-period scene, cut in thirds: each step of the scene is a
+/// third of it (a second) away from the deadline it must come before or after, so that the
+/// ordering holds through the scheduling stalls of a loaded machine.
+const BUSY_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Starts `n` withdrawals for `d` on one task, each polled once, at once: when this returns all
+/// have joined the queue behind the call in flight (in order). The task then awaits their
+/// answers, in the same order.
+async fn queue_behind(
+    s: &Arc<RedisStore>,
+    d: &Dependency,
+    p: BudgetPolicy,
+    n: usize,
+) -> JoinHandle<Vec<Result<Withdrawal, StoreError>>> {
+    let (s, d) = (Arc::clone(s), d.clone());
+    let (joined_tx, joined) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut calls: Vec<_> = (0..n).map(|_| s.withdraw(&d, &p)).collect();
+        std::future::poll_fn(|cx| {
+            for call in &mut calls {
+                assert!(
+                    call.as_mut().poll(cx).is_pending(),
+                    "a frozen server answered"
+                );
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        joined_tx.send(()).unwrap();
+        futures::future::join_all(calls).await
+    });
+    joined.await.unwrap();
+    task
+}
+
+/// Under sustained load a batch goes out when the call before it ends, late in the wait of its
+/// oldest callers. It is led by the caller with the most time left (the latest to arrive), and
+/// the call is bounded by the leader's deadline: so the callers that came later in the busy
+/// period are answered by Redis, although the older ones of the same batch ran out of time (led
+/// by the oldest, the call was cut at its deadline and all 20 got a timeout). Every decision is
+/// counted once, in the order they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn later_decisions_of_a_busy_period_are_answered_not_cut_by_an_older_deadline() {
+    let server = RedisServer::start();
+    let s = store(&server, BUSY_DEADLINE);
+    let patient = store(&server, Duration::from_secs(10));
+    let (d, p) = (Dependency::new("busy").unwrap(), policy());
+    away_from_the_roll(&patient, &d, &p).await;
+    // Allowance 20 (0.2 × 100): it runs out within the batch, so each answer shows its place.
+    patient
+        .deposit(
+            &d,
+            &p,
+            Deposits {
+                successes: 100,
+                first_attempts: 0,
+            },
+        )
+        .await
+        .unwrap();
+    // Both scripts loaded first (a cut EVALSHA that meets NOSCRIPT is never retried): 3 retries.
+    s.withdraw_many(&d, &p, 2).await.unwrap();
+    s.withdraw(&d, &p).await.unwrap();
+    let warm = s.group_commit_stats();
+
+    // In thirds of the deadline, the server frozen until the older callers have run out of time:
+    // a lone decision goes out at 0 and is cut at 3/3; 10 older callers queue at 1/3 (they give
+    // up at 4/3), 10 later ones at 2/3 (they give up at 5/3). At 3/3 the 20 go as one batch.
+    let third = BUSY_DEADLINE / 3;
+    server.freeze();
+    let first = {
+        let (s, d) = (Arc::clone(&s), d.clone());
+        tokio::spawn(async move { s.withdraw(&d, &p).await })
+    };
+    while s.group_commit_stats().calls == warm.calls {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(third).await;
+    let older = queue_behind(&s, &d, p, 10).await;
+    tokio::time::sleep(third).await;
+    let later = queue_behind(&s, &d, p, 10).await;
+    let e = first.await.unwrap().unwrap_err();
+    assert!(e.is_timeout(), "the first call is cut: {e}");
+    for answer in older.await.unwrap() {
+        let e = answer.unwrap_err();
+        assert!(e.is_timeout(), "the older callers ran out of time: {e}");
+    }
+    let cut = s.group_commit_stats();
+    assert_eq!(
+        (cut.calls - warm.calls, cut.decisions - warm.decisions),
+        (2, 21),
+        "the lone call, then one batch of all 20"
+    );
+
+    // Thawed at 4/3: the batch's call is still in flight (its leader has until 5/3), and Redis
+    // answers the later callers, after the first's call and the older ten: 4 to 14 retries
+    // counted before them, then 6 granted up to the allowance of 20, then 4 denied.
+    server.thaw();
+    let later: Vec<Withdrawal> = later
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|answer| answer.expect("a later caller is answered by Redis"))
+        .collect();
+    let seen: Vec<(bool, u64, u64)> = later
+        .iter()
+        .map(|w| {
+            (
+                w.granted,
+                w.snapshot.current.retries,
+                w.snapshot.current.denied,
+            )
+        })
+        .collect();
+    let want: Vec<(bool, u64, u64)> = (0..10u64)
+        .map(|i| (i < 6, (15 + i).min(20), i.saturating_sub(5)))
+        .collect();
+    assert_eq!(
+        seen, want,
+        "each answered in its place, in the order they came"
+    );
+    // Counted once each: the 3, the first, the older 10 (their callers got the fallback's
+    // answer; they reached Redis, as a cut call does) and the later 10 as answered.
+    let snap = patient.status(&d, &p).await.unwrap();
+    assert_eq!(
+        (snap.current.retries, snap.current.denied),
+        (20, 4),
+        "{snap:?}"
+    );
+    assert_eq!(s.group_commit_stats().decisions - warm.decisions, 21);
+
+    // The group was handed on: a decision after the scene is answered (denied: all spent).
+    let next = s.withdraw(&d, &p).await.unwrap();
+    assert!(!next.granted);
+    assert_eq!(next.snapshot.current.denied, 5);
 }
 
 #[tokio::test]

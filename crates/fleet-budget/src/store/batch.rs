@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use redis::Value;
+use tokio::time::Instant;
 
 use super::group_commit::{
     GroupCommit, Leading, Request, Turn, Waiter, Waiting, Wake, batch_answer, copy_error,
@@ -36,6 +37,27 @@ fn policy_id(policy: &BudgetPolicy) -> PolicyId {
     )
 }
 
+/// Counts `request` in the batch being built: its budget's entry (added at the end the first time
+/// that key and policy appear) and its place among that budget's decisions.
+fn place<'a>(
+    entries: &mut Vec<Entry<'a>>,
+    index: &mut HashMap<(&'a str, PolicyId), usize>,
+    request: &'a Request,
+) -> (usize, u64) {
+    let Request { key, policy } = request;
+    let at = *index
+        .entry((key.as_str(), policy_id(policy)))
+        .or_insert_with(|| {
+            entries.push(Entry { key, policy, n: 0 });
+            entries.len() - 1
+        });
+    let place = entries.get_mut(at).map_or(0, |entry| {
+        entry.n += 1;
+        entry.n - 1
+    });
+    (at, place)
+}
+
 /// A budget's answer: granted of its `n`, and the snapshot after all `n`.
 type EntryReply = Result<(u64, crate::allowance::BudgetSnapshot), StoreError>;
 
@@ -52,16 +74,25 @@ impl RedisStore {
             key: self.key(dependency),
             policy: *policy,
         };
+        let deadline = Instant::now() + self.timeout();
         let turn = async {
-            let (own, followers) = match group.join(request) {
+            let (own, followers) = match group.join(request, deadline) {
                 Turn::Lead(own) => (own, Vec::new()),
                 Turn::Wait(rx) => {
                     let mut waiting = Waiting { group, rx };
                     match (&mut waiting.rx).await {
                         Ok(Wake::Answer(answer)) => return answer,
+                        // Woken to lead after its own deadline (a stalled task): sent now, the
+                        // batch would be cut at once, after Redis may have counted it. It goes
+                        // to the next in line unsent.
+                        Ok(Wake::Lead(own, followers)) if Instant::now() >= deadline => {
+                            group.decline_lead(&own, followers);
+                            return Err(StoreError::Timeout(self.timeout()));
+                        }
                         Ok(Wake::Lead(own, followers)) => (own, followers),
-                        // The leader was dropped with our decision in flight: it may have been
-                        // counted, so it is not sent again.
+                        // Let go unsent (its deadline passed in line), or the leader was dropped
+                        // with our decision in flight: then it may have been counted, so it is
+                        // not sent again.
                         Err(_) => return Err(StoreError::Timeout(self.timeout())),
                     }
                 }
@@ -72,46 +103,35 @@ impl RedisStore {
             };
             self.lead(group, &own, followers).await
         };
-        tokio::time::timeout(self.timeout(), turn)
+        tokio::time::timeout_at(deadline, turn)
             .await
             .unwrap_or(Err(StoreError::Timeout(self.timeout())))
     }
 
-    /// Sends the leader's decision with its followers' (the leader's is first), and answers them.
+    /// Sends the leader's decision with its followers' and answers them. The followers came
+    /// first and go first, in order; the leader's decision, the latest, goes last.
     async fn lead(
         &self,
         group: &GroupCommit,
         own: &Request,
-        followers: Vec<Waiter>,
+        mut followers: Vec<Waiter>,
     ) -> Result<Withdrawal, StoreError> {
+        // Those that gave up, or whose deadline passed, since the batch was formed: not sent.
+        let now = Instant::now();
+        followers.retain(|follower| follower.is_live(now));
         if followers.is_empty() {
             group.sent(1, 1);
             return self.spend_one(&own.key, &own.policy).await;
         }
-        // The budgets of the batch in order of first appearance (the leader's first), and for
-        // each decision its budget and its place among that budget's decisions.
-        let mut entries = vec![Entry {
-            key: &own.key,
-            policy: &own.policy,
-            n: 1,
-        }];
-        let mut places = Vec::with_capacity(followers.len());
-        let mut index: HashMap<(&str, PolicyId), usize> = HashMap::new();
-        index.insert((&own.key, policy_id(&own.policy)), 0);
-        for follower in &followers {
-            let Request { key, policy } = &follower.request;
-            let at = *index
-                .entry((key.as_str(), policy_id(policy)))
-                .or_insert_with(|| {
-                    entries.push(Entry { key, policy, n: 0 });
-                    entries.len() - 1
-                });
-            let place = entries.get_mut(at).map_or(0, |entry| {
-                entry.n += 1;
-                entry.n - 1
-            });
-            places.push((at, place));
-        }
+        // The budgets of the batch in order of first appearance, and for each decision its
+        // budget and its place among that budget's decisions.
+        let mut entries = Vec::new();
+        let mut index = HashMap::new();
+        let places: Vec<(usize, u64)> = followers
+            .iter()
+            .map(|follower| place(&mut entries, &mut index, &follower.request))
+            .collect();
+        let (own_at, own_place) = place(&mut entries, &mut index, own);
         group.sent(followers.len() + 1, entries.len());
         let replies = match &entries[..] {
             [one] => self
@@ -146,7 +166,7 @@ impl RedisStore {
             // A follower that gave up is not there to answer; its decision stays counted.
             let _ = follower.tx.send(Wake::Answer(answer(at, place)));
         }
-        answer(0, 0)
+        answer(own_at, own_place)
     }
 
     /// `n` decisions of one budget in one `spend_many.lua` call: how many were granted, and the
