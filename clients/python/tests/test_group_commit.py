@@ -109,3 +109,116 @@ def test_a_caller_whose_deadline_passes_in_the_queue_is_never_sent():
     leader.join(10)
     assert send.calls == [1], "the caller that gave up was never sent"
     assert group.withdraw("search", send) == (True, None), "and the group is free again"
+
+
+class Clock:
+    """The group's clock, moved by the test; a thread named in ``skew`` reads it that much later
+    (a thread stalled while the others went on)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.skew: dict[str, float] = {}
+
+    def __call__(self) -> float:
+        return self.now + self.skew.get(threading.current_thread().name, 0.0)
+
+
+class PlacedSender(HeldSender):
+    """A held sender that answers each request with its place in the call, and records which
+    caller's thread sent each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.senders: list[str] = []
+
+    def __call__(self, n: int):
+        self.senders.append(threading.current_thread().name)
+        super().__call__(n)
+        return [(True, place) for place in range(n)]
+
+
+def caller(group, send, results, name):
+    """A caller of ``search`` on a thread named ``name``: ``results[name]`` gets its answer or its
+    GroupTimeout."""
+
+    def decide():
+        try:
+            results[name] = group.withdraw("search", send)
+        except GroupTimeout as e:
+            results[name] = e
+
+    thread = threading.Thread(target=decide, name=name)
+    thread.start()
+    return thread
+
+
+def wait_queued(group, n):
+    for _ in range(2000):
+        if sum(len(g.queue) for g in group._groups.values()) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} callers never queued")
+
+
+def test_the_batch_is_led_by_the_caller_with_the_most_time_left():
+    clock = Clock()
+    group = GroupCommit(deadline=60, clock=clock)
+    send, results = PlacedSender(), {}
+    threads = [caller(group, send, results, "a")]
+    assert send.entered.wait(10)
+    threads.append(caller(group, send, results, "b"))
+    wait_queued(group, 1)
+    clock.now = 10
+    threads.append(caller(group, send, results, "c"))
+    wait_queued(group, 2)
+    send.release.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert send.calls == [1, 2]
+    assert send.senders == ["a", "c"], "c, the latest (the most time left), leads; b follows"
+    assert results == {"a": (True, 0), "b": (True, 0), "c": (True, 1)}, "answered in the order they came"
+
+
+def test_a_batch_whose_oldest_caller_ran_out_of_time_is_sent_for_the_others():
+    clock = Clock()
+    group = GroupCommit(deadline=60, clock=clock)
+    send, results = PlacedSender(), {}
+    threads = [caller(group, send, results, "a")]
+    assert send.entered.wait(10)
+    threads.append(caller(group, send, results, "b"))  # gives up at 60
+    wait_queued(group, 1)
+    clock.now = 30
+    threads.append(caller(group, send, results, "c"))  # gives up at 90
+    wait_queued(group, 2)
+    clock.now = 70  # b is out of time (its thread still waits, on the real clock), c is not
+    send.release.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    # Led by b, the batch was not sent at all and c got a timeout with 20 s left.
+    assert send.calls == [1, 1] and send.senders == ["a", "c"], "b was let go unsent"
+    assert isinstance(results["b"], GroupTimeout)
+    assert results["c"] == (True, 0)
+
+
+def test_a_caller_woken_to_lead_past_its_deadline_hands_the_batch_on_unsent():
+    clock = Clock()
+    group = GroupCommit(deadline=60, clock=clock, max_batch=2)
+    send, results = PlacedSender(), {}
+    threads = [caller(group, send, results, "a")]
+    assert send.entered.wait(10)
+    for name, at in (("b", 0), ("c", 30), ("d", 50)):  # give up at 60, 90, 110
+        clock.now = at
+        threads.append(caller(group, send, results, name))
+        wait_queued(group, len(threads) - 1)
+    # At 50 the next batch is b and c, led by c; c's thread is stalled and wakes at 100, past
+    # its deadline: it does not send, b is out of time too, and d leads.
+    clock.skew["c"] = 50
+    send.release.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert send.calls == [1, 1] and send.senders == ["a", "d"], "b and c never sent"
+    assert isinstance(results["b"], GroupTimeout) and isinstance(results["c"], GroupTimeout)
+    assert results["d"] == (True, 0)
