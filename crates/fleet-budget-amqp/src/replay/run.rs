@@ -18,8 +18,20 @@
 //! confirmed) is put back as a copy, like a skipped one, and counted failed: a nack with requeue
 //! would raise its delivery count on every run (on RabbitMQ 4.x, deleted at the 21st). Only when
 //! that copy fails too is the original held and returned at the end.
+//!
+//! A move the broker refuses outright (an internal exchange, one the user may not write to, an
+//! `amq.` name that does not exist: `403` or `404`) closes the channel it was sent on, and every
+//! move in flight there ends with an unknown outcome: routed before the refusal (putting it back
+//! would make a duplicate) or dropped after it. So a move goes alone, with no other move in
+//! flight, until a move to its exchange has been confirmed in this run (`Exchanges`): a refused
+//! lone move is known not to have been routed, is put back and counted failed, and its exchange
+//! is refused for the rest of the run (its other messages are put back without being sent). A
+//! refusal that only concerns one message (say a body over a maximum the broker was given since)
+//! can still come among pipelined moves to a proven exchange; then the moves in flight are in
+//! doubt (each put back, a duplicate where it had been routed) and the rest of the run moves one
+//! message at a time, so that it happens at most once per run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use fleet_budget::Dependency;
@@ -106,6 +118,62 @@ struct Done {
     kind: Kind,
     result: Result<(), PublishError>,
     kept: Option<(Vec<u8>, BasicProperties)>,
+    /// For a move: where to, and whether it went alone (see [`Exchanges`]).
+    target: Option<Target>,
+}
+
+/// Where a move went, and whether it was the only move in flight.
+struct Target {
+    exchange: String,
+    alone: bool,
+}
+
+/// What a run has learned of the original exchanges it moves to (see the module documentation).
+#[derive(Default)]
+struct Exchanges {
+    /// Whether each exists, asked once.
+    exists: HashMap<String, bool>,
+    /// A move to it was confirmed: moves to it are pipelined.
+    proven: HashSet<String>,
+    /// The broker refused a lone move to it (`403`, `404`): why. Not sent to again this run.
+    refused: HashMap<String, String>,
+    /// A move among others was refused: moves go one at a time for the rest of the run.
+    careful: bool,
+}
+
+impl Exchanges {
+    /// Whether a move to `exchange` must go with no other move in flight.
+    fn alone(&self, exchange: &str) -> bool {
+        self.careful || !self.proven.contains(exchange)
+    }
+
+    /// Learns from the outcome of a move to `target`.
+    fn learn(&mut self, target: &Target, result: &Result<(), PublishError>) {
+        let e = match result {
+            Ok(()) => {
+                self.proven.insert(target.exchange.clone());
+                return;
+            }
+            Err(e) => e,
+        };
+        let PublishError::Channel { source, .. } = e else {
+            // Nacked, returned or unanswered: the channel stays open, nothing else is affected.
+            return;
+        };
+        let refusal = crate::error::protocol_message(source);
+        if !target.alone {
+            if refusal.is_some() && !self.careful {
+                tracing::warn!(error = %e, "a move was refused among others; the moves in flight with it may have been routed and are put back (duplicates possible); the rest of the run moves one message at a time");
+                self.careful = true;
+            }
+            return;
+        }
+        if let Some((403 | 404, text)) = refusal {
+            tracing::warn!(exchange = %escape_text(&target.exchange), reason = %escape_text(&text), "the broker refuses moves to this exchange; its dead letters stay in the dead-letter queue");
+            self.proven.remove(&target.exchange);
+            self.refused.insert(target.exchange.clone(), text);
+        }
+    }
 }
 
 /// The copies awaiting their confirmation. Nothing in them publishes: a publish waits for the
@@ -119,6 +187,7 @@ fn await_copy(
     kind: Kind,
     pending: PendingConfirm,
     kept: Option<(Vec<u8>, BasicProperties)>,
+    target: Option<Target>,
 ) -> BoxFuture<'static, Done> {
     async move {
         let result = confirmed(pending).await;
@@ -128,6 +197,7 @@ fn await_copy(
             kind,
             result,
             kept,
+            target,
         }
     }
     .boxed()
@@ -191,7 +261,7 @@ impl Replayer {
         let mut pacer = Pacer::new(options.rate);
         let mut settler = Settler::default();
         let mut inflight = InFlight::new();
-        let mut exchanges: HashMap<String, bool> = HashMap::new();
+        let mut exchanges = Exchanges::default();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
         let mut selection = Selection::new(options);
@@ -256,10 +326,20 @@ impl Replayer {
                 }
                 Class::Replay(r) => {
                     report.matched += 1;
-                    if !Self::original_exchange_exists(
+                    if exchanges.refused.contains_key(&r.original_exchange) {
+                        // Refused earlier in this run: not sent again (it would close the
+                        // moves' channel again).
+                        p.failed += 1;
+                        (
+                            Kind::Return,
+                            String::new(),
+                            self.source_queue.clone(),
+                            table.clone(),
+                        )
+                    } else if !Self::original_exchange_exists(
                         &publisher,
                         &r.original_exchange,
-                        &mut exchanges,
+                        &mut exchanges.exists,
                     )
                     .await
                     {
@@ -309,11 +389,42 @@ impl Replayer {
             } else {
                 &keeper
             };
+            let target = matches!(kind, Kind::Move).then(|| Target {
+                alone: exchanges.alone(&exchange),
+                exchange: exchange.clone(),
+            });
+            let alone = target.as_ref().is_some_and(|t| t.alone);
+            if alone {
+                // No other move may share its channel's fate: settle every copy in flight.
+                while let Some(done) = inflight.next().await {
+                    self.count_confirmed(
+                        done,
+                        &mut p,
+                        &mut settler,
+                        (&keeper, &mut exchanges),
+                        &mut inflight,
+                    )
+                    .await;
+                }
+            }
             match via.send(&exchange, &routing_key, &d.data, copy).await {
                 Ok(pending) => {
                     settler.sent(tag);
                     let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
-                    inflight.push(await_copy(tag, acker, kind, pending, kept));
+                    inflight.push(await_copy(tag, acker, kind, pending, kept, target));
+                    if alone {
+                        // Its outcome decides whether the moves after it may be pipelined.
+                        while let Some(done) = inflight.next().await {
+                            self.count_confirmed(
+                                done,
+                                &mut p,
+                                &mut settler,
+                                (&keeper, &mut exchanges),
+                                &mut inflight,
+                            )
+                            .await;
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
@@ -327,8 +438,14 @@ impl Replayer {
             loop {
                 // Settle the confirms that have already arrived, so progress is current.
                 while let Some(Some(done)) = inflight.next().now_or_never() {
-                    self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
-                        .await;
+                    self.count_confirmed(
+                        done,
+                        &mut p,
+                        &mut settler,
+                        (&keeper, &mut exchanges),
+                        &mut inflight,
+                    )
+                    .await;
                 }
                 // A full window, or as many originals unsettled as the prefetch lets the
                 // broker push: nothing more to read until some are confirmed and acked.
@@ -342,8 +459,14 @@ impl Replayer {
                 }
                 match inflight.next().await {
                     Some(done) => {
-                        self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
-                            .await;
+                        self.count_confirmed(
+                            done,
+                            &mut p,
+                            &mut settler,
+                            (&keeper, &mut exchanges),
+                            &mut inflight,
+                        )
+                        .await;
                     }
                     None => break,
                 }
@@ -351,8 +474,14 @@ impl Replayer {
             progress(&p);
         }
         while let Some(done) = inflight.next().await {
-            self.count_confirmed(done, &mut p, &mut settler, &keeper, &mut inflight)
-                .await;
+            self.count_confirmed(
+                done,
+                &mut p,
+                &mut settler,
+                (&keeper, &mut exchanges),
+                &mut inflight,
+            )
+            .await;
         }
         // The last acks (one command), then the cancel: a synchronous command of the quorum
         // queue's log, sent by the same channel, so once it is answered every ack before it is
@@ -401,13 +530,14 @@ impl Replayer {
     /// when the copy was confirmed, else to hold (returned at the end of the run). A move or a
     /// park that failed is counted failed and the message put back in the source queue as a
     /// copy (like a skipped one), so that its original can be acked without a nack raising its
-    /// delivery count; only if that copy fails too is the original held.
+    /// delivery count; only if that copy fails too is the original held. What a move's outcome
+    /// says of its exchange goes to `exchanges`.
     async fn count_confirmed(
         &self,
         done: Done,
         p: &mut ReplayProgress,
         settler: &mut Settler,
-        keeper: &Publisher,
+        (keeper, exchanges): (&Publisher, &mut Exchanges),
         inflight: &mut InFlight,
     ) {
         let Done {
@@ -416,7 +546,11 @@ impl Replayer {
             kind,
             result,
             kept,
+            target,
         } = done;
+        if let Some(target) = &target {
+            exchanges.learn(target, &result);
+        }
         let e = match result {
             Ok(()) => {
                 match kind {
@@ -440,7 +574,7 @@ impl Replayer {
             .send("", &self.source_queue, &data, headers::put_back(&props))
             .await;
         match sent {
-            Ok(pending) => inflight.push(await_copy(tag, acker, Kind::Return, pending, None)),
+            Ok(pending) => inflight.push(await_copy(tag, acker, Kind::Return, pending, None, None)),
             Err(e) => {
                 tracing::warn!(error = %e, "put-back copy not sent; message left in the dead-letter queue");
                 settler.hold(tag, acker);
@@ -553,5 +687,82 @@ impl Pacer {
             self.next = now;
         }
         self.next += interval;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use lapin::protocol::AMQPError;
+
+    use super::*;
+
+    fn refused(code: u16) -> Result<(), PublishError> {
+        let error = AMQPError::from_id(code, ShortString::from("refused")).unwrap();
+        Err(PublishError::Channel {
+            exchange: "x".into(),
+            source: lapin::ErrorKind::ProtocolError(error).into(),
+        })
+    }
+
+    fn to(exchange: &str, alone: bool) -> Target {
+        Target {
+            exchange: exchange.into(),
+            alone,
+        }
+    }
+
+    #[test]
+    fn a_move_goes_alone_until_its_exchange_is_proven() {
+        let mut x = Exchanges::default();
+        assert!(x.alone("work"));
+        x.learn(&to("work", true), &Ok(()));
+        assert!(!x.alone("work"), "proven: pipelined");
+        assert!(x.alone("other"));
+    }
+
+    #[test]
+    fn a_lone_move_refused_for_its_exchange_refuses_the_exchange() {
+        let mut x = Exchanges::default();
+        x.learn(&to("amq.rabbitmq.trace", true), &refused(403));
+        x.learn(&to("amq.gone", true), &refused(404));
+        assert_eq!(
+            x.refused
+                .keys()
+                .map(String::as_str)
+                .collect::<BTreeSet<_>>(),
+            BTreeSet::from(["amq.gone", "amq.rabbitmq.trace"])
+        );
+        assert!(!x.careful, "nothing else was in flight: nothing in doubt");
+    }
+
+    #[test]
+    fn a_lone_move_refused_for_itself_leaves_the_exchange_unproven() {
+        let mut x = Exchanges::default();
+        x.learn(&to("work", true), &refused(406));
+        assert!(x.refused.is_empty() && x.alone("work") && !x.careful);
+        x.learn(
+            &to("work", true),
+            &Err(PublishError::Nacked {
+                exchange: "work".into(),
+            }),
+        );
+        assert!(x.refused.is_empty() && !x.careful);
+    }
+
+    #[test]
+    fn a_refusal_among_pipelined_moves_makes_the_rest_of_the_run_move_one_at_a_time() {
+        let mut x = Exchanges::default();
+        x.learn(&to("work", true), &Ok(()));
+        x.learn(
+            &to("work", false),
+            &Err(PublishError::Nacked {
+                exchange: "work".into(),
+            }),
+        );
+        assert!(!x.careful, "a nack closes no channel");
+        x.learn(&to("work", false), &refused(406));
+        assert!(x.careful && x.alone("work") && x.refused.is_empty());
     }
 }
