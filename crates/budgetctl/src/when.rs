@@ -42,9 +42,17 @@ pub(crate) fn when(s: &str) -> Result<When, String> {
         .ok_or_else(|| format!("`{s}` is before the epoch"))
 }
 
-/// Formats server ms as an RFC 3339 time (seconds).
+/// Formats server ms as an RFC 3339 time (seconds). The ms come from Redis entries and message
+/// headers anyone can write: a time RFC 3339 cannot show (after the year 9999, where humantime's
+/// formatter gives up) is shown as the number it is, never a panic.
 pub(crate) fn rfc3339_ms(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    use std::fmt::Write as _;
+    let mut shown = String::new();
+    let at = UNIX_EPOCH.checked_add(Duration::from_millis(ms));
+    match at.map(|t| write!(shown, "{}", humantime::format_rfc3339_seconds(t))) {
+        Some(Ok(())) => shown,
+        _ => format!("{ms} ms after the epoch (past the year 9999)"),
+    }
 }
 
 /// Who runs the command, for the audit trail: `$USER@<hostname>`.
@@ -74,8 +82,23 @@ mod tests {
         let t = when("2026-11-30T04:00:00Z").map(When::unix_ms);
         assert_eq!(t, Ok(1_796_011_200_000));
         assert_eq!(rfc3339_ms(1_796_011_200_000), "2026-11-30T04:00:00Z");
+        assert_eq!(rfc3339_ms(253_402_300_799_000), "9999-12-31T23:59:59Z");
         let ago = when("1h30m").map(When::unix_ms).unwrap_or_default();
         assert!(ago > 0);
         assert!(when("yesterday-ish").is_err());
+    }
+
+    /// A time past the year 9999 (an audit entry written by hand with such an id, a dead letter
+    /// whose header says so) used to panic inside `to_string` (humantime's formatter returns an
+    /// error there): it is shown as its number.
+    #[test]
+    fn times_rfc_3339_cannot_show_are_shown_as_numbers() {
+        for ms in [253_402_300_800_000, u64::MAX] {
+            let shown = rfc3339_ms(ms);
+            assert_eq!(
+                shown,
+                format!("{ms} ms after the epoch (past the year 9999)")
+            );
+        }
     }
 }
