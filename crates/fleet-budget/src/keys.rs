@@ -21,10 +21,19 @@ pub fn audit_key(prefix: &str) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:audit")
 }
 
-/// The glob matching every budget key under `prefix`, for `SCAN`.
+/// The glob matching every budget key under `prefix`, for `SCAN`. The prefix is matched as
+/// written: its glob characters (`*`, `?`, `[`, `]`, `\`), which a prefix may hold, are escaped,
+/// so that `t[7]` finds the keys of `t[7]` and not those of `t7`.
 #[must_use]
 pub fn budget_key_pattern(prefix: &str) -> String {
-    format!("{prefix}:v{KEY_SCHEMA_VERSION}:{{*}}")
+    let mut escaped = String::with_capacity(prefix.len() + 4);
+    for ch in prefix.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(ch);
+    }
+    format!("{escaped}:v{KEY_SCHEMA_VERSION}:{{*}}")
 }
 
 /// The dependency of a budget key under `prefix`, if it is one.
@@ -49,5 +58,11 @@ mod tests {
         assert_eq!(dependency_of_key("fb", "fb:v1:search"), None);
         assert_eq!(dependency_of_key("other", &key), None);
         assert_eq!(dependency_of_key("fb", &audit_key("fb")), None);
+    }
+
+    #[test]
+    fn the_scan_pattern_matches_the_prefix_as_written() {
+        assert_eq!(budget_key_pattern("fb"), "fb:v1:{*}");
+        assert_eq!(budget_key_pattern(r"t[7]*?\"), r"t\[7\]\*\?\\:v1:{*}");
     }
 }

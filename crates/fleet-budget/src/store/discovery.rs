@@ -72,7 +72,9 @@ async fn scan_node(
         let mut found = Vec::new();
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            // Bytes, not text: a key that is not UTF-8 (anyone can make one) is no budget this
+            // library wrote, and must not fail the listing of the others.
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
@@ -80,7 +82,11 @@ async fn scan_node(
                 .arg(SCAN_COUNT)
                 .query_async(&mut conn)
                 .await?;
-            found.extend(keys.iter().filter_map(|k| dependency_of_key(prefix, k)));
+            found.extend(
+                keys.iter()
+                    .filter_map(|k| std::str::from_utf8(k).ok())
+                    .filter_map(|k| dependency_of_key(prefix, k)),
+            );
             cursor = next;
             if cursor == 0 || found.len() > MAX_KEYS_PER_NODE {
                 break;
