@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use fleet_budget::control::{AuditEntry, AuditLog};
 use fleet_budget::store::{BudgetStore, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{BudgetPolicy, Dependency};
@@ -79,4 +80,42 @@ async fn a_key_that_is_not_utf8_does_not_hide_the_budgets_beside_it() {
     raw(&server, &[b"SET", b"fbt:v1:{bad\xff}", b"x"]);
     raw(&server, &[b"SET", b"fbt:v1:{\xc3}", b"x"]);
     assert_eq!(s.discover_dependencies().await.unwrap(), [dep("search")]);
+}
+
+/// An audit entry added by hand with a field that is not UTF-8 used to make the whole trail
+/// unreadable; it is now read with U+FFFD in place of the bad bytes, beside the others.
+#[tokio::test]
+async fn an_audit_entry_that_is_not_utf8_does_not_hide_the_trail() {
+    let server = RedisServer::start();
+    let s = store(&server, "fbt");
+    let log = AuditLog::default();
+    log.record(
+        &s,
+        &AuditEntry::new("alice", "freeze", Some("search"), "incident"),
+    )
+    .await
+    .unwrap();
+    raw(
+        &server,
+        &[
+            b"XADD",
+            b"fbt:v1:audit",
+            b"*",
+            b"actor",
+            b"m\xffallory",
+            b"action",
+            b"set",
+        ],
+    );
+    log.record(
+        &s,
+        &AuditEntry::new("bob", "unfreeze", Some("search"), "over"),
+    )
+    .await
+    .unwrap();
+    let entries = log.read(&s, None, None, None, 100).await.unwrap();
+    let actors: Vec<&str> = entries.iter().map(|e| e.actor.as_str()).collect();
+    assert_eq!(actors, ["alice", "m\u{fffd}allory", "bob"]);
+    let only = log.read(&s, None, None, Some("search"), 100).await.unwrap();
+    assert_eq!(only.len(), 2);
 }

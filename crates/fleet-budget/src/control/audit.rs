@@ -152,10 +152,17 @@ impl AuditLog {
                     .clamp(1, self.max_entries.max(1)),
                 Some(_) => self.max_entries.max(1),
             });
-        let raw: Vec<(String, Vec<(String, String)>)> = store.query(&xrange).await?;
+        // Bytes, not text: anyone with access can add an entry, and one field that is not UTF-8
+        // must not make the whole trail unreadable (it is shown with U+FFFD instead).
+        let raw: Vec<RawEntry> = store.query(&xrange).await?;
         let mut entries: Vec<AuditEntry> = raw
             .into_iter()
-            .map(|(id, fields)| parse_entry(id, &fields))
+            .map(|(id, fields)| {
+                let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                let fields: Vec<(String, String)> =
+                    fields.iter().map(|(k, v)| (text(k), text(v))).collect();
+                parse_entry(text(&id), &fields)
+            })
             .filter(|e| dependency.is_none_or(|d| e.dependency.as_deref() == Some(d)))
             .take(limit)
             .collect();
@@ -163,6 +170,9 @@ impl AuditLog {
         Ok(entries)
     }
 }
+
+/// A stream entry as Redis sends it: the id, and the field and value pairs, as bytes.
+type RawEntry = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// The ms part of a stream id.
 fn id_ms(id: &str) -> u64 {
