@@ -16,6 +16,7 @@ mod config_check;
 mod dead_letters;
 mod demo;
 mod hostile;
+mod hostile_entries;
 mod hostile_names;
 mod plan;
 mod rabbitmq;
