@@ -35,12 +35,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use lapin::Acker;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
+use lapin::{Acker, Connection};
 
-use crate::connection::{connect, timeouts, within};
+use crate::connection::{connect, deadline, timeouts, within};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed};
@@ -132,11 +132,39 @@ pub async fn inspect_queue_with(
     url: &str,
     queue: &str,
     options: &InspectOptions,
-    mut visit: impl FnMut(&Delivery) -> Look + Send,
+    visit: impl FnMut(&Delivery) -> Look + Send,
 ) -> Result<Inspection, AmqpError> {
     let conn = connect(url, "fleet-budget inspect").await?;
+    let result = inspect_on(&conn, queue, options, visit).await;
+    let _ = deadline(
+        "close the connection",
+        conn.close(200, ShortString::from("bye")),
+    )
+    .await;
+    result
+}
+
+/// [`inspect_queue_with`] on a connection already open (the fleet exporter's, kept across its
+/// scrapes): the look's two channels (the reads, the confirmed copies) are its own and closed
+/// when it returns, each within the operation deadline; the connection stays open.
+///
+/// # Errors
+/// As [`inspect_queue_with`].
+pub(crate) async fn inspect_on(
+    conn: &Connection,
+    queue: &str,
+    options: &InspectOptions,
+    mut visit: impl FnMut(&Delivery) -> Look + Send,
+) -> Result<Inspection, AmqpError> {
     let ch = within("open a channel", conn.create_channel()).await?;
-    let publisher = Publisher::on(conn);
+    let copies = match confirm_channel(conn).await {
+        Ok(copies) => copies,
+        Err(e) => {
+            let _ = deadline("close a channel", ch.close(200, ShortString::from("bye"))).await;
+            return Err(e);
+        }
+    };
+    let publisher = Publisher::on_channel(copies.clone());
     let result = async {
         let total = u64::from(queue_depth(&ch, queue).await?);
         let bound = options.limit.map_or(total, |l| l.min(total));
@@ -197,9 +225,28 @@ pub async fn inspect_queue_with(
         }
     }
     .await;
-    let _ = ch.close(200, ShortString::from("inspected")).await;
-    publisher.close().await;
+    let _ = deadline(
+        "close a channel",
+        ch.close(200, ShortString::from("inspected")),
+    )
+    .await;
+    let _ = deadline(
+        "close a channel",
+        copies.close(200, ShortString::from("bye")),
+    )
+    .await;
     result
+}
+
+/// A channel in confirm mode on `conn`, for the copies.
+async fn confirm_channel(conn: &Connection) -> Result<lapin::Channel, AmqpError> {
+    let ch = within("open a channel", conn.create_channel()).await?;
+    within(
+        "select publisher confirms",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
+    Ok(ch)
 }
 
 /// Waits until the queue has applied the look's settlements, before the close. Returns the
