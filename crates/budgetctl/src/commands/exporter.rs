@@ -1,6 +1,7 @@
 //! `budgetctl exporter`: one Prometheus scrape target for the whole fleet — every dependency's
 //! budget read from Redis at scrape time (`fleet_budget::metrics::FleetExporter`), and the work,
-//! dead-letter and parked queues from RabbitMQ (`fleet_budget_amqp::QueueSource`), served by
+//! dead-letter and parked queues from RabbitMQ (`fleet_budget_amqp::QueueSource`, over one
+//! connection kept across scrapes and named `fleet-budget exporter` on the broker), served by
 //! `MetricsServer`.
 
 use std::net::SocketAddr;

@@ -15,14 +15,26 @@
 //! read, up to [`QueueSource::DEFAULT_SCAN_LIMIT`] messages, at most every
 //! [`QueueSource::DEFAULT_SCAN_EVERY`]; between looks the age grows from the time found. A look
 //! runs in a task of its own, so a scrape that times out never cuts one short (a cut look would
-//! return its unacknowledged messages, counted). One connection per reading.
+//! return its unacknowledged messages, counted).
+//!
+//! One connection for every reading, not one per scrape: each AMQP connection costs the broker
+//! a process and a pair of log lines, and a scraper every 15 s per exporter is the connection
+//! churn RabbitMQ's documentation warns of
+//! (<https://www.rabbitmq.com/docs/connections#high-connection-churn>); it also spares each
+//! scrape a TCP and AMQP (and TLS) handshake. The depths are read on one channel of that
+//! connection, one reading at a time (a mutex); a look opens two channels of its own on it and
+//! closes them when done. A reading that fails, or is cut by the scrape's deadline, drops the
+//! connection (a look still running keeps it until it ends, then it closes): the scrape shows
+//! `fleet_budget_exporter_up{source="rabbitmq"} 0` without queue series, as for a broker it
+//! cannot reach, and the next reading connects anew. A connection found closed (a broker
+//! restart) is replaced before reading; one that fails during the reading after being reused
+//! (closed by the broker a moment before) is replaced once more within the same reading.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_budget::metrics::{ExporterSource, ReadFuture};
 use fleet_budget::redact::redact_text;
-use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Connection};
 use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Mutex;
@@ -30,7 +42,7 @@ use tokio::sync::Mutex;
 use crate::connection::{connect, within};
 use crate::error::AmqpError;
 use crate::headers::{self, DEAD_LETTERED_MS, PARKED_MS};
-use crate::replay::inspect::{InspectOptions, inspect_queue};
+use crate::replay::inspect::{InspectOptions, Look as Then, inspect_on};
 use crate::topology::{Topology, queue_depth};
 
 /// Reads the queues of a topology for the fleet exporter.
@@ -44,6 +56,30 @@ pub struct QueueSource {
     scan_limit: u64,
     /// The last look at the dead-letter queue, then at the parked queue.
     looks: [Arc<Mutex<Option<Look>>>; 2],
+    /// The name the broker shows for the connection.
+    connection_name: String,
+    /// The connection kept across readings, and its channel for the depths; `None` before the
+    /// first reading and after a failed one.
+    link: Mutex<Option<Link>>,
+}
+
+/// The connection a [`QueueSource`] keeps, shared with the looks running on it.
+#[derive(Debug)]
+struct Link {
+    conn: Arc<Connection>,
+    depths: Channel,
+}
+
+impl Link {
+    async fn open(url: &str, name: &str) -> Result<Self, AmqpError> {
+        let conn = Arc::new(connect(url, name).await?);
+        let depths = within("open a channel", conn.create_channel()).await?;
+        Ok(Self { conn, depths })
+    }
+
+    fn usable(&self) -> bool {
+        self.conn.status().connected() && self.depths.status().connected()
+    }
 }
 
 /// What the last non-destructive look at a queue found.
@@ -55,6 +91,8 @@ struct Look {
 }
 
 impl QueueSource {
+    /// The name the broker shows for the exporter's connection, by default.
+    pub const DEFAULT_CONNECTION_NAME: &'static str = "fleet-budget exporter";
     /// How often the oldest message is looked for, at most.
     pub const DEFAULT_SCAN_EVERY: Duration = Duration::from_secs(60);
     /// Messages a look reads at most per queue.
@@ -94,7 +132,17 @@ impl QueueSource {
             scan_every: Self::DEFAULT_SCAN_EVERY,
             scan_limit: Self::DEFAULT_SCAN_LIMIT,
             looks: [Arc::default(), Arc::default()],
+            connection_name: Self::DEFAULT_CONNECTION_NAME.to_owned(),
+            link: Mutex::new(None),
         })
+    }
+
+    /// Names the connection this way on the broker (`connection_name` among its client
+    /// properties), instead of [`QueueSource::DEFAULT_CONNECTION_NAME`].
+    #[must_use]
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
     }
 
     /// Looks for the oldest message at most this often (`Duration::ZERO`: at every reading).
@@ -114,12 +162,7 @@ impl QueueSource {
     /// Reads the depths, then the oldest ages; a failure says why, redacted.
     async fn read_all(&self) -> Result<(), String> {
         let why = |e: AmqpError| redact_text(&e.to_string());
-        let conn = connect(&self.url, "fleet-budget exporter")
-            .await
-            .map_err(why)?;
-        let result = self.read_on(&conn).await;
-        let _ = conn.close(200, ShortString::from("bye")).await;
-        let depths = result.map_err(why)?;
+        let (conn, depths) = self.depths().await.map_err(why)?;
         let t = &self.topology;
         self.messages.reset();
         self.oldest_age.reset();
@@ -148,7 +191,7 @@ impl QueueSource {
                 *look.lock().await = None;
                 continue;
             }
-            if let Some(at_ms) = self.oldest(look, queue, header).await? {
+            if let Some(at_ms) = self.oldest(&conn, look, queue, header).await? {
                 #[allow(clippy::cast_precision_loss)]
                 let age = now.saturating_sub(at_ms) as f64 / 1000.0;
                 self.oldest_age.with_label_values(&[queue, role]).set(age);
@@ -157,17 +200,46 @@ impl QueueSource {
         Ok(())
     }
 
-    /// The depths of the work, dead-letter and parked queues.
-    async fn read_on(&self, conn: &Connection) -> Result<[u32; 3], AmqpError> {
+    /// The depths of the work, dead-letter and parked queues, read on the kept connection (one
+    /// reading at a time), and that connection for the looks.
+    ///
+    /// The link is out of its slot while it is used and goes back only after a good reading: a
+    /// failure (a refused passive declare closes the channel; a lost connection; a timeout) or a
+    /// caller that gives up (the scrape's deadline drops this future) drops it, and the next
+    /// reading connects anew. A link that fails after being reused is replaced once, here: the
+    /// broker may have closed it (a restart, `rabbitmqctl close_connection`) before the client
+    /// saw it.
+    async fn depths(&self) -> Result<(Arc<Connection>, [u32; 3]), AmqpError> {
+        let mut slot = self.link.lock().await;
+        let kept = slot.take().filter(Link::usable);
+        let reused = kept.is_some();
+        let link = match kept {
+            Some(link) => link,
+            None => Link::open(&self.url, &self.connection_name).await?,
+        };
+        let (link, depths) = match self.read_depths(&link.depths).await {
+            Ok(depths) => (link, depths),
+            Err(e) if !reused => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %redact_text(&e.to_string()), "exporter: the kept RabbitMQ connection failed; connecting again");
+                drop(link);
+                let link = Link::open(&self.url, &self.connection_name).await?;
+                let depths = self.read_depths(&link.depths).await?;
+                (link, depths)
+            }
+        };
+        let conn = Arc::clone(&link.conn);
+        *slot = Some(link);
+        Ok((conn, depths))
+    }
+
+    async fn read_depths(&self, ch: &Channel) -> Result<[u32; 3], AmqpError> {
         let t = &self.topology;
-        let ch = channel(conn).await?;
-        let depths = [
-            queue_depth(&ch, &t.work_queue).await?,
-            queue_depth(&ch, &t.dead_queue).await?,
-            queue_depth(&ch, &t.parked_queue).await?,
-        ];
-        let _ = ch.close(200, ShortString::from("bye")).await;
-        Ok(depths)
+        Ok([
+            queue_depth(ch, &t.work_queue).await?,
+            queue_depth(ch, &t.dead_queue).await?,
+            queue_depth(ch, &t.parked_queue).await?,
+        ])
     }
 
     /// The oldest time in `header` over `queue`, from the last look when it is recent enough,
@@ -175,12 +247,13 @@ impl QueueSource {
     /// scrape's deadline) leaves it to finish, and the next reading finds its result.
     async fn oldest(
         &self,
+        conn: &Arc<Connection>,
         look: &Arc<Mutex<Option<Look>>>,
         queue: &str,
         header: &'static str,
     ) -> Result<Option<u64>, String> {
         let look = Arc::clone(look);
-        let (url, queue) = (self.url.clone(), queue.to_owned());
+        let (conn, queue) = (Arc::clone(conn), queue.to_owned());
         let (every, limit) = (self.scan_every, self.scan_limit);
         let task = tokio::spawn(async move {
             let mut last = look.lock().await;
@@ -195,10 +268,11 @@ impl QueueSource {
                 limit: Some(limit),
                 ..InspectOptions::default()
             };
-            inspect_queue(&url, &queue, &options, |d| {
+            inspect_on(&conn, &queue, &options, |d| {
                 if let Some(t) = message_time(&d.properties, header) {
                     oldest = Some(oldest.map_or(t, |o| o.min(t)));
                 }
+                Then::Next
             })
             .await
             .map_err(|e| redact_text(&e.to_string()))?;
@@ -234,10 +308,6 @@ impl ExporterSource for QueueSource {
         self.messages.reset();
         self.oldest_age.reset();
     }
-}
-
-async fn channel(conn: &Connection) -> Result<Channel, AmqpError> {
-    within("open a channel", conn.create_channel()).await
 }
 
 /// A message's time in `header` (its AMQP timestamp when the header is absent or unreadable).

@@ -1,14 +1,20 @@
 //! The crate's metrics against the real broker: a worker serving `/metrics` through
 //! `[metrics] listen` (budget and AMQP metrics on one registry), and the exporter's queue
-//! source reading depths and the oldest dead letter's age without taking it.
+//! source reading depths and the oldest dead letter's age without taking it, on one broker
+//! connection kept across readings (and replaced when it fails).
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use fleet_budget::metrics::ExporterSource;
 use fleet_budget::{DeadLetterReason, Failure};
+use fleet_budget_amqp::headers;
+use fleet_budget_amqp::testing::TestBroker;
 use fleet_budget_amqp::{AmqpMetrics, QueueSource, Worker, WorkerOptions};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{FieldTable, ShortString};
 use prometheus::Registry;
 
 use crate::common::{Env, wait_until};
@@ -132,5 +138,218 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
         .unwrap()
         .unwrap_or(0);
         assert!(count <= 1, "{props:?}");
+    }
+}
+
+/// Runs `rabbitmqctl` against the shared broker (bounded); its standard output.
+async fn rabbitmqctl(args: &[&str]) -> String {
+    let mut command = tokio::process::Command::new("rabbitmqctl");
+    command.args(args).kill_on_drop(true);
+    let out = tokio::time::timeout(LONG, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} within {LONG:?}"))
+        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The broker's connections whose client properties name them `name` (unique to a test): the
+/// pid of each, as `rabbitmqctl` lists them.
+async fn connections_named(name: &str) -> Vec<String> {
+    rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
+        .await
+        .lines()
+        .filter(|line| line.contains(name))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A source for `broker`'s topology whose connection is named after the test's unique prefix,
+/// looking at the oldest message at every reading.
+fn named_source(broker: &TestBroker, registry: &Registry) -> (QueueSource, String) {
+    let name = format!("{} exporter", broker.settings.prefix);
+    let source = QueueSource::register(broker.url.clone(), broker.topology.clone(), registry)
+        .unwrap()
+        .scan_every(Duration::ZERO)
+        .connection_name(name.clone());
+    (source, name)
+}
+
+async fn seed_three_dead_letters(broker: &TestBroker) {
+    let publisher = broker.publisher().await;
+    broker
+        .seed_dead_letters(
+            &publisher,
+            3,
+            "search",
+            DeadLetterReason::BudgetExhausted,
+            0,
+            headers::now_ms().saturating_sub(5_000),
+        )
+        .await;
+    publisher.close().await;
+}
+
+fn queue_series(registry: &Registry) -> String {
+    fleet_budget::metrics::encode(&registry.gather())
+}
+
+/// Five readings one after the other, then four at once, each with a look at the oldest dead
+/// letter: the broker shows one connection of the source after each, always the same one (before,
+/// every reading opened a connection and closed it, and every look one more). The looks on the
+/// kept connection still put every message back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readings_share_one_broker_connection() {
+    let broker = TestBroker::new("exporterconn");
+    broker.migrate().await;
+    seed_three_dead_letters(&broker).await;
+    let registry = Registry::new();
+    let (source, name) = named_source(&broker, &registry);
+
+    let mut seen = BTreeSet::new();
+    for _ in 0..5 {
+        source.read().await.unwrap();
+        let pids = connections_named(&name).await;
+        assert_eq!(pids.len(), 1, "one connection of the source: {pids:?}");
+        seen.extend(pids);
+    }
+    let at_once = futures::future::join_all((0..4).map(|_| source.read())).await;
+    assert!(at_once.iter().all(Result::is_ok), "{at_once:?}");
+    seen.extend(connections_named(&name).await);
+    assert_eq!(
+        seen.len(),
+        1,
+        "the same connection for every reading: {seen:?}"
+    );
+
+    // Readings at once read depths while another's look holds messages: one more, alone.
+    source.read().await.unwrap();
+    assert_eq!(
+        connections_named(&name).await,
+        seen.iter().cloned().collect::<Vec<_>>()
+    );
+    let text = queue_series(&registry);
+    let dead = &broker.topology.dead_queue;
+    assert!(
+        text.contains(&format!(
+            "fleet_budget_queue_messages{{queue=\"{dead}\",role=\"dead_letter\"}} 3\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "fleet_budget_queue_oldest_message_age_seconds{{queue=\"{dead}\",role=\"dead_letter\"}}"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        broker.depth(dead).await,
+        3,
+        "every look put the messages back"
+    );
+    drop(source);
+    wait_until(LONG, "the source's connection closed with it", || async {
+        connections_named(&name).await.is_empty()
+    })
+    .await;
+}
+
+/// The broker closes the kept connection (as at a restart, or an operator's
+/// `rabbitmqctl close_connection`): the next reading succeeds, on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_by_the_broker_is_replaced_at_the_next_reading() {
+    let broker = TestBroker::new("exporterclosed");
+    broker.migrate().await;
+    seed_three_dead_letters(&broker).await;
+    let registry = Registry::new();
+    let (source, name) = named_source(&broker, &registry);
+    source.read().await.unwrap();
+    let first = connections_named(&name).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    rabbitmqctl(&[
+        "close_connection",
+        &first[0],
+        "exporter test: closed by the broker",
+    ])
+    .await;
+
+    source.read().await.unwrap();
+    let dead = &broker.topology.dead_queue;
+    assert!(
+        queue_series(&registry).contains(&format!(
+            "fleet_budget_queue_messages{{queue=\"{dead}\",role=\"dead_letter\"}} 3\n"
+        )),
+        "{}",
+        queue_series(&registry)
+    );
+    wait_until(
+        LONG,
+        "the closed connection gone from the broker",
+        || async { !connections_named(&name).await.contains(&first[0]) },
+    )
+    .await;
+    let now = connections_named(&name).await;
+    assert_eq!(now.len(), 1, "one new connection: {now:?}");
+    source.read().await.unwrap();
+    assert_eq!(connections_named(&name).await, now, "and it is kept");
+    assert_eq!(broker.depth(dead).await, 3);
+}
+
+/// A queue that is missing (deleted under the exporter) makes the broker close the kept
+/// connection's channel at the passive declare: that reading fails and clears the queue series
+/// (the exporter shows `up 0`, as for a broker it cannot reach); once the queue is back, the next
+/// reading succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_queue_fails_its_reading_and_not_the_next() {
+    let broker = TestBroker::new("exportermissing");
+    broker.migrate().await;
+    let registry = Registry::new();
+    let (source, _name) = named_source(&broker, &registry);
+    source.read().await.unwrap();
+    let parked = broker.topology.parked_queue.clone();
+    let conn = broker.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(
+        ShortString::from(parked.as_str()),
+        QueueDeleteOptions::default(),
+    )
+    .await
+    .unwrap();
+
+    for _ in 0..2 {
+        let why = source.read().await.unwrap_err();
+        assert!(why.contains(&parked), "{why}");
+        assert!(
+            !queue_series(&registry).contains("fleet_budget_queue_messages{"),
+            "a failed reading shows no depth: {}",
+            queue_series(&registry)
+        );
+    }
+
+    ch.queue_declare(
+        ShortString::from(parked.as_str()),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    for _ in 0..2 {
+        source.read().await.unwrap();
+        assert!(
+            queue_series(&registry).contains(&format!(
+                "fleet_budget_queue_messages{{queue=\"{parked}\",role=\"parked\"}} 0\n"
+            )),
+            "{}",
+            queue_series(&registry)
+        );
     }
 }
