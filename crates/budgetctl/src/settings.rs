@@ -13,7 +13,8 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
         Some(path) => WorkerConfig::from_path(path).map_err(|e| config_error(&e, "--config"))?,
         None => {
             let mut c = WorkerConfig::default();
-            c.apply_env(|name| std::env::var(name).ok());
+            c.apply_env(|name| std::env::var(name).ok())
+                .map_err(|p| usage(p.to_string()))?;
             c
         }
     };

@@ -129,7 +129,9 @@ impl WorkerConfig {
         let text = fleet_budget::config::read_file(path)?;
         let origin = path.display().to_string();
         let mut config = Self::from_toml(&text, &origin)?;
-        config.apply_env(|name| std::env::var(name).ok());
+        config
+            .apply_env(|name| std::env::var(name).ok())
+            .map_err(|problem| ConfigError::invalid(&origin, vec![problem]))?;
         // Checked once the environment has had its say on the URL.
         if let Some(problem) = config.amqp.tls_problem() {
             return Err(ConfigError::invalid(&origin, vec![problem]));
@@ -166,15 +168,24 @@ impl WorkerConfig {
 
     /// Applies `FLEET_BUDGET_REDIS_URL`, `FLEET_BUDGET_AMQP_URL` and the CA files
     /// (`FLEET_BUDGET_REDIS_CA_FILE`, `FLEET_BUDGET_AMQP_CA_FILE`) as found by `lookup` (an empty
-    /// value is no override).
-    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) {
-        self.budget.apply_env(&lookup);
-        if let Some(url) = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty()) {
+    /// value is no override). Each URL is checked as the file's is.
+    ///
+    /// # Errors
+    /// A URL of the environment is not a Redis or AMQP URL (the problem names the variable,
+    /// password redacted); nothing changes then.
+    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        let amqp_url = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty());
+        if let Some(url) = &amqp_url {
+            check_url(ENV_AMQP_URL, url, &AMQP_SCHEMES)?;
+        }
+        self.budget.apply_env(&lookup)?;
+        if let Some(url) = amqp_url {
             self.amqp.url = url;
         }
         if let Some(file) = lookup(ENV_AMQP_CA_FILE).filter(|f| !f.is_empty()) {
             self.amqp.tls.ca_file = Some(file.into());
         }
+        Ok(())
     }
 }
 
@@ -415,7 +426,8 @@ mod tests {
             fleet_budget::config::ENV_REDIS_URL => Some("redis://env:1".to_owned()),
             ENV_AMQP_URL => Some("amqp://u:secret@env:5672/%2f".to_owned()),
             _ => None,
-        });
+        })
+        .unwrap();
         assert_eq!(c.budget.redis.url, "redis://env:1");
         assert_eq!(c.amqp.url, "amqp://u:secret@env:5672/%2f");
     }

@@ -371,7 +371,8 @@ fn config(args: &Args) -> anyhow::Result<WorkerConfig> {
         Some(path) => WorkerConfig::from_path(path)?,
         None => {
             let mut c = WorkerConfig::default();
-            c.apply_env(|name| std::env::var(name).ok());
+            c.apply_env(|name| std::env::var(name).ok())
+                .map_err(|p| anyhow::anyhow!("{p}"))?;
             c
         }
     };

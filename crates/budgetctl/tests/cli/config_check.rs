@@ -66,3 +66,49 @@ fn config_check_lists_every_error_and_exits_2() {
         "garbage.toml",
     );
 }
+
+/// `FLEET_BUDGET_REDIS_URL` and `FLEET_BUDGET_AMQP_URL` replaced the file's checked URLs
+/// unchecked: `config check` said "valid" for `rediss://.../#insecure` (certificate checks off,
+/// and the shown URL had the fragment dropped) or a URL of another scheme, and a worker used
+/// them. Now exit 2 naming the variable, the password not shown, in text and JSON.
+#[test]
+fn config_check_refuses_urls_of_the_environment_the_file_would_refuse() {
+    let path = temp_file("env-urls.toml", "[defaults]\nratio = 0.2\n");
+    let file = path.to_str().unwrap();
+    for (var, url) in [
+        (
+            "FLEET_BUDGET_REDIS_URL",
+            "rediss://u:hunter2@h:6380/#insecure",
+        ),
+        ("FLEET_BUDGET_REDIS_URL", "http://u:hunter2@h"),
+        ("FLEET_BUDGET_AMQP_URL", "amqps://u:hunter2@h/v#insecure"),
+        ("FLEET_BUDGET_AMQP_URL", "ftp://u:hunter2@h"),
+    ] {
+        let o = crate::budgetctl()
+            .env(var, url)
+            .args(["config", "check", file])
+            .output()
+            .unwrap();
+        assert_exit(&o, 2, var);
+        assert!(!stdout(&o).contains("valid"), "{}", stdout(&o));
+        let o = crate::budgetctl()
+            .env(var, url)
+            .args(["config", "check", file, "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["valid"], false, "{v}");
+        assert_eq!(v["errors"][0]["key"], var, "{v}");
+        for out in [stdout(&o), stderr(&o)] {
+            assert!(!out.contains("hunter2"), "password printed: {out}");
+        }
+    }
+    // A good URL of the environment is taken.
+    let o = crate::budgetctl()
+        .env("FLEET_BUDGET_REDIS_URL", "redis://env:1")
+        .args(["config", "check", file, "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(json(&o)["redis_url"], "redis://env:1");
+}

@@ -82,8 +82,11 @@ impl Config {
     /// The file cannot be read, is not TOML of this shape, or holds invalid values.
     pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
         let text = read_file(path)?;
-        let mut config = Self::from_toml(&text, &path.display().to_string())?;
-        config.apply_env(|name| std::env::var(name).ok());
+        let origin = path.display().to_string();
+        let mut config = Self::from_toml(&text, &origin)?;
+        config
+            .apply_env(|name| std::env::var(name).ok())
+            .map_err(|problem| ConfigError::invalid(&origin, vec![problem]))?;
         Ok(config)
     }
 
@@ -138,15 +141,25 @@ impl Config {
     }
 
     /// Applies `FLEET_BUDGET_REDIS_URL` and `FLEET_BUDGET_REDIS_CA_FILE` as found by `lookup` (an
-    /// empty value is no override).
-    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) {
-        if let Some(url) = lookup(ENV_REDIS_URL).filter(|u| !u.is_empty()) {
+    /// empty value is no override). The URL is checked as `redis.url` is: the environment is
+    /// edited at 3 a.m. too, and `rediss://h/#insecure` would turn certificate checks off.
+    ///
+    /// # Errors
+    /// `FLEET_BUDGET_REDIS_URL` is not a Redis URL (the problem names the variable and shows the
+    /// URL with its password redacted); nothing changes then.
+    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        let url = lookup(ENV_REDIS_URL).filter(|u| !u.is_empty());
+        if let Some(url) = &url {
+            check_url(ENV_REDIS_URL, url, &REDIS_SCHEMES)?;
+        }
+        if let Some(url) = url {
             self.redis.url = url;
             self.redis.cluster_urls.clear();
         }
         if let Some(file) = lookup(ENV_REDIS_CA_FILE).filter(|f| !f.is_empty()) {
             self.redis.tls.ca_file = Some(file.into());
         }
+        Ok(())
     }
 
     /// Points the store at the single server `url` (instead of any cluster), as a command-line
@@ -405,11 +418,39 @@ pub(super) mod tests {
             "t",
         )
         .unwrap();
-        c.apply_env(|k| (k == ENV_REDIS_URL).then(String::new));
+        c.apply_env(|k| (k == ENV_REDIS_URL).then(String::new))
+            .unwrap();
         assert_eq!(c.redis.url, "redis://file:6379");
-        c.apply_env(|k| (k == ENV_REDIS_URL).then(|| "redis://env:1".to_owned()));
+        c.apply_env(|k| (k == ENV_REDIS_URL).then(|| "redis://env:1".to_owned()))
+            .unwrap();
         assert_eq!(c.redis.url, "redis://env:1");
         assert!(c.redis.cluster_urls.is_empty());
+    }
+
+    /// `FLEET_BUDGET_REDIS_URL` used to replace a checked `redis.url` unchecked: `config check`
+    /// called `rediss://h/#insecure` (certificate checks off) or `http://h` valid, and a worker
+    /// connected with it. It is checked as the file's URL is; nothing changes when it is refused.
+    #[test]
+    fn the_environments_redis_url_is_checked_like_the_files() {
+        let file = "[redis]\nurl = \"rediss://file:6380\"\n";
+        for bad in [
+            "rediss://u:hunter2@h:6380/#insecure",
+            "http://u:hunter2@h",
+            "redis://",
+        ] {
+            let mut c = Config::from_toml(file, "t").unwrap();
+            let p = c
+                .apply_env(|k| match k {
+                    ENV_REDIS_URL => Some(bad.to_owned()),
+                    ENV_REDIS_CA_FILE => Some("ca.pem".to_owned()),
+                    _ => None,
+                })
+                .unwrap_err();
+            assert_eq!(p.key, ENV_REDIS_URL, "{p}");
+            assert!(!p.to_string().contains("hunter2"), "{p}");
+            assert_eq!(c.redis.url, "rediss://file:6380", "nothing changes");
+            assert_eq!(c.redis.tls.ca_file, None, "nothing changes");
+        }
     }
 
     #[test]
