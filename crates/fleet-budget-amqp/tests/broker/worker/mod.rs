@@ -17,6 +17,7 @@ mod concurrency;
 mod end_to_end;
 mod hostile;
 mod lifecycle;
+mod nested;
 mod no_loss;
 mod recovery_window;
 
