@@ -70,6 +70,12 @@ impl PublishError {
     }
 }
 
+/// Bytes a copy fitted by [`Publisher::fit`] leaves free in its frame for the header the broker
+/// adds when it delivers the copy: `x-delivery-count` (26 bytes) on a quorum queue's
+/// `basic.get` or redelivery. lapin takes a delivery over `frame_max` for a frame error and
+/// closes the connection, so a copy that filled the frame could be published but never read.
+pub const DELIVERY_ROOM: usize = 32;
+
 /// The longest AMQP short string (exchange names, routing keys), in bytes.
 pub const SHORT_STRING_MAX: usize = 255;
 
@@ -140,6 +146,20 @@ impl Publisher {
     pub fn frame_max(&self) -> Option<usize> {
         let n = self.connection.as_ref()?.configuration().frame_max();
         usize::try_from(n).ok().filter(|n| *n > 0)
+    }
+
+    /// `properties` fitted to one frame of the publisher's connection, [`DELIVERY_ROOM`] kept
+    /// free ([`headers::fit_frame`]): a copy can be larger than the message it copies, and a
+    /// header frame over `frame_max` makes the broker close the whole connection
+    /// (`501 FRAME_ERROR`). Unchanged when they fit or the publisher owns no connection.
+    #[must_use]
+    pub fn fit(&self, properties: BasicProperties) -> BasicProperties {
+        match self.frame_max() {
+            Some(frame_max) => {
+                headers::fit_frame(properties, frame_max.saturating_sub(DELIVERY_ROOM))
+            }
+            None => properties,
+        }
     }
 
     /// The connection, when the publisher owns one.

@@ -199,9 +199,10 @@ pub(crate) async fn inspect_on(
                     fate: Fate::Remove,
                 });
             } else {
-                let sent = publisher
-                    .send("", queue, &d.data, headers::put_back(&d.properties))
-                    .await;
+                // Fitted: the copy carries `expiration` and `user_id` in headers, and can
+                // outgrow the frame its original fitted.
+                let copy = publisher.fit(headers::put_back(&d.properties));
+                let sent = publisher.send("", queue, &d.data, copy).await;
                 inflight.push(settle_copy(d.delivery_tag, d.acker, sent));
             }
             if held.len() + inflight.len() >= WINDOW {

@@ -380,15 +380,17 @@ impl Replayer {
                 }
             };
             let (tag, acker) = (d.delivery_tag, d.acker);
-            let copy = match kind {
-                Kind::Keep | Kind::Return => headers::put_back(&props),
-                Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
-            };
             let via = if matches!(kind, Kind::Move) {
                 &publisher
             } else {
                 &keeper
             };
+            // A copy can outgrow the frame its original fitted (an id given, `expiration` and
+            // `user_id` moved into headers, replay and park headers added).
+            let copy = via.fit(match kind {
+                Kind::Keep | Kind::Return => headers::put_back(&props),
+                Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
+            });
             let target = matches!(kind, Kind::Move).then(|| Target {
                 alone: exchanges.alone(&exchange),
                 exchange: exchange.clone(),
@@ -571,7 +573,12 @@ impl Replayer {
         p.failed += 1;
         tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
         let sent = keeper
-            .send("", &self.source_queue, &data, headers::put_back(&props))
+            .send(
+                "",
+                &self.source_queue,
+                &data,
+                keeper.fit(headers::put_back(&props)),
+            )
             .await;
         match sent {
             Ok(pending) => inflight.push(await_copy(tag, acker, Kind::Return, pending, None, None)),

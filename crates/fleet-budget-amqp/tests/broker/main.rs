@@ -14,6 +14,7 @@ mod inspect;
 mod metrics;
 mod replay;
 mod replay_close;
+mod replay_frame;
 mod replay_refused;
 mod tls;
 mod topology;
