@@ -167,8 +167,9 @@ impl Checker {
     }
 
     /// The certificate files of the section `section` (`redis`, `amqp`), with a problem when
-    /// only one of its `tls_cert_file` and `tls_key_file` is given (a client certificate needs
-    /// its key).
+    /// one is an empty path (it would fail only at the first `rediss://` or `amqps://` connect,
+    /// as a file that cannot be read), or when only one of its `tls_cert_file` and
+    /// `tls_key_file` is given (a client certificate needs its key).
     pub fn tls_files(
         &mut self,
         section: &str,
@@ -176,6 +177,21 @@ impl Checker {
         cert_file: Option<PathBuf>,
         key_file: Option<PathBuf>,
     ) -> TlsFiles {
+        let mut path = |name: &str, file: Option<PathBuf>| {
+            let file = file?;
+            if file.as_os_str().is_empty() {
+                self.problem(
+                    &format!("{section}.{name}"),
+                    "\"\"",
+                    "must be the path of a PEM file",
+                );
+                return None;
+            }
+            Some(file)
+        };
+        let ca_file = path("tls_ca_file", ca_file);
+        let cert_file = path("tls_cert_file", cert_file);
+        let key_file = path("tls_key_file", key_file);
         if cert_file.is_some() != key_file.is_some() {
             self.problem(
                 &format!("{section}.tls_cert_file"),
@@ -280,6 +296,32 @@ mod tests {
         let p = c.into_problems();
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].allowed, "must be an integer from 0 to 10");
+    }
+
+    /// `tls_ca_file = ""` was accepted and failed only at the first TLS connect, as a file that
+    /// cannot be read; the Python client refused it. Refused here too, named, and an empty half
+    /// of the client pair counts as missing.
+    #[test]
+    fn empty_certificate_paths_are_refused() {
+        let mut c = Checker::new();
+        let files = c.tls_files("redis", Some(PathBuf::new()), None, None);
+        assert_eq!(files.ca_file, None);
+        let files = c.tls_files(
+            "amqp",
+            None,
+            Some(PathBuf::new()),
+            Some(PathBuf::from("k.pem")),
+        );
+        assert_eq!(files.cert_file, None);
+        let keys: Vec<String> = c.into_problems().into_iter().map(|p| p.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "redis.tls_ca_file",
+                "amqp.tls_cert_file",
+                "amqp.tls_cert_file"
+            ]
+        );
     }
 
     #[test]
