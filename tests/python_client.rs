@@ -426,6 +426,16 @@ fn bad_configurations_are_refused_alike() {
         "[defaults]\nmax_delay_secs = 1.5\n",
         "[unmapped_tasks]\npolicy = \"reject\"\n[tasks.\"a{b}\"]\nmax_delay_secs = 1\n",
         "[tasks.\"a{b}\"]\nmax_delay_secs = 1\n",
+        // Input review, session 5: a prefix of 58 characters but 74 bytes, Unicode spaces, an
+        // empty fragment, empty certificate paths, IPv6 scopes, were taken by one language only.
+        "[redis]\nkey_prefix = \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\\u3042\\u3042\\u3042\\u3042\\u3042\\u3042\\u3042\\u3042\"\n",
+        "[redis]\nkey_prefix = \"a\\u00A0b\"\n",
+        "[redis]\nkey_prefix = \"a\\u3000b\"\n",
+        "[redis]\nurl = \"redis://h:1/#\"\n",
+        "[redis]\ntls_ca_file = \"\"\n",
+        "[redis]\ntls_cert_file = \"\"\ntls_key_file = \"k.pem\"\n",
+        "[metrics]\nlisten = \"[fe80::1%2]:9464\"\n",
+        "[metrics]\nlisten = \"[fe80::1%eth0]:9464\"\n",
         "",
     ];
     let mut child = Command::new(python())

@@ -146,3 +146,40 @@ def test_batch_across_dependencies_is_read_like_rust():
     with pytest.raises(ConfigError) as e:
         Config.from_toml('[redis]\nbatch_across_dependencies = "no"\n')
     assert [p.key for p in e.value.problems] == ["redis.batch_across_dependencies"]
+
+
+def _problem_keys(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml(text)
+    return sorted(p.key for p in e.value.problems)
+
+
+def test_key_prefixes_are_refused_as_rust_refuses_them():
+    """Input review, session 5: the Rust check counts 64 *bytes* and refuses every Unicode space;
+    this client counted characters and refused only " ", so it accepted prefixes the Rust worker
+    of the same fleet refuses (and would have written keys no Rust tool reads)."""
+    assert Config.from_toml('[redis]\nkey_prefix = "' + "é" * 32 + '"\n').redis.key_prefix == "é" * 32
+    for prefix in ["é" * 33, "a\u00a0b", "a\u3000b", "a\u2003b"]:
+        assert _problem_keys(f'[redis]\nkey_prefix = "{prefix}"\n') == ["redis.key_prefix"], prefix
+
+
+def test_only_a_fragment_with_text_is_refused_in_urls():
+    """An empty fragment (``redis://h:1/#``) turns nothing off; Rust takes it, and so does this
+    client now. A fragment with text is refused by both."""
+    assert Config.from_toml('[redis]\nurl = "redis://h:1/#"\n').redis.url == "redis://h:1/#"
+    assert _problem_keys('[redis]\nurl = "rediss://h:1/#insecure"\n') == ["redis.url"]
+
+
+def test_metrics_listen_takes_a_numeric_ipv6_scope_only():
+    """Rust's socket address syntax: ``[fe80::1%2]:9464`` yes, ``[fe80::1%eth0]:9464`` no."""
+    Config.from_toml('[metrics]\nlisten = "[fe80::1%2]:9464"\n')
+    for bad in ["[fe80::1%eth0]:9464", "[fe80::1%]:9464", "[fe80::1%4294967296]:9464"]:
+        assert _problem_keys(f'[metrics]\nlisten = "{bad}"\n') == ["metrics.listen"], bad
+
+
+def test_a_byte_order_mark_is_skipped_as_rust_skips_it(tmp_path):
+    """A file saved with a BOM (Windows editors) was refused here ("Invalid statement") and taken
+    by the Rust worker."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes("\ufeff[defaults]\nratio = 0.1\n".encode("utf-8"))
+    assert Config.from_path(path).defaults.ratio == 0.1

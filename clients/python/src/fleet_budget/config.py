@@ -136,6 +136,8 @@ class Config:
 
     @classmethod
     def from_toml(cls, text: str, origin: str = "<toml>") -> "Config":
+        # A byte order mark (a file saved by a Windows editor) is skipped, as the Rust parser does.
+        text = text.removeprefix("\ufeff")
         try:
             root = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -379,8 +381,9 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         prefix = r["key_prefix"]
         if not isinstance(prefix, str):
             raise _wrong_type("redis.key_prefix", prefix, "a string")
-        if (not 1 <= len(prefix) <= 64
-                or any(ch in "{} " or _is_control(ch) for ch in prefix)):
+        # 64 bytes, and Unicode spaces too, as the Rust ``check_key_prefix`` counts and refuses.
+        if (not 1 <= len(prefix.encode("utf-8")) <= 64
+                or any(ch in "{}" or ch.isspace() or _is_control(ch) for ch in prefix)):
             c.problem("redis.key_prefix", repr(prefix),
                       "must be 1 to 64 characters without `{`, `}`, spaces or control characters")
         else:
@@ -495,7 +498,11 @@ def _socket_addr(value: Any) -> bool:
         return False
     try:
         if host.startswith("[") and host.endswith("]"):
-            ipaddress.IPv6Address(host[1:-1])
+            address, percent, scope = host[1:-1].partition("%")
+            # Rust's ``SocketAddrV6`` takes a numeric scope id only (``[fe80::1%2]``, not ``%eth0``).
+            if percent and not (scope.isascii() and scope.isdigit() and int(scope) < 2**32):
+                return False
+            ipaddress.IPv6Address(address)
         else:
             ipaddress.IPv4Address(host)
     except ValueError:
@@ -528,7 +535,7 @@ def _url_problem(c: _Checker, key: str, url: str, schemes: tuple[str, ...]) -> b
         c.problem(key, _redact(url), f"TLS ({scheme}://) is not available here, and the connection "
                   f"would not be encrypted; use {scheme[:-1]}:// on a trusted network or through a TLS tunnel")
         return False
-    if "#" in url:
+    if url.partition("#")[2]:
         c.problem(key, _redact(url), "must not have a #fragment (certificate and host name checks "
                   "cannot be turned off)")
         return False
