@@ -76,6 +76,13 @@ impl PublishError {
 /// closes the connection, so a copy that filled the frame could be published but never read.
 pub const DELIVERY_ROOM: usize = 32;
 
+/// `properties` fitted to a frame of `frame_max` bytes (as negotiated), [`DELIVERY_ROOM`] kept
+/// free: see [`Publisher::fit`].
+#[must_use]
+pub fn fit_copy(properties: BasicProperties, frame_max: usize) -> BasicProperties {
+    headers::fit_frame(properties, frame_max.saturating_sub(DELIVERY_ROOM))
+}
+
 /// The longest AMQP short string (exchange names, routing keys), in bytes.
 pub const SHORT_STRING_MAX: usize = 255;
 
@@ -155,9 +162,7 @@ impl Publisher {
     #[must_use]
     pub fn fit(&self, properties: BasicProperties) -> BasicProperties {
         match self.frame_max() {
-            Some(frame_max) => {
-                headers::fit_frame(properties, frame_max.saturating_sub(DELIVERY_ROOM))
-            }
+            Some(frame_max) => fit_copy(properties, frame_max),
             None => properties,
         }
     }

@@ -43,7 +43,7 @@ use lapin::{Acker, Connection};
 use crate::connection::{connect, deadline, timeouts, within};
 use crate::error::AmqpError;
 use crate::headers;
-use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed};
+use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fit_copy};
 use crate::topology::names::amqp_name;
 use crate::topology::queue_depth;
 
@@ -165,6 +165,7 @@ pub(crate) async fn inspect_on(
         }
     };
     let publisher = Publisher::on_channel(copies.clone());
+    let frame_max = usize::try_from(conn.configuration().frame_max()).unwrap_or(usize::MAX);
     let result = async {
         let total = u64::from(queue_depth(&ch, queue).await?);
         let bound = options.limit.map_or(total, |l| l.min(total));
@@ -201,7 +202,7 @@ pub(crate) async fn inspect_on(
             } else {
                 // Fitted: the copy carries `expiration` and `user_id` in headers, and can
                 // outgrow the frame its original fitted.
-                let copy = publisher.fit(headers::put_back(&d.properties));
+                let copy = fit_copy(headers::put_back(&d.properties), frame_max);
                 let sent = publisher.send("", queue, &d.data, copy).await;
                 inflight.push(settle_copy(d.delivery_tag, d.acker, sent));
             }
