@@ -436,6 +436,13 @@ fn bad_configurations_are_refused_alike() {
         "[redis]\ntls_cert_file = \"\"\ntls_key_file = \"k.pem\"\n",
         "[metrics]\nlisten = \"[fe80::1%2]:9464\"\n",
         "[metrics]\nlisten = \"[fe80::1%eth0]:9464\"\n",
+        // URLs the Redis client cannot use, refused when the file is checked.
+        "[redis]\nurl = \"redis://u:hunter2@h:99999\"\ncluster_urls = [\"redis://h ost:1\", \"redis://0.0.0.0:1\"]\n",
+        "[redis]\nurl = \"redis://h:1/zero\"\n",
+        "[redis]\nurl = \"redis://[::1:1\"\n",
+        "[redis]\nurl = \"redis://h:1?protocol=resp9\"\n",
+        "[redis]\nurl = \"unix:///tmp/x.sock?db=one\"\n",
+        "[redis]\nurl = \"redis://u:p@[::1]:6379/+3?protocol=3\"\n",
         "",
     ];
     let mut child = Command::new(python())

@@ -183,3 +183,20 @@ def test_a_byte_order_mark_is_skipped_as_rust_skips_it(tmp_path):
     path = tmp_path / "bom.toml"
     path.write_bytes("\ufeff[defaults]\nratio = 0.1\n".encode("utf-8"))
     assert Config.from_path(path).defaults.ratio == 0.1
+
+
+def test_urls_the_redis_client_cannot_use_are_refused_as_rust_refuses_them():
+    """The Rust check now asks the Redis client whether it can use the URL (a port out of range,
+    a host it cannot parse, a database that is not a number, a wildcard address); this client
+    refuses the same URLs, so both languages still take or refuse one file alike."""
+    for url in ["redis://u:hunter2@h:99999", "redis://h ost:1", "redis://[::1:1", "redis://h:1/zero",
+                "redis://0.0.0.0:6379", "redis://[::]:1", "redis://h:1?protocol=9", "redis://u:p%ff@h:1",
+                "unix://host/tmp/x", "unix:///tmp/x?db=one"]:
+        assert _problem_keys(f'[redis]\nurl = "{url}"\n') == ["redis.url"], url
+        assert _problem_keys(f'[redis]\ncluster_urls = ["{url.replace("unix", "redis")}"]\n') \
+            == ["redis.cluster_urls[0]"], url
+    for url in ["redis://h:1/+3", "redis://u:p@[::1]:1", "rediss://h:1?protocol=resp3", "unix:///tmp/x?db=2"]:
+        assert Config.from_toml(f'[redis]\nurl = "{url}"\n').redis.url == url
+    with pytest.raises(ConfigError) as e:
+        Config().apply_env({"FLEET_BUDGET_REDIS_URL": "redis://u:hunter2@h:99999"})
+    assert "hunter2" not in str(e.value) and e.value.problems[0].key == "FLEET_BUDGET_REDIS_URL"

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 import tomllib
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
@@ -542,7 +544,68 @@ def _url_problem(c: _Checker, key: str, url: str, schemes: tuple[str, ...]) -> b
     if not _url_ok(url, schemes):
         c.problem(key, _redact(url), "must be a URL of the form " + " or ".join(f"{s}://..." for s in schemes))
         return False
+    why = _client_url_problem(url)
+    if why:
+        c.problem(key, _redact(url), f"the Redis client cannot use this URL ({why})")
+        return False
     return True
+
+
+#: Characters a host may not hold (the URL standard's forbidden host code points, which the Rust
+#: client's URL parser refuses; tabs and line breaks are dropped from a URL by both parsers).
+_FORBIDDEN_HOST = set("\0 #/:<>?@[\\]^|")
+
+
+def _client_url_problem(url: str) -> Optional[str]:
+    """Why the Rust Redis client would refuse the URL at its first connect (the Rust
+    ``check_redis_url``, which asks that client), or None: a port out of range, a host it cannot
+    parse, a database that is not a number, a wildcard address, an unknown ``protocol``, a user
+    or password that is not UTF-8 once decoded, a socket URL with a host."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when out of range or not a number
+    except ValueError:
+        return "Redis URL did not parse"
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if query.get("protocol", "2") not in ("2", "resp2", "3", "resp3"):
+        return "Invalid protocol version"
+    if parts.scheme in ("unix", "redis+unix"):
+        if parts.netloc not in ("", "localhost"):
+            return "Missing path"
+        if "db" in query and not _i64(query["db"]):
+            return "Invalid database number"
+        return None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    try:
+        for part in userinfo.partition(":")[::2]:
+            unquote_to_bytes(part).decode("utf-8")
+    except UnicodeDecodeError:
+        return "a user name or password that is not UTF-8"
+    if host.startswith("["):
+        literal = host[1:].partition("]")[0]
+        try:
+            if "%" in literal:
+                raise ValueError(literal)
+            host = str(ipaddress.IPv6Address(literal))
+        except ValueError:
+            return "Redis URL did not parse"
+    else:
+        host = host.rpartition(":")[0] if ":" in host else host
+        if any(ch in _FORBIDDEN_HOST for ch in host):
+            return "Redis URL did not parse"
+    if not host:
+        return "Missing hostname"
+    if host in ("0.0.0.0", "::"):
+        return "Cannot connect to a wildcard address (0.0.0.0 or ::)"
+    db = parts.path.strip("/")
+    if db and not _i64(db):
+        return "Invalid database number"
+    return None
+
+
+def _i64(text: str) -> bool:
+    """Whether Rust's ``i64::from_str`` takes ``text``."""
+    return bool(re.fullmatch(r"[+-]?[0-9]+", text)) and -(2**63) <= int(text) < 2**63
 
 
 def _url_ok(url: str, schemes: tuple[str, ...] = REDIS_SCHEMES) -> bool:

@@ -150,7 +150,7 @@ impl Config {
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
         let url = lookup(ENV_REDIS_URL).filter(|u| !u.is_empty());
         if let Some(url) = &url {
-            check_url(ENV_REDIS_URL, url, &REDIS_SCHEMES)?;
+            redis::check_redis_url(ENV_REDIS_URL, url, &REDIS_SCHEMES)?;
         }
         if let Some(url) = url {
             self.redis.url = url;
@@ -169,7 +169,7 @@ impl Config {
     /// The URL is not a Redis URL (the problem shows it with its password redacted); nothing
     /// changes then.
     pub fn set_redis_url(&mut self, url: &str) -> Result<(), Problem> {
-        check_url("redis.url", url, &REDIS_SCHEMES)?;
+        redis::check_redis_url("redis.url", url, &REDIS_SCHEMES)?;
         url.clone_into(&mut self.redis.url);
         self.redis.cluster_urls.clear();
         Ok(())

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::redact::{redact_text, redact_url};
 use crate::tls::TlsFiles;
 
+use super::Problem;
 use super::check::{Checker, check_key_prefix, check_url};
 
 /// Environment variable that overrides `redis.url`.
@@ -19,6 +21,30 @@ pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 /// The URL schemes of Redis Cluster seed nodes: no `rediss` yet (TLS to a cluster is not tested
 /// here, and the Python client's cluster mode has none), so it is refused by name.
 pub const CLUSTER_SCHEMES: [&str; 1] = ["redis"];
+
+/// Checks a Redis URL as [`check_url`] does, then as the Redis client will read it at the first
+/// connect: a port out of range, a host it cannot parse, a database that is not a number or a
+/// wildcard address (`0.0.0.0`) is named when the file is checked (`budgetctl config check`),
+/// not when the worker starts. `key` names the setting; the URL is shown with its password
+/// redacted.
+///
+/// # Errors
+/// The problem, when the URL is not one of `schemes` or the Redis client cannot use it.
+pub(super) fn check_redis_url(key: &str, url: &str, schemes: &[&str]) -> Result<(), Problem> {
+    check_url(key, url, schemes)?;
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|_| ())
+        .map_err(|e| {
+            Problem::new(
+                key,
+                redact_url(url),
+                format!(
+                    "the Redis client cannot use this URL ({})",
+                    redact_text(&e.to_string())
+                ),
+            )
+        })
+}
 
 /// What to do when the fleet store (Redis) cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -109,13 +135,13 @@ impl RawRedis {
     pub(super) fn resolve(self, c: &mut Checker) -> RedisSettings {
         let mut redis = RedisSettings::default();
         if let Some(url) = self.url {
-            c.passed(check_url("redis.url", &url, &REDIS_SCHEMES));
+            c.passed(check_redis_url("redis.url", &url, &REDIS_SCHEMES));
             redis.url = url;
         }
         if let Some(urls) = self.cluster_urls {
             for (i, url) in urls.iter().enumerate() {
                 let key = format!("redis.cluster_urls[{i}]");
-                c.passed(check_url(&key, url, &CLUSTER_SCHEMES));
+                c.passed(check_redis_url(&key, url, &CLUSTER_SCHEMES));
             }
             redis.cluster_urls = urls;
         }
@@ -163,6 +189,39 @@ mod tests {
         let p = problems("[redis]\nurl = \"http://u:hunter2@h\"\n");
         assert_eq!(p[0].key, "redis.url");
         assert!(!p[0].value.contains("hunter2"), "{}", p[0]);
+    }
+
+    /// `config check` called these valid; the worker then stopped at its first connect with
+    /// "Redis URL did not parse". Named with the key now, the password not shown.
+    #[test]
+    fn urls_the_redis_client_cannot_use_are_named() {
+        for (url, why) in [
+            ("redis://u:hunter2@h:99999", "did not parse"),
+            ("redis://u:hunter2@h ost:1", "did not parse"),
+            ("redis://u:hunter2@[::1:1", "did not parse"),
+            ("redis://u:hunter2@h:1/zero", "Invalid database number"),
+            ("redis://u:hunter2@0.0.0.0:6379", "wildcard"),
+        ] {
+            let p = problems(&format!("[redis]\nurl = \"{url}\"\n"));
+            assert_eq!(p.len(), 1, "{url}: {p:?}");
+            assert_eq!(p[0].key, "redis.url");
+            assert!(p[0].allowed.contains(why), "{url}: {}", p[0]);
+            assert!(!p[0].to_string().contains("hunter2"), "{}", p[0]);
+            let p = problems(&format!("[redis]\ncluster_urls = [\"{url}\"]\n"));
+            assert_eq!(p[0].key, "redis.cluster_urls[0]");
+        }
+        for good in [
+            "redis://127.0.0.1:6379/0",
+            "redis://u:p@[::1]:6379",
+            "rediss://h:6380",
+            "redis+unix:///tmp/redis.sock",
+            "unix:///tmp/redis.sock?db=1",
+        ] {
+            assert!(
+                crate::Config::from_toml(&format!("[redis]\nurl = \"{good}\"\n"), "t").is_ok(),
+                "{good}"
+            );
+        }
     }
 
     #[test]
