@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use fleet_budget::control::overrides::{MAX_ACTOR_BYTES, MAX_OVERRIDE_DURATION, MAX_REASON_BYTES};
 use fleet_budget::control::{Change, OverrideAction, overrides};
 use fleet_budget::{Config, Dependency};
 
@@ -46,8 +47,8 @@ pub(crate) struct Who {
 pub(crate) struct FreezeArgs {
     /// The dependency.
     dependency: String,
-    /// How long (`30m`, `1h30m`).
-    #[arg(long = "for", value_name = "DURATION", value_parser = when::duration)]
+    /// How long (`30m`, `1h30m`; at most 366 days).
+    #[arg(long = "for", value_name = "DURATION", value_parser = override_duration)]
     duration: Duration,
     #[command(flatten)]
     who: Who,
@@ -64,8 +65,8 @@ pub(crate) struct SetArgs {
     /// Retries always allowed per window meanwhile.
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     min_allowance: Option<u64>,
-    /// How long (`30m`, `1h30m`).
-    #[arg(long = "for", value_name = "DURATION", value_parser = when::duration)]
+    /// How long (`30m`, `1h30m`; at most 366 days).
+    #[arg(long = "for", value_name = "DURATION", value_parser = override_duration)]
     duration: Duration,
     #[command(flatten)]
     who: Who,
@@ -78,6 +79,15 @@ pub(crate) struct PlainArgs {
     dependency: String,
     #[command(flatten)]
     who: Who,
+}
+
+/// Parses `--for`: a duration from 1 ms to 366 days, the longest override `override.lua` takes.
+fn override_duration(s: &str) -> Result<Duration, String> {
+    let d = when::duration(s)?;
+    if d > MAX_OVERRIDE_DURATION {
+        return Err(format!("`{s}` must be at most 366d"));
+    }
+    Ok(d)
 }
 
 /// Runs the command.
@@ -110,6 +120,19 @@ pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Res
     let dep = Dependency::new(dependency)
         .map_err(|e| usage(format!("{dependency:?}: a dependency name {e}")))?;
     let actor = who.actor.clone().unwrap_or_else(when::default_actor);
+    // The script refuses longer ones; refused here, naming the flag, before anything is sent.
+    if who.reason.len() > MAX_REASON_BYTES {
+        return Err(usage(format!(
+            "--reason is {} bytes long, at most {MAX_REASON_BYTES} allowed",
+            who.reason.len()
+        )));
+    }
+    if actor.len() > MAX_ACTOR_BYTES {
+        return Err(usage(format!(
+            "--actor (or $USER@<hostname>) is {} bytes long, at most {MAX_ACTOR_BYTES} allowed",
+            actor.len()
+        )));
+    }
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
     let change = overrides::apply(
         &store,

@@ -182,3 +182,79 @@ fn clear_lifts_a_freeze_and_a_set_together() {
     assert!(clear["after"]["freeze"].is_null(), "{v}");
     assert!(clear["after"]["set"].is_null(), "{v}");
 }
+
+/// What `override.lua` refuses (an override over 366 days, a reason over 1,000 bytes, an actor
+/// over 200) ended in "Redis ... does not answer ... Start one with `docker compose up -d`",
+/// exit 1. Now a usage error naming the flag (exit 2), before anything is sent; the limits
+/// themselves still work.
+#[test]
+fn overrides_the_script_would_refuse_name_the_flag_and_send_nothing() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let on = ["--redis-url", url.as_str()];
+    let long_reason = "x".repeat(1001);
+    let long_actor = "é".repeat(101);
+    for (args, flag) in [
+        (
+            vec![
+                "budget", "freeze", "search", "--for", "367d", "--reason", "r",
+            ],
+            "--for",
+        ),
+        (
+            vec![
+                "budget", "set", "search", "--ratio", "1", "--for", "400d", "--reason", "r",
+            ],
+            "--for",
+        ),
+        (
+            vec![
+                "budget",
+                "freeze",
+                "search",
+                "--for",
+                "1h",
+                "--reason",
+                &long_reason,
+            ],
+            "--reason",
+        ),
+        (
+            vec![
+                "budget",
+                "freeze",
+                "search",
+                "--for",
+                "1h",
+                "--reason",
+                "r",
+                "--actor",
+                &long_actor,
+            ],
+            "--actor",
+        ),
+    ] {
+        let mut all = on.to_vec();
+        all.extend(args);
+        let o = crate::run(&all);
+        assert_exit(&o, 2, flag);
+        assert!(
+            !crate::stderr(&o).contains("does not answer"),
+            "{}",
+            crate::stderr(&o)
+        );
+    }
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty(), "nothing sent: {keys:?}");
+    let at_the_limits = format!(
+        "budget freeze search --for 366d --reason {} --actor {} --json",
+        "x".repeat(1000),
+        "a".repeat(200)
+    );
+    let v = json(&run_with(&on, &at_the_limits));
+    assert_eq!(
+        v["change"]["after"]["freeze"]["actor"],
+        "a".repeat(200),
+        "{v}"
+    );
+}

@@ -13,6 +13,13 @@ use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::store::{OVERRIDE_SCRIPT, RedisStore};
 
+/// The longest override `lua/override.lua` takes: 366 days.
+pub const MAX_OVERRIDE_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The longest actor `lua/override.lua` takes, in bytes.
+pub const MAX_ACTOR_BYTES: usize = 200;
+/// The longest reason `lua/override.lua` takes, in bytes.
+pub const MAX_REASON_BYTES: usize = 1000;
+
 /// An override to apply.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OverrideAction {
