@@ -4,6 +4,7 @@
 use clap::Args;
 use fleet_budget::Config;
 use fleet_budget::control::AuditEntry;
+use fleet_budget::printable::escape_text;
 
 use crate::output::{print_json, table_aligned};
 use crate::redis_conn;
@@ -108,20 +109,26 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
         .map(str::to_owned)
         .to_vec(),
     ];
+    // Anyone with access to Redis can add an entry: its text is shown with control and
+    // bidirectional characters as codes, so that it cannot drive the terminal, break the table
+    // into lines of its own, or read as something it is not.
+    let shown = |text: &str| escape_text(text).into_owned();
     for e in &entries {
         let json = |v: &Option<serde_json::Value>| {
             v.as_ref()
-                .map_or_else(|| "-".to_owned(), ToString::to_string)
+                .map_or_else(|| "-".to_owned(), |v| shown(&v.to_string()))
         };
         rows.push(vec![
             when::rfc3339_ms(e.at_ms),
-            e.actor.clone(),
-            e.action.clone(),
-            e.dependency.clone().unwrap_or_else(|| "-".to_owned()),
+            shown(&e.actor),
+            shown(&e.action),
+            e.dependency
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), shown),
             if e.reason.is_empty() {
                 "-".to_owned()
             } else {
-                e.reason.clone()
+                shown(&e.reason)
             },
             format!("{} → {}", json(&e.before), json(&e.after)),
         ]);

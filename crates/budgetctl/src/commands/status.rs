@@ -7,6 +7,7 @@ use clap::Args;
 use fleet_budget::StoreError;
 use fleet_budget::breaker::{BreakerState, BreakerStatus, status_on};
 use fleet_budget::control::{FleetStatus, Overrides, fleet_status};
+use fleet_budget::printable::escape_text;
 use fleet_budget::store::RedisStore;
 use fleet_budget::{BudgetSnapshot, Config, Dependency, WindowCounters};
 use serde::Serialize;
@@ -182,6 +183,7 @@ impl DependencyStatus {
             self.dependency, self.policy_in_force
         );
         if let (Some(policy), Some(age)) = (&self.conflicting_policy, self.conflict_age_secs) {
+            let policy = escape_text(policy);
             out.push_str(&format!(
                 "  CONFLICT: {} calls sent another policy, the last `{policy}` {age:.1}s ago \
                  (window_ms ratio min_allowance basis mode); they are served by the policy in force\n",
@@ -193,9 +195,9 @@ impl DependencyStatus {
         }
         if let Some(f) = &self.overrides.freeze {
             out.push_str(&format!(
-                "  FROZEN by {} ({:?}): no retry granted, expires in {:.1}s\n",
-                f.actor,
-                f.reason,
+                "  FROZEN by {} (\"{}\"): no retry granted, expires in {:.1}s\n",
+                escape_text(&f.actor),
+                escape_text(&f.reason),
                 secs(f.until_ms)
             ));
         }
@@ -205,9 +207,9 @@ impl DependencyStatus {
                 .min_allowance
                 .map_or_else(String::new, |m| format!(" min_allowance {m}"));
             out.push_str(&format!(
-                "  SET{ratio}{floor} by {} ({:?}), expires in {:.1}s\n",
-                o.actor,
-                o.reason,
+                "  SET{ratio}{floor} by {} (\"{}\"), expires in {:.1}s\n",
+                escape_text(&o.actor),
+                escape_text(&o.reason),
                 secs(o.until_ms)
             ));
         }

@@ -80,3 +80,62 @@ fn status_lists_budgets_beside_keys_it_cannot_read_and_under_glob_prefixes() {
         assert_eq!(found, ["search"], "prefix {prefix}: {v}");
     }
 }
+
+/// Text anyone with access to Redis can write (an audit entry's actor, dependency and reason; a
+/// freeze's actor and reason in the budget hash) was printed raw by `audit` and `status`: an
+/// escape sequence drove the operator's terminal, a newline broke the table into a line of its
+/// own, U+202E made a name read backwards. Shown as codes now; `--json` keeps the text as is.
+#[test]
+fn audit_and_status_show_hand_written_control_characters_as_codes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let on = ["--redis-url", url.as_str()];
+    let _: String = redis.cmd(&[
+        "XADD",
+        "fb:v1:audit",
+        "*",
+        "actor",
+        "eve\x1b[2J",
+        "action",
+        "freeze",
+        "dependency",
+        "pay\u{202e}lanoitan",
+        "reason",
+        "line1\nFAKE ROW",
+    ]);
+    let o = run_with(&on, "audit");
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("eve\\u{1b}[2J"), "{text}");
+    assert!(text.contains("pay\\u{202e}lanoitan"), "{text}");
+    assert!(text.contains("line1\\u{a}FAKE ROW"), "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("FAKE ROW")), "{text}");
+    assert!(
+        !text.contains('\x1b') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+    let v = json(&run_with(&on, "audit --json"));
+    assert_eq!(v["entries"][0]["actor"], "eve\x1b[2J", "{v}");
+
+    let o = run_with(
+        &on,
+        "budget freeze search --for 1h --reason incident --actor alice",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _: () = redis.cmd(&[
+        "HSET",
+        "fb:v1:{search}",
+        "fa",
+        "mal\x1b[31mlory",
+        "fy",
+        "why\u{202e}\nnot",
+    ]);
+    let o = run_with(&on, "status --dependency search");
+    let text = stdout(&o);
+    assert!(text.contains("FROZEN by mal\\u{1b}[31mlory"), "{text}");
+    assert!(text.contains("why\\u{202e}\\u{a}not"), "{text}");
+    assert!(
+        !text.contains('\x1b') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+}
