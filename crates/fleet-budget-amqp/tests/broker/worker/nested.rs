@@ -22,8 +22,8 @@ use tokio::net::TcpStream;
 
 use super::LONG;
 
-/// Nesting of the hostile header: the debug build dies from about 200 levels on, a release
-/// build further down; 128 KiB frames allow some 18,000.
+/// Nesting of the hostile header: a debug build dies from about 200 levels on (100 pass), a
+/// release build from about 2,000 (1,000 pass); 128 KiB frames allow some 18,000.
 const DEPTH: usize = 200;
 
 /// The variable that tells [`consume_one_in_a_child`] which queue to read.
