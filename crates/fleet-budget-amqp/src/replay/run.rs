@@ -398,16 +398,13 @@ impl Replayer {
             let alone = target.as_ref().is_some_and(|t| t.alone);
             if alone {
                 // No other move may share its channel's fate: settle every copy in flight.
-                while let Some(done) = inflight.next().await {
-                    self.count_confirmed(
-                        done,
-                        &mut p,
-                        &mut settler,
-                        (&keeper, &mut exchanges),
-                        &mut inflight,
-                    )
-                    .await;
-                }
+                self.settle_all(
+                    &mut p,
+                    &mut settler,
+                    (&keeper, &mut exchanges),
+                    &mut inflight,
+                )
+                .await;
             }
             match via.send(&exchange, &routing_key, &d.data, copy).await {
                 Ok(pending) => {
@@ -416,16 +413,13 @@ impl Replayer {
                     inflight.push(await_copy(tag, acker, kind, pending, kept, target));
                     if alone {
                         // Its outcome decides whether the moves after it may be pipelined.
-                        while let Some(done) = inflight.next().await {
-                            self.count_confirmed(
-                                done,
-                                &mut p,
-                                &mut settler,
-                                (&keeper, &mut exchanges),
-                                &mut inflight,
-                            )
-                            .await;
-                        }
+                        self.settle_all(
+                            &mut p,
+                            &mut settler,
+                            (&keeper, &mut exchanges),
+                            &mut inflight,
+                        )
+                        .await;
                     }
                 }
                 Err(e) => {
@@ -475,16 +469,13 @@ impl Replayer {
             }
             progress(&p);
         }
-        while let Some(done) = inflight.next().await {
-            self.count_confirmed(
-                done,
-                &mut p,
-                &mut settler,
-                (&keeper, &mut exchanges),
-                &mut inflight,
-            )
-            .await;
-        }
+        self.settle_all(
+            &mut p,
+            &mut settler,
+            (&keeper, &mut exchanges),
+            &mut inflight,
+        )
+        .await;
         // The last acks (one command), then the cancel: a synchronous command of the quorum
         // queue's log, sent by the same channel, so once it is answered every ack before it is
         // applied and the close cannot return those originals beside their copies.
@@ -534,6 +525,20 @@ impl Replayer {
     /// copy (like a skipped one), so that its original can be acked without a nack raising its
     /// delivery count; only if that copy fails too is the original held. What a move's outcome
     /// says of its exchange goes to `exchanges`.
+    /// Waits for every copy in flight and counts each as [`Self::count_confirmed`] does.
+    async fn settle_all(
+        &self,
+        p: &mut ReplayProgress,
+        settler: &mut Settler,
+        (keeper, exchanges): (&Publisher, &mut Exchanges),
+        inflight: &mut InFlight,
+    ) {
+        while let Some(done) = inflight.next().await {
+            self.count_confirmed(done, p, settler, (keeper, &mut *exchanges), inflight)
+                .await;
+        }
+    }
+
     async fn count_confirmed(
         &self,
         done: Done,
