@@ -108,6 +108,20 @@ impl Env {
         id
     }
 
+    /// Waits until `queue` holds at least `n` ready messages: after a replay run that put
+    /// messages back. Its consumer is pushed the copies past its bound, and the close that
+    /// returns them is applied by the quorum queue after it is answered: until then they are
+    /// neither ready nor gone, and a run or a drain started at once reads them missing (a run
+    /// whose bound read 0 of 3 under disk load). A deadline for failing, not a timing assertion.
+    pub async fn ready_again(&self, queue: &str, n: u32) {
+        wait_until(
+            Duration::from_secs(60),
+            &format!("{n} messages ready again in {queue}"),
+            || async { self.depth(queue).await >= n },
+        )
+        .await;
+    }
+
     /// Takes every ready message of `queue`; returns their message ids.
     pub async fn drain_ids(&self, queue: &str) -> BTreeSet<String> {
         ids(&self.drain(queue).await)
