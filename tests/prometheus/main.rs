@@ -52,12 +52,13 @@ const BROWNOUT: Duration = Duration::from_secs(8);
 const RECOVERED: Duration = Duration::from_secs(8);
 /// Test-sized `for:` of every alert (10 minutes in production).
 const TEST_FOR: &str = "2s";
-/// The exporter's scrape interval and timeout. Its reading connects to RabbitMQ and, once dead
-/// letters arrive, looks at the dead-letter queue: seconds on a loaded machine (3.4 s and 5 s seen,
-/// test copies pinned to one core). It answers within 80 % of the timeout Prometheus announces,
-/// cutting a source not read by then; 2 s leaves RabbitMQ room and still samples each 2-second
-/// window of the budget. Its series are gauges; the dashboard's rates are of the workers'
-/// counters (scraped every second).
+/// The exporter's scrape interval and timeout. Its reading uses the one RabbitMQ connection the
+/// exporter keeps across scrapes (a new one once it fails or is closed) and, once dead letters
+/// arrive, looks at the dead-letter queue on it: seconds on a loaded machine (3.4 s and 5 s seen,
+/// test copies pinned to one core, when each reading still connected). It answers within 80 % of
+/// the timeout Prometheus announces, cutting a source not read by then; 2 s leaves RabbitMQ room
+/// and still samples each 2-second window of the budget. Its series are gauges; the dashboard's
+/// rates are of the workers' counters (scraped every second).
 const EXPORTER_SCRAPE: &str = "2s";
 /// `$__rate_interval` of the dashboard's queries at a 1 s scrape interval.
 const RATE_INTERVAL: &str = "10s";
