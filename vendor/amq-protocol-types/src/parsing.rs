@@ -10,7 +10,7 @@ use nom::{
     },
     sequence::pair,
 };
-use std::{error, fmt};
+use std::{cell::Cell, error, fmt};
 use traits::*;
 
 /// Error context for `ParserErrors`
@@ -99,6 +99,54 @@ impl error::Error for ParserErrors {}
 pub type ParserError = nom::Err<ParserErrors>;
 /// Return type of parsers
 pub type ParserResult<I, T> = Result<(I, T), ParserError>;
+
+/// The deepest nesting of field tables and field arrays the parser accepts: the outermost table
+/// or array is level 1. Deeper values are refused with a `Failure` of kind `TooLarge` instead of
+/// recursing on: the parser recurses once per level and a frame allows thousands of levels,
+/// enough to overflow the stack of the thread that parses. rabbitmq-c has the same bound of 100
+/// (https://github.com/alanxz/rabbitmq-c/pull/763). (Patch for fleet-budget, see VENDORED.md.)
+pub const MAX_NESTING_DEPTH: usize = 100;
+
+thread_local! {
+    /// How many field tables and arrays the parser on this thread is inside of.
+    static NESTING_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// One level of nesting, held while a field table or array is parsed; dropping it (on every
+/// exit: success, error, or unwinding) leaves the level.
+struct NestingLevel;
+
+impl NestingLevel {
+    /// Enters one more level, or `None` if that would exceed [`MAX_NESTING_DEPTH`].
+    fn enter() -> Option<Self> {
+        NESTING_DEPTH.with(|depth| {
+            let current = depth.get();
+            if current >= MAX_NESTING_DEPTH {
+                None
+            } else {
+                depth.set(current + 1);
+                Some(NestingLevel)
+            }
+        })
+    }
+}
+
+impl Drop for NestingLevel {
+    fn drop(&mut self) {
+        NESTING_DEPTH.with(|depth| depth.set(depth.get().saturating_sub(1)));
+    }
+}
+
+/// Runs `parser` one nesting level deeper, or fails if that level is too deep.
+fn nested<I, O>(i: I, parser: impl FnOnce(I) -> ParserResult<I, O>) -> ParserResult<I, O> {
+    match NestingLevel::enter() {
+        Some(_level) => parser(i),
+        None => Err(nom::Err::Failure(ParserErrors::from_error_kind(
+            i,
+            ErrorKind::TooLarge,
+        ))),
+    }
+}
 
 /// Parse the [AMQPValue](../type.AMQPValue.html) of the given [AMQPType](../type.AMQPType.html)
 #[must_use]
@@ -244,21 +292,23 @@ pub fn parse_long_string<I: ParsableInput>(i: I) -> ParserResult<I, LongString> 
 
 /// Parse a [FieldArray](../type.FieldArray.html)
 pub fn parse_field_array<I: ParsableInput>(i: I) -> ParserResult<I, FieldArray> {
-    context(
-        "parse_field_array",
-        map_parser(
-            flat_map(parse_long_uint, take),
-            all_consuming(fold_many0(
-                context("parse_field_array_entry", complete(parse_value)),
-                FieldArray::default,
-                |mut acc, elem| {
-                    acc.push(elem);
-                    acc
-                },
-            )),
-        ),
-    )
-    .parse(i)
+    nested(i, |i| {
+        context(
+            "parse_field_array",
+            map_parser(
+                flat_map(parse_long_uint, take),
+                all_consuming(fold_many0(
+                    context("parse_field_array_entry", complete(parse_value)),
+                    FieldArray::default,
+                    |mut acc, elem| {
+                        acc.push(elem);
+                        acc
+                    },
+                )),
+            ),
+        )
+        .parse(i)
+    })
 }
 
 /// Parse a [Timestamp](../type.Timestamp.html)
@@ -268,24 +318,26 @@ pub fn parse_timestamp<I: ParsableInput>(i: I) -> ParserResult<I, Timestamp> {
 
 /// Parse a [FieldTable](../type.FieldTable.html)
 pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> {
-    context(
-        "parse_field_table",
-        map_parser(
-            flat_map(parse_long_uint, take),
-            all_consuming(fold_many0(
-                context(
-                    "parse_field_table_entry",
-                    complete(pair(parse_short_string, parse_value)),
-                ),
-                FieldTable::default,
-                |mut acc, (key, value)| {
-                    acc.insert(key, value);
-                    acc
-                },
-            )),
-        ),
-    )
-    .parse(i)
+    nested(i, |i| {
+        context(
+            "parse_field_table",
+            map_parser(
+                flat_map(parse_long_uint, take),
+                all_consuming(fold_many0(
+                    context(
+                        "parse_field_table_entry",
+                        complete(pair(parse_short_string, parse_value)),
+                    ),
+                    FieldTable::default,
+                    |mut acc, (key, value)| {
+                        acc.insert(key, value);
+                        acc
+                    },
+                )),
+            ),
+        )
+        .parse(i)
+    })
 }
 
 /// Parse a [ByteArray](../type.ByteArray.html)
@@ -589,5 +641,103 @@ mod test {
             parse_flags(&[0b11011101, 0b00000010][..], &names),
             Ok((EMPTY, flags))
         );
+    }
+
+    /// `{"a": {"a": ... {} ...}}`, `depth` tables in all, encoded.
+    fn nested_tables(depth: usize) -> Vec<u8> {
+        tables_around(vec![0, 0, 0, 0], depth)
+    }
+
+    /// `innermost` (an encoded table) inside tables, `depth` tables in all, encoded.
+    fn tables_around(innermost: Vec<u8>, depth: usize) -> Vec<u8> {
+        let mut table = innermost;
+        for _ in 1..depth {
+            let mut entry = vec![1, b'a', b'F'];
+            entry.extend_from_slice(&table);
+            table = (entry.len() as u32).to_be_bytes().to_vec();
+            table.extend_from_slice(&entry);
+        }
+        table
+    }
+
+    /// `[[ ... [] ... ]]`, `depth` arrays in all, encoded.
+    fn nested_arrays(depth: usize) -> Vec<u8> {
+        let mut array = vec![0, 0, 0, 0];
+        for _ in 1..depth {
+            let mut entry = vec![b'A'];
+            entry.extend_from_slice(&array);
+            array = (entry.len() as u32).to_be_bytes().to_vec();
+            array.extend_from_slice(&entry);
+        }
+        array
+    }
+
+    fn table_depth(table: &FieldTable) -> usize {
+        1 + table
+            .inner()
+            .values()
+            .map(|v| match v {
+                AMQPValue::FieldTable(t) => table_depth(t),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn too_deep<T: fmt::Debug>(res: ParserResult<&[u8], T>) {
+        match res {
+            Err(nom::Err::Failure(e)) => {
+                assert_eq!(e.error, VerboseErrorKind::Nom(ErrorKind::TooLarge))
+            }
+            other => panic!("expected a TooLarge failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn field_tables_nested_to_the_bound_parse() {
+        let tables = nested_tables(MAX_NESTING_DEPTH);
+        let (rest, table) = parse_field_table(&tables[..]).unwrap();
+        assert_eq!((rest, table_depth(&table)), (EMPTY, MAX_NESTING_DEPTH));
+        let arrays = nested_arrays(MAX_NESTING_DEPTH);
+        let (rest, _) = parse_field_array(&arrays[..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        assert_eq!(NESTING_DEPTH.with(Cell::get), 0);
+    }
+
+    #[test]
+    fn field_tables_and_arrays_nested_past_the_bound_are_a_parse_error() {
+        too_deep(parse_field_table(&nested_tables(MAX_NESTING_DEPTH + 1)[..]));
+        too_deep(parse_field_array(&nested_arrays(MAX_NESTING_DEPTH + 1)[..]));
+        // Through parse_value, as inside a frame.
+        let mut value = vec![b'F'];
+        value.extend(nested_tables(MAX_NESTING_DEPTH + 1));
+        too_deep(parse_value(&value[..]));
+        // Tables and arrays count together.
+        let mut mixed = vec![b'F'];
+        mixed.extend(nested_tables(MAX_NESTING_DEPTH));
+        let mut array = (mixed.len() as u32).to_be_bytes().to_vec();
+        array.extend(mixed);
+        too_deep(parse_field_array(&array[..]));
+    }
+
+    #[test]
+    fn a_header_nested_18000_deep_is_refused_without_recursing_that_deep() {
+        // About what a 128 KiB frame holds; would overflow the stack without the bound.
+        too_deep(parse_field_table(&nested_tables(18_000)[..]));
+    }
+
+    #[test]
+    fn a_refused_table_leaves_no_level_behind_and_the_next_parse_succeeds() {
+        too_deep(parse_field_table(&nested_tables(MAX_NESTING_DEPTH + 1)[..]));
+        assert_eq!(NESTING_DEPTH.with(Cell::get), 0);
+        // Errors of other kinds, deep inside, leave none either: an unknown type, innermost.
+        let broken = tables_around(vec![0, 0, 0, 3, 1, b'a', 0xff], MAX_NESTING_DEPTH);
+        assert!(matches!(
+            parse_field_table(&broken[..]),
+            Err(nom::Err::Error(_))
+        ));
+        assert_eq!(NESTING_DEPTH.with(Cell::get), 0);
+        assert!(parse_field_table(&nested_tables(MAX_NESTING_DEPTH)[..]).is_ok());
+        assert_eq!(NESTING_DEPTH.with(Cell::get), 0);
     }
 }
