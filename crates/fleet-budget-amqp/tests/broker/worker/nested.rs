@@ -3,8 +3,9 @@
 //! `amq-protocol-types` 10.6 recursed once per level on the 2 MiB stack of lapin's IO thread, so
 //! the process that read such a message aborted ("thread 'lapin-io-loop' has overflowed its
 //! stack", SIGABRT; a debug build from about 200 levels on, 100 passed; a release build from
-//! about 2,000, 1,000 passed) before any code of this crate saw the delivery; every worker that took it
-//! died in turn, and so would `dlq peek`, `dlq stats` and `replay` on the dead-letter queue.
+//! about 2,000, 1,000 passed) before any code of this crate saw the delivery; every worker that
+//! took it died in turn, and so would `dlq peek`, `dlq stats` and `replay` on the dead-letter
+//! queue.
 //!
 //! The workspace now builds a patched copy (vendor/amq-protocol-types, VENDORED.md) that refuses
 //! more than 100 levels as a parse error. lapin treats it as a critical error of the connection:
