@@ -267,7 +267,9 @@ impl Replayer {
         let mut selection = Selection::new(options);
         while p.seen < total {
             let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
-                Err(_) => break,
+                // Idle: fewer messages came than were counted at the start (another consumer
+                // took some), unless the channel is gone.
+                Err(_) if ch.status().connected() => break,
                 Ok(Some(Ok(d))) => d,
                 Ok(Some(Err(e))) => {
                     lost = Some(AmqpError::broker(
@@ -276,7 +278,24 @@ impl Replayer {
                     ));
                     break;
                 }
-                Ok(None) => break,
+                // The consumer ended, or went idle on a closed channel, before the messages
+                // counted at the start were seen: its channel or connection closed (a frame the
+                // client could not parse, the queue deleted, the broker stopping). Not a
+                // finished run.
+                Err(_) | Ok(None) => {
+                    lost = Some(AmqpError::broker(
+                        format!(
+                            "consume {} (the consumer ended after {} of {total} messages: its channel or connection closed)",
+                            self.source_queue, p.seen
+                        ),
+                        lapin::ErrorKind::InvalidChannelState(
+                            lapin::ChannelState::Closed,
+                            "consume",
+                        )
+                        .into(),
+                    ));
+                    break;
+                }
             };
             p.seen += 1;
             let props = headers::with_message_id(d.properties.clone());
@@ -519,12 +538,6 @@ impl Replayer {
         }
     }
 
-    /// Counts a copy whose confirmation has come, and hands its original to the settler: to ack
-    /// when the copy was confirmed, else to hold (returned at the end of the run). A move or a
-    /// park that failed is counted failed and the message put back in the source queue as a
-    /// copy (like a skipped one), so that its original can be acked without a nack raising its
-    /// delivery count; only if that copy fails too is the original held. What a move's outcome
-    /// says of its exchange goes to `exchanges`.
     /// Waits for every copy in flight and counts each as [`Self::count_confirmed`] does.
     async fn settle_all(
         &self,
@@ -539,6 +552,12 @@ impl Replayer {
         }
     }
 
+    /// Counts a copy whose confirmation has come, and hands its original to the settler: to ack
+    /// when the copy was confirmed, else to hold (returned at the end of the run). A move or a
+    /// park that failed is counted failed and the message put back in the source queue as a
+    /// copy (like a skipped one), so that its original can be acked without a nack raising its
+    /// delivery count; only if that copy fails too is the original held. What a move's outcome
+    /// says of its exchange goes to `exchanges`.
     async fn count_confirmed(
         &self,
         done: Done,
