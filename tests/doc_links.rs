@@ -18,7 +18,12 @@ use std::path::{Path, PathBuf};
 /// Folders never searched: build output, tool state, dependencies.
 const SKIP_DIRS: [&str; 5] = ["target", ".git", ".venv", "node_modules", "__pycache__"];
 
-/// Every file below `dir` (relative paths, sorted), outside [`SKIP_DIRS`].
+/// Top-level folders whose files are not searched, though paths into them named elsewhere are
+/// checked: `vendor/` holds crates as published, whose links and paths name files of their own
+/// repositories.
+const NOT_OURS: [&str; 1] = ["vendor"];
+
+/// Every file below `dir` (relative paths, sorted), outside [`SKIP_DIRS`] and [`NOT_OURS`].
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
@@ -28,7 +33,8 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for path in entries {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
-            if !SKIP_DIRS.contains(&name.as_str()) {
+            let not_ours = NOT_OURS.contains(&name.as_str()) && dir == common::repo_root();
+            if !SKIP_DIRS.contains(&name.as_str()) && !not_ours {
                 files(&path, out);
             }
         } else {
