@@ -22,6 +22,16 @@ impl TimedStore {
     pub(crate) fn new(inner: Arc<dyn BudgetStore>, metrics: Metrics) -> Self {
         Self { inner, metrics }
     }
+
+    /// Runs `call` of the wrapped store and records its time under `op`.
+    fn timed<'a, T: 'a>(&'a self, op: StoreOp, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = call.await;
+            self.metrics.store_call(op, started.elapsed());
+            result
+        })
+    }
 }
 
 impl BudgetStore for TimedStore {
@@ -31,12 +41,10 @@ impl BudgetStore for TimedStore {
         policy: &'a BudgetPolicy,
         deposits: Deposits,
     ) -> StoreFuture<'a, BudgetSnapshot> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.deposit(dependency, policy, deposits).await;
-            self.metrics.store_call(StoreOp::Deposit, started.elapsed());
-            result
-        })
+        self.timed(
+            StoreOp::Deposit,
+            self.inner.deposit(dependency, policy, deposits),
+        )
     }
 
     fn withdraw<'a>(
@@ -44,12 +52,7 @@ impl BudgetStore for TimedStore {
         dependency: &'a Dependency,
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, Withdrawal> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.withdraw(dependency, policy).await;
-            self.metrics.store_call(StoreOp::Spend, started.elapsed());
-            result
-        })
+        self.timed(StoreOp::Spend, self.inner.withdraw(dependency, policy))
     }
 
     fn status<'a>(
@@ -57,12 +60,7 @@ impl BudgetStore for TimedStore {
         dependency: &'a Dependency,
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetSnapshot> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.status(dependency, policy).await;
-            self.metrics.store_call(StoreOp::Status, started.elapsed());
-            result
-        })
+        self.timed(StoreOp::Status, self.inner.status(dependency, policy))
     }
 
     fn status_in_force<'a>(
@@ -70,12 +68,10 @@ impl BudgetStore for TimedStore {
         dependency: &'a Dependency,
         policy: &'a BudgetPolicy,
     ) -> StoreFuture<'a, BudgetStatus> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.status_in_force(dependency, policy).await;
-            self.metrics.store_call(StoreOp::Status, started.elapsed());
-            result
-        })
+        self.timed(
+            StoreOp::Status,
+            self.inner.status_in_force(dependency, policy),
+        )
     }
 
     fn kind(&self) -> &'static str {
