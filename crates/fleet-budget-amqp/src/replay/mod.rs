@@ -22,7 +22,8 @@
 //! originals beside their copies: [`run`].
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
-//! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack);
+//! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack), with
+//! `pacer` keeping the rate and `exchanges` what the run learns of the exchanges it moves to;
 //! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
 //! the non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected
 //! ones for good (the parked queue's `purge`); [`audit`] makes the audit entries of replays and
@@ -46,7 +47,9 @@ use crate::topology::{Topology, queue_depth};
 
 pub mod audit;
 pub mod dry_run;
+mod exchanges;
 pub mod inspect;
+mod pacer;
 pub mod peek;
 pub mod purge;
 pub mod run;

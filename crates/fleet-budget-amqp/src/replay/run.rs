@@ -31,7 +31,7 @@
 //! doubt (each put back, a duplicate where it had been routed) and the rest of the run moves one
 //! message at a time, so that it happens at most once per run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fleet_budget::Dependency;
@@ -45,6 +45,8 @@ use lapin::{Acker, BasicProperties};
 use tokio::time::Instant;
 
 use super::Replayer;
+use super::exchanges::{Exchanges, Target};
+use super::pacer::Pacer;
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
 use crate::connection::within;
@@ -120,60 +122,6 @@ struct Done {
     kept: Option<(Vec<u8>, BasicProperties)>,
     /// For a move: where to, and whether it went alone (see [`Exchanges`]).
     target: Option<Target>,
-}
-
-/// Where a move went, and whether it was the only move in flight.
-struct Target {
-    exchange: String,
-    alone: bool,
-}
-
-/// What a run has learned of the original exchanges it moves to (see the module documentation).
-#[derive(Default)]
-struct Exchanges {
-    /// Whether each exists, asked once.
-    exists: HashMap<String, bool>,
-    /// A move to it was confirmed: moves to it are pipelined.
-    proven: HashSet<String>,
-    /// The broker refused a lone move to it (`403`, `404`): why. Not sent to again this run.
-    refused: HashMap<String, String>,
-    /// A move among others was refused: moves go one at a time for the rest of the run.
-    careful: bool,
-}
-
-impl Exchanges {
-    /// Whether a move to `exchange` must go with no other move in flight.
-    fn alone(&self, exchange: &str) -> bool {
-        self.careful || !self.proven.contains(exchange)
-    }
-
-    /// Learns from the outcome of a move to `target`.
-    fn learn(&mut self, target: &Target, result: &Result<(), PublishError>) {
-        let e = match result {
-            Ok(()) => {
-                self.proven.insert(target.exchange.clone());
-                return;
-            }
-            Err(e) => e,
-        };
-        let PublishError::Channel { source, .. } = e else {
-            // Nacked, returned or unanswered: the channel stays open, nothing else is affected.
-            return;
-        };
-        let refusal = crate::error::protocol_message(source);
-        if !target.alone {
-            if refusal.is_some() && !self.careful {
-                tracing::warn!(error = %e, "a move was refused among others; the moves in flight with it may have been routed and are put back (duplicates possible); the rest of the run moves one message at a time");
-                self.careful = true;
-            }
-            return;
-        }
-        if let Some((403 | 404, text)) = refusal {
-            tracing::warn!(exchange = %escape_text(&target.exchange), reason = %escape_text(&text), "the broker refuses moves to this exchange; its dead letters stay in the dead-letter queue");
-            self.proven.remove(&target.exchange);
-            self.refused.insert(target.exchange.clone(), text);
-        }
-    }
 }
 
 /// The copies awaiting their confirmation. Nothing in them publishes: a publish waits for the
@@ -685,115 +633,3 @@ impl Replayer {
 
 /// Most deliveries a run holds unacked (its prefetch).
 const PREFETCH: u16 = 256;
-
-/// Spaces sends `1 / rate` apart on a fixed schedule (late sends catch up, up to one second).
-struct Pacer {
-    interval: Option<Duration>,
-    next: Instant,
-}
-
-impl Pacer {
-    fn new(rate: Option<f64>) -> Self {
-        let interval = rate
-            .filter(|r| r.is_finite() && *r > 0.0)
-            .map(|r| Duration::from_secs_f64(1.0 / r));
-        Self {
-            interval,
-            next: Instant::now(),
-        }
-    }
-
-    fn reset(&mut self) {
-        self.next = Instant::now();
-    }
-
-    async fn wait(&mut self) {
-        let Some(interval) = self.interval else {
-            return;
-        };
-        let now = Instant::now();
-        if self.next > now {
-            tokio::time::sleep_until(self.next).await;
-        } else if now.duration_since(self.next) > Duration::from_secs(1) {
-            self.next = now;
-        }
-        self.next += interval;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use lapin::protocol::AMQPError;
-
-    use super::*;
-
-    fn refused(code: u16) -> Result<(), PublishError> {
-        let error = AMQPError::from_id(code, ShortString::from("refused")).unwrap();
-        Err(PublishError::Channel {
-            exchange: "x".into(),
-            source: lapin::ErrorKind::ProtocolError(error).into(),
-        })
-    }
-
-    fn to(exchange: &str, alone: bool) -> Target {
-        Target {
-            exchange: exchange.into(),
-            alone,
-        }
-    }
-
-    #[test]
-    fn a_move_goes_alone_until_its_exchange_is_proven() {
-        let mut x = Exchanges::default();
-        assert!(x.alone("work"));
-        x.learn(&to("work", true), &Ok(()));
-        assert!(!x.alone("work"), "proven: pipelined");
-        assert!(x.alone("other"));
-    }
-
-    #[test]
-    fn a_lone_move_refused_for_its_exchange_refuses_the_exchange() {
-        let mut x = Exchanges::default();
-        x.learn(&to("amq.rabbitmq.trace", true), &refused(403));
-        x.learn(&to("amq.gone", true), &refused(404));
-        assert_eq!(
-            x.refused
-                .keys()
-                .map(String::as_str)
-                .collect::<BTreeSet<_>>(),
-            BTreeSet::from(["amq.gone", "amq.rabbitmq.trace"])
-        );
-        assert!(!x.careful, "nothing else was in flight: nothing in doubt");
-    }
-
-    #[test]
-    fn a_lone_move_refused_for_itself_leaves_the_exchange_unproven() {
-        let mut x = Exchanges::default();
-        x.learn(&to("work", true), &refused(406));
-        assert!(x.refused.is_empty() && x.alone("work") && !x.careful);
-        x.learn(
-            &to("work", true),
-            &Err(PublishError::Nacked {
-                exchange: "work".into(),
-            }),
-        );
-        assert!(x.refused.is_empty() && !x.careful);
-    }
-
-    #[test]
-    fn a_refusal_among_pipelined_moves_makes_the_rest_of_the_run_move_one_at_a_time() {
-        let mut x = Exchanges::default();
-        x.learn(&to("work", true), &Ok(()));
-        x.learn(
-            &to("work", false),
-            &Err(PublishError::Nacked {
-                exchange: "work".into(),
-            }),
-        );
-        assert!(!x.careful, "a nack closes no channel");
-        x.learn(&to("work", false), &refused(406));
-        assert!(x.careful && x.alone("work") && x.refused.is_empty());
-    }
-}
