@@ -57,7 +57,7 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
         decision.p99,
         decision.p50 / ping.p50
     );
-    let floor = split_decision(b).await;
+    let (floor, v2) = split_decision(b).await;
     let ratio = decision.p50 / ping.p50;
     summary.push(format!(
         "1 task: decision p50 / PING p50 = {ratio:.2} (target <= 1.25: {}); p99 {:.1} / PING p99 {:.1} µs = {:.2}",
@@ -68,6 +68,9 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
     ));
     summary.push(format!(
         "  the floor of the key layout here: TIME, HMGET of the 16 fields, HSET of 2, nothing else: {floor:.2}x PING p50"
+    ));
+    summary.push(format!(
+        "  a v2 layout's least cost (v2_prototype.lua: packed counters and reply, no checks): {v2:.2}x PING p50"
     ));
     // The same on a current-thread runtime: the caller and the connection's driver share one
     // thread, so no cross-thread wake-up is paid (how much of the gap is the runtime's).
@@ -118,31 +121,77 @@ pub(crate) async fn latency(b: &Bench, summary: &mut Vec<String>) -> Sequential 
 }
 
 /// Where a decision's time goes, each beside the PING sent just before it on the same
-/// connection (rounds of PING then the call, the calls taken in turn): `spend.lua` by `EVALSHA`
-/// without the store's code; the least any script on this key layout does (`TIME`, the `HMGET`
-/// of the 16 fields the fast path reads, an `HSET` of the 2 it writes, no arithmetic, reply 1);
-/// and `EVALSHA` of a script that only returns 1, with the same key and arguments. Returns the
-/// floor's ratio to PING.
-async fn split_decision(b: &Bench) -> f64 {
+/// connection (rounds of PING then the call, the calls taken in turn), all with the same key
+/// and arguments:
+///
+/// - `spend.lua` by `EVALSHA` without the store's code, then three variants of it that are not
+///   the contract, made from its text: replying `granted` alone; replying the same 17 numbers
+///   packed into one string (`struct.pack`); and that, with the fast path's checks of the
+///   stored counters left out;
+/// - `v2_prototype.lua`: the least a decision could cost on another key layout (the policy in
+///   one field, the counters packed into one, the reply packed, no checks);
+/// - the least any script on the v1 key layout does (`TIME`, the `HMGET` of the 16 fields the
+///   fast path reads, an `HSET` of the 2 it writes, no arithmetic, reply 1), then the same
+///   replying 17 numbers as a table and packed;
+/// - `EVALSHA` of a script that only returns 1.
+///
+/// Returns the ratios to PING p50 of the v1 floor and of the v2 prototype.
+async fn split_decision(b: &Bench) -> (f64, f64) {
     const FLOOR: &str = "local t = redis.call('TIME') \
         local h = redis.call('HMGET', KEYS[1], 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', \
         'pr', 'pd', 'r', 'm', 'b', 'o', 'fu', 'su') \
         redis.call('HSET', KEYS[1], 'cr', h[5], 'h', t[1]) return 1";
+    const SEVENTEEN: &str =
+        "1, 5, 29000000, 60000, 1234, 58766, 100, 0, 3, 0, 100, 0, 7, 0, 0, 0, 0";
+    const PACK17: &str = "struct.pack('<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', ";
+    const SPEND: &str = include_str!("../../../../lua/spend.lua");
+    const REPLY: &str = "reply[1] = granted\nreturn reply";
+    let packed = format!(
+        "return {PACK17}granted, allowance, i, window, elapsed, pw, cur[1], cur[2], cur[3], \
+         cur[4], prev[1], prev[2], prev[3], prev[4], conflict, frozen, overridden)"
+    );
+    let spend_packed = variant(SPEND, REPLY, &packed);
+    // The fast path's checks of the nine stored counters (lengths, one pattern over them all).
+    let checks_from = spend_packed
+        .find("\n    and #h[2] <= 18")
+        .expect("spend.lua's fast path checks the counters' lengths");
+    let checks_to = spend_packed[checks_from..]
+        .find(" then\n")
+        .expect("spend.lua's fast path condition ends")
+        + checks_from;
+    let unchecked = format!(
+        "{}{}",
+        &spend_packed[..checks_from],
+        &spend_packed[checks_to..]
+    );
+    let rows = [
+        ("spend.lua by EVALSHA, no store code", SPEND.to_owned()),
+        (
+            "spend.lua replying `granted` only",
+            variant(SPEND, REPLY, "return granted"),
+        ),
+        ("spend.lua replying 17 packed", spend_packed),
+        ("spend.lua packed, counters unchecked", unchecked),
+        (
+            "v2 prototype (v2_prototype.lua)",
+            include_str!("v2_prototype.lua").to_owned(),
+        ),
+        ("v1 floor: TIME + HMGET 16 + HSET 2", FLOOR.to_owned()),
+        (
+            "v1 floor replying 17 numbers",
+            variant(FLOOR, "return 1", &format!("return {{{SEVENTEEN}}}")),
+        ),
+        (
+            "v1 floor replying 17 packed",
+            variant(FLOOR, "return 1", &format!("return {PACK17}{SEVENTEEN})")),
+        ),
+        ("EVALSHA of `return 1`", "return 1".to_owned()),
+    ];
     let (store, policy) = (&b.store, b.policy);
     let mut calls = Vec::new();
-    for (name, sha) in [
-        (
-            "spend.lua by EVALSHA, no store code",
-            fleet_budget::store::SPEND_SCRIPT.get_hash().to_owned(),
-        ),
-        ("floor: TIME + HMGET 16 + HSET 2", load(store, FLOOR).await),
-        (
-            "EVALSHA of `return 1`, same args",
-            load(store, "return 1").await,
-        ),
-    ] {
+    for (name, script) in rows {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha)
+        cmd.arg(load(store, &script).await)
             .arg(1)
             .arg(store.key(&b.dependency))
             .arg(policy.window_ms())
@@ -160,19 +209,31 @@ async fn split_decision(b: &Bench) -> f64 {
         }
     }
     println!("where a decision's time goes, each call after its own PING:");
-    let mut floor = 0.0;
+    let (mut floor, mut v2) = (0.0, 0.0);
     for (name, _, pings, times) in calls {
         let (ping, time) = (percentiles(pings), percentiles(times));
         let ratio = time.p50 / ping.p50;
         println!(
-            "  {name:<36} p50 {:>7.1} µs  PING before it p50 {:>7.1} µs   ratio {ratio:.2}",
+            "  {name:<38} p50 {:>7.1} µs  PING before it p50 {:>7.1} µs   ratio {ratio:.2}",
             time.p50, ping.p50
         );
-        if name.starts_with("floor") {
+        if name.starts_with("v1 floor:") {
             floor = ratio;
+        } else if name.starts_with("v2 prototype") {
+            v2 = ratio;
         }
     }
-    floor
+    (floor, v2)
+}
+
+/// `script` with `from` replaced by `to`; panics when `from` is not there (a variant that
+/// silently measured the unchanged script would mislead).
+fn variant(script: &str, from: &str, to: &str) -> String {
+    assert!(
+        script.contains(from),
+        "redis_bench: the script no longer holds {from:?}"
+    );
+    script.replacen(from, to, 1)
 }
 
 async fn load(store: &RedisStore, script: &str) -> String {
