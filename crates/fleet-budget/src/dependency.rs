@@ -31,9 +31,11 @@ pub enum InvalidName {
         /// The longest allowed.
         max: usize,
     },
-    /// The name holds a character that would break the Redis hash tag or a log line.
+    /// The name holds a character that would break the Redis hash tag or a log line, or make
+    /// the name print as something it is not ([`is_unsafe_char`]).
     #[error(
-        "contains {found:?}; `{{`, `}}`, control and bidirectional control characters are not allowed"
+        "contains {}; `{{`, `}}`, control, bidirectional control and invisible characters are not allowed",
+        CodePoint(*found)
     )]
     ForbiddenChar {
         /// The first offending character.
@@ -43,8 +45,9 @@ pub enum InvalidName {
 
 /// The name of a protected system (`search`, `mail`, ...). Budgets are keyed by dependency.
 ///
-/// A valid name is non-empty, at most [`MAX_DEPENDENCY_LEN`] bytes, and holds no `{`, `}` or
-/// control characters, because it becomes the Redis Cluster hash tag of its keys (`{search}`).
+/// A valid name is non-empty, at most [`MAX_DEPENDENCY_LEN`] bytes, and holds no `{` or `}`,
+/// because it becomes the Redis Cluster hash tag of its keys (`{search}`), and no character that
+/// [`is_unsafe_char`] names, because it is printed in logs, metrics and `budgetctl status`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Dependency(Arc<str>);
 
@@ -68,7 +71,7 @@ impl Dependency {
 /// Checks a dependency name; the error says what is wrong.
 ///
 /// # Errors
-/// Empty, too long, or holding `{`, `}` or a control character.
+/// Empty, too long, or holding `{`, `}` or a character [`is_unsafe_char`] names.
 pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     if name.is_empty() {
         return Err(InvalidName::Empty);
@@ -81,7 +84,7 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     }
     if let Some(c) = name
         .chars()
-        .find(|c| *c == '{' || *c == '}' || c.is_control() || is_bidi_control(*c))
+        .find(|c| *c == '{' || *c == '}' || is_unsafe_char(*c))
     {
         return Err(InvalidName::ForbiddenChar { found: c });
     }
@@ -93,6 +96,74 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
 #[must_use]
 pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether `c` must not be part of a name (a dependency, a task in the configuration, the Redis
+/// key prefix): printed, it drives the terminal, breaks the line, or hides or reorders the text
+/// around it, so that `pay\u{202E}lanoitan` or `sea\u{200B}rch` reads as a name it is not. Such
+/// characters are:
+///
+/// - the control characters (U+0000 to U+001F, U+007F to U+009F);
+/// - the line and paragraph separators (U+2028, U+2029);
+/// - Unicode's default-ignorable code points (`Default_Ignorable_Code_Point`, unchanged since Unicode 14),
+///   which render as nothing: the bidirectional controls ([`is_bidi_control`]), the zero-width
+///   space, joiners and no-break space (U+200B to U+200D, U+2060, U+FEFF), the soft hyphen
+///   U+00AD, variation selectors, tags (U+E0000 to U+E0FFF), fillers and the code points
+///   reserved as default-ignorable.
+///
+/// The list is written out, not read from the Unicode tables of the language, so that the Python
+/// client (`fleet_budget.config._is_unsafe_char`) refuses exactly the same characters.
+#[must_use]
+pub fn is_unsafe_char(c: char) -> bool {
+    matches!(c,
+        '\u{0000}'..='\u{001F}'
+        | '\u{007F}'..='\u{009F}'
+        | '\u{00AD}'
+        | '\u{034F}'
+        | '\u{061C}'
+        | '\u{115F}'..='\u{1160}'
+        | '\u{17B4}'..='\u{17B5}'
+        | '\u{180B}'..='\u{180F}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{2028}'
+        | '\u{2029}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}'
+        | '\u{3164}'
+        | '\u{FE00}'..='\u{FE0F}'
+        | '\u{FEFF}'
+        | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFF8}'
+        | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}'
+        | '\u{E0000}'..='\u{E0FFF}')
+}
+
+/// A character as an error message names it: its code point and, for one that does not show,
+/// what it is (`U+202E (a bidirectional control)`), so that the message itself cannot be
+/// garbled by the character it is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodePoint(pub char);
+
+impl fmt::Display for CodePoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        write!(f, "U+{:04X}", u32::from(c))?;
+        let what = if c.is_control() {
+            "a control character"
+        } else if is_bidi_control(c) {
+            "a bidirectional control"
+        } else if matches!(c, '\u{2028}' | '\u{2029}') {
+            "a line or paragraph separator"
+        } else if is_unsafe_char(c) {
+            "an invisible character"
+        } else if c.is_whitespace() {
+            "a space"
+        } else {
+            return write!(f, " `{c}`");
+        };
+        write!(f, " ({what})")
+    }
 }
 
 impl fmt::Display for Dependency {
@@ -392,9 +463,85 @@ mod tests {
             Err(InvalidName::TooLong { .. })
         ));
         assert!(Dependency::new(&"x".repeat(200)).is_ok());
+        assert!(Dependency::new("naïve-検索 v2").is_ok());
         let mut map = DependencyMap::new();
         map.insert("ok", Dependency::new("ok").unwrap());
         assert!(map.resolve("bad{task}").is_err());
+    }
+
+    /// Input review, session 6: zero-width and other invisible characters were accepted in a
+    /// name (only controls and bidirectional controls were refused), so `sea\u{200B}rch` was a
+    /// budget of its own that printed as `search`. The error names the character by its code.
+    #[test]
+    fn invisible_characters_are_refused_and_named_by_code_point() {
+        for (name, code) in [
+            ("sea\u{200B}rch", "U+200B (an invisible character)"),
+            ("sea\u{200C}rch", "U+200C (an invisible character)"),
+            ("sea\u{200D}rch", "U+200D (an invisible character)"),
+            ("sea\u{2060}rch", "U+2060 (an invisible character)"),
+            ("\u{FEFF}search", "U+FEFF (an invisible character)"),
+            ("sea\u{00AD}rch", "U+00AD (an invisible character)"),
+            ("search\u{FE0F}", "U+FE0F (an invisible character)"),
+            ("search\u{E0001}", "U+E0001 (an invisible character)"),
+            ("search\u{3164}", "U+3164 (an invisible character)"),
+            ("a\u{2028}b", "U+2028 (a line or paragraph separator)"),
+            ("pay\u{202E}x", "U+202E (a bidirectional control)"),
+            ("a\u{9b}b", "U+009B (a control character)"),
+        ] {
+            let e = Dependency::new(name).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(code), "{name:?}: {text}");
+            assert!(!text.contains(is_unsafe_char), "{text:?}");
+        }
+    }
+
+    /// What [`is_unsafe_char`] names, range by range, and that it covers the controls and the
+    /// bidirectional controls it is documented to.
+    #[test]
+    fn unsafe_characters_are_controls_separators_and_default_ignorables() {
+        let unsafe_ranges: Vec<(u32, u32)> = {
+            let mut ranges: Vec<(u32, u32)> = Vec::new();
+            for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+                if !is_unsafe_char(c) {
+                    continue;
+                }
+                let code = u32::from(c);
+                match ranges.last_mut() {
+                    Some((_, end)) if *end + 1 == code => *end = code,
+                    _ => ranges.push((code, code)),
+                }
+            }
+            ranges
+        };
+        assert_eq!(
+            unsafe_ranges,
+            [
+                (0x0, 0x1F),
+                (0x7F, 0x9F),
+                (0xAD, 0xAD),
+                (0x34F, 0x34F),
+                (0x61C, 0x61C),
+                (0x115F, 0x1160),
+                (0x17B4, 0x17B5),
+                (0x180B, 0x180F),
+                (0x200B, 0x200F),
+                (0x2028, 0x202E),
+                (0x2060, 0x206F),
+                (0x3164, 0x3164),
+                (0xFE00, 0xFE0F),
+                (0xFEFF, 0xFEFF),
+                (0xFFA0, 0xFFA0),
+                (0xFFF0, 0xFFF8),
+                (0x1BCA0, 0x1BCA3),
+                (0x1D173, 0x1D17A),
+                (0xE0000, 0xE0FFF),
+            ]
+        );
+        for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+            if c.is_control() || is_bidi_control(c) {
+                assert!(is_unsafe_char(c), "{:x}", u32::from(c));
+            }
+        }
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! Text that arrives from outside — a task, dependency or error text in a message's headers —
 //! made safe to print on a terminal or in a log line.
 //!
-//! Why: configured names are checked ([`crate::dependency::validate_name`] refuses control and
-//! bidirectional control characters), but a message can carry anything. Printed raw, an escape
-//! sequence drives the operator's terminal and a right-to-left override (U+202E) makes
-//! `pay\u{202E}lanoitan` read as something it is not. Each such character is shown as its code
-//! instead (`\u{202e}`), so the text stays readable and unambiguous; everything else is kept.
+//! Why: configured names are checked ([`crate::dependency::validate_name`] refuses control,
+//! bidirectional control and invisible characters: [`is_unsafe_char`]), but a message can carry
+//! anything. Printed raw, an escape sequence drives the operator's terminal, a right-to-left
+//! override (U+202E) makes `pay\u{202E}lanoitan` read as something it is not, and a zero-width
+//! space hides inside `sea\u{200B}rch`. Each such character is shown as its code instead
+//! (`\u{202e}`), so the text stays readable and unambiguous; everything else is kept.
 
 use std::borrow::Cow;
 
-use crate::dependency::is_bidi_control;
+use crate::dependency::is_unsafe_char;
 
-/// `text` with every control character and bidirectional control shown as `\u{…}`.
+/// `text` with every character [`is_unsafe_char`] names (control, bidirectional control,
+/// invisible) shown as `\u{…}`.
 #[must_use]
 pub fn escape_text(text: &str) -> Cow<'_, str> {
-    let hostile = |c: char| c.is_control() || is_bidi_control(c);
+    let hostile = is_unsafe_char;
     if !text.chars().any(hostile) {
         return Cow::Borrowed(text);
     }
@@ -44,5 +46,9 @@ mod tests {
             "\\u{2066}x\\u{2069}\\u{200f}"
         );
         assert_eq!(escape_text("naïve 検索"), "naïve 検索");
+        assert_eq!(
+            escape_text("sea\u{200B}rch\u{FEFF}\u{E0041}"),
+            "sea\\u{200b}rch\\u{feff}\\u{e0041}"
+        );
     }
 }

@@ -4,12 +4,12 @@
 //! Public so that crates owning other sections of the same file (`fleet-budget-amqp`'s
 //! `[amqp]`) and the CLI's overrides check values the same way and word problems alike.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Problem;
-use crate::dependency::validate_name;
+use crate::dependency::{CodePoint, is_unsafe_char, validate_name};
 use crate::redact::redact_url;
 use crate::tls::TlsFiles;
 
@@ -71,21 +71,27 @@ fn tls_not_built(key: &str, url: &str, schemes: &[&str]) -> Option<Problem> {
     ))
 }
 
-/// Checks a Redis key prefix: 1 to [`MAX_KEY_PREFIX_LEN`] characters without `{`, `}` (they
-/// would change the Cluster hash tag), spaces or control characters; `key` names the setting.
+/// Checks a Redis key prefix: 1 to [`MAX_KEY_PREFIX_LEN`] bytes without `{`, `}` (they would
+/// change the Cluster hash tag), spaces, or a character [`is_unsafe_char`] names (control,
+/// bidirectional control, invisible): the prefix is in every key name, and keys are printed by
+/// `budgetctl status`, the audit trail and `redis-cli`, where such a character would make one
+/// tenant's keys read as another's. The same rule as a dependency name's, plus no spaces. `key`
+/// names the setting; the problem names the first offending character by its code point.
 ///
 /// # Errors
 /// The problem, when the prefix is not allowed.
 pub fn check_key_prefix(key: &str, prefix: &str) -> Result<(), Problem> {
-    let forbidden = |ch: char| ch == '{' || ch == '}' || ch.is_control() || ch.is_whitespace();
-    if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX_LEN || prefix.chars().any(forbidden) {
-        return Err(Problem::new(
-            key,
-            format!("{prefix:?}"),
-            "must be 1 to 64 characters without `{`, `}`, spaces or control characters",
-        ));
-    }
-    Ok(())
+    const RULE: &str = "must be 1 to 64 bytes without `{`, `}`, spaces, control, bidirectional \
+                        control or invisible characters";
+    let forbidden = |ch: char| ch == '{' || ch == '}' || ch.is_whitespace() || is_unsafe_char(ch);
+    let why = if let Some(ch) = prefix.chars().find(|ch| forbidden(*ch)) {
+        format!("contains {}; {RULE}", CodePoint(ch))
+    } else if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX_LEN {
+        format!("is {} bytes long; {RULE}", prefix.len())
+    } else {
+        return Ok(());
+    };
+    Err(Problem::new(key, quoted(prefix), why))
 }
 
 /// Collects the problems of a configuration while its sections are resolved.
@@ -223,24 +229,49 @@ impl Checker {
         match validate_name(name) {
             Ok(()) => true,
             Err(e) => {
-                self.problem(key, format!("{name:?}"), format!("dependency name {e}"));
+                self.problem(key, quoted(name), format!("dependency name {e}"));
                 false
             }
         }
     }
 }
 
-/// A key as TOML would need it written in a dotted path.
+/// A key as TOML would need it written in a dotted path: bare when it can be, else
+/// [`quoted`].
 pub(super) fn toml_key(name: &str) -> String {
     if !name.is_empty()
         && name
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
     {
-        name.to_owned()
-    } else {
-        format!("{name:?}")
+        return name.to_owned();
     }
+    quoted(name)
+}
+
+/// `text` in double quotes as a problem shows a name: `\\`, `"`, tab, line feed, carriage
+/// return and NUL escaped as TOML and Rust write them, and every other character
+/// [`is_unsafe_char`] names as `\u{…}`, so that a key or value never prints as something it is
+/// not. The Python client's `_quoted` writes them the same way.
+pub(super) fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for ch in text.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\0' => out.push_str("\\0"),
+            ch if is_unsafe_char(ch) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(ch));
+            }
+            ch => out.push(ch),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -328,9 +359,62 @@ mod tests {
     fn key_prefixes_without_braces_spaces_or_control_characters() {
         assert!(check_key_prefix("k", "fb").is_ok());
         assert!(check_key_prefix("k", &"p".repeat(64)).is_ok());
-        for bad in ["", "a{b", "a}b", "a b", "a\nb", &"p".repeat(65)] {
+        assert!(check_key_prefix("k", "tenant-7.検索").is_ok());
+        let long = "p".repeat(65);
+        for (bad, why) in [
+            ("", "is 0 bytes long"),
+            ("a{b", "contains U+007B `{`"),
+            ("a}b", "contains U+007D `}`"),
+            ("a b", "contains U+0020 (a space)"),
+            ("a\nb", "contains U+000A (a control character)"),
+            (long.as_str(), "is 65 bytes long"),
+        ] {
             let p = check_key_prefix("k", bad).unwrap_err();
-            assert_eq!(p.value, format!("{bad:?}"));
+            assert_eq!(p.key, "k");
+            assert!(p.allowed.starts_with(why), "{bad:?}: {p}");
         }
+    }
+
+    /// Input review, session 6: a prefix holding a bidirectional control or an invisible
+    /// character was accepted, and then was in every key name and in `status` and audit output.
+    /// Refused now, the character named by its code point and never printed raw.
+    #[test]
+    fn key_prefixes_with_bidi_controls_or_invisible_characters_are_refused() {
+        for (bad, code) in [
+            ("fb\u{202E}x", "U+202E (a bidirectional control)"),
+            ("fb\u{2066}", "U+2066 (a bidirectional control)"),
+            ("\u{200E}fb", "U+200E (a bidirectional control)"),
+            ("f\u{200F}b", "U+200F (a bidirectional control)"),
+            ("f\u{061C}b", "U+061C (a bidirectional control)"),
+            ("f\u{200B}b", "U+200B (an invisible character)"),
+            ("f\u{200D}b", "U+200D (an invisible character)"),
+            ("f\u{2060}b", "U+2060 (an invisible character)"),
+            ("\u{FEFF}fb", "U+FEFF (an invisible character)"),
+            ("f\u{00AD}b", "U+00AD (an invisible character)"),
+            ("fb\u{E0041}", "U+E0041 (an invisible character)"),
+            ("fb\u{3164}", "U+3164 (an invisible character)"),
+            ("f\u{2028}b", "U+2028 (a line or paragraph separator)"),
+            ("f\u{85}b", "U+0085 (a control character)"),
+            ("f\u{1b}[2Jb", "U+001B (a control character)"),
+        ] {
+            let p = check_key_prefix("redis.key_prefix", bad).unwrap_err();
+            assert_eq!(p.key, "redis.key_prefix");
+            assert!(p.allowed.contains(code), "{bad:?}: {p}");
+            let shown = p.to_string();
+            assert!(!shown.contains(is_unsafe_char), "{shown:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_names_escape_what_would_not_show() {
+        assert_eq!(toml_key("search"), "search");
+        assert_eq!(toml_key("a.b"), "\"a.b\"");
+        assert_eq!(toml_key(""), "\"\"");
+        assert_eq!(toml_key("a\"\\\t\n\r\0b"), "\"a\\\"\\\\\\t\\n\\r\\0b\"");
+        assert_eq!(
+            toml_key("pay\u{202E}x\u{200B}\u{3164}\u{1b}"),
+            "\"pay\\u{202e}x\\u{200b}\\u{3164}\\u{1b}\""
+        );
+        assert_eq!(quoted("naïve 検索 é"), "\"naïve 検索 é\"");
     }
 }

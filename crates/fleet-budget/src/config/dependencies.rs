@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::check::{Checker, toml_key};
+use super::check::{Checker, quoted, toml_key};
 use super::defaults::PolicyFields;
 use crate::dependency::{
-    DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks, is_bidi_control,
+    CodePoint, DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks, is_unsafe_char,
 };
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 
@@ -62,7 +62,7 @@ impl RawUnmapped {
         {
             c.problem(
                 "unmapped_tasks.dependency",
-                format!("{d:?}"),
+                quoted(d),
                 "goes only with policy = \"share\"",
             );
         }
@@ -104,7 +104,7 @@ impl RawUnmapped {
                         "unmapped_tasks.dependency",
                         self.dependency
                             .as_deref()
-                            .map_or_else(|| "none".to_owned(), |d| format!("{d:?}")),
+                            .map_or_else(|| "none".to_owned(), quoted),
                         format!(
                             "policy = \"share\" needs the name of a [dependencies.*] section ({})",
                             if named.is_empty() {
@@ -151,15 +151,18 @@ pub(super) fn resolve(
         policies.insert(dependency.clone(), policy);
         for (i, task) in dep.tasks.iter().enumerate() {
             let key = format!("{at}.tasks[{i}]");
-            if task.is_empty()
-                || task
-                    .chars()
-                    .any(|ch| ch.is_control() || is_bidi_control(ch))
-            {
+            if task.is_empty() {
+                c.problem(&key, "\"\"", "a task name must not be empty");
+                continue;
+            }
+            if let Some(ch) = task.chars().find(|ch| is_unsafe_char(*ch)) {
                 c.problem(
                     &key,
-                    format!("{task:?}"),
-                    "a task name must be non-empty and hold no control or bidirectional control characters",
+                    quoted(task),
+                    format!(
+                        "contains {}; a task name holds no control, bidirectional control or invisible characters",
+                        CodePoint(ch)
+                    ),
                 );
                 continue;
             }
@@ -192,7 +195,7 @@ pub(super) fn resolve(
 mod tests {
     use super::super::Config;
     use super::super::tests::problems;
-    use crate::dependency::{OwnBudgets, UnmappedTasks, Unresolved};
+    use crate::dependency::{OwnBudgets, UnmappedTasks, Unresolved, is_unsafe_char};
 
     #[test]
     fn unmapped_tasks_own_budget_share_or_reject() {
@@ -262,14 +265,28 @@ mod tests {
         for (name, needle) in [
             ("", "empty"),
             (long.as_str(), "201 bytes"),
-            ("a{b", "'{'"),
-            ("a}b", "'}'"),
-            ("a\\tb", "'\\t'"),
+            ("a{b", "contains U+007B `{`"),
+            ("a}b", "contains U+007D `}`"),
+            ("a\\tb", "contains U+0009 (a control character)"),
+            ("pay\\u202Ex", "contains U+202E (a bidirectional control)"),
+            ("sea\\u200Brch", "contains U+200B (an invisible character)"),
+            ("a\\uFEFFb", "contains U+FEFF (an invisible character)"),
+            (
+                "a\\u2028b",
+                "contains U+2028 (a line or paragraph separator)",
+            ),
+            (
+                "flag\\U000E0041",
+                "contains U+E0041 (an invisible character)",
+            ),
         ] {
             let p = problems(&format!("[dependencies.\"{name}\"]\ntasks = []\n"));
             assert_eq!(p.len(), 1, "{name}");
             assert!(p[0].key.starts_with("dependencies."), "{}", p[0]);
             assert!(p[0].allowed.contains(needle), "{name}: {}", p[0]);
+            // Neither the key nor the message holds the character it is about.
+            let shown = p[0].to_string();
+            assert!(!shown.contains(is_unsafe_char), "{name}: {shown:?}");
         }
     }
 
@@ -278,12 +295,19 @@ mod tests {
     #[test]
     fn task_names_with_bidi_or_control_characters_are_refused() {
         // As written in TOML: its \uXXXX escapes make the characters.
-        for task in [r"send\u202Eliam", r"a\u2066b", r"a\u0007b", ""] {
+        for (task, why) in [
+            (r"send\u202Eliam", "contains U+202E"),
+            (r"a\u2066b", "contains U+2066"),
+            (r"a\u0007b", "contains U+0007"),
+            (r"a\u200Db", "contains U+200D"),
+            ("", "must not be empty"),
+        ] {
             let text = format!("[dependencies.search]\ntasks = [\"{task}\"]\n");
             let p = problems(&text);
             assert_eq!(p.len(), 1, "{task:?}: {p:?}");
             assert_eq!(p[0].key, "dependencies.search.tasks[0]");
-            assert!(!p[0].value.contains(['\u{202E}', '\u{2066}']), "{}", p[0]);
+            assert!(p[0].allowed.contains(why), "{}", p[0]);
+            assert!(!p[0].to_string().contains(is_unsafe_char), "{}", p[0]);
         }
     }
 

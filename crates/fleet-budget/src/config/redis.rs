@@ -224,6 +224,33 @@ mod tests {
         }
     }
 
+    /// Input review, session 6: the error names the file, the field and the character by its
+    /// code point, and does not print the character itself.
+    #[test]
+    fn a_key_prefix_with_a_bidi_control_is_refused_naming_file_field_and_code_point() {
+        let text = "[redis]\nkey_prefix = \"fb\\u202Eevil\"\n";
+        let e = crate::Config::from_toml(text, "/etc/fleet-budget/worker.toml").unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("/etc/fleet-budget/worker.toml: invalid configuration:"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(
+                "redis.key_prefix = \"fb\\u{202e}evil\": contains U+202E (a bidirectional control)"
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains('\u{202E}'), "{shown:?}");
+        let p = problems("[redis]\nkey_prefix = \"fb\\u200B\"\n");
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].allowed.contains("U+200B (an invisible character)"),
+            "{}",
+            p[0]
+        );
+    }
+
     #[test]
     fn batches_across_dependencies_unless_told_not_to() {
         use crate::Config;
