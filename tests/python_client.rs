@@ -7,7 +7,8 @@
 //! the end with Rust's policy, report no policy conflict: both sent the same policy.
 //!
 //! A second test feeds bad configurations to both: each refuses the same ones, naming the same
-//! keys (or refusing the whole text: bad TOML, an unknown key).
+//! keys (or refusing the whole text: bad TOML, an unknown key). A third tries every code point in
+//! a dependency name and a key prefix in both.
 //!
 //! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
 //! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
@@ -15,6 +16,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -443,6 +445,37 @@ fn bad_configurations_are_refused_alike() {
         "[redis]\nurl = \"redis://h:1?protocol=resp9\"\n",
         "[redis]\nurl = \"unix:///tmp/x.sock?db=one\"\n",
         "[redis]\nurl = \"redis://u:p@[::1]:6379/+3?protocol=3\"\n",
+        // Input review, session 6: bidirectional controls, zero-width and other invisible
+        // characters in the key prefix (accepted by both before), and invisible characters in
+        // dependency names, task lists and task sections (accepted by both before: only controls
+        // and bidirectional controls were refused). The keys name them as `\u{…}` in both.
+        "[redis]\nkey_prefix = \"fb\\u202Eevil\"\n",
+        "[redis]\nkey_prefix = \"\\u2066fb\\u2069\"\n",
+        "[redis]\nkey_prefix = \"fb\\u200E\"\n",
+        "[redis]\nkey_prefix = \"fb\\u200F\"\n",
+        "[redis]\nkey_prefix = \"fb\\u061C\"\n",
+        "[redis]\nkey_prefix = \"f\\u200Bb\"\n",
+        "[redis]\nkey_prefix = \"f\\u200Cb\"\n",
+        "[redis]\nkey_prefix = \"f\\u200Db\"\n",
+        "[redis]\nkey_prefix = \"f\\u2060b\"\n",
+        "[redis]\nkey_prefix = \"\\uFEFFfb\"\n",
+        "[redis]\nkey_prefix = \"f\\u00ADb\"\n",
+        "[redis]\nkey_prefix = \"fb\\uFE0F\"\n",
+        "[redis]\nkey_prefix = \"fb\\U000E0041\"\n",
+        "[redis]\nkey_prefix = \"fb\\u3164\"\n",
+        "[redis]\nkey_prefix = \"f\\u2028b\"\n",
+        "[redis]\nkey_prefix = \"f\\u0085b\"\n",
+        "[redis]\nkey_prefix = \"f\\u001Bb\"\n",
+        "[redis]\nkey_prefix = \"tenant-7.\\u691C\\u7D22\"\n",
+        "[dependencies.\"sea\\u200Brch\"]\n",
+        "[dependencies.\"search\\uFEFF\"]\nratio = 11.0\n",
+        "[dependencies.\"a\\u2028b\"]\n",
+        "[dependencies.\"a\\u3164b\"]\n",
+        "[dependencies.\"na\\u00EFve \\u691C\\u7D22\"]\nratio = 0.5\n",
+        "[dependencies.search]\ntasks = [\"send\\u200Dmail\", \"ok\", \"x\\U000E0020\"]\n",
+        "[tasks.\"sea\\u2060rch\"]\nmax_attempts = 3\n",
+        "[unmapped_tasks]\npolicy = \"reject\"\n[tasks.\"sea\\u2060rch\"]\nmax_attempts = 3\n",
+        "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"sea\\u200Brch\"\n[dependencies.search]\n",
         "",
     ];
     let mut child = Command::new(python())
@@ -473,6 +506,62 @@ fn bad_configurations_are_refused_alike() {
     }
     drop(to_py);
     assert!(child.wait().unwrap().success());
+}
+
+/// For each code point on stdin (one a line), whether the Python client refuses it in a
+/// dependency name and in a key prefix (`"DK"`, `"D"`, `"K"` or `""`).
+const CHAR_DRIVER: &str = r#"
+import sys
+from fleet_budget.config import dependency_name_problem, key_prefix_problem
+out = []
+for c in range(0x110000):
+    if 0xD800 <= c <= 0xDFFF:
+        continue
+    ch = chr(c)
+    d = dependency_name_problem("a" + ch + "b") is not None
+    k = key_prefix_problem("a" + ch + "b") is not None
+    if d or k:
+        out.append(f"{c:x} {'D' if d else ''}{'K' if k else ''}")
+print("\n".join(out))
+"#;
+
+/// Input review, session 6: every code point, in a dependency name and in a key prefix, is
+/// refused or taken alike by both languages (a rule written against each language's own
+/// Unicode tables, Python's `isspace` beside Rust's `is_whitespace`, could differ where the
+/// shared cases do not look).
+#[test]
+fn every_code_point_is_refused_alike_in_names_and_key_prefixes() {
+    let output = Command::new(python())
+        .args(["-c", CHAR_DRIVER])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    assert!(output.status.success());
+    let python = String::from_utf8(output.stdout).unwrap();
+    let mut rust = String::new();
+    for ch in (0..=0x10_FFFF_u32).filter_map(char::from_u32) {
+        let text = format!("a{ch}b");
+        let d = Dependency::new(&text).is_err();
+        let k = fleet_budget::config::check_key_prefix("k", &text).is_err();
+        if d || k {
+            rust.push_str(&format!(
+                "{:x} {}{}\n",
+                u32::from(ch),
+                if d { "D" } else { "" },
+                if k { "K" } else { "" }
+            ));
+        }
+    }
+    let python: BTreeSet<&str> = python.lines().collect();
+    let rust: BTreeSet<&str> = rust.lines().collect();
+    let differ: Vec<_> = rust.symmetric_difference(&python).take(20).collect();
+    assert!(
+        differ.is_empty(),
+        "refused by one language only: {differ:?}"
+    );
+    for refused in ["202e DK", "200b DK", "7b DK", "a0 K", "e0041 DK"] {
+        assert!(rust.contains(refused), "{refused}");
+    }
 }
 
 /// Prints the Python redactor's output for each text on stdin (JSON lines).

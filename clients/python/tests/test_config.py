@@ -3,6 +3,8 @@
 import pytest
 
 from fleet_budget import Config, ConfigError, FleetBudget
+from fleet_budget.budget import InvalidTask
+from fleet_budget.config import _is_unsafe_char
 
 README = """
 [defaults]
@@ -161,6 +163,71 @@ def test_key_prefixes_are_refused_as_rust_refuses_them():
     assert Config.from_toml('[redis]\nkey_prefix = "' + "é" * 32 + '"\n').redis.key_prefix == "é" * 32
     for prefix in ["é" * 33, "a\u00a0b", "a\u3000b", "a\u2003b"]:
         assert _problem_keys(f'[redis]\nkey_prefix = "{prefix}"\n') == ["redis.key_prefix"], prefix
+
+
+def _problems(text: str, origin: str = "<toml>") -> tuple[str, list]:
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml(text, origin)
+    return str(e.value), e.value.problems
+
+
+@pytest.mark.parametrize("escape, code", [
+    ("\\u202E", "U+202E (a bidirectional control)"),
+    ("\\u2066", "U+2066 (a bidirectional control)"),
+    ("\\u200E", "U+200E (a bidirectional control)"),
+    ("\\u200F", "U+200F (a bidirectional control)"),
+    ("\\u200B", "U+200B (an invisible character)"),
+    ("\\u200D", "U+200D (an invisible character)"),
+    ("\\uFEFF", "U+FEFF (an invisible character)"),
+    ("\\u00AD", "U+00AD (an invisible character)"),
+    ("\\U000E0041", "U+E0041 (an invisible character)"),
+    ("\\u2028", "U+2028 (a line or paragraph separator)"),
+    ("\\u0085", "U+0085 (a control character)"),
+])
+def test_key_prefixes_with_bidi_or_invisible_characters_are_refused(escape, code):
+    """Input review, session 6: such a prefix was accepted, and was then in every key name and in
+    status and audit output. Refused as Rust refuses it; the message names the file, the field and
+    the character by its code point, and never holds the character itself."""
+    shown, problems = _problems(f'[redis]\nkey_prefix = "fb{escape}x"\n', "/etc/fleet-budget/worker.toml")
+    assert [p.key for p in problems] == ["redis.key_prefix"]
+    assert shown.startswith("/etc/fleet-budget/worker.toml: invalid configuration:")
+    assert f"contains {code}" in problems[0].allowed
+    assert "\\u{" in problems[0].value
+    assert not any(_is_unsafe_char(ch) for ch in str(problems[0])), repr(shown)
+
+
+@pytest.mark.parametrize("escape, code, shown", [
+    ("\\u200B", "U+200B (an invisible character)", "\\u{200b}"),
+    ("\\u2060", "U+2060 (an invisible character)", "\\u{2060}"),
+    ("\\u202E", "U+202E (a bidirectional control)", "\\u{202e}"),
+    ("\\u3164", "U+3164 (an invisible character)", "\\u{3164}"),
+])
+def test_dependency_and_task_names_with_invisible_characters_are_refused(escape, code, shown):
+    """Zero-width and other invisible characters were accepted in dependency and task names, so
+    ``sea\\u200Brch`` was a budget of its own that printed as ``search``."""
+    for text, key in [
+        (f'[dependencies."sea{escape}rch"]\n', f'dependencies."sea{shown}rch"'),
+        (f'[dependencies.search]\ntasks = ["t{escape}"]\n', "dependencies.search.tasks[0]"),
+        (f'[tasks."t{escape}"]\nmax_attempts = 2\n', f'tasks."t{shown}"'),
+    ]:
+        message, problems = _problems(text)
+        assert [p.key for p in problems] == [key], (text, problems)
+        assert code in problems[0].allowed, problems[0]
+        assert not any(_is_unsafe_char(ch) for ch in str(problems[0])), repr(message)
+
+
+def test_a_task_of_its_own_with_an_invisible_character_is_refused():
+    budget = FleetBudget(Config.from_toml(""), redis_url="redis://127.0.0.1:1")
+    with pytest.raises(InvalidTask) as e:
+        budget.dependency("sea\u200brch")
+    assert "U+200B" in str(e.value)
+    budget.close()
+
+
+def test_a_key_prefix_given_to_the_constructor_is_checked_like_the_files():
+    with pytest.raises(ConfigError) as e:
+        FleetBudget(Config.from_toml(""), redis_url="redis://127.0.0.1:1", key_prefix="fb\u202e")
+    assert "U+202E" in str(e.value) and "\u202e" not in str(e.value)
 
 
 def test_only_a_fragment_with_text_is_refused_in_urls():

@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 import redis
 
 from . import scripts
-from .config import OVERFLOW_DEPENDENCY, Config, ConfigError, dependency_name_problem, redact_url
+from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
+                     key_prefix_problem, redact_url)
 from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
                        Decision, Failure, Retry)
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
@@ -71,6 +72,10 @@ class FleetBudget:
         if redis_url is not None:
             self.config.redis.url = redis_url
         if key_prefix is not None:
+            # Checked as the file's `redis.key_prefix` is (the Rust `Config::set_key_prefix`).
+            wrong = key_prefix_problem(key_prefix)
+            if wrong:
+                raise ConfigError("key_prefix", f"{_quoted(key_prefix)}: {wrong}")
             self.config.redis.key_prefix = key_prefix
         self.metrics = metrics if metrics is not None else Metrics()
         # A series for every configured dependency before its first failure, as in Rust.

@@ -193,9 +193,24 @@ def dependency_name_problem(name: str) -> Optional[str]:
     if len(name.encode("utf-8")) > MAX_DEPENDENCY_LEN:
         return f"dependency name is {len(name.encode('utf-8'))} bytes long, at most {MAX_DEPENDENCY_LEN} allowed"
     for c in name:
-        if c in "{}" or _is_control(c) or _is_bidi_control(c):
-            return (f"dependency name contains {c!r}; `{{`, `}}`, control and bidirectional control "
-                    "characters are not allowed")
+        if c in "{}" or _is_unsafe_char(c):
+            return (f"dependency name contains {_code_point(c)}; `{{`, `}}`, control, bidirectional "
+                    "control and invisible characters are not allowed")
+    return None
+
+
+def key_prefix_problem(prefix: str) -> Optional[str]:
+    """What is wrong with a Redis key prefix (``redis.key_prefix``), or None: the Rust
+    ``check_key_prefix``, 1 to 64 bytes without ``{``, ``}``, spaces, or a character
+    :func:`_is_unsafe_char` names. The first offending character is named by its code point."""
+    rule = ("must be 1 to 64 bytes without `{`, `}`, spaces, control, bidirectional control or "
+            "invisible characters")
+    for c in prefix:
+        if c in "{}" or c.isspace() or _is_unsafe_char(c):
+            return f"contains {_code_point(c)}; {rule}"
+    size = len(prefix.encode("utf-8"))
+    if not 1 <= size <= 64:
+        return f"is {size} bytes long; {rule}"
     return None
 
 
@@ -208,6 +223,43 @@ def _is_bidi_control(c: str) -> bool:
     """The Rust ``is_bidi_control``: a name holding one prints as something it is not."""
     o = ord(c)
     return o in (0x061C, 0x200E, 0x200F) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069
+
+
+#: What the Rust ``is_unsafe_char`` names, written out as it is there (not read from
+#: ``unicodedata``, whose tables follow the Python version): control characters, the line and
+#: paragraph separators, and Unicode's default-ignorable code points (bidirectional controls,
+#: zero-width characters, the soft hyphen, variation selectors, tags, fillers).
+_UNSAFE_RANGES = (
+    (0x0000, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C),
+    (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x2028, 0x2029),
+    (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)
+
+
+def _is_unsafe_char(c: str) -> bool:
+    """Whether ``c`` must not be part of a name (the Rust ``is_unsafe_char``): printed, it drives
+    the terminal, breaks the line, or hides or reorders the text around it."""
+    o = ord(c)
+    return any(lo <= o <= hi for lo, hi in _UNSAFE_RANGES)
+
+
+def _code_point(c: str) -> str:
+    """``c`` as an error message names it (the Rust ``CodePoint``): ``U+202E (a bidirectional
+    control)``, or ``U+007B `{` `` for a character that shows."""
+    if _is_control(c):
+        what = "a control character"
+    elif _is_bidi_control(c):
+        what = "a bidirectional control"
+    elif c in "\u2028\u2029":
+        what = "a line or paragraph separator"
+    elif _is_unsafe_char(c):
+        what = "an invisible character"
+    elif c.isspace():
+        what = "a space"
+    else:
+        return f"U+{ord(c):04X} `{c}`"
+    return f"U+{ord(c):04X} ({what})"
 
 
 class _Checker:
@@ -383,11 +435,9 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         prefix = r["key_prefix"]
         if not isinstance(prefix, str):
             raise _wrong_type("redis.key_prefix", prefix, "a string")
-        # 64 bytes, and Unicode spaces too, as the Rust ``check_key_prefix`` counts and refuses.
-        if (not 1 <= len(prefix.encode("utf-8")) <= 64
-                or any(ch in "{}" or ch.isspace() or _is_control(ch) for ch in prefix)):
-            c.problem("redis.key_prefix", repr(prefix),
-                      "must be 1 to 64 characters without `{`, `}`, spaces or control characters")
+        wrong = key_prefix_problem(prefix)
+        if wrong:
+            c.problem("redis.key_prefix", _quoted(prefix), wrong)
         else:
             config.redis.key_prefix = prefix
     config.redis.fallback = c.choice("redis.fallback", r.get("fallback"), ("local", "deny", "allow"), "local")
@@ -431,7 +481,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
                           f"{what} is not in the Python client yet; a Python worker cannot honour it")
         wrong = dependency_name_problem(name)
         if wrong:
-            c.problem(at, repr(name), wrong)
+            c.problem(at, _quoted(name), wrong)
         policy = _policy(c, at, dep, config.defaults)
         if wrong:
             continue
@@ -441,10 +491,12 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             raise _wrong_type(f"{at}.tasks", tasks, "a list of task names")
         for i, task in enumerate(tasks):
             key = f"{at}.tasks[{i}]"
-            if (not isinstance(task, str) or not task
-                    or any(_is_control(ch) or _is_bidi_control(ch) for ch in task)):
-                c.problem(key, repr(task),
-                          "a task name must be non-empty and hold no control or bidirectional control characters")
+            unsafe = next((ch for ch in task if _is_unsafe_char(ch)), None)
+            if not task:
+                c.problem(key, '""', "a task name must not be empty")
+            elif unsafe is not None:
+                c.problem(key, _quoted(task), f"contains {_code_point(unsafe)}; a task name holds no control, "
+                          "bidirectional control or invisible characters")
             elif task in config.tasks:
                 first = config.tasks[task]
                 c.problem(key, repr(task), "is listed twice in this dependency" if first == name else
@@ -463,7 +515,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
             # An unmapped task is its own dependency, so its name must be a valid one.
             wrong = dependency_name_problem(task)
             if wrong:
-                c.problem(at, repr(task), wrong)
+                c.problem(at, _quoted(task), wrong)
         if sum(k in t for k in ("class", "max_attempts", "recovery_window_secs")) > 1:
             c.problem(at, "class, max_attempts and recovery_window_secs", "set at most one of them")
         backoff = _backoff(c, at, t, config.default_ceiling.backoff)
@@ -513,18 +565,25 @@ def _socket_addr(value: Any) -> bool:
 
 
 def _debug_str(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else repr(value)
+    return _quoted(value) if isinstance(value, str) else repr(value)
 
 
 def _toml_key(name: str) -> str:
-    """A key as Rust's ``toml_key`` shows it: quoted unless bare, with control and bidirectional
-    control characters escaped (``\\u{202e}``) so that a key never prints as something it is not."""
+    """A key as Rust's ``toml_key`` shows it: bare when it can be, else :func:`_quoted`."""
     if name and all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name):
         return name
-    escapes = {"\\": "\\\\", '"': '\\"', "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"}
+    return _quoted(name)
+
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"}
+
+
+def _quoted(text: str) -> str:
+    """``text`` in double quotes as the Rust ``quoted`` shows a name: backslash, quote, tab, line
+    feed, carriage return and NUL escaped, every other character :func:`_is_unsafe_char` names as
+    ``\\u{202e}``, so that a key or value never prints as something it is not."""
     shown = "".join(
-        escapes.get(ch) or (f"\\u{{{ord(ch):x}}}" if _is_control(ch) or _is_bidi_control(ch) else ch)
-        for ch in name)
+        _ESCAPES.get(ch) or (f"\\u{{{ord(ch):x}}}" if _is_unsafe_char(ch) else ch) for ch in text)
     return '"' + shown + '"'
 
 
