@@ -10,6 +10,8 @@
 --          primary_waits ("0": primaries are counted and never refused | "1": refused at the cap)
 -- Reply    granted (1|0), refusal (0 none | 1 the cap is reached | 2 the retry share is spent),
 --          primaries in flight, retries in flight (after the call), retry slots, server ms
+-- Errors   "fleet-budget: ARGV[n] ..." for a bad argument, "fleet-budget: key <key> is not a
+--          lease set: WRONGTYPE ..." for a key of another type; either writes nothing.
 local kind = ARGV[1]
 if kind ~= 'p' and kind ~= 'r' then
   return redis.error_reply('fleet-budget: ARGV[1] kind must be "p" or "r"')
@@ -41,18 +43,54 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A lease whose expiry has come is gone: its holder died or forgot it.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+-- Anyone with access to Redis can write these keys. Each is checked before any write: a key of
+-- another type is refused by name.
+local gone = {}
+for k = 1, 2 do
+  -- A lease whose expiry has come is gone: its holder died or forgot it. At most 1000 per set
+  -- per call are removed, so that a set stuffed with millions of expired members costs each call
+  -- a bounded amount of work; those not yet removed count as in flight until they are (towards
+  -- the cap, which then refuses sooner, never later).
+  local expired = redis.pcall('ZRANGE', KEYS[k], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
+  if expired.err then
+    return redis.error_reply('fleet-budget: key ' .. KEYS[k] .. ' is not a lease set: ' .. expired.err)
+  end
+  gone[k] = expired
+end
+-- No lease ends later than the longest lease from now. One that does (+inf, 1e300: written by
+-- hand, or by a server whose clock ran ahead) is brought back to that bound, at most 1000 per
+-- set per call, so that it still counts and still expires, and a set's expiry stays a whole ms.
+local latest = now + 86400000
+local top = {}
+for k = 1, 2 do
+  if #gone[k] > 0 then
+    redis.call('ZREM', KEYS[k], unpack(gone[k]))
+  end
+  local last = redis.call('ZRANGE', KEYS[k], -1, -1, 'WITHSCORES')
+  local score = tonumber(last[2] or 0)
+  if score > latest then
+    local far = redis.call('ZRANGE', KEYS[k], '(' .. string.format('%d', latest), '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
+    if #far > 0 then
+      local back = {}
+      for i = 1, #far do
+        back[2 * i - 1] = latest
+        back[2 * i] = far[i]
+      end
+      redis.call('ZADD', KEYS[k], 'XX', unpack(back))
+    end
+    score = latest
+  end
+  top[k] = math.ceil(score)
+end
 local p = redis.call('ZCARD', KEYS[1])
 local r = redis.call('ZCARD', KEYS[2])
 local slots = math.max(min_slots, math.floor(fraction * p))
 local free = math.max(0, cap - p - r)
 
 local refusal = 0
-local own = KEYS[1]
+local at = 1
 if kind == 'r' then
-  own = KEYS[2]
+  at = 2
   if free < 1 then
     refusal = 1
   elseif r >= slots then
@@ -61,6 +99,7 @@ if kind == 'r' then
 elseif waits == '1' and free < 1 then
   refusal = 1
 end
+local own = KEYS[at]
 -- A lease id already held (a renewal) is granted again without counting twice.
 if refusal ~= 0 and redis.call('ZSCORE', own, id) then
   refusal = 0
@@ -68,8 +107,12 @@ end
 if refusal ~= 0 then
   return {0, refusal, p, r, slots, now}
 end
-redis.call('ZADD', own, now + lease_ms, id)
+local added = redis.call('ZADD', own, now + lease_ms, id)
 -- The set lives as long as its last lease, so an idle dependency leaves no key.
-local last = redis.call('ZRANGE', own, -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', own, tonumber(last[2]) + 1)
-return {1, 0, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]), slots, now}
+redis.call('PEXPIREAT', own, math.max(now + lease_ms, top[at]) + 1)
+if at == 1 then
+  p = p + added
+else
+  r = r + added
+end
+return {1, 0, p, r, slots, now}

@@ -134,7 +134,9 @@ impl ConcurrencyBudget {
     /// Asks for one slot of `kind`: granted or refused at once, never waiting.
     ///
     /// # Errors
-    /// The store failed, passed its deadline, or answered out of contract.
+    /// The store failed, passed its deadline, or answered out of contract; a lease set of
+    /// another type (written by hand) is [`StoreError::BadKey`] naming it, and nothing is
+    /// written.
     pub async fn acquire(
         &self,
         dependency: &Dependency,
@@ -158,7 +160,11 @@ impl ConcurrencyBudget {
             .arg(policy.max_retry_fraction.to_string())
             .arg(policy.min_retry_slots)
             .arg(if policy.primary_waits { "1" } else { "0" });
-        let reply = self.store.invoke("lease_acquire", invocation).await?;
+        let reply = self
+            .store
+            .invoke("lease_acquire", invocation)
+            .await
+            .map_err(|e| refused_key(e, &self.keys(dependency)))?;
         let field = |i| count_at("lease_acquire", &reply, i);
         let (granted, refusal) = (field(0)?, field(1)?);
         let in_flight = InFlight {
@@ -212,13 +218,44 @@ impl ConcurrencyBudget {
         let [lp, lr] = self.keys(&lease.dependency);
         let mut invocation = LEASE_RELEASE_SCRIPT.key(lp);
         invocation.key(lr).arg(&lease.id);
-        let reply = self.store.invoke("lease_release", invocation).await?;
+        let reply = self
+            .store
+            .invoke("lease_release", invocation)
+            .await
+            .map_err(|e| refused_key(e, &self.keys(&lease.dependency)))?;
         let field = |i| count_at("lease_release", &reply, i);
         Ok(InFlight {
             primaries: field(1)?,
             retries: field(2)?,
         })
     }
+}
+
+/// The scripts' refusal of one of `keys` (`fleet-budget: key <key> is not a lease set: WRONGTYPE
+/// ...`: anyone with access to Redis can overwrite it with another type) as a
+/// [`StoreError::BadKey`] naming that key; any other error as it is.
+fn refused_key(e: StoreError, keys: &[String; 2]) -> StoreError {
+    let StoreError::Redis(redis_error) = &e else {
+        return e;
+    };
+    if redis_error.code() != Some("fleet-budget:") {
+        return e;
+    }
+    let Some(rest) = redis_error.detail().and_then(|d| d.strip_prefix("key ")) else {
+        return e;
+    };
+    for key in keys {
+        if let Some(detail) = rest
+            .strip_prefix(key.as_str())
+            .and_then(|d| d.strip_prefix(" is not a lease set"))
+        {
+            return StoreError::BadKey {
+                key: key.clone(),
+                detail: format!("is not a lease set{detail}"),
+            };
+        }
+    }
+    e
 }
 
 /// The non-negative integer at 0-based `index` of `script`'s reply.
