@@ -45,47 +45,32 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Anyone with access to Redis can write these keys. Each is checked before any write: a key of
+-- Anyone with access to Redis can write these keys. Both are checked before any write: a key of
 -- another type is refused by name.
-local gone = {}
-for k = 1, 2 do
-  -- A lease whose expiry has come is gone: its holder died or forgot it. At most 1000 per set
-  -- per call are removed, so that a set stuffed with millions of expired members costs each call
-  -- a bounded amount of work; those not yet removed count as in flight until they are (towards
-  -- the cap, which then refuses sooner, never later).
-  local expired = redis.pcall('ZRANGE', KEYS[k], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
-  if expired.err then
-    return redis.error_reply('fleet-budget: key ' .. KEYS[k] .. ' is not a lease set: ' .. expired.err)
-  end
-  gone[k] = expired
+local p = redis.pcall('ZCARD', KEYS[1])
+if type(p) == 'table' then
+  return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a lease set: ' .. p.err)
 end
--- No lease ends later than the longest lease from now. One that does (+inf, 1e300: written by
--- hand, or by a server whose clock ran ahead) is brought back to that bound, at most 1000 per
--- set per call, so that it still counts and still expires, and a set's expiry stays a whole ms.
-local latest = now + 86400000
-local top = {}
+local r = redis.pcall('ZCARD', KEYS[2])
+if type(r) == 'table' then
+  return redis.error_reply('fleet-budget: key ' .. KEYS[2] .. ' is not a lease set: ' .. r.err)
+end
+-- A lease whose expiry has come is gone: its holder died or forgot it. A set of more than 1000
+-- leases (a dead fleet, or stuffed by hand) loses at most 1000 expired ones per call, so that each
+-- call does a bounded amount of work; those not yet removed count as in flight until they are
+-- (towards the cap, which then refuses sooner, never later).
+local n = {p, r}
 for k = 1, 2 do
-  if #gone[k] > 0 then
-    redis.call('ZREM', KEYS[k], unpack(gone[k]))
-  end
-  local last = redis.call('ZRANGE', KEYS[k], -1, -1, 'WITHSCORES')
-  local score = tonumber(last[2] or 0)
-  if score > latest then
-    local far = redis.call('ZRANGE', KEYS[k], '(' .. string.format('%d', latest), '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
-    if #far > 0 then
-      local back = {}
-      for i = 1, #far do
-        back[2 * i - 1] = latest
-        back[2 * i] = far[i]
-      end
-      redis.call('ZADD', KEYS[k], 'XX', unpack(back))
+  if n[k] > 1000 then
+    local gone = redis.call('ZRANGE', KEYS[k], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
+    if #gone > 0 then
+      n[k] = n[k] - redis.call('ZREM', KEYS[k], unpack(gone))
     end
-    score = latest
+  elseif n[k] > 0 then
+    n[k] = n[k] - redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
   end
-  top[k] = math.ceil(score)
 end
-local p = redis.call('ZCARD', KEYS[1])
-local r = redis.call('ZCARD', KEYS[2])
+p, r = n[1], n[2]
 local slots = math.max(min_slots, math.floor(fraction * p))
 local free = math.max(0, cap - p - r)
 
@@ -106,12 +91,40 @@ local own = KEYS[at]
 if refusal ~= 0 and redis.call('ZSCORE', own, id) then
   refusal = 0
 end
+-- No lease ends later than the longest lease from now. One that does (+inf, 1e300: written by
+-- hand, or by a server whose clock ran ahead) is brought back to that bound, at most 1000 per
+-- set per call, so that it still counts and still expires, and a set's expiry stays a whole ms:
+-- in the caller's own set at every call, and in both when the call is refused (leases that never
+-- end must not keep a cap shut for good).
+local latest = now + 86400000
+local top = 0
+for k = 1, 2 do
+  if (refusal ~= 0 or k == at) and n[k] > 0 then
+    local last = redis.call('ZRANGE', KEYS[k], -1, -1, 'WITHSCORES')
+    local score = tonumber(last[2])
+    if score > latest then
+      local far = redis.call('ZRANGE', KEYS[k], '(' .. string.format('%d', latest), '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
+      if #far > 0 then
+        local back = {}
+        for i = 1, #far do
+          back[2 * i - 1] = latest
+          back[2 * i] = far[i]
+        end
+        redis.call('ZADD', KEYS[k], 'XX', unpack(back))
+      end
+      score = latest
+    end
+    if k == at then
+      top = math.ceil(score)
+    end
+  end
+end
 if refusal ~= 0 then
   return {0, refusal, p, r, slots, now}
 end
 local added = redis.call('ZADD', own, now + lease_ms, id)
 -- The set lives as long as its last lease, so an idle dependency leaves no key.
-redis.call('PEXPIREAT', own, math.max(now + lease_ms, top[at]) + 1)
+redis.call('PEXPIREAT', own, math.max(now + lease_ms, top) + 1)
 if at == 1 then
   p = p + added
 else

@@ -14,21 +14,31 @@ if #id < 1 or #id > 128 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- As in lease_acquire.lua: each key is checked before any write (a key of another type is
--- refused by name), and at most 1000 expired leases per set are removed per call.
-local gone_p = redis.pcall('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
-if gone_p.err then
-  return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a lease set: ' .. gone_p.err)
+-- As in lease_acquire.lua: both keys are checked before any write (a key of another type is
+-- refused by name), and a set of more than 1000 leases loses at most 1000 expired ones per call.
+local p = redis.pcall('ZCARD', KEYS[1])
+if type(p) == 'table' then
+  return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a lease set: ' .. p.err)
 end
-local gone_r = redis.pcall('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
-if gone_r.err then
-  return redis.error_reply('fleet-budget: key ' .. KEYS[2] .. ' is not a lease set: ' .. gone_r.err)
+local r = redis.pcall('ZCARD', KEYS[2])
+if type(r) == 'table' then
+  return redis.error_reply('fleet-budget: key ' .. KEYS[2] .. ' is not a lease set: ' .. r.err)
 end
-local removed = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
-if #gone_p > 0 then
-  redis.call('ZREM', KEYS[1], unpack(gone_p))
+local n = {p, r}
+local removed = 0
+for k = 1, 2 do
+  if n[k] > 0 then
+    local out = redis.call('ZREM', KEYS[k], id)
+    removed = removed + out
+    n[k] = n[k] - out
+  end
+  if n[k] > 1000 then
+    local gone = redis.call('ZRANGE', KEYS[k], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1000)
+    if #gone > 0 then
+      n[k] = n[k] - redis.call('ZREM', KEYS[k], unpack(gone))
+    end
+  elseif n[k] > 0 then
+    n[k] = n[k] - redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
+  end
 end
-if #gone_r > 0 then
-  redis.call('ZREM', KEYS[2], unpack(gone_r))
-end
-return {removed, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2])}
+return {removed, n[1], n[2]}
