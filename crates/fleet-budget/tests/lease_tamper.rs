@@ -511,3 +511,145 @@ fn bad_arguments_are_named_and_nothing_is_written() {
     assert_eq!(reply, [2, 0, 0]);
     assert_eq!(MAX_LEASE.as_millis(), u128::from(LONGEST_MS));
 }
+
+/// The scripts' server time per call, shipped against the scripts at `FB_LEASE_BASE` (a git
+/// commit; default 4767262, before the checks above), in one run on one private server: six
+/// rounds of 2,000 calls of each, in alternating order, on sets holding a few leases; then the
+/// first acquire on a million expired leases, old and new. Prints figures, asserts nothing (the
+/// machine is shared). docs/RELIABILITY.md ("Input review, session 6") records a run:
+///
+/// ```sh
+/// cargo test -p fleet-budget --test lease_tamper -- --ignored --nocapture lease_scripts_cost
+/// ```
+#[test]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+fn lease_scripts_cost() {
+    let base = std::env::var("FB_LEASE_BASE").unwrap_or_else(|_| "4767262".to_owned());
+    let at_base = |name: &str| {
+        let out = std::process::Command::new("git")
+            .args(["show", &format!("{base}:lua/{name}.lua")])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run git");
+        assert!(out.status.success(), "git show {base}:lua/{name}.lua");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let mut load = |text: &str| -> String {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(text)
+            .query(&mut c)
+            .unwrap()
+    };
+    let shipped = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../../lua/{name}.lua",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let acquire = [
+        load(&at_base("lease_acquire")),
+        load(&shipped("lease_acquire")),
+    ];
+    let release = [
+        load(&at_base("lease_release")),
+        load(&shipped("lease_release")),
+    ];
+    let mut c = server.connection().unwrap();
+    let far = (server_ms(&server) + 600_000).to_string();
+    let mut per_call = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    for round in 0..6 {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            let _: () = server.cmd(&["DEL", LP, LR]);
+            let (u0, c0) = script_usec(&server);
+            for i in 0..2000 {
+                let kind = if i % 2 == 0 { "p" } else { "r" };
+                let _: redis::Value = redis::cmd("EVALSHA")
+                    .arg(&acquire[which])
+                    .arg(2)
+                    .arg(LP)
+                    .arg(LR)
+                    .arg(kind)
+                    .arg(format!("id{i}"))
+                    .arg(30_000)
+                    .arg(50)
+                    .arg(0.5)
+                    .arg(1)
+                    .arg("1")
+                    .query(&mut c)
+                    .unwrap();
+                if i % 4 == 3 {
+                    let _: () =
+                        server.cmd(&["ZREM", LP, &format!("id{}", i - 3), &format!("id{}", i - 1)]);
+                    let _: () =
+                        server.cmd(&["ZREM", LR, &format!("id{}", i - 2), &format!("id{i}")]);
+                }
+            }
+            let (u1, c1) = script_usec(&server);
+            per_call[0][which].push((u1 - u0) / (c1 - c0));
+            let _: () = server.cmd(&["DEL", LP, LR]);
+            let _: () = server.cmd(&["ZADD", LP, &far, "p1", &far, "p2", &far, "p3"]);
+            let _: () = server.cmd(&["ZADD", LR, &far, "r1", &far, "r2", &far, "r3"]);
+            let (u0, c0) = script_usec(&server);
+            for i in 0..2000 {
+                let _: () = server.cmd(&[
+                    "ZADD",
+                    if i % 2 == 0 { LR } else { LP },
+                    &far,
+                    &format!("id{i}"),
+                ]);
+                let _: redis::Value = redis::cmd("EVALSHA")
+                    .arg(&release[which])
+                    .arg(2)
+                    .arg(LP)
+                    .arg(LR)
+                    .arg(format!("id{i}"))
+                    .query(&mut c)
+                    .unwrap();
+            }
+            let (u1, c1) = script_usec(&server);
+            per_call[1][which].push((u1 - u0) / (c1 - c0));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    for (script, runs) in ["lease_acquire", "lease_release"].iter().zip(&mut per_call) {
+        let [old, new] = runs;
+        println!(
+            "{script}: {:.1} µs per call (median of 6 × 2,000) against {:.1} µs at {base}; runs {new:.1?} against {old:.1?}",
+            median(&mut new.clone()),
+            median(&mut old.clone()),
+        );
+    }
+    for (which, label) in [(0, base.as_str()), (1, "shipped")] {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        fill(&server, LP, 1_000_000, -60_000);
+        let (u0, c0) = script_usec(&server);
+        let _: redis::Value = redis::cmd("EVALSHA")
+            .arg(&acquire[which])
+            .arg(2)
+            .arg(LP)
+            .arg(LR)
+            .arg("p")
+            .arg("one")
+            .arg(30_000)
+            .arg(10)
+            .arg(0.5)
+            .arg(1)
+            .arg("1")
+            .query(&mut c)
+            .unwrap();
+        let (u1, c1) = script_usec(&server);
+        let left: u64 = server.cmd(&["ZCARD", LP]);
+        println!(
+            "lease_acquire at {label} on 1,000,000 expired leases: the first call took {:.0} µs of server time, {left} left in the set",
+            (u1 - u0) / (c1 - c0)
+        );
+    }
+}
