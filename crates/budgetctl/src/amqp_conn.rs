@@ -14,6 +14,9 @@ pub(crate) fn broker_error(config: &WorkerConfig, e: &AmqpError) -> anyhow::Erro
     } else if matches!(e, AmqpError::Tls { .. }) {
         // The error names the URL and the TLS failure: "does not answer" would mislead.
         anyhow::anyhow!("{text}")
+    } else if matches!(e, AmqpError::ConnectionLost { .. }) {
+        // The broker answered; the connection died during the step (the error says why).
+        anyhow::anyhow!("RabbitMQ at {}: {text}", redact_url(&config.amqp.url))
     } else if e.is_connection_error() {
         anyhow::anyhow!(
             "RabbitMQ at {} does not answer: {text}. Start one with `docker compose up -d` (repository root) or point --amqp-url / FLEET_BUDGET_AMQP_URL at yours",

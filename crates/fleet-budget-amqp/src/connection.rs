@@ -5,16 +5,26 @@
 //! (opening a channel, a declare, a consume, a publisher confirm) by [`Timeouts::operation`].
 //! The deadlines are process-wide: [`set_timeouts`] applies the `[amqp]` settings (the worker
 //! and `budgetctl` call it once they have read their configuration).
+//!
+//! A step can also wait on a connection that is already dead: when lapin cannot read what the
+//! broker sent (a message whose headers nest tables deeper than the parser's bound, a frame
+//! over `frame_max`) it closes the connection and fails the consumers and the replies it waits
+//! for, but a `basic.get` whose `get-ok` has arrived goes on waiting for its content. A
+//! [`ConnectionWatch`] ends such a step as soon as the connection is lost, with the
+//! connection's error ([`AmqpError::ConnectionLost`]) instead of the deadline's.
 
+use std::fmt;
 use std::future::Future;
-use std::sync::RwLock;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use fleet_budget::redact::redact_url;
 use fleet_budget::tls::{TlsFailure, TlsFiles, install_crypto_provider, is_tls_url};
+use futures::{FutureExt, Stream, StreamExt};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::LongString;
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties, ConnectionStatus, Event};
 
 use crate::config::AmqpSettings;
 use crate::error::AmqpError;
@@ -94,6 +104,107 @@ pub async fn deadline<T>(
             step: step.into(),
             after,
         })
+}
+
+/// How often a [`ConnectionWatch`] reads the connection's state: a step on a lost connection
+/// ends within this (and the moment lapin takes to report the error).
+const LOSS_POLL: Duration = Duration::from_millis(100);
+
+/// Watches one connection for its loss, for the steps that lapin would leave waiting on it (see
+/// the module documentation). Cheap to clone; the clones share what they saw.
+///
+/// Make it right after [`connect`]: lapin hands its connection errors only to the listeners
+/// that exist when the error happens. A connection lost before the watch was made is seen lost
+/// all the same, without its error.
+#[derive(Clone)]
+pub struct ConnectionWatch {
+    status: ConnectionStatus,
+    events: Arc<Mutex<Pin<Box<dyn Stream<Item = Event> + Send>>>>,
+    error: Arc<Mutex<Option<lapin::Error>>>,
+}
+
+impl fmt::Debug for ConnectionWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("status", &self.status)
+            .field("error", &self.last_error())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectionWatch {
+    /// Starts watching `conn`.
+    #[must_use]
+    pub fn new(conn: &Connection) -> Self {
+        Self {
+            status: conn.status().clone(),
+            events: Arc::new(Mutex::new(Box::pin(conn.events_listener()))),
+            error: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Whether the connection is closing, closed or failed.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.status.errored() || self.status.closed() || self.status.closing()
+    }
+
+    /// The last error lapin reported on the connection (a channel's or the connection's), if any.
+    #[must_use]
+    pub fn last_error(&self) -> Option<lapin::Error> {
+        self.read_events();
+        self.error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes the events lapin has reported so far, keeping the last error.
+    fn read_events(&self) {
+        let mut events = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(Some(event)) = events.next().now_or_never() {
+            if let Event::Error(e) = event {
+                *self
+                    .error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            }
+        }
+    }
+
+    /// Resolves once the connection is lost, with the error that ended it when lapin reported
+    /// one (its state changes a moment before the error is handed out: read once more after).
+    pub async fn lost(&self) -> Option<lapin::Error> {
+        while !self.is_lost() {
+            tokio::time::sleep(LOSS_POLL).await;
+        }
+        if let Some(e) = self.last_error() {
+            return Some(e);
+        }
+        tokio::time::sleep(LOSS_POLL).await;
+        self.last_error()
+    }
+
+    /// [`within`], ended early when the connection is lost: then the error is
+    /// [`AmqpError::ConnectionLost`], naming the step and the connection's error.
+    ///
+    /// # Errors
+    /// As [`within`], or [`AmqpError::ConnectionLost`].
+    pub async fn within<T>(
+        &self,
+        step: impl Into<String>,
+        future: impl Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<T, AmqpError> {
+        let step = step.into();
+        tokio::select! {
+            biased;
+            result = within(step.clone(), future) => result,
+            source = self.lost() => Err(AmqpError::ConnectionLost { step, source }),
+        }
+    }
 }
 
 static TLS: RwLock<TlsFiles> = RwLock::new(TlsFiles {

@@ -109,6 +109,16 @@ pub enum AmqpError {
         /// The deadline.
         after: std::time::Duration,
     },
+    /// The connection was lost during a step that would otherwise have waited for its deadline
+    /// (lapin leaves a `basic.get` unanswered when it closes the connection on a frame it cannot
+    /// read). `source` is the connection's error, when lapin reported one.
+    #[error("RabbitMQ connection lost during {step}: {}{}", Cause(source.as_ref()), Hint(source.as_ref()))]
+    ConnectionLost {
+        /// What was being done (`get from fleet.dead`).
+        step: String,
+        /// The error that ended the connection.
+        source: Option<lapin::Error>,
+    },
     /// A name that AMQP cannot carry (over 255 bytes).
     #[error("{what} {name:?} is not a valid AMQP name: {reason}")]
     InvalidName {
@@ -133,9 +143,84 @@ impl AmqpError {
     #[must_use]
     pub fn is_connection_error(&self) -> bool {
         match self {
-            Self::Connect { .. } | Self::Timeout { .. } | Self::Tls { .. } => true,
+            Self::Connect { .. }
+            | Self::Timeout { .. }
+            | Self::Tls { .. }
+            | Self::ConnectionLost { .. } => true,
             Self::Broker { source, .. } => is_connection_error(source),
             _ => false,
+        }
+    }
+
+    /// Whether the step ran out of its deadline ([`AmqpError::Timeout`]).
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// The client library's error behind this one, if any.
+    #[must_use]
+    pub fn lapin_error(&self) -> Option<&lapin::Error> {
+        match self {
+            Self::Connect { source, .. }
+            | Self::Tls { source, .. }
+            | Self::Broker { source, .. } => Some(source),
+            Self::ConnectionLost { source, .. } => source.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the connection ended on something the broker sent that this client cannot read
+    /// ([`is_unreadable_message`]): most likely one message, which every reader fails on.
+    #[must_use]
+    pub fn is_unreadable_message(&self) -> bool {
+        self.lapin_error().is_some_and(is_unreadable_message)
+    }
+}
+
+/// Whether `e` is lapin's failure to read a frame the broker sent: a parse error (headers nested
+/// deeper than the parser's bound of 100 levels, see vendor/amq-protocol-types) or a frame over
+/// `frame_max` (lapin's own `FRAME_ERROR`). Either closes the connection, and the broker keeps
+/// the message where it was.
+pub(crate) fn is_unreadable_message(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ParsingError(_) => true,
+        lapin::ErrorKind::ProtocolError(p) => {
+            p.get_id() == FRAME_ERROR && p.get_message().as_str().starts_with("frame too large")
+        }
+        _ => false,
+    }
+}
+
+/// AMQP's `FRAME_ERROR` reply code.
+const FRAME_ERROR: u16 = 501;
+
+/// The connection's error of [`AmqpError::ConnectionLost`].
+struct Cause<'a>(Option<&'a lapin::Error>);
+
+impl fmt::Display for Cause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(e) => write!(f, "{e}"),
+            None => f.write_str("the connection closed without an error from the client"),
+        }
+    }
+}
+
+/// What an operator should make of [`AmqpError::ConnectionLost`]'s error.
+struct Hint<'a>(Option<&'a lapin::Error>);
+
+impl fmt::Display for Hint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_some_and(is_unreadable_message) {
+            f.write_str(
+                ". Likely cause: a message this client cannot read (headers nested more than 100 \
+                 levels deep, or a frame over frame_max), which the broker keeps at the head of \
+                 the queue: every reader fails on it until it is taken out by hand (README, \
+                 Incident runbook, \"A message no client can read\")",
+            )
+        } else {
+            Ok(())
         }
     }
 }
@@ -157,5 +242,52 @@ pub(crate) fn protocol_message(e: &lapin::Error) -> Option<(u16, String)> {
             Some((p.get_id(), p.get_message().as_str().to_owned()))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::protocol::AMQPError;
+    use lapin::types::ShortString;
+
+    use super::*;
+
+    fn closed(code: u16, text: &str) -> lapin::Error {
+        let error = AMQPError::from_id(code, ShortString::from(text)).unwrap();
+        lapin::ErrorKind::ProtocolError(error).into()
+    }
+
+    fn lost(source: Option<lapin::Error>) -> AmqpError {
+        AmqpError::ConnectionLost {
+            step: "get from fleet.dead".into(),
+            source,
+        }
+    }
+
+    #[test]
+    fn a_connection_lost_on_a_frame_too_large_names_the_unreadable_message() {
+        let e = lost(Some(closed(FRAME_ERROR, "frame too large: 131100 bytes")));
+        assert!(e.is_unreadable_message() && e.is_connection_error() && !e.is_timeout());
+        let text = e.to_string();
+        assert!(
+            text.starts_with("RabbitMQ connection lost during get from fleet.dead: ")
+                && text.contains("frame too large: 131100 bytes")
+                && text.contains("Likely cause: a message this client cannot read"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_connection_lost_otherwise_says_no_more_than_it_knows() {
+        let forced = lost(Some(closed(320, "CONNECTION_FORCED - closed via management")));
+        assert!(!forced.is_unreadable_message());
+        assert!(!forced.to_string().contains("Likely cause"), "{forced}");
+        let unknown = lost(None);
+        assert_eq!(
+            unknown.to_string(),
+            "RabbitMQ connection lost during get from fleet.dead: the connection closed without an error from the client"
+        );
+        // A frame error the broker sent about this client's frames is not a message's.
+        assert!(!lost(Some(closed(FRAME_ERROR, "type 65"))).is_unreadable_message());
     }
 }

@@ -27,6 +27,12 @@
 //! (see [`behind_the_acks`]); the message that get takes is returned, and the look waits until
 //! it is ready again ([`until_returned`]): when a look returns, the queue holds what it held.
 //!
+//! Each `basic.get` is raced against the loss of the connection ([`ConnectionWatch`]): a message
+//! the client cannot read (headers nested past the parser's bound) closes the connection and
+//! lapin leaves that get unanswered; the look then fails at once with the connection's error
+//! ([`AmqpError::ConnectionLost`]), not at the operation deadline. The message stays where it
+//! was.
+//!
 //! [`inspect_queue_with`] lets the visitor stop the read early (`dlq peek --limit`) or remove a
 //! message instead of putting it back (`parked purge`, the one destructive caller: the original
 //! is acked without a copy).
@@ -40,7 +46,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, Confirm
 use lapin::types::ShortString;
 use lapin::{Acker, Connection};
 
-use crate::connection::{connect, deadline, timeouts, within};
+use crate::connection::{ConnectionWatch, connect, deadline, timeouts, within};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fit_copy};
@@ -156,6 +162,7 @@ pub(crate) async fn inspect_on(
     options: &InspectOptions,
     mut visit: impl FnMut(&Delivery) -> Look + Send,
 ) -> Result<Inspection, AmqpError> {
+    let watch = ConnectionWatch::new(conn);
     let ch = within("open a channel", conn.create_channel()).await?;
     let copies = match confirm_channel(conn).await {
         Ok(copies) => copies,
@@ -178,11 +185,12 @@ pub(crate) async fn inspect_on(
         let mut inflight = FuturesUnordered::new();
         let mut lost = None;
         while report.seen < bound {
-            let got = within(
-                format!("get from {queue}"),
-                ch.basic_get(name.clone(), BasicGetOptions::default()),
-            )
-            .await;
+            let got = watch
+                .within(
+                    format!("get from {queue}"),
+                    ch.basic_get(name.clone(), BasicGetOptions::default()),
+                )
+                .await;
             let d = match got {
                 Ok(Some(m)) => m.delivery,
                 Ok(None) => break,
@@ -220,7 +228,7 @@ pub(crate) async fn inspect_on(
             held.push(done);
         }
         let last = settle(held, &mut report).await;
-        report.uncertain += behind_the_acks(&ch, &name, queue, last).await;
+        report.uncertain += behind_the_acks(&watch, &ch, &name, queue, last).await;
         match lost {
             Some(e) => Err(e),
             None => Ok(report),
@@ -266,12 +274,19 @@ async fn confirm_channel(conn: &Connection) -> Result<lapin::Channel, AmqpError>
 /// head of the queue: its delivery count rises by one, but never past one, since the next look
 /// reads the head first and replaces it with a fresh copy. The return is applied by the queue
 /// after the nack is sent, like the acks; [`until_returned`] waits for it.
-async fn behind_the_acks(ch: &lapin::Channel, name: &ShortString, queue: &str, last: u64) -> u64 {
-    let got = within(
-        format!("get from {queue} behind the acks"),
-        ch.basic_get(name.clone(), BasicGetOptions::default()),
-    )
-    .await;
+async fn behind_the_acks(
+    watch: &ConnectionWatch,
+    ch: &lapin::Channel,
+    name: &ShortString,
+    queue: &str,
+    last: u64,
+) -> u64 {
+    let got = watch
+        .within(
+            format!("get from {queue} behind the acks"),
+            ch.basic_get(name.clone(), BasicGetOptions::default()),
+        )
+        .await;
     match got {
         Ok(Some(m)) => {
             let returned = m
