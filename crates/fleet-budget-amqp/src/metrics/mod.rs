@@ -9,6 +9,8 @@
 //! | `fleet_budget_amqp_publish_confirm_duration_seconds` | histogram | kind | publish to confirm of the worker's copies (`retry`, `dead_letter`, `wait_again`), failed ones included |
 //! | `fleet_budget_amqp_requeued_total` | counter | — | deliveries put back because their copy was not confirmed |
 //! | `fleet_budget_amqp_replayed_messages_total` | counter | outcome | messages a replay moved back, parked, or failed to move (`moved`, `parked`, `failed`) |
+//! | `fleet_budget_amqp_connections_lost_total` | counter | lived, cause | worker connections lost after consuming had started: `lived` is `short` (lost before `reconnect_reset_after` without settling a delivery: the reconnect delay keeps growing) or `long`; `cause` is [`LossCause`] (`unreadable_message`, `broker_closed`, `io`, `heartbeat`, `timeout`, `other`) |
+//! | `fleet_budget_amqp_short_lived_connections_in_a_row` | gauge | — | connections lost in a row shortly after connecting, summed over the process's workers; back to 0 once a connection stays up or settles a delivery |
 //!
 //! The queues themselves (depth, oldest message) are the fleet exporter's
 //! ([`QueueSource`]): one reading for the fleet rather than one per worker.
@@ -23,6 +25,7 @@ use prometheus::{
 };
 
 pub use self::queues::QueueSource;
+use crate::error::AmqpError;
 
 /// Upper bounds of the confirm-latency buckets, in seconds.
 pub const CONFIRM_BUCKETS: [f64; 11] = [
@@ -47,6 +50,59 @@ impl CopyKind {
     }
 }
 
+/// Why a worker's connection was lost, the `cause` label of
+/// `fleet_budget_amqp_connections_lost_total` (bounded: the error text goes to the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The client could not read what the broker sent (a parse error, a frame over
+    /// `frame_max`): most likely a message at the head of the queue, redelivered on every
+    /// connection until it is taken out.
+    UnreadableMessage,
+    /// The broker closed the connection or a channel (an AMQP error code).
+    BrokerClosed,
+    /// The socket failed (reset, refused, broken pipe).
+    Io,
+    /// The broker's heartbeats stopped.
+    Heartbeat,
+    /// A step did not finish within its deadline.
+    Timeout,
+    /// Anything else.
+    Other,
+}
+
+impl LossCause {
+    /// The cause of `e`.
+    #[must_use]
+    pub fn of(e: &AmqpError) -> Self {
+        if e.is_unreadable_message() {
+            return Self::UnreadableMessage;
+        }
+        if e.is_timeout() {
+            return Self::Timeout;
+        }
+        match e.lapin_error().map(lapin::Error::kind) {
+            Some(lapin::ErrorKind::ProtocolError(_)) => Self::BrokerClosed,
+            Some(lapin::ErrorKind::IOError(_)) => Self::Io,
+            Some(lapin::ErrorKind::MissingHeartbeatError) => Self::Heartbeat,
+            _ => Self::Other,
+        }
+    }
+
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnreadableMessage => "unreadable_message",
+            Self::BrokerClosed => "broker_closed",
+            Self::Io => "io",
+            Self::Heartbeat => "heartbeat",
+            Self::Timeout => "timeout",
+            Self::Other => "other",
+        }
+    }
+}
+
 /// The AMQP crate's metrics (module docs).
 #[derive(Debug, Clone)]
 pub struct AmqpMetrics {
@@ -55,6 +111,8 @@ pub struct AmqpMetrics {
     confirm_duration: HistogramVec,
     requeued: IntCounter,
     replayed: IntCounterVec,
+    connections_lost: IntCounterVec,
+    short_lived_in_a_row: IntGauge,
 }
 
 impl AmqpMetrics {
@@ -69,6 +127,8 @@ impl AmqpMetrics {
         registry.register(Box::new(m.confirm_duration.clone()))?;
         registry.register(Box::new(m.requeued.clone()))?;
         registry.register(Box::new(m.replayed.clone()))?;
+        registry.register(Box::new(m.connections_lost.clone()))?;
+        registry.register(Box::new(m.short_lived_in_a_row.clone()))?;
         Ok(m)
     }
 
@@ -103,6 +163,19 @@ impl AmqpMetrics {
                     "Messages replays moved back, parked, or failed to move.",
                 ),
                 &["outcome"],
+            )?,
+            connections_lost: IntCounterVec::new(
+                Opts::new(
+                    "fleet_budget_amqp_connections_lost_total",
+                    "Worker connections lost after consuming had started, by how long they lived \
+                     (short: before reconnect_reset_after, nothing settled) and cause.",
+                ),
+                &["lived", "cause"],
+            )?,
+            short_lived_in_a_row: IntGauge::new(
+                "fleet_budget_amqp_short_lived_connections_in_a_row",
+                "Worker connections lost in a row shortly after connecting (summed over the \
+                 process's workers; 0 once a connection stays up or settles a delivery).",
             )?,
         })
     }
@@ -146,6 +219,34 @@ impl AmqpMetrics {
         for (outcome, n) in [("moved", moved), ("parked", parked), ("failed", failed)] {
             self.replayed.with_label_values(&[outcome]).inc_by(n);
         }
+    }
+
+    /// A worker's connection was lost: `short` when it died young (see the module docs).
+    pub(crate) fn connection_lost(&self, short: bool, cause: LossCause) {
+        let lived = if short { "short" } else { "long" };
+        self.connections_lost
+            .with_label_values(&[lived, cause.as_str()])
+            .inc();
+    }
+
+    /// A worker's run of short-lived connections grew by one, or (`by` negative) ended.
+    pub(crate) fn short_lived_in_a_row_add(&self, by: i64) {
+        self.short_lived_in_a_row.add(by);
+    }
+
+    /// Worker connections lost so far, `short`-lived or not, for `cause`.
+    #[must_use]
+    pub fn connections_lost(&self, short: bool, cause: LossCause) -> u64 {
+        let lived = if short { "short" } else { "long" };
+        self.connections_lost
+            .with_label_values(&[lived, cause.as_str()])
+            .get()
+    }
+
+    /// Connections lost in a row shortly after connecting, summed over the workers.
+    #[must_use]
+    pub fn short_lived_connections_in_a_row(&self) -> i64 {
+        self.short_lived_in_a_row.get()
     }
 
     /// Dead-letters published and confirmed for `reason` so far.

@@ -22,7 +22,11 @@
 //! [`WorkerHandle::shutdown`] stops consuming, lets in-flight jobs finish, closes the channels and
 //! flushes the budget's coalesced counters. A lost connection is re-established with exponential
 //! backoff (with jitter) and consuming resumes; unacked deliveries of the lost connection are
-//! redelivered by the broker.
+//! redelivered by the broker. The delay goes back to `reconnect_min` only after a connection
+//! that stayed up for `reconnect_reset_after` or settled a delivery: a connection that dies
+//! young (a message at the head of the queue that the client cannot read closes every
+//! connection that consumes it) keeps the delay growing to `reconnect_max`, and the log and
+//! `fleet_budget_amqp_short_lived_connections_in_a_row` say how many times in a row.
 //!
 //! How the parts fit:
 //!
@@ -67,6 +71,10 @@ pub struct WorkerOptions {
     pub reconnect_min: Duration,
     /// Longest reconnect delay.
     pub reconnect_max: Duration,
+    /// How long a connection must stay up (or else settle a delivery) for the reconnect delay to
+    /// start again from `reconnect_min` once it is lost. A connection lost sooner is
+    /// short-lived: the delay keeps doubling.
+    pub reconnect_reset_after: Duration,
     /// Pause before a delivery whose retry or dead-letter copy was not confirmed is requeued
     /// (keeps a broken exchange from turning into a hot loop).
     pub unconfirmed_pause: Duration,
@@ -91,6 +99,7 @@ impl WorkerOptions {
             prefetch: config.amqp.prefetch,
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(30),
+            reconnect_reset_after: Duration::from_secs(10),
             unconfirmed_pause: Duration::from_millis(250),
             name: "fleet-budget worker".to_owned(),
             metrics_listen: config.budget.metrics.listen,
@@ -150,6 +159,9 @@ pub struct WorkerCounts {
     pub ack_failed: u64,
     /// Connections established.
     pub connections: u64,
+    /// Connections lost shortly after connecting (before `reconnect_reset_after`, nothing
+    /// settled), in all.
+    pub short_lived_connections: u64,
     /// Retries that arrived before their delay (longer than the longest tier) and were sent to
     /// wait in a tier again, without running.
     pub waited_again: u64,
@@ -173,6 +185,7 @@ struct Stats {
     requeued: AtomicU64,
     ack_failed: AtomicU64,
     connections: AtomicU64,
+    short_lived_connections: AtomicU64,
     waited_again: AtomicU64,
     parked: AtomicU64,
     held: AtomicU64,
@@ -190,11 +203,25 @@ impl Stats {
             requeued: l(&self.requeued),
             ack_failed: l(&self.ack_failed),
             connections: l(&self.connections),
+            short_lived_connections: l(&self.short_lived_connections),
             waited_again: l(&self.waited_again),
             parked: l(&self.parked),
             held: l(&self.held),
             broker_dead_lettered: l(&self.broker_dead_lettered),
         }
+    }
+
+    /// Deliveries settled so far (acked after success, a confirmed copy, or rejected to the
+    /// broker's dead-lettering): progress, which a requeue or a failed ack is not.
+    fn settled(&self) -> u64 {
+        let c = self.counts();
+        c.succeeded
+            + c.retried
+            + c.dead_lettered
+            + c.waited_again
+            + c.parked
+            + c.held
+            + c.broker_dead_lettered
     }
 }
 

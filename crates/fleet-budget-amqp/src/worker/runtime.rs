@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Failure};
 use futures::{FutureExt, StreamExt};
@@ -18,10 +18,10 @@ use tokio::task::JoinSet;
 use super::outcome::{JobContext, Outcome};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
-use crate::connection::{connect, within};
+use crate::connection::{ConnectionWatch, connect};
 use crate::error::AmqpError;
 use crate::headers::{self, JobHeaders};
-use crate::metrics::AmqpMetrics;
+use crate::metrics::{AmqpMetrics, LossCause};
 use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
 
@@ -65,28 +65,24 @@ impl Worker {
             }
         }
         let mut stop = self.stop.subscribe();
-        let mut delay = self.options.reconnect_min;
+        let metrics = AmqpMetrics::of(&self.budget);
+        let mut backoff = Backoff::new(&self.options, &self.stats, metrics);
         loop {
             if *stop.borrow() {
                 break;
             }
-            let mut connected = false;
-            match self.session(&handler, &mut stop, &mut connected).await {
+            match self.session(&handler, &mut stop, &mut backoff).await {
                 Ok(()) => break,
                 Err(e) => {
-                    if connected {
-                        delay = self.options.reconnect_min;
-                    }
-                    let jittered = delay.mul_f64(rand::rng().random_range(0.5..=1.0));
-                    tracing::warn!(error = %e, retry_in = ?jittered, queue = %self.options.queue, "worker lost the broker; reconnecting");
+                    let retry_in = backoff.after_loss(&e);
                     tokio::select! {
-                        () = tokio::time::sleep(jittered) => {}
+                        () = tokio::time::sleep(retry_in) => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
-                    delay = (delay * 2).min(self.options.reconnect_max);
                 }
             }
         }
+        backoff.end_run();
         if let Err(e) = self.budget.flush().await {
             tracing::warn!(error = %e, "could not flush budget counters at shutdown; they stay pending");
         }
@@ -97,7 +93,7 @@ impl Worker {
         &self,
         handler: &Arc<H>,
         stop: &mut watch::Receiver<bool>,
-        connected: &mut bool,
+        backoff: &mut Backoff,
     ) -> Result<(), AmqpError>
     where
         H: Fn(Job) -> F + Send + Sync + 'static,
@@ -105,25 +101,27 @@ impl Worker {
     {
         let o = &self.options;
         let conn = connect(&o.url, &o.name).await?;
-        let channel = within("open a channel", conn.create_channel()).await?;
-        within(
+        let lost = ConnectionWatch::new(&conn);
+        let channel = lost.within("open a channel", conn.create_channel()).await?;
+        lost.within(
             "set prefetch",
             channel.basic_qos(o.prefetch, BasicQosOptions::default()),
         )
         .await?;
         let queue = amqp_name("queue", &o.queue)?;
         let tag = ShortString::from(format!("fleet-budget-{}", headers::new_message_id()));
-        let mut consumer = within(
-            format!("consume {}", o.queue),
-            channel.basic_consume(
-                queue,
-                tag.clone(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ),
-        )
-        .await?;
-        *connected = true;
+        let mut consumer = lost
+            .within(
+                format!("consume {}", o.queue),
+                channel.basic_consume(
+                    queue,
+                    tag.clone(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
+            .await?;
+        backoff.consuming();
         bump(&self.stats.connections);
         tracing::info!(queue = %o.queue, prefetch = o.prefetch, "worker consuming");
         let ctx = Ctx {
@@ -139,6 +137,10 @@ impl Worker {
             handler: Arc::clone(handler),
         };
         let mut tasks = JoinSet::new();
+        let connection_lost = lost.lost();
+        tokio::pin!(connection_lost);
+        let lived = tokio::time::sleep(o.reconnect_reset_after);
+        tokio::pin!(lived);
         let ended = loop {
             tokio::select! {
                 biased;
@@ -148,9 +150,18 @@ impl Worker {
                         tasks.spawn(process(ctx.clone(), delivery));
                     }
                     Some(Err(e)) => break Err(AmqpError::broker(format!("consume {}", o.queue), e)),
-                    None => break Err(AmqpError::broker(format!("consume {}", o.queue), lapin::ErrorKind::FutureCompleted.into())),
+                    None => break Err(AmqpError::ConnectionLost {
+                        step: format!("consume {}", o.queue),
+                        source: lost.last_error(),
+                    }),
                 },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => backoff.check_settled(),
+                () = &mut lived, if backoff.is_young() => backoff.lived(),
+                // A consumer that goes quiet on a lost connection without its error.
+                source = &mut connection_lost => break Err(AmqpError::ConnectionLost {
+                    step: format!("consume {}", o.queue),
+                    source,
+                }),
             }
         };
         match ended {
@@ -180,6 +191,132 @@ impl Worker {
         }
     }
 }
+
+/// The reconnect delay: doubles after each failure up to `reconnect_max`, with jitter, and
+/// starts again from `reconnect_min` only once a connection has lived: stayed up for
+/// `reconnect_reset_after`, or settled a delivery. A connection lost younger counts as a failure
+/// like a refused connect: a message that closes every connection that consumes it must not
+/// turn the worker into a reconnect loop. Also counts the losses in a row of young connections,
+/// for the log and the metrics.
+#[derive(Debug)]
+struct Backoff {
+    min: Duration,
+    max: Duration,
+    reset_after: Duration,
+    delay: Duration,
+    stats: Arc<super::Stats>,
+    metrics: Option<AmqpMetrics>,
+    queue: String,
+    /// When the connection consuming now started to consume (`None` between connections).
+    since: Option<Instant>,
+    /// While that connection has not lived yet: the deliveries settled before it (any settled
+    /// after are its progress).
+    young: Option<u64>,
+    /// Connections lost in a row shortly after connecting.
+    short_in_a_row: u64,
+}
+
+impl Backoff {
+    fn new(
+        o: &super::WorkerOptions,
+        stats: &Arc<super::Stats>,
+        metrics: Option<AmqpMetrics>,
+    ) -> Self {
+        Self {
+            min: o.reconnect_min,
+            max: o.reconnect_max,
+            reset_after: o.reconnect_reset_after,
+            delay: o.reconnect_min,
+            stats: Arc::clone(stats),
+            metrics,
+            queue: o.queue.clone(),
+            since: None,
+            young: None,
+            short_in_a_row: 0,
+        }
+    }
+
+    /// A connection started consuming.
+    fn consuming(&mut self) {
+        self.since = Some(Instant::now());
+        self.young = Some(self.stats.settled());
+    }
+
+    /// Whether the connection consuming now has not lived yet.
+    fn is_young(&self) -> bool {
+        self.young.is_some()
+    }
+
+    /// A delivery ended: a settled one means the connection lives.
+    fn check_settled(&mut self) {
+        if self
+            .young
+            .is_some_and(|before| self.stats.settled() > before)
+        {
+            self.lived();
+        }
+    }
+
+    /// The connection consuming now has lived: the next loss starts from `reconnect_min`.
+    fn lived(&mut self) {
+        self.young = None;
+        self.delay = self.min;
+        self.end_run();
+    }
+
+    /// Counts the loss of the session that ended with `e`, logs it, and returns the (jittered)
+    /// delay before the next connection.
+    fn after_loss(&mut self, e: &AmqpError) -> Duration {
+        let cause = LossCause::of(e);
+        let lived_for = self.since.take().map(|since| since.elapsed());
+        if let Some(lived) = lived_for {
+            // Deliveries settled in its last moments count too (the check runs as they end).
+            let short = lived < self.reset_after
+                && self
+                    .young
+                    .is_some_and(|before| self.stats.settled() == before);
+            if short {
+                self.short_in_a_row += 1;
+                bump(&self.stats.short_lived_connections);
+            } else if self.young.is_some() {
+                self.lived();
+            }
+            self.young = None;
+            if let Some(m) = &self.metrics {
+                m.connection_lost(short, cause);
+                if short {
+                    m.short_lived_in_a_row_add(1);
+                }
+            }
+        }
+        let retry_in = self.delay.mul_f64(rand::rng().random_range(0.5..=1.0));
+        let queue = &self.queue;
+        let n = self.short_in_a_row;
+        if n >= UNREADABLE_AFTER && cause == LossCause::UnreadableMessage {
+            tracing::error!(error = %e, lived = ?lived_for, short_lived_in_a_row = n, retry_in = ?retry_in, queue = %queue,
+                "worker connection lost {n} times in a row shortly after connecting: likely a message at the head of {queue} that this client cannot read; take it out by hand (README, Incident runbook, \"A message no client can read\")");
+        } else if n > 0 {
+            tracing::warn!(error = %e, lived = ?lived_for, short_lived_in_a_row = n, retry_in = ?retry_in, queue = %queue,
+                "worker lost the broker {n} times in a row shortly after connecting; reconnecting");
+        } else {
+            tracing::warn!(error = %e, lived = ?lived_for, retry_in = ?retry_in, queue = %queue, "worker lost the broker; reconnecting");
+        }
+        self.delay = (self.delay * 2).min(self.max);
+        retry_in
+    }
+
+    /// Ends the run of short-lived connections (a connection lived, or the worker stops).
+    fn end_run(&mut self) {
+        if let Some(m) = &self.metrics {
+            m.short_lived_in_a_row_add(-i64::try_from(self.short_in_a_row).unwrap_or(i64::MAX));
+        }
+        self.short_in_a_row = 0;
+    }
+}
+
+/// Short-lived connections in a row from which a loss on a message the client cannot read is
+/// logged as an error that names the likely cause and the runbook.
+const UNREADABLE_AFTER: u64 = 3;
 
 /// Steps 1–3 of one delivery (see the module documentation of [`super`]), then settles it.
 async fn process<H, F>(ctx: Ctx<H>, delivery: Delivery)
