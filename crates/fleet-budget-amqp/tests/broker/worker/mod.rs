@@ -19,6 +19,7 @@ mod hostile;
 mod lifecycle;
 mod nested;
 mod no_loss;
+mod poison;
 mod recovery_window;
 
 const LONG: Duration = Duration::from_secs(60);

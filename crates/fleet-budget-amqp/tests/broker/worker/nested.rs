@@ -14,8 +14,9 @@
 //! run) and show what each reader reports, that it goes on or stops cleanly, and that no message
 //! is lost. They also show what is left: the message goes back to the head of its queue, so a
 //! worker reconnects onto it until the work queue's delivery limit dead-letters it (a quorum
-//! queue; a classic queue on RabbitMQ 3.10 has no limit and would loop for ever), and the tools
-//! fail on it each time they reach it. See docs/RELIABILITY.md, "Broker review, session 5".
+//! queue; on a classic queue, RabbitMQ 3.10, it backs off to `reconnect_max`: [`super::poison`]),
+//! and the tools fail on it (at once, naming the cause) each time they reach it. See
+//! docs/RELIABILITY.md, "Broker review, session 5" and "Poison messages, session 6".
 //!
 //! The messages are published with raw AMQP frames: lapin's own encoder (and the drop of the
 //! value) recurses the same way.
@@ -23,7 +24,7 @@
 use std::str::FromStr;
 
 use fleet_budget::FleetBudget;
-use fleet_budget_amqp::connection::{Timeouts, set_timeouts, within};
+use fleet_budget_amqp::connection::{ConnectionWatch, Timeouts, set_timeouts};
 use fleet_budget_amqp::replay::peek_queue;
 use fleet_budget_amqp::testing::amqp_url;
 use fleet_budget_amqp::{
@@ -68,14 +69,14 @@ fn short(s: &str) -> Vec<u8> {
     v
 }
 
-fn long(b: &[u8]) -> Vec<u8> {
+pub(super) fn long(b: &[u8]) -> Vec<u8> {
     let mut v = u32::try_from(b.len()).unwrap().to_be_bytes().to_vec();
     v.extend_from_slice(b);
     v
 }
 
 /// A field table `{"a": {"a": ... {} ...}}` nested `depth` tables deep, encoded.
-fn nested_table(depth: usize) -> Vec<u8> {
+pub(super) fn nested_table(depth: usize) -> Vec<u8> {
     let mut table = long(&[]);
     for _ in 0..depth {
         let mut entry = short("a");
@@ -96,9 +97,9 @@ async fn read_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
     (head[0], payload)
 }
 
-/// Publishes one persistent message with `headers` (an encoded table) and message id `id` to
-/// `queue` through the default exchange, with publisher confirms, over raw AMQP 0-9-1.
-async fn publish_raw(url: &str, queue: &str, id: &str, headers: &[u8]) {
+/// A raw AMQP 0-9-1 connection to `url` with channel 1 open: a client that never parses a
+/// message's headers.
+async fn open_raw(url: &str) -> TcpStream {
     let uri = AMQPUri::from_str(url).unwrap();
     let mut s = TcpStream::connect((uri.authority.host.as_str(), uri.authority.port))
         .await
@@ -125,6 +126,44 @@ async fn publish_raw(url: &str, queue: &str, id: &str, headers: &[u8]) {
     read_frame(&mut s).await; // open-ok
     s.write_all(&method(1, 20, 10, &short(""))).await.unwrap();
     read_frame(&mut s).await; // channel.open-ok
+    s
+}
+
+/// Takes the message at the head of `queue` out for good (`basic.get` without ack) over raw
+/// AMQP, as a tool that does not parse headers can (the broker's management API, see the
+/// README's runbook); returns the size of its content header, or `None` when the queue is empty.
+pub(super) async fn take_head_raw(url: &str, queue: &str) -> Option<usize> {
+    let mut s = open_raw(url).await;
+    let mut get = vec![0, 0];
+    get.extend(short(queue));
+    get.push(1); // no-ack
+    s.write_all(&method(1, 60, 70, &get)).await.unwrap();
+    let (kind, answer) = read_frame(&mut s).await;
+    assert_eq!(kind, 1, "a method frame");
+    let taken = match &answer[..4] {
+        [0, 60, 0, 71] => {
+            let (kind, header) = read_frame(&mut s).await;
+            assert_eq!(kind, 2, "the content header");
+            let size = u64::from_be_bytes(header[4..12].try_into().unwrap());
+            let mut read = 0;
+            while read < size {
+                let (kind, body) = read_frame(&mut s).await;
+                assert_eq!(kind, 3, "a body frame");
+                read += body.len() as u64;
+            }
+            Some(header.len())
+        }
+        [0, 60, 0, 72] => None, // get-empty
+        other => panic!("basic.get answered {other:?}"),
+    };
+    let _ = s.shutdown().await;
+    taken
+}
+
+/// Publishes one persistent message with `headers` (an encoded table) and message id `id` to
+/// `queue` through the default exchange, with publisher confirms, over raw AMQP 0-9-1.
+pub(super) async fn publish_raw(url: &str, queue: &str, id: &str, headers: &[u8]) {
+    let mut s = open_raw(url).await;
     s.write_all(&method(1, 85, 10, &[0])).await.unwrap();
     read_frame(&mut s).await; // confirm.select-ok
     let mut publish = vec![0, 0];
@@ -185,7 +224,7 @@ fn report<'a>(reports: &'a [String], key: &str) -> &'a str {
 /// queue), `dlq peek` and `replay` (the dead-letter queue). Returns what the child reported,
 /// once it has exited normally.
 async fn read_nested(depth: usize) -> Vec<String> {
-    // The readers that wait on the lost message end at the operation timeout (see below).
+    // A reader that waited on the lost message would end at the operation timeout (see below).
     let env = Env::with_amqp(
         &format!("nested{depth}"),
         "operation_timeout_ms = 10000\ndelivery_limit = 5",
@@ -245,15 +284,16 @@ async fn read_nested(depth: usize) -> Vec<String> {
 ///
 /// * the message at the bound arrives whole;
 /// * `basic.get` (and `dlq peek`, `dlq stats`, `replay --dry-run`, which read with it) fails:
-///   lapin closes the connection on the parse error but leaves the pending get unanswered, so
-///   the error is the operation timeout ("did not answer within ..: get from <queue>"), and the
-///   connection is closed;
+///   lapin closes the connection on the parse error but leaves the pending get unanswered; the
+///   get raced against the connection's loss ([`ConnectionWatch`]) ends with the connection's
+///   error ("connection lost during get from <queue>: failed to parse ..."), not the operation
+///   timeout, and the connection is closed;
 /// * `replay` (a consumer) fails: mostly "consume <queue> failed: failed to parse"; when the
 ///   consumer goes quiet on the closed channel without the error, "the consumer ended after 0
 ///   of 1 messages" (it used to stop at its idle timeout and report success, moving nothing);
-/// * the worker reconnects onto the message, never delivered, until the broker dead-letters it
-///   at the work queue's delivery limit (5 here, `amqp.delivery_limit`); then it runs the job
-///   behind it.
+/// * the worker reconnects onto the message (with a growing delay), never delivered, until the
+///   broker dead-letters it at the work queue's delivery limit (5 here, `amqp.delivery_limit`);
+///   then it runs the job behind it.
 fn assert_reports(depth: usize, reports: &[String]) {
     assert_eq!(
         report(reports, "at the bound: "),
@@ -263,7 +303,8 @@ fn assert_reports(depth: usize, reports: &[String]) {
     for reader in ["get ", "peek "] {
         let said = report(reports, reader);
         assert!(
-            said.starts_with("failed: "),
+            said.starts_with("failed: RabbitMQ connection lost during get from ")
+                && said.contains("failed to parse"),
             "{depth} levels, {reader}{said}"
         );
     }
@@ -320,8 +361,9 @@ async fn read_in_a_child() {
         .await
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
+    let watch = ConnectionWatch::new(&conn);
     let get = || {
-        within(
+        watch.within(
             format!("get from {}", topology.work_queue),
             ch.basic_get(
                 ShortString::from(topology.work_queue.clone()),
