@@ -279,7 +279,10 @@ mod tests {
 
     #[test]
     fn a_connection_lost_otherwise_says_no_more_than_it_knows() {
-        let forced = lost(Some(closed(320, "CONNECTION_FORCED - closed via management")));
+        let forced = lost(Some(closed(
+            320,
+            "CONNECTION_FORCED - closed via management",
+        )));
         assert!(!forced.is_unreadable_message());
         assert!(!forced.to_string().contains("Likely cause"), "{forced}");
         let unknown = lost(None);

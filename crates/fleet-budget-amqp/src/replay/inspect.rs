@@ -228,7 +228,10 @@ pub(crate) async fn inspect_on(
             held.push(done);
         }
         let last = settle(held, &mut report).await;
-        report.uncertain += behind_the_acks(&watch, &ch, &name, queue, last).await;
+        // On a lost connection there is nothing to wait behind: the broker returns what it held.
+        if !watch.is_lost() {
+            report.uncertain += behind_the_acks(&watch, &ch, &name, queue, last).await;
+        }
         match lost {
             Some(e) => Err(e),
             None => Ok(report),
