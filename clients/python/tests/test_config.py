@@ -79,14 +79,12 @@ def test_the_file_and_the_environment(tmp_path, monkeypatch):
     budget.close()
 
 
-def test_sections_the_client_cannot_honour_are_refused_by_name():
-    """[dependencies.X.concurrency] and [dependencies.X.breaker] (issue 13) are not in the Python
-    client: refused naming the key, never ignored (a Python worker would call past the cap)."""
-    for section in ("concurrency", "breaker"):
-        with pytest.raises(ConfigError) as e:
-            Config.from_toml(f'[dependencies.paid]\ntasks = ["charge"]\n[dependencies.paid.{section}]\ncap = 20\n')
-        assert [p.key for p in e.value.problems] == [f"dependencies.paid.{section}"]
-        assert "not in the Python client yet" in str(e.value)
+def test_concurrency_and_breaker_sections_are_read_not_refused():
+    """[dependencies.X.concurrency] and [dependencies.X.breaker] (issue 13) are read as in Rust
+    (tests/test_concurrency.py checks their values and problems)."""
+    c = Config.from_toml('[dependencies.paid]\ntasks = ["charge"]\n[dependencies.paid.concurrency]\ncap = 20\n'
+                         'planned_primary = 16\n[dependencies.paid.breaker]\n')
+    assert c.concurrency["paid"].cap == 20 and c.breakers["paid"].half_open_probes == 3
 
 
 def test_unmapped_tasks_and_max_delay_are_read_like_rust():

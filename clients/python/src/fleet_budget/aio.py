@@ -23,6 +23,23 @@ log = logging.getLogger("fleet_budget")
 class FleetBudget(_sync.FleetBudget):
     """Use from one event loop; ``await budget.close()`` at shutdown (it flushes deposits)."""
 
+    def __init__(self, config: Optional[Config] = None, **kwargs: Any) -> None:
+        if config is not None:
+            sections = [f"dependencies.{d}.concurrency" for d in config.concurrency]
+            sections += [f"dependencies.{d}.breaker" for d in config.breakers]
+            if sections:
+                # A worker that ignored them would call past the cap or through an open breaker.
+                raise ConfigError(sections[0], "the concurrency budget and the circuit breaker are not in the "
+                                  "asyncio flavour yet; use fleet_budget.FleetBudget (threads) for "
+                                  + ", ".join(sections))
+        super().__init__(config, **kwargs)
+
+    def admit(self, task: str, attempt: int, held_for: Optional[float] = None) -> Any:
+        raise NotImplementedError("admit is not in the asyncio flavour yet; use fleet_budget.FleetBudget")
+
+    def try_hedge(self, task: str) -> Any:
+        raise NotImplementedError("try_hedge is not in the asyncio flavour yet; use fleet_budget.FleetBudget")
+
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.asyncio.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout,

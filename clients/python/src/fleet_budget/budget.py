@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 import redis
 
 from . import scripts
+from .admission import AdmissionSteps
+from .concurrency import LeaseIds
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
                      key_prefix_problem, redact_url)
 from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
@@ -53,8 +55,10 @@ def error_kind(error: BaseException) -> str:
     return "server"
 
 
-class FleetBudget:
-    """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown."""
+class FleetBudget(AdmissionSteps):
+    """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown.
+    ``admit``, ``finish`` and ``try_hedge`` (the concurrency budget and the circuit breaker) are
+    in ``admission.py``."""
 
     def __init__(
         self,
@@ -106,6 +110,12 @@ class FleetBudget:
         self._group = GroupCommit(timeout) if group_commit else None
         self._deposit = timed("deposit", client.register_script(scripts.text("deposit")))
         self._status = timed("status", client.register_script(scripts.text("status")))
+        # The concurrency leases and the circuit breaker (not timed, as in Rust: the histogram's
+        # `op` is one of spend, deposit, status).
+        self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
+        self._lease_release = client.register_script(scripts.text("lease_release"))
+        self._breaker = client.register_script(scripts.text("breaker"))
+        self._lease_ids = LeaseIds()
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
         # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].

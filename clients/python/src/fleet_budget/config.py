@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from .redact import redact_url
+from .breaker import BreakerPolicy
+from .concurrency import MAX_CAP, ConcurrencyPolicy
 from .policy import CLASS_MAX_ATTEMPTS, DEFAULT_MAX_DELAY_SECS, Backoff, BudgetPolicy, TaskCeiling
 
 ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL"
@@ -112,6 +114,10 @@ class Config:
     default_ceiling: TaskCeiling = field(default_factory=TaskCeiling)
     ceilings: dict[str, TaskCeiling] = field(default_factory=dict)
     unmapped: UnmappedTasks = field(default_factory=UnmappedTasks)
+    #: ``[dependencies.X.concurrency]``: the concurrency budgets, by dependency.
+    concurrency: dict[str, ConcurrencyPolicy] = field(default_factory=dict)
+    #: ``[dependencies.X.breaker]``: the circuit breakers, by dependency.
+    breakers: dict[str, BreakerPolicy] = field(default_factory=dict)
     #: The ``max_delay`` (seconds) of a task that sets none, nor ``[defaults]``: the longest
     #: default retry tier, as in the Rust library without a broker configuration; twice the
     #: task's backoff cap when that is longer (:meth:`ceiling`).
@@ -363,6 +369,89 @@ def _unmapped(c: _Checker, t: Mapping[str, Any], policies: Mapping[str, BudgetPo
     return UnmappedTasks()
 
 
+_CONCURRENCY_INTS = ("cap", "planned_primary", "min_retry_slots", "lease_secs", "max_wait_secs")
+
+
+def _concurrency(c: _Checker, at: str, t: Mapping[str, Any]) -> Optional[ConcurrencyPolicy]:
+    """``[dependencies.X.concurrency]`` as the Rust ``RawConcurrency::resolve`` reads it: every
+    problem named, the share derived from ``planned_primary`` unless ``max_retry_fraction`` is given."""
+    _unknown(c, at, t, (*_CONCURRENCY_INTS, "max_retry_fraction", "primary_waits"))
+    for key in _CONCURRENCY_INTS:
+        if key in t and (isinstance(t[key], bool) or not isinstance(t[key], int)):
+            raise _wrong_type(f"{at}.{key}", t[key], "an integer")
+    fraction = t.get("max_retry_fraction")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))):
+        raise _wrong_type(f"{at}.max_retry_fraction", fraction, "a number")
+    waits = t.get("primary_waits", False)
+    if not isinstance(waits, bool):
+        raise _wrong_type(f"{at}.primary_waits", waits, "a boolean")
+    before = len(c.problems)
+    if "cap" not in t:
+        c.problem(f"{at}.cap", "missing", "a concurrency section needs cap (calls in flight the dependency accepts)")
+        return None
+    cap = c.int_in(f"{at}.cap", t["cap"], 1, MAX_CAP, 1)
+    planned = t.get("planned_primary")
+    if planned is not None and not 1 <= planned <= cap:
+        c.problem(f"{at}.planned_primary", planned, f"must be an integer from 1 to the cap ({cap})")
+    elif planned is None and fraction is None:
+        c.problem(f"{at}.planned_primary", "missing", "needed to derive max_retry_fraction = (cap - planned_primary) "
+                  "/ planned_primary; give it or max_retry_fraction")
+    min_slots = c.int_in(f"{at}.min_retry_slots", t.get("min_retry_slots"), 0, MAX_CAP, 3)
+    lease = c.int_in(f"{at}.lease_secs", t.get("lease_secs"), 1, 86_400, 30)
+    max_wait = c.int_in(f"{at}.max_wait_secs", t.get("max_wait_secs"), 0, 86_400, 600)
+    if fraction is not None and not (math.isfinite(fraction) and 0.0 <= fraction <= 1000.0):
+        c.problem(f"{at}.max_retry_fraction", f"{float(fraction):g}", "must be a number from 0 to 1000")
+    if len(c.problems) > before:
+        return None
+    if fraction is None:
+        fraction = (cap - planned) / planned
+    try:
+        return ConcurrencyPolicy(cap, float(fraction), min_slots, lease * 1000, waits, float(max_wait)).checked()
+    except ValueError as e:
+        # A share derived past what the scripts take (cap 5000, planned_primary 1): named here.
+        c.problem(at, "the section", str(e))
+        return None
+
+
+def _breaker(c: _Checker, at: str, t: Mapping[str, Any], floor: int) -> Optional[BreakerPolicy]:
+    """``[dependencies.X.breaker]`` as the Rust ``RawBreaker::resolve`` reads it: every key optional,
+    at most ``floor`` (the rate budget's ``min_allowance``) half-open probes."""
+    ints = ("min_volume", "window_secs", "open_secs", "half_open_probes", "close_after", "probe_timeout_secs",
+            "max_wait_secs")
+    _unknown(c, at, t, ("failure_ratio", *ints))
+    for key in ints:
+        if key in t and (isinstance(t[key], bool) or not isinstance(t[key], int)):
+            raise _wrong_type(f"{at}.{key}", t[key], "an integer")
+    ratio = t.get("failure_ratio", 0.5)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise _wrong_type(f"{at}.failure_ratio", ratio, "a number")
+    before = len(c.problems)
+    d = BreakerPolicy()
+    window = c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, 86_400, d.window_ms // 1000)
+    open_secs = c.int_in(f"{at}.open_secs", t.get("open_secs"), 1, 86_400, d.open_ms // 1000)
+    probe_timeout = c.int_in(f"{at}.probe_timeout_secs", t.get("probe_timeout_secs"), 1, 86_400,
+                             d.probe_timeout_ms // 1000)
+    max_wait = c.int_in(f"{at}.max_wait_secs", t.get("max_wait_secs"), 0, 86_400, int(d.max_wait))
+    if not (math.isfinite(ratio) and 0.0 < ratio <= 1.0):
+        c.problem(f"{at}.failure_ratio", f"{float(ratio):g}", "must be a number above 0 and at most 1")
+    min_volume = c.int_in(f"{at}.min_volume", t.get("min_volume"), 1, 1_000_000_000, 20)
+    probes = c.int_in(f"{at}.half_open_probes", t.get("half_open_probes"), 1, 1_000_000, 3)
+    if probes > floor:
+        c.problem(f"{at}.half_open_probes", probes,
+                  f"probes are spent from the rate budget's floor: at most min_allowance ({floor})")
+    close_after = t.get("close_after", probes)
+    if not 1 <= close_after <= probes:
+        c.problem(f"{at}.close_after", close_after, f"must be an integer from 1 to half_open_probes ({probes})")
+    if len(c.problems) > before:
+        return None
+    try:
+        return BreakerPolicy(window * 1000, float(ratio), min_volume, open_secs * 1000, probes, close_after,
+                             probe_timeout * 1000, float(max_wait)).checked()
+    except ValueError as e:
+        c.problem(at, "the section", str(e))
+        return None
+
+
 def _policy(c: _Checker, at: str, t: Mapping[str, Any], base: BudgetPolicy) -> BudgetPolicy:
     return BudgetPolicy(
         window_ms=1000 * c.int_in(f"{at}.window_secs", t.get("window_secs"), 1, MAX_WINDOW_SECS,
@@ -469,17 +558,18 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         max_delay=_max_delay(c, "defaults", d),
     )
 
+    breakers: list[tuple[str, str, dict[str, Any]]] = []
     for name, dep in _table(c, "dependencies", root.get("dependencies")).items():
         at = f"dependencies.{_toml_key(name)}"
         dep = _table(c, at, dep)
         _unknown(c, at, dep, ("tasks", *_POLICY_KEYS, "concurrency", "breaker"))
-        for section, what in (("concurrency", "the fleet-wide concurrency budget"), ("breaker", "the circuit breaker")):
-            if section in dep:
-                # Known to the Rust library (issue 13), not built here: refused by name rather than
-                # ignored, since a Python worker ignoring it would call past the cap or the breaker.
-                c.problem(f"{at}.{section}", "[...]",
-                          f"{what} is not in the Python client yet; a Python worker cannot honour it")
         wrong = dependency_name_problem(name)
+        if "concurrency" in dep:
+            concurrency = _concurrency(c, f"{at}.concurrency", _table(c, f"{at}.concurrency", dep["concurrency"]))
+            if concurrency is not None and not wrong:
+                config.concurrency[name] = concurrency
+        if "breaker" in dep:
+            breakers.append((name, at, _table(c, f"{at}.breaker", dep["breaker"])))
         if wrong:
             c.problem(at, _quoted(name), wrong)
         policy = _policy(c, at, dep, config.defaults)
@@ -505,6 +595,13 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
                 config.tasks[task] = name
 
     config.unmapped = _unmapped(c, _table(c, "unmapped_tasks", root.get("unmapped_tasks")), config.policies)
+    # Resolved once the policies are known: half-open probes are spent from the rate budget's floor.
+    for name, at, t in breakers:
+        if dependency_name_problem(name):
+            continue
+        breaker = _breaker(c, f"{at}.breaker", t, config.policy(name).min_allowance)
+        if breaker is not None:
+            config.breakers[name] = breaker
 
     for task, t in _table(c, "tasks", root.get("tasks")).items():
         at = f"tasks.{_toml_key(task)}"

@@ -55,6 +55,26 @@ class Metrics:
         self.policy_conflicts = Counter(
             "fleet_budget_policy_conflicts",
             "Store calls whose policy differed from the one in force (served by that one).", dep, registry=r)
+        # The concurrency budget, hedges and the circuit breaker (the Rust ``metrics/calls.rs``).
+        self.calls_in_flight = Gauge(
+            "fleet_budget_calls_in_flight",
+            "Calls in flight fleet-wide (leases of the concurrency budget) at this process's last lease call.",
+            ["dependency", "kind"], registry=r)
+        self.retry_fraction = Gauge(
+            "fleet_budget_retry_fraction",
+            "Retries in flight over primary calls in flight, fleet-wide, at this process's last lease call.",
+            dep, registry=r)
+        self.hedges = Counter(
+            "fleet_budget_hedges",
+            "Hedged requests asked for, by outcome (granted, refused); never counted as retries.",
+            ["dependency", "outcome"], registry=r)
+        self.breaker_transitions = Counter(
+            "fleet_budget_breaker_transitions",
+            "Circuit breaker state changes this process made, by the state entered.", ["dependency", "to"], registry=r)
+        self.breaker_state = Gauge(
+            "fleet_budget_breaker_state",
+            "Circuit breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open.",
+            dep, registry=r)
         self._conflicts_logged: set[str] = set()
         self._lock = threading.Lock()
 
@@ -70,6 +90,11 @@ class Metrics:
                             "fleet_budget_policy_conflicts_total", dependency)
         self.allowance.labels(dependency).set(snap.allowance)
         self.headroom.labels(dependency).set(snap.remaining())
+
+    def in_flight(self, dependency: str, primaries: int, retries: int) -> None:
+        self.calls_in_flight.labels(dependency, "primary").set(primaries)
+        self.calls_in_flight.labels(dependency, "retry").set(retries)
+        self.retry_fraction.labels(dependency).set(retries / primaries if primaries else 0.0)
 
     def timed(self, op: str, call: Callable[..., Any]) -> Callable[..., Any]:
         """``call`` (a registered script), each call's duration observed under ``op`` (``spend``,

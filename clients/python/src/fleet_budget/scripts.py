@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot, Control, WindowCounters
 
-NAMES = ("spend", "spend_many", "spend_batch", "deposit", "status")
+NAMES = ("spend", "spend_many", "spend_batch", "deposit", "status", "lease_acquire", "lease_release", "breaker")
 
 
 class BadReply(Exception):

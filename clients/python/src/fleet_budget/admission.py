@@ -1,0 +1,245 @@
+"""Admission of one call to a dependency (the Rust ``budget/admission.rs``): whether an execution
+may run now, and what it holds while it runs.
+
+The rate budget (``on_failure``) decides whether a failed job *may* retry; the retry runs later,
+after its delay. The concurrency budget is about the moment of the call: a retry needs a slot
+when it runs. So every execution asks :meth:`FleetBudget.admit` just before its body runs, and
+gives the :class:`Call` back to :meth:`FleetBudget.finish` when the body returns. ``admit`` answers:
+
+- a :class:`Call`: run it (holding a lease when the dependency has a concurrency budget);
+- a :class:`Hold`: do not run it and do not count an attempt; let it wait ``hold.pause`` seconds
+  (a delay tier, a Celery countdown) and ask again, with ``held_for`` the time held so far. A
+  primary at the cap when ``primary_waits = true`` (``primary_at_cap``), or a circuit breaker open
+  or half-open with every probe out (``circuit_open``);
+- a :class:`~fleet_budget.DeadLetter`: do not run it. A retry refused a slot
+  (``concurrency_cap``, ``concurrency_retry_share``: a retry never waits for a slot), a primary
+  held past the policy's ``max_wait`` (``concurrency_cap``), a job held by the breaker past its
+  ``max_wait`` (``circuit_open``).
+
+Before the slot the breaker is asked: closed → go on; half-open with a probe left → the call is a
+probe, one retry of the rate budget's floor (a probe the rate budget refuses is given back and the
+job waits). The outcome given to ``finish`` feeds the breaker: ``SUCCEEDED``, ``FAILED`` (a
+retryable failure) or ``INCONCLUSIVE`` (a non-retryable failure says nothing about the
+dependency's health). When Redis does not answer, the call runs without a lease and without a
+breaker: the rate budget and its fallback still bound retries, and a dead store must not stop
+primary traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import redis
+
+from . import breaker as cb
+from .concurrency import HEDGE, PRIMARY, RETRY, ConcurrencyPolicy, acquire_args, lease_keys, parse_acquire, \
+    parse_release, Lease
+from .decision import DeadLetter
+from .scripts import BadReply
+
+if TYPE_CHECKING:
+    from .budget import FleetBudget
+
+log = logging.getLogger("fleet_budget")
+
+#: How an admitted call ended, for the breaker (the Rust ``CallOutcome``).
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+INCONCLUSIVE = "inconclusive"
+
+PRIMARY_AT_CAP = "primary_at_cap"
+CIRCUIT_OPEN = cb.CIRCUIT_OPEN
+
+_STORE_ERRORS = (redis.exceptions.RedisError, BadReply)
+
+
+@dataclass
+class Call:
+    """An admitted execution: the dependency and what it holds. Give it to ``finish``."""
+
+    dependency: str
+    lease: Optional[Lease] = None
+    #: Whether the breaker admitted it (its result is then reported to the breaker).
+    judged: bool = False
+    #: The generation of the half-open probe it is, if it is one.
+    probe: Optional[int] = None
+
+    @property
+    def is_probe(self) -> bool:
+        return self.probe is not None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Do not run it yet: wait ``pause`` seconds without spending an attempt, then ask again."""
+
+    reason: str
+    pause: float
+
+
+Admission = Union[Call, Hold, DeadLetter]
+
+
+class AdmissionSteps:
+    """``admit``, ``finish`` and ``try_hedge`` of :class:`fleet_budget.FleetBudget` (synchronous)."""
+
+    def admit(self: "FleetBudget", task: str, attempt: int, held_for: Optional[float] = None) -> Admission:
+        """Whether execution ``attempt`` (1 = first) of ``task`` may run now; ``held_for`` is how long
+        (seconds) the job was already held by earlier :class:`Hold` answers (None: never). Never
+        waits for a slot. Raises :class:`fleet_budget.InvalidTask` as ``dependency`` does."""
+        dependency = self.dependency(task)
+        call = Call(dependency)
+        held = self._judge(call, held_for)
+        if held is not None:
+            return held
+        policy = self.config.concurrency.get(dependency)
+        if policy is None or not self._should_try(dependency):
+            return call
+        kind = PRIMARY if int(attempt) <= 1 else RETRY
+        acquired = self._acquire(dependency, policy, kind)
+        if acquired is None:
+            return call
+        if acquired.lease is not None:
+            call.lease = acquired.lease
+            return call
+        # Not run: a probe it was is given back for another call to make.
+        self.finish(call, INCONCLUSIVE)
+        if kind == PRIMARY and (held_for or 0.0) < policy.max_wait:
+            return Hold(PRIMARY_AT_CAP, 1.0)
+        return self._dead_letter(dependency, acquired.refusal or "", None, "fleet")
+
+    def try_hedge(self: "FleetBudget", task: str) -> Optional[Call]:
+        """A hedged request to ``task``'s dependency: a slot of the retry share (with a concurrency
+        budget) and one retry of the rate budget, granted or refused at once; None: do not send
+        it. Counted in ``fleet_budget_hedges_total``, never as a retry. Give a granted call to
+        :meth:`finish`."""
+        dependency = self.dependency(task)
+        call = Call(dependency)
+        policy = self.config.concurrency.get(dependency)
+        if policy is not None:
+            acquired = self._acquire(dependency, policy, HEDGE)
+            if acquired is None or acquired.lease is None:
+                self.metrics.hedges.labels(dependency, "refused").inc()
+                return None
+            call.lease = acquired.lease
+        granted, _, _ = self.withdraw(dependency)
+        self.metrics.hedges.labels(dependency, "granted" if granted else "refused").inc()
+        if granted:
+            return call
+        self.finish(call, INCONCLUSIVE)
+        return None
+
+    def finish(self: "FleetBudget", call: Call, outcome: str) -> None:
+        """Gives back what ``call`` holds and reports how it ended (``SUCCEEDED``, ``FAILED``,
+        ``INCONCLUSIVE``) to the breaker. A store call that fails is logged: the slot comes back
+        when its lease expires, a lost probe after the probe timeout."""
+        dependency = call.dependency
+        if call.lease is not None:
+            try:
+                in_flight = parse_release(self._lease_release(
+                    keys=lease_keys(self.config.redis.key_prefix, dependency), args=[call.lease.id]))
+            except _STORE_ERRORS as e:
+                self._failed(dependency, e)
+                log.debug("lease of %s not released (%s); it expires by itself", dependency, e)
+            else:
+                self._ok(dependency)
+                self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
+            call.lease = None
+        policy = self.config.breakers.get(dependency)
+        if not call.judged or policy is None or (outcome == INCONCLUSIVE and call.probe is None):
+            return
+        call.judged = False
+        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        try:
+            if outcome == INCONCLUSIVE:
+                cb.parse_cancel(self._breaker(keys=keys, args=cb.args(policy, "cancel", str(call.probe))))
+                decided = None
+            else:
+                decided = cb.parse_record(self._breaker(
+                    keys=keys, args=cb.record_args(policy, outcome == SUCCEEDED, call.probe)))
+        except _STORE_ERRORS as e:
+            self._failed(dependency, e)
+            log.debug("result of a call to %s not reported to the breaker (%s)", dependency, e)
+            return
+        self._ok(dependency)
+        if decided is not None:
+            self._breaker_seen(dependency, decided)
+
+    def breaker_status(self: "FleetBudget", dependency: str) -> Optional[cb.BreakerStatus]:
+        """``dependency``'s breaker as Redis holds it (None: it has no breaker); writes nothing.
+        Raises the store's error."""
+        policy = self.config.breakers.get(dependency)
+        if policy is None:
+            return None
+        reply = self._breaker(keys=cb.breaker_key(self.config.redis.key_prefix, dependency),
+                              args=cb.args(policy, "status"))
+        return cb.parse_status(reply)
+
+    # The steps.
+
+    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Any:
+        lease_id = self._lease_ids.next(kind)
+        try:
+            reply = self._lease_acquire(keys=lease_keys(self.config.redis.key_prefix, dependency),
+                                        args=acquire_args(policy, kind, lease_id))
+            acquired = parse_acquire(reply, dependency, policy, kind, lease_id)
+        except _STORE_ERRORS as e:
+            self._failed(dependency, e)
+            log.debug("no lease for %s (%s); the call runs uncounted", dependency, e)
+            return None
+        self._ok(dependency)
+        self.metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
+        return acquired
+
+    def _judge(self: "FleetBudget", call: Call, held_for: Optional[float]) -> Optional[Admission]:
+        """Asks the breaker, if the dependency has one: None to go on (``call`` marked judged, and
+        a probe when it is one), else the admission of a held job."""
+        dependency = call.dependency
+        policy = self.config.breakers.get(dependency)
+        if policy is None or not self._should_try(dependency):
+            return None
+        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        try:
+            decided = cb.parse_admit(self._breaker(keys=keys, args=cb.args(policy, "admit")))
+        except _STORE_ERRORS as e:
+            self._failed(dependency, e)
+            log.debug("breaker of %s not consulted (%s); the call runs", dependency, e)
+            return None
+        self._ok(dependency)
+        self._breaker_seen(dependency, decided)
+        if decided.verdict == cb.RUN:
+            call.judged = True
+            return None
+        if decided.verdict == cb.PROBE:
+            # A probe is one retry of the rate budget, which the floor grants however it fails.
+            granted, _, _ = self.withdraw(dependency)
+            if granted:
+                call.judged, call.probe = True, decided.generation
+                return None
+            try:
+                cb.parse_cancel(self._breaker(keys=keys, args=cb.args(policy, "cancel", str(decided.generation))))
+            except _STORE_ERRORS as e:
+                log.debug("probe of %s not given back (%s); it is reissued after the probe timeout", dependency, e)
+        return self._held_by_breaker(dependency, policy, decided, held_for)
+
+    def _held_by_breaker(self: "FleetBudget", dependency: str, policy: cb.BreakerPolicy, decided: cb.Decided,
+                         held_for: Optional[float]) -> Admission:
+        held = held_for or 0.0
+        if held >= policy.max_wait:
+            return self._dead_letter(dependency, CIRCUIT_OPEN, None, "fleet")
+        # Back when the open period ends, or when the job's limit does if that comes first; at
+        # least 1 s, and up to a quarter more so that the held jobs do not all come back at once.
+        rest = max(1.0, min(max(0, decided.open_until_ms - decided.now_ms) / 1000, policy.max_wait - held))
+        with self._rng_lock:
+            jitter = self._rng.uniform(1.0, 1.25)
+        return Hold(CIRCUIT_OPEN, rest * jitter)
+
+    def _breaker_seen(self: "FleetBudget", dependency: str, decided: cb.Decided) -> None:
+        """Shows the state seen; logs and counts a change made by this call (once fleet-wide)."""
+        self.metrics.breaker_state.labels(dependency).set(decided.state)
+        if decided.changed:
+            self.metrics.breaker_transitions.labels(dependency, decided.state_name).inc()
+            log.warning("circuit breaker of %s changed state to %s (open until %d ms)", dependency,
+                        decided.state_name, decided.open_until_ms)
