@@ -47,7 +47,8 @@ from kombu.serialization import dumps
 
 from . import headers as h
 from .budget import FleetBudget, InvalidTask, UnmappedTask
-from .decision import NON_RETRYABLE, Failure, Retry
+from .admission import FAILED, INCONCLUSIVE, SUCCEEDED, Hold
+from .decision import NON_RETRYABLE, DeadLetter, Failure, Retry
 from .publish import ConfirmedPublisher, NotConfirmed, PermanentlyRefused, fanout_key
 from .redact import error_text
 
@@ -130,8 +131,24 @@ class BudgetedTask(Task):
             # The Rust worker's `malformed_header`: dead-lettered without running.
             self._dead_letter(task, _dependency_or_empty(budget, task), NON_RETRYABLE, attempt, None,
                               Failure.non_retryable(e).with_class("malformed_header"), None, "not_consulted")
+        now = h.now_ms()
+        held_for = None if job.held_since_ms is None else max(0, now - job.held_since_ms) / 1000
         try:
-            budget.on_attempt(task, attempt)
+            # The concurrency budget and the breaker first, as the Rust worker asks them.
+            admission = budget.admit(task, attempt, held_for)
+            if isinstance(admission, Hold):
+                self._hold(admission, job.held_since_ms if job.held_since_ms is not None else now)
+            if isinstance(admission, DeadLetter):
+                failure = Failure.retryable(
+                    f"not run: the concurrency budget refused the retry ({admission.reason})").with_class(admission.reason)
+                self._dead_letter(task, admission.dependency, admission.reason, attempt, job, failure, None,
+                                  admission.source)
+            call = admission
+            try:
+                budget.on_attempt(task, attempt)
+            except InvalidTask:
+                budget.finish(call, INCONCLUSIVE)
+                raise
         except InvalidTask as e:
             # The Rust worker's classes: `unmapped_task` when unmapped tasks are rejected.
             cls = "unmapped_task" if isinstance(e, UnmappedTask) else "invalid_task"
@@ -140,9 +157,17 @@ class BudgetedTask(Task):
         try:
             result = self.run(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):
+            budget.finish(call, INCONCLUSIVE)
             raise
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Interrupted (a time limit, a shutdown): it may be the dependency's slowness.
+                budget.finish(call, FAILED)
+                raise
             failure = self.failure(exc)
+            # A failure that may be the dependency's feeds its breaker; a non-retryable one (bad
+            # input) says nothing about its health.
+            budget.finish(call, FAILED if failure.is_retryable else INCONCLUSIVE)
             failed_ms = h.now_ms()
             first = job.first_failure_ms if job.first_failure_ms is not None else failed_ms
             # As the Rust worker: a task with a recovery window is held to the window since the
@@ -150,13 +175,34 @@ class BudgetedTask(Task):
             since = max(0, failed_ms - first) / 1000
             decision = budget.on_failure_since(task, attempt, failure, since)
             if isinstance(decision, Retry):
-                carried = {k: v for k, v in (request.headers or {}).items() if k not in h.DEAD_LETTER_HEADERS}
+                carried = {k: v for k, v in (request.headers or {}).items()
+                           if k not in h.DEAD_LETTER_HEADERS and k not in h.HOLD_HEADERS}
                 carried[h.FIRST_FAILURE_MS] = first
                 raise self.retry(exc=exc, countdown=decision.delay, headers=carried)
             self._dead_letter(task, decision.dependency, decision.reason, attempt, job, failure,
                               decision.snapshot, decision.source, exc)
+        budget.finish(call, SUCCEEDED)
         budget.on_success(task)
         return result
+
+    def _hold(self, hold: Hold, held_since_ms: int) -> None:
+        """The job waits ``hold.pause`` seconds without running and without spending an attempt:
+        published again with the same ``retries`` and the hold headers (the first hold's time
+        kept), then Celery's :class:`~celery.exceptions.Retry` acks this delivery, as a granted
+        retry does. A failed publish rejects it with requeue (nothing lost)."""
+        request = self.request
+        carried = {k: v for k, v in (request.headers or {}).items() if k not in h.DEAD_LETTER_HEADERS}
+        carried[h.HOLD_REASON] = hold.reason
+        carried[h.HELD_SINCE_MS] = held_since_ms
+        signature = self.signature_from_request(request, None, None, countdown=hold.pause, eta=None,
+                                                retries=request.retries or 0, headers=carried)
+        try:
+            signature.apply_async()
+        except Exception as e:
+            log.warning("%s[%s]: held job not published again (%s); it is requeued", self.name, request.id, e)
+            time.sleep(UNCONFIRMED_PAUSE)
+            raise Reject(str(e), requeue=True) from e
+        raise CeleryRetry(f"held: {hold.reason}", None, when=hold.pause, sig=signature)
 
     def _budget(self) -> FleetBudget:
         if self.budget is None:
@@ -184,7 +230,7 @@ class BudgetedTask(Task):
         )
         body, properties, celery_headers = self._job_message()
         carried = {k: v for k, v in (request.headers or {}).items()
-                   if k not in h.DEAD_LETTER_HEADERS and k != h.FIRST_FAILURE_MS}
+                   if k not in h.DEAD_LETTER_HEADERS and k != h.FIRST_FAILURE_MS and k not in h.HOLD_HEADERS}
         headers = {**celery_headers, **carried, **record.headers()}
         target = self._budget().config.dead_letter_exchange
         try:

@@ -37,6 +37,14 @@ BUDGET_WINDOW_MS = "fb-budget-window-ms"
 BUDGET_WINDOW_INDEX = "fb-budget-window-index"
 BUDGET_SOURCE = "fb-budget-source"
 REPLAYED_MS = "fb-replayed-ms"
+#: Why a job waits without running (``primary_at_cap``, ``circuit_open``): set while the budget's
+#: ``admit`` holds it, removed once it runs (the Rust ``HOLD_REASON``).
+HOLD_REASON = "fb-hold-reason"
+#: When the job was first held without running (Unix ms), kept across its holds and removed once
+#: it runs: a job held longer than its limit in all is dead-lettered (the Rust ``HELD_SINCE_MS``).
+HELD_SINCE_MS = "fb-held-since-ms"
+#: Headers that say a job is being held; never carried past the execution that runs it.
+HOLD_HEADERS = (HOLD_REASON, HELD_SINCE_MS)
 
 #: Headers that describe one dead-lettering (the Rust ``DEAD_LETTER_HEADERS``, less the retry
 #: tiers' headers that a Celery job never carries): never copied onto a retry.
@@ -107,6 +115,8 @@ class JobHeaders:
     original_exchange: Optional[str] = None
     original_routing_key: Optional[str] = None
     first_failure_ms: Optional[int] = None
+    #: When the job was first held without running, if it is being held (Unix ms).
+    held_since_ms: Optional[int] = None
 
     @classmethod
     def parse(cls, headers: Optional[Mapping[str, Any]]) -> "JobHeaders":
@@ -119,6 +129,7 @@ class JobHeaders:
             original_exchange=get_str(headers, ORIGINAL_EXCHANGE),
             original_routing_key=get_str(headers, ORIGINAL_ROUTING_KEY),
             first_failure_ms=get_u64(headers, FIRST_FAILURE_MS),
+            held_since_ms=get_u64(headers, HELD_SINCE_MS),
         )
 
 
