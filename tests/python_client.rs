@@ -476,6 +476,19 @@ fn bad_configurations_are_refused_alike() {
         "[tasks.\"sea\\u2060rch\"]\nmax_attempts = 3\n",
         "[unmapped_tasks]\npolicy = \"reject\"\n[tasks.\"sea\\u2060rch\"]\nmax_attempts = 3\n",
         "[unmapped_tasks]\npolicy = \"share\"\ndependency = \"sea\\u200Brch\"\n[dependencies.search]\n",
+        // The concurrency budget and the circuit breaker (issue 13), read by both since the
+        // Python client has them.
+        "[dependencies.a.concurrency]\ncap = 0\nplanned_primary = 1\n[dependencies.b.concurrency]\ncap = 20\nplanned_primary = 21\nmin_retry_slots = -1\nlease_secs = 0\nmax_retry_fraction = -0.5\n[dependencies.c.concurrency]\nplanned_primary = 3\n[dependencies.d.concurrency]\ncap = 4\n",
+        "[dependencies.a.concurrency]\ncap = 3\ncpa = 2\n",
+        "[dependencies.a.concurrency]\ncap = \"3\"\n",
+        "[dependencies.a.concurrency]\ncap = 3\nplanned_primary = 1\nprimary_waits = 1\n",
+        "[dependencies.a]\ntasks = [\"t\"]\n[dependencies.a.concurrency]\ncap = 20\nplanned_primary = 16\nprimary_waits = true\nmax_wait_secs = 0\nmax_retry_fraction = 1\n[dependencies.a.breaker]\nfailure_ratio = 1\n",
+        "[dependencies.a.breaker]\nfailure_ratio = 0.0\nmin_volume = 0\nopen_secs = 0\nclose_after = 9\n[dependencies.b]\nmin_allowance = 2\n[dependencies.b.breaker]\nhalf_open_probes = 3\n",
+        "[dependencies.a.breaker]\nfailure_ratio = nan\nmax_wait_secs = 86401\nprobe_timeout_secs = 0\n",
+        "[dependencies.a.breaker]\nopen = 3\n",
+        "[dependencies.a.breaker]\nmin_volume = 2.5\n",
+        "[defaults]\nmin_allowance = 1\n[dependencies.a.breaker]\n",
+        "[dependencies.\"a{b\"]\n[dependencies.\"a{b\".concurrency]\ncap = 0\n[dependencies.\"a{b\".breaker]\nmin_volume = 0\n",
         "",
     ];
     let mut child = Command::new(python())
@@ -835,4 +848,217 @@ async fn unmapped_names_and_long_waits_are_decided_alike() {
             ),
         }
     }
+}
+
+/// Drives a Python `FleetBudget`'s admission (the concurrency budget and the breaker): one JSON
+/// operation per line, one JSON answer per line. `storm` starts threads that take and give back
+/// retry slots, each reading the leases held fleet-wide while it holds one; `join` waits for them.
+const ADMISSION_DRIVER: &str = r#"
+import json, sys, threading
+import redis
+from fleet_budget import Call, Config, FleetBudget, Hold, SUCCEEDED
+config = Config.from_toml(sys.argv[1])
+budget = FleetBudget(config, group_commit=False)
+r = redis.Redis.from_url(config.redis.url)
+held, storm = [], {}
+def one(task, rounds, key, out, lock):
+    for _ in range(rounds):
+        c = budget.admit(task, 2)
+        if isinstance(c, Call):
+            n = r.zcard(key + ":lp") + r.zcard(key + ":lr")
+            with lock:
+                out["most"] = max(out["most"], n); out["granted"] += 1
+            budget.finish(c, SUCCEEDED)
+        else:
+            with lock:
+                out["refused"].add(c.reason)
+for line in sys.stdin:
+    op = json.loads(line)
+    out = None
+    if op[0] == "admit":
+        a = budget.admit(op[1], op[2])
+        if isinstance(a, Call):
+            held.append(a); out = ["run", a.lease is not None, a.is_probe]
+        elif isinstance(a, Hold):
+            out = ["hold", a.reason]
+        else:
+            out = ["dead", a.reason]
+    elif op[0] == "finish_all":
+        for c in held:
+            budget.finish(c, op[1])
+        held.clear()
+    elif op[0] == "breaker":
+        out = budget.breaker_status(op[1]).state
+    elif op[0] == "storm":
+        storm = {"out": {"most": 0, "granted": 0, "refused": set()}, "lock": threading.Lock()}
+        storm["threads"] = [threading.Thread(target=one, args=(op[1], op[3], op[4], storm["out"], storm["lock"]))
+                            for _ in range(op[2])]
+        for t in storm["threads"]:
+            t.start()
+    elif op[0] == "join":
+        for t in storm["threads"]:
+            t.join()
+        s = storm["out"]; out = [s["most"], s["granted"], sorted(s["refused"])]
+    print(json.dumps(out), flush=True)
+budget.close()
+"#;
+
+/// Issue 13 across languages: Rust and Python holders of one dependency's concurrency budget
+/// never hold more than its cap together (each refused `concurrency_cap` once the other holds the
+/// rest), also while both take and give back slots at once; and a breaker opened by Rust's
+/// failures is seen open by Python, which holds its job, while Python's probes and a probe's
+/// failure are seen by Rust.
+#[tokio::test]
+async fn rust_and_python_share_one_cap_and_one_breaker() {
+    use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Hold};
+
+    let server = RedisServer::start();
+    let text = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"mix\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n\
+         [dependencies.paid-api]\ntasks = [\"charge\"]\n[dependencies.paid-api.concurrency]\n\
+         cap = 6\nplanned_primary = 6\nmin_retry_slots = 6\nlease_secs = 600\n\
+         [dependencies.search]\ntasks = [\"index\"]\n[dependencies.search.breaker]\n\
+         min_volume = 4\nfailure_ratio = 0.5\nopen_secs = 3600\nhalf_open_probes = 2\n",
+        server.url()
+    );
+    let rust = FleetBudget::from_config(&Config::from_toml(&text, "rust").unwrap())
+        .await
+        .unwrap();
+    let mut child = Command::new(python())
+        .args(["-c", ADMISSION_DRIVER, &text])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |op: &str| {
+        writeln!(to_py, "{op}").unwrap();
+        let mut answer = String::new();
+        from_py.read_line(&mut answer).unwrap();
+        answer.trim().to_owned()
+    };
+    let leases = || {
+        let p: u64 = server.cmd(&["ZCARD", "mix:v1:{paid-api}:lp"]);
+        let r: u64 = server.cmd(&["ZCARD", "mix:v1:{paid-api}:lr"]);
+        p + r
+    };
+
+    // Rust holds three retry slots of six; Python gets the other three, then is refused.
+    let mut rust_calls = Vec::new();
+    for _ in 0..3 {
+        match rust.admit("charge", 2, None).await.unwrap() {
+            Admission::Run(call) => rust_calls.push(call),
+            other => panic!("{other:?}"),
+        }
+    }
+    for _ in 0..3 {
+        assert_eq!(ask(r#"["admit", "charge", 2]"#), "[\"run\", true, false]");
+    }
+    assert_eq!(
+        ask(r#"["admit", "charge", 2]"#),
+        "[\"dead\", \"concurrency_cap\"]"
+    );
+    match rust.admit("charge", 3, None).await.unwrap() {
+        Admission::DeadLetter(d) => {
+            assert_eq!(
+                d.dead_letter_reason(),
+                Some(DeadLetterReason::ConcurrencyCap)
+            );
+        }
+        other => panic!("Rust was given a seventh slot: {other:?}"),
+    }
+    assert_eq!(leases(), 6);
+    // Python gives its slots back: Rust gets one.
+    assert_eq!(ask(r#"["finish_all", "succeeded"]"#), "null");
+    match rust.admit("charge", 2, None).await.unwrap() {
+        Admission::Run(call) => rust_calls.push(call),
+        other => panic!("{other:?}"),
+    }
+    for call in rust_calls.drain(..) {
+        rust.finish(call, CallOutcome::Succeeded).await;
+    }
+    assert_eq!(leases(), 0);
+
+    // Both at once: four Python threads and three Rust holders take and give back retry slots;
+    // every reading of the leases held fleet-wide, by either, is within the cap.
+    assert_eq!(
+        ask(r#"["storm", "charge", 4, 60, "mix:v1:{paid-api}"]"#),
+        "null"
+    );
+    let (mut most, mut granted, mut refused) = (0, 0, 0);
+    for _ in 0..80 {
+        for _ in 0..3 {
+            match rust.admit("charge", 2, None).await.unwrap() {
+                Admission::Run(call) => rust_calls.push(call),
+                Admission::DeadLetter(d) => {
+                    assert_eq!(
+                        d.dead_letter_reason(),
+                        Some(DeadLetterReason::ConcurrencyCap)
+                    );
+                    refused += 1;
+                }
+                Admission::Wait(hold) => panic!("a retry never waits: {hold:?}"),
+            }
+        }
+        most = most.max(leases());
+        granted += rust_calls.len();
+        for call in rust_calls.drain(..) {
+            rust.finish(call, CallOutcome::Succeeded).await;
+        }
+    }
+    let python: serde_json::Value = serde_json::from_str(&ask(r#"["join"]"#)).unwrap();
+    assert!(most <= 6, "Rust read {most} leases held, over the cap of 6");
+    assert!(
+        python[0].as_u64().unwrap() <= 6,
+        "Python read over the cap: {python}"
+    );
+    assert!(
+        granted > 0 && python[1].as_u64().unwrap() > 0,
+        "{granted} {python} {refused}"
+    );
+    assert!(
+        python[2]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r == "concurrency_cap"),
+        "{python}"
+    );
+    assert_eq!(leases(), 0, "every slot given back");
+
+    // The breaker: opened by Rust's failures, seen open by Python, whose job waits.
+    for _ in 0..4 {
+        match rust.admit("index", 1, None).await.unwrap() {
+            Admission::Run(call) => rust.finish(call, CallOutcome::Failed).await,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(rust.metrics().breaker_transitions("search", "open"), 1);
+    assert_eq!(ask(r#"["breaker", "search"]"#), "\"open\"");
+    assert_eq!(
+        ask(r#"["admit", "index", 1]"#),
+        "[\"hold\", \"circuit_open\"]"
+    );
+    // Its open period over (moved to the past): Python takes both probes, so Rust waits; a
+    // probe's failure in Python opens it again, for Rust too.
+    let _: u64 = server.cmd(&["HSET", "mix:v1:{search}:cb", "ou", "1"]);
+    for _ in 0..2 {
+        assert_eq!(ask(r#"["admit", "index", 1]"#), "[\"run\", false, true]");
+    }
+    match rust.admit("index", 1, None).await.unwrap() {
+        Admission::Wait(Hold::CircuitOpen { .. }) => {}
+        other => panic!("a third probe: {other:?}"),
+    }
+    assert_eq!(ask(r#"["finish_all", "failed"]"#), "null");
+    match rust.admit("index", 1, None).await.unwrap() {
+        Admission::Wait(Hold::CircuitOpen { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let opened: Vec<String> = server.cmd(&["HMGET", "mix:v1:{search}:cb", "st", "no"]);
+    assert_eq!(opened, ["1", "2"], "open, opened twice");
+    drop(to_py);
+    assert!(child.wait().unwrap().success(), "the Python driver failed");
+    rust.shutdown().await.unwrap();
 }
