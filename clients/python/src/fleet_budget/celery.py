@@ -161,8 +161,8 @@ class BudgetedTask(Task):
             raise
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                # Interrupted (a time limit, a shutdown): it may be the dependency's slowness.
-                budget.finish(call, FAILED)
+                # Interrupted (a shutdown): nothing said about the dependency; the slot is given back.
+                budget.finish(call, INCONCLUSIVE)
                 raise
             failure = self.failure(exc)
             # A failure that may be the dependency's feeds its breaker; a non-retryable one (bad
