@@ -10,6 +10,9 @@
 //! keys (or refusing the whole text: bad TOML, an unknown key). A third tries every code point in
 //! a dependency name and a key prefix in both.
 //!
+//! A third (issue 13) holds one dependency's concurrency cap from both languages at once, and
+//! opens, probes and reopens one circuit breaker from both.
+//!
 //! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
 //! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import redis
 
 from . import breaker as cb
-from .concurrency import HEDGE, PRIMARY, RETRY, ConcurrencyPolicy, acquire_args, lease_keys, parse_acquire, \
-    parse_release, Lease
+from .concurrency import (HEDGE, PRIMARY, RETRY, Acquired, ConcurrencyPolicy, Lease, acquire_args, lease_keys,
+                          parse_acquire, parse_release)
 from .decision import DeadLetter
 from .scripts import BadReply
 
@@ -179,7 +179,8 @@ class AdmissionSteps:
 
     # The steps.
 
-    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Any:
+    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Optional[Acquired]:
+        """One ``lease_acquire.lua`` call; None when the store failed (the call runs uncounted)."""
         lease_id = self._lease_ids.next(kind)
         try:
             reply = self._lease_acquire(keys=lease_keys(self.config.redis.key_prefix, dependency),

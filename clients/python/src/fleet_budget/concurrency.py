@@ -16,7 +16,7 @@ import os
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from .scripts import BadReply, ratio_text
 
@@ -131,8 +131,9 @@ def acquire_args(policy: ConcurrencyPolicy, kind: str, lease_id: str) -> list[st
     ]
 
 
-def _counts(script: str, reply: Any, n: int) -> list[int]:
-    """The first ``n`` fields of ``reply``, each a non-negative integer (the Rust ``count_at``)."""
+def counts(script: str, reply: Any, n: int) -> list[int]:
+    """The first ``n`` fields of ``reply``, each a non-negative integer (the Rust ``count_at``; the
+    breaker's replies follow the same rule)."""
     if not isinstance(reply, (list, tuple)):
         raise BadReply(script, f"expected an array, got {type(reply).__name__}")
     out = []
@@ -149,7 +150,7 @@ def _counts(script: str, reply: Any, n: int) -> list[int]:
 
 
 def parse_acquire(reply: Any, dependency: str, policy: ConcurrencyPolicy, kind: str, lease_id: str) -> Acquired:
-    granted, refusal, p, r, slots, now = _counts("lease_acquire", reply, 6)
+    granted, refusal, p, r, slots, now = counts("lease_acquire", reply, 6)
     in_flight = InFlight(p, r)
     if (granted, refusal) == (1, 0):
         return Acquired(Lease(dependency, kind, lease_id, now + policy.lease_ms), None, in_flight, slots)
@@ -159,7 +160,7 @@ def parse_acquire(reply: Any, dependency: str, policy: ConcurrencyPolicy, kind: 
 
 
 def parse_release(reply: Any) -> InFlight:
-    _, p, r = _counts("lease_release", reply, 3)
+    _, p, r = counts("lease_release", reply, 3)
     return InFlight(p, r)
 
 
@@ -180,8 +181,3 @@ class LeaseIds:
                 self._pid, self._stem = pid, f"{pid:x}-{random.SystemRandom().getrandbits(64):016x}"
             self._n += 1
             return f"{'h' if kind == HEDGE else ''}py{self._stem}-{self._n:x}"
-
-
-def counts(script: str, reply: Sequence[Any], n: int) -> list[int]:
-    """Public for the breaker's replies, which follow the same rule."""
-    return _counts(script, reply, n)
