@@ -172,6 +172,9 @@ def test_without_redis_calls_run_uncounted(dead_url):
     c = b.admit("index", 1)
     assert isinstance(c, Call) and not c.judged
     b.finish(c, FAILED)
+    # Counted as the store's failures, by kind, and the dependency decided by its fallback.
+    assert b.metrics.value("fleet_budget_store_errors_total", kind="connection") >= 1
+    assert b.metrics.value("fleet_budget_fallback_active", dependency="paid-api") == 1
     b.close()
 
 

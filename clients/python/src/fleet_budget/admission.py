@@ -37,6 +37,7 @@ from . import breaker as cb
 from .concurrency import (HEDGE, PRIMARY, RETRY, Acquired, ConcurrencyPolicy, Lease, acquire_args, lease_keys,
                           parse_acquire, parse_release)
 from .decision import DeadLetter
+from .redact import redact_url
 from .scripts import BadReply
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class AdmissionSteps:
                     keys=lease_keys(self.config.redis.key_prefix, dependency), args=[call.lease.id]))
             except _STORE_ERRORS as e:
                 self._failed(dependency, e)
-                log.debug("lease of %s not released (%s); it expires by itself", dependency, e)
+                log.debug("lease of %s not released (%s); it expires by itself", dependency, redact_url(str(e)))
             else:
                 self._ok(dependency)
                 self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
@@ -161,7 +162,7 @@ class AdmissionSteps:
                     keys=keys, args=cb.record_args(policy, outcome == SUCCEEDED, call.probe)))
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
-            log.debug("result of a call to %s not reported to the breaker (%s)", dependency, e)
+            log.debug("result of a call to %s not reported to the breaker (%s)", dependency, redact_url(str(e)))
             return
         self._ok(dependency)
         if decided is not None:
@@ -188,7 +189,7 @@ class AdmissionSteps:
             acquired = parse_acquire(reply, dependency, policy, kind, lease_id)
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
-            log.debug("no lease for %s (%s); the call runs uncounted", dependency, e)
+            log.debug("no lease for %s (%s); the call runs uncounted", dependency, redact_url(str(e)))
             return None
         self._ok(dependency)
         self.metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
@@ -206,7 +207,7 @@ class AdmissionSteps:
             decided = cb.parse_admit(self._breaker(keys=keys, args=cb.args(policy, "admit")))
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
-            log.debug("breaker of %s not consulted (%s); the call runs", dependency, e)
+            log.debug("breaker of %s not consulted (%s); the call runs", dependency, redact_url(str(e)))
             return None
         self._ok(dependency)
         self._breaker_seen(dependency, decided)
@@ -222,7 +223,8 @@ class AdmissionSteps:
             try:
                 cb.parse_cancel(self._breaker(keys=keys, args=cb.args(policy, "cancel", str(decided.generation))))
             except _STORE_ERRORS as e:
-                log.debug("probe of %s not given back (%s); it is reissued after the probe timeout", dependency, e)
+                log.debug("probe of %s not given back (%s); it is reissued after the probe timeout", dependency,
+                          redact_url(str(e)))
         return self._held_by_breaker(dependency, policy, decided, held_for)
 
     def _held_by_breaker(self: "FleetBudget", dependency: str, policy: cb.BreakerPolicy, decided: cb.Decided,
