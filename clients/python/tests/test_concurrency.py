@@ -243,3 +243,17 @@ def test_hedges_draw_on_the_retry_share_and_the_budget(redis_url):
     for c in (*calls, hedge):
         b.finish(c, SUCCEEDED)
     b.close()
+
+
+def test_a_lease_set_or_breaker_of_another_type_is_a_bad_key_and_the_call_runs(redis_url):
+    b = budget(redis_url)
+    r = redis.Redis.from_url(redis_url)
+    r.set("fb:v1:{paid-api}:lr", "not a set")
+    r.set("fb:v1:{search}:cb", "not a hash")
+    c = b.admit("charge", 2)
+    assert isinstance(c, Call) and c.lease is None, "run uncounted, as when Redis fails"
+    c2 = b.admit("index", 1)
+    assert isinstance(c2, Call) and not c2.judged
+    assert b.metrics.value("fleet_budget_store_errors_total", kind="bad_key") == 2
+    assert r.get("fb:v1:{paid-api}:lr") == b"not a set", "nothing written"
+    b.close()

@@ -45,14 +45,26 @@ def _now_ms() -> int:
 
 
 def error_kind(error: BaseException) -> str:
-    """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply."""
+    """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply, bad_key."""
     if isinstance(error, (redis.exceptions.TimeoutError, GroupTimeout)):
         return "timeout"
     if isinstance(error, redis.exceptions.ConnectionError):
         return "connection"
     if isinstance(error, scripts.BadReply):
         return "bad_reply"
+    if isinstance(error, redis.exceptions.ResponseError) and _is_key_refusal(str(error)):
+        return "bad_key"
     return "server"
+
+
+#: How the scripts refuse a key written by someone else (the Rust ``key_refusal`` and
+#: ``refused_key``): ``fleet-budget: key <key> is not a budget hash ...`` and the like.
+_KEY_REFUSALS = (" is not a budget hash", " is not a breaker hash", " is not a lease set", " field ")
+
+
+def _is_key_refusal(text: str) -> bool:
+    rest = text.removeprefix("fleet-budget: ")
+    return rest != text and rest.startswith("key ") and any(m in rest for m in _KEY_REFUSALS)
 
 
 class FleetBudget(AdmissionSteps):
