@@ -19,11 +19,13 @@
 //! return; a message whose move is not confirmed (or whose original exchange is gone) is
 //! counted **failed** and stays in the dead-letter queue, put back as a copy like a skipped one
 //! (its delivery count not raised). Nothing is dropped. How a run ends without leaving
-//! originals beside their copies: [`run`].
+//! originals beside their copies, and returns only once what it left in the queue is counted
+//! there again: `end`.
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack), with
-//! `pacer` keeping the rate and `exchanges` what the run learns of the exchanges it moves to;
+//! `pacer` keeping the rate, `exchanges` what the run learns of the exchanges it moves to and
+//! `end` how it stops;
 //! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
 //! the non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected
 //! ones for good (the parked queue's `purge`); [`audit`] makes the audit entries of replays and
@@ -47,6 +49,7 @@ use crate::topology::{Topology, queue_depth};
 
 pub mod audit;
 pub mod dry_run;
+mod end;
 mod exchanges;
 pub mod inspect;
 mod pacer;

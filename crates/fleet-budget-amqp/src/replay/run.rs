@@ -2,17 +2,8 @@
 //! (pipelined, `window` at a time), ack after the confirm, pace to the rate, and pause while the
 //! dependency's budget is exhausted.
 //!
-//! How a run ends matters as much as how it moves: the dead-letter queue is a quorum queue, which
-//! applies an ack as a command of its log, sent by the broker's channel without waiting; a
-//! channel's close returns every message the channel still holds, and that return can overtake
-//! acks the queue has not applied yet (the channel holds settlements back once 32 await the log,
-//! and drops what it holds at the close). An overtaken ack leaves the original beside its copy: the
-//! next run replays it twice. So, as [`super::inspect`] does, the originals are acked in few
-//! commands (one `basic.ack` with `multiple` over every original settled so far, see
-//! [`Settler`]), and the run waits behind its last acks before the close: the consumer's
-//! `basic.cancel` is a synchronous command of the same log, sent by the same channel, answered
-//! once every ack sent before it is applied. (`basic.get`, which [`super::inspect`] uses, would
-//! do as well, but takes a message and raises its delivery count.)
+//! How a run ends (its last acks applied before the close, what it leaves in the queue ready
+//! again before it returns) is the `end` module's.
 //!
 //! A message that cannot be moved (its original exchange is gone, or the copy is not
 //! confirmed) is put back as a copy, like a skipped one, and counted failed: a nack with requeue
@@ -39,12 +30,13 @@ use fleet_budget::printable::escape_text;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lapin::options::{BasicCancelOptions, BasicQosOptions};
+use lapin::options::BasicQosOptions;
 use lapin::types::ShortString;
 use lapin::{Acker, BasicProperties};
 use tokio::time::Instant;
 
 use super::Replayer;
+use super::end::{stop_consuming, wait_until_ready};
 use super::exchanges::{Exchanges, Target};
 use super::pacer::Pacer;
 use super::select::{Class, ReplayOptions, Selection};
@@ -99,6 +91,11 @@ pub struct ReplayReport {
     pub paused: Duration,
     /// Wall time of the run.
     pub elapsed: Duration,
+    /// Of the messages the run left in the source queue (`total` less `moved` and `parked`),
+    /// how many the broker did not count ready yet when the run returned: it waits for them up
+    /// to `idle_timeout` (see the `end` module). 0 unless another consumer reads the queue or the
+    /// broker is slow; meanwhile the queue's depth reads that much short.
+    pub not_ready: u64,
 }
 
 /// What a copy is: a move back to the original exchange, a park, a skipped message put back
@@ -443,26 +440,18 @@ impl Replayer {
             &mut inflight,
         )
         .await;
-        // The last acks (one command), then the cancel: a synchronous command of the quorum
-        // queue's log, sent by the same channel, so once it is answered every ack before it is
-        // applied and the close cannot return those originals beside their copies.
-        settler.ack(true).await;
-        let cancelled = within(
-            "cancel the replay's consumer",
-            ch.basic_cancel(
-                amqp_name("consumer tag", &tag)?,
-                BasicCancelOptions::default(),
-            ),
-        )
-        .await;
-        if let Err(e) = cancelled {
-            tracing::warn!(error = %e, originals = settler.acked, "no answer behind the last acks; the last originals may stay beside their copies (duplicates)");
+        stop_consuming(&ch, amqp_name("consumer tag", &tag)?, &mut settler).await;
+        if lost.is_none() {
+            // What the run leaves in the queue: all it read, less what it moved or parked.
+            let leaves = total.saturating_sub(p.moved + p.parked);
+            report.not_ready = wait_until_ready(
+                publisher.connection(),
+                &self.source_queue,
+                leaves,
+                options.idle_timeout,
+            )
+            .await;
         }
-        // Returned after the cancel, so that the consumer does not read them again; a nack the
-        // close overtakes returns the message all the same.
-        settler.return_held().await;
-        // Deliveries pushed after the bound are unacked: closing the channel requeues them.
-        let _ = ch.close(200, ShortString::from("replay done")).await;
         publisher.close().await;
         keeper.close().await;
         p.paused_on = None;

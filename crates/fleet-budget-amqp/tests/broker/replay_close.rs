@@ -1,12 +1,13 @@
 //! The end of a replay run: every original whose copy was confirmed is acked, and the acks are
 //! applied by the quorum dead-letter queue before the run closes its channel. Otherwise the
 //! close returns the last originals beside their copies and the next run replays them twice.
+//! And what the run leaves in the queue (copies put back) is counted there when it returns.
 
 use std::collections::BTreeSet;
 
 use fleet_budget::DeadLetterReason;
 use fleet_budget_amqp::headers;
-use fleet_budget_amqp::{ReplayOptions, Replayer};
+use fleet_budget_amqp::{ReplayOptions, Replayer, queue_depth};
 
 use crate::common::{Env, message_id};
 
@@ -115,4 +116,78 @@ async fn failed_moves_do_not_raise_the_delivery_count() {
             "the dead-letter record is kept"
         );
     }
+}
+
+/// What a run leaves in the dead-letter queue is ready when the run returns: a depth read the
+/// moment it returns (as `budgetctl dlq stats` and the "after" of the replay's audit entry read
+/// it) counts all of it. 300 dead letters: 200 moved, 100 of another dependency skipped (put back
+/// as copies) and 3 whose exchange is gone (failed, put back as copies); then a second run over
+/// the 103 left. The copies land at the tail of the queue the run consumes, so its consumer is
+/// pushed them past its bound; they were held by its channel, not ready, until the queue applied
+/// the close's return, after the run had returned: the depth read then was short by up to the
+/// prefetch.
+#[tokio::test]
+async fn what_a_run_leaves_is_ready_when_it_returns() {
+    let env = Env::new("replayready", "", "", "").await;
+    let publisher = env.publisher().await;
+    let now = headers::now_ms();
+    env.seed_dead_letters(
+        &publisher,
+        100,
+        "billing",
+        DeadLetterReason::BudgetExhausted,
+        0,
+        now,
+    )
+    .await;
+    let mut gone = env.dead_letter_record("search", DeadLetterReason::BudgetExhausted, now);
+    gone.original_exchange = format!("{}.gone", env.topology.work_exchange);
+    for i in 0..3 {
+        env.publish_dead_letter(&publisher, &gone, format!("gone {i}").as_bytes())
+            .await;
+    }
+    env.seed_dead_letters(
+        &publisher,
+        200,
+        "search",
+        DeadLetterReason::BudgetExhausted,
+        0,
+        now,
+    )
+    .await;
+    publisher.close().await;
+    // Opened before the run, so that the depth is read the moment the run returns.
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let mut options = ReplayOptions::new(&env.config);
+    options.filter.dependency = Some("search".into());
+    for (round, moved) in [(1, 200), (2, 0), (3, 0), (4, 0)] {
+        let run = replayer.run(&options, |_| {}).await.unwrap();
+        let depth = queue_depth(&ch, &env.topology.dead_queue).await.unwrap();
+        let stats = replayer
+            .dry_run(&ReplayOptions::new(&env.config))
+            .await
+            .unwrap();
+        assert_eq!(
+            (run.moved, run.skipped, run.failed),
+            (moved, 100, 3),
+            "round {round}: {run:?}"
+        );
+        assert_eq!(run.not_ready, 0, "round {round}: {run:?}");
+        assert_eq!(
+            depth, 103,
+            "round {round}: dead-letter queue depth read the moment the run returned"
+        );
+        assert_eq!(
+            (stats.total, stats.seen),
+            (103, 103),
+            "round {round}: `dlq stats` right after the run"
+        );
+        env.ready_again(&env.topology.dead_queue, 103).await;
+    }
+    let _ = conn
+        .close(200, lapin::types::ShortString::from("bye"))
+        .await;
+    assert_eq!(env.depth(&env.topology.work_queue).await, 200);
 }
