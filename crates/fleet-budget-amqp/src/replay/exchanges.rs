@@ -1,7 +1,35 @@
-//! What a replay run learns of the original exchanges it moves to: a move goes alone until a
-//! move to its exchange is confirmed, a refused lone move refuses its exchange for the run, and a
-//! refusal among pipelined moves makes the rest of the run move one at a time ([`super::run`]
-//! says why).
+//! What a replay run learns of the original exchanges it moves to, and so which channel each move
+//! goes on.
+//!
+//! A move the broker refuses outright (an internal exchange, one the user may not write to, an
+//! `amq.` name that does not exist: `403` or `404`) closes the channel it was sent on, and every
+//! move in flight there ends with an unknown outcome: routed before the refusal (putting it back
+//! would make a duplicate) or dropped after it. The broker's `channel.close` names the method
+//! (`basic.publish`), not which publish, so the run cannot tell the two apart. Hence a move to
+//! an exchange no move of this run has reached yet goes with no other move in flight on its
+//! channel: a refused lone move is known not to have been routed, is put back and counted failed,
+//! and its exchange is refused for the rest of the run (its other messages are put back without
+//! being sent).
+//!
+//! "Alone" is per channel, not per run: that first move goes on a *scout*, a channel of its own
+//! on the moves' connection, which asks whether the exchange exists (a passive declare, whose
+//! `404` is learnt like a refused move), selects confirms, publishes the move, awaits its confirm
+//! and closes, all in flight with the other copies: the first moves to many exchanges overlap,
+//! and the moves to exchanges already proven stay pipelined on the moves' channel. A refusal
+//! closes only the scout's channel. Only opening that channel is awaited in turn (a round trip
+//! per exchange). The later moves to an exchange whose scout is in flight wait for it: they go
+//! pipelined once it is confirmed, are put back unsent once it is refused. Until 2026-11-30 the
+//! first move went alone on the moves' channel, emptied before and waited for after, each
+//! exchange asked about on a throwaway channel first: a run over many exchanges paid a drained
+//! window and four round trips per exchange, in turn (docs/BENCHMARKS.md, "Replay to many
+//! exchanges").
+//!
+//! A refusal that only concerns one message (say a body over a maximum the broker was given
+//! since) can still come among pipelined moves to a proven exchange; then the moves in flight are
+//! in doubt (each put back, a duplicate where it had been routed) and the rest of the run moves
+//! one message at a time on the moves' channel, emptied before and after each, every exchange
+//! asked about first on a throwaway channel ([`Route::Alone`]), so that it happens at most once
+//! per run.
 
 use std::collections::{HashMap, HashSet};
 
@@ -9,7 +37,18 @@ use fleet_budget::printable::escape_text;
 
 use crate::publish::PublishError;
 
-/// Where a move went, and whether it was the only move in flight.
+/// Which channel a move goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Its exchange is proven: pipelined on the moves' channel.
+    Pipelined,
+    /// Its exchange is not proven yet: on a scout, a channel of its own.
+    Scout,
+    /// A refusal came among pipelined moves: alone on the moves' channel, emptied before.
+    Alone,
+}
+
+/// Where a move went, and whether it was the only move in flight on its channel.
 pub(super) struct Target {
     pub(super) exchange: String,
     pub(super) alone: bool,
@@ -18,7 +57,7 @@ pub(super) struct Target {
 /// What a run has learned of the original exchanges it moves to (see [`super::run`]'s documentation).
 #[derive(Default)]
 pub(super) struct Exchanges {
-    /// Whether each exists, asked once.
+    /// Whether each exists, asked once (when moving one at a time: a scout asks for itself).
     pub(super) exists: HashMap<String, bool>,
     /// A move to it was confirmed: moves to it are pipelined.
     pub(super) proven: HashSet<String>,
@@ -26,16 +65,27 @@ pub(super) struct Exchanges {
     pub(super) refused: HashMap<String, String>,
     /// A move among others was refused: moves go one at a time for the rest of the run.
     pub(super) careful: bool,
+    /// Exchanges whose scout is in flight: the next move to one waits for its outcome.
+    pub(super) scouting: HashSet<String>,
 }
 
 impl Exchanges {
-    /// Whether a move to `exchange` must go with no other move in flight.
-    pub(super) fn alone(&self, exchange: &str) -> bool {
-        self.careful || !self.proven.contains(exchange)
+    /// Which channel a move to `exchange` goes on.
+    pub(super) fn route(&self, exchange: &str) -> Route {
+        if self.careful {
+            Route::Alone
+        } else if self.proven.contains(exchange) {
+            Route::Pipelined
+        } else {
+            Route::Scout
+        }
     }
 
     /// Learns from the outcome of a move to `target`.
     pub(super) fn learn(&mut self, target: &Target, result: &Result<(), PublishError>) {
+        if target.alone {
+            self.scouting.remove(&target.exchange);
+        }
         let e = match result {
             Ok(()) => {
                 self.proven.insert(target.exchange.clone());
@@ -90,10 +140,12 @@ mod tests {
     #[test]
     fn a_move_goes_alone_until_its_exchange_is_proven() {
         let mut x = Exchanges::default();
-        assert!(x.alone("work"));
+        assert_eq!(x.route("work"), Route::Scout);
+        x.scouting.insert("work".into());
         x.learn(&to("work", true), &Ok(()));
-        assert!(!x.alone("work"), "proven: pipelined");
-        assert!(x.alone("other"));
+        assert_eq!(x.route("work"), Route::Pipelined, "proven: pipelined");
+        assert!(x.scouting.is_empty(), "the scout is answered");
+        assert_eq!(x.route("other"), Route::Scout);
     }
 
     #[test]
@@ -115,7 +167,7 @@ mod tests {
     fn a_lone_move_refused_for_itself_leaves_the_exchange_unproven() {
         let mut x = Exchanges::default();
         x.learn(&to("work", true), &refused(406));
-        assert!(x.refused.is_empty() && x.alone("work") && !x.careful);
+        assert!(x.refused.is_empty() && x.route("work") == Route::Scout && !x.careful);
         x.learn(
             &to("work", true),
             &Err(PublishError::Nacked {
@@ -137,6 +189,7 @@ mod tests {
         );
         assert!(!x.careful, "a nack closes no channel");
         x.learn(&to("work", false), &refused(406));
-        assert!(x.careful && x.alone("work") && x.refused.is_empty());
+        assert!(x.careful && x.route("work") == Route::Alone && x.refused.is_empty());
+        assert_eq!(x.route("other"), Route::Alone);
     }
 }

@@ -10,17 +10,8 @@
 //! would raise its delivery count on every run (on RabbitMQ 4.x, deleted at the 21st). Only when
 //! that copy fails too is the original held and returned at the end.
 //!
-//! A move the broker refuses outright (an internal exchange, one the user may not write to, an
-//! `amq.` name that does not exist: `403` or `404`) closes the channel it was sent on, and every
-//! move in flight there ends with an unknown outcome: routed before the refusal (putting it back
-//! would make a duplicate) or dropped after it. So a move goes alone, with no other move in
-//! flight, until a move to its exchange has been confirmed in this run (`Exchanges`): a refused
-//! lone move is known not to have been routed, is put back and counted failed, and its exchange
-//! is refused for the rest of the run (its other messages are put back without being sent). A
-//! refusal that only concerns one message (say a body over a maximum the broker was given since)
-//! can still come among pipelined moves to a proven exchange; then the moves in flight are in
-//! doubt (each put back, a duplicate where it had been routed) and the rest of the run moves one
-//! message at a time, so that it happens at most once per run.
+//! Which channel a move goes on (pipelined, on a scout of its own, or alone), and why a first move
+//! to an exchange must not share its channel's fate with other moves: the `exchanges` module.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,21 +21,21 @@ use fleet_budget::printable::escape_text;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lapin::options::BasicQosOptions;
-use lapin::types::ShortString;
-use lapin::{Acker, BasicProperties};
+use lapin::options::{BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Acker, BasicProperties, Channel, ExchangeKind};
 use tokio::time::Instant;
 
 use super::Replayer;
 use super::end::{stop_consuming, wait_until_ready};
-use super::exchanges::{Exchanges, Target};
+use super::exchanges::{Exchanges, Route, Target};
 use super::pacer::Pacer;
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
-use crate::connection::within;
+use crate::connection::{timeouts, within};
 use crate::error::AmqpError;
 use crate::headers;
-use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fanout_key};
+use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
 use crate::topology::inspect::exchange_exists;
 use crate::topology::names::amqp_name;
 
@@ -121,21 +112,25 @@ struct Done {
     target: Option<Target>,
 }
 
-/// The copies awaiting their confirmation. Nothing in them publishes: a publish waits for the
-/// publisher's channel, which a copy polled only by this set could hold (a deadlock).
+/// The copies awaiting their confirmation. Nothing in them publishes on a shared channel: a
+/// publish waits for the publisher's channel, which a copy polled only by this set could hold (a
+/// deadlock). A scout publishes on its own channel, which nothing else holds.
 type InFlight = FuturesUnordered<BoxFuture<'static, Done>>;
+
+/// What a copy's confirmation is: [`confirmed`] for a copy sent, or a whole [`scout_move`].
+type Confirm = BoxFuture<'static, Result<(), PublishError>>;
 
 /// Awaits the confirmation of a copy.
 fn await_copy(
     tag: u64,
     acker: Acker,
     kind: Kind,
-    pending: PendingConfirm,
+    confirm: Confirm,
     kept: Option<(Vec<u8>, BasicProperties)>,
     target: Option<Target>,
 ) -> BoxFuture<'static, Done> {
     async move {
-        let result = confirmed(pending).await;
+        let result = confirm.await;
         Done {
             tag,
             acker,
@@ -290,9 +285,24 @@ impl Replayer {
                 }
                 Class::Replay(r) => {
                     report.matched += 1;
+                    // A scout to its exchange in flight: its outcome says how this one goes.
+                    while exchanges.scouting.contains(&r.original_exchange) {
+                        let Some(done) = inflight.next().await else {
+                            exchanges.scouting.remove(&r.original_exchange);
+                            break;
+                        };
+                        self.count_confirmed(
+                            done,
+                            &mut p,
+                            &mut settler,
+                            (&keeper, &mut exchanges),
+                            &mut inflight,
+                        )
+                        .await;
+                    }
                     if exchanges.refused.contains_key(&r.original_exchange) {
-                        // Refused earlier in this run: not sent again (it would close the
-                        // moves' channel again).
+                        // Refused earlier in this run: not sent again (the broker would
+                        // refuse it again).
                         p.failed += 1;
                         (
                             Kind::Return,
@@ -300,12 +310,13 @@ impl Replayer {
                             self.source_queue.clone(),
                             table.clone(),
                         )
-                    } else if !Self::original_exchange_exists(
-                        &publisher,
-                        &r.original_exchange,
-                        &mut exchanges.exists,
-                    )
-                    .await
+                    } else if exchanges.careful
+                        && !Self::original_exchange_exists(
+                            &publisher,
+                            &r.original_exchange,
+                            &mut exchanges.exists,
+                        )
+                        .await
                     {
                         tracing::warn!(exchange = %r.original_exchange, "original exchange does not exist; message left in the dead-letter queue");
                         p.failed += 1;
@@ -355,11 +366,23 @@ impl Replayer {
                 Kind::Keep | Kind::Return => headers::put_back(&props),
                 Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
             });
-            let target = matches!(kind, Kind::Move).then(|| Target {
-                alone: exchanges.alone(&exchange),
+            let mut route = matches!(kind, Kind::Move).then(|| exchanges.route(&exchange));
+            let scout = match route {
+                Some(Route::Scout) => {
+                    let scout = open_scout(&publisher).await;
+                    if scout.is_none() {
+                        // Alone on the moves' channel instead, as safe and slower.
+                        route = Some(Route::Alone);
+                    }
+                    scout
+                }
+                _ => None,
+            };
+            let target = route.map(|r| Target {
+                alone: r != Route::Pipelined,
                 exchange: exchange.clone(),
             });
-            let alone = target.as_ref().is_some_and(|t| t.alone);
+            let alone = route == Some(Route::Alone);
             if alone {
                 // No other move may share its channel's fate: settle every copy in flight.
                 self.settle_all(
@@ -370,11 +393,21 @@ impl Replayer {
                 )
                 .await;
             }
-            match via.send(&exchange, &routing_key, &d.data, copy).await {
-                Ok(pending) => {
+            let sent: Result<Confirm, PublishError> = match scout {
+                Some(ch) => {
+                    exchanges.scouting.insert(exchange.clone());
+                    Ok(scout_move(ch, exchange.clone(), routing_key, d.data.clone(), copy).boxed())
+                }
+                None => via
+                    .send(&exchange, &routing_key, &d.data, copy)
+                    .await
+                    .map(|pending| confirmed(pending).boxed()),
+            };
+            match sent {
+                Ok(confirm) => {
                     settler.sent(tag);
                     let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
-                    inflight.push(await_copy(tag, acker, kind, pending, kept, target));
+                    inflight.push(await_copy(tag, acker, kind, confirm, kept, target));
                     if alone {
                         // Its outcome decides whether the moves after it may be pipelined.
                         self.settle_all(
@@ -542,7 +575,10 @@ impl Replayer {
             )
             .await;
         match sent {
-            Ok(pending) => inflight.push(await_copy(tag, acker, Kind::Return, pending, None, None)),
+            Ok(pending) => {
+                let confirm = confirmed(pending).boxed();
+                inflight.push(await_copy(tag, acker, Kind::Return, confirm, None, None));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "put-back copy not sent; message left in the dead-letter queue");
                 settler.hold(tag, acker);
@@ -617,6 +653,82 @@ impl Replayer {
             }
             tokio::time::sleep(options.budget_poll).await;
         }
+    }
+}
+
+/// A scout's channel: a channel of its own on the moves' connection, for the first move to an
+/// exchange not proven yet (see `exchanges`). `None` when it cannot be opened (logged).
+async fn open_scout(publisher: &Publisher) -> Option<Channel> {
+    let conn = publisher.connection()?;
+    match within("open a channel for a first move", conn.create_channel()).await {
+        Ok(ch) => Some(ch),
+        Err(e) => {
+            tracing::warn!(error = %e, "no channel of its own for a first move; it goes alone on the moves' channel");
+            None
+        }
+    }
+}
+
+/// A scout: the first move to `exchange`, alone on `ch`. Asks whether the exchange exists (a
+/// passive declare: `404` when it does not, which closes `ch` and is learnt as a refusal), selects
+/// confirms, publishes, awaits the confirm, and closes `ch` (unless the broker closed it). Every
+/// step is bounded by the operation timeout.
+async fn scout_move(
+    ch: Channel,
+    exchange: String,
+    routing_key: String,
+    data: Vec<u8>,
+    properties: BasicProperties,
+) -> Result<(), PublishError> {
+    let after = timeouts().operation;
+    let moved = async {
+        // The default exchange and `amq.` names are taken on trust, as the existence check does.
+        if !(exchange.is_empty() || exchange.starts_with("amq.")) {
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let name = ShortString::try_new(exchange.as_str())
+                .map_err(|e| PublishError::InvalidName(e.to_string()))?;
+            let declared =
+                ch.exchange_declare(name, ExchangeKind::Direct, passive, FieldTable::default());
+            bounded(&exchange, after, declared).await?;
+        }
+        bounded(
+            &exchange,
+            after,
+            ch.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
+        let pending = Publisher::on_channel(ch.clone())
+            .send(&exchange, &routing_key, &data, properties)
+            .await?;
+        confirmed(pending).await
+    }
+    .await;
+    if ch.status().connected() {
+        let _ =
+            tokio::time::timeout(after, ch.close(200, ShortString::from("first move done"))).await;
+    }
+    moved
+}
+
+/// `step` on a scout's channel, bounded by `after`, its failure a [`PublishError`] of `exchange`.
+async fn bounded(
+    exchange: &str,
+    after: Duration,
+    step: impl Future<Output = lapin::Result<()>>,
+) -> Result<(), PublishError> {
+    match tokio::time::timeout(after, step).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(PublishError::Channel {
+            exchange: exchange.to_owned(),
+            source,
+        }),
+        Err(_) => Err(PublishError::Timeout {
+            exchange: exchange.to_owned(),
+            after,
+        }),
     }
 }
 

@@ -11,6 +11,8 @@ use std::collections::BTreeSet;
 use fleet_budget::DeadLetterReason;
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::{ReplayOptions, Replayer};
+use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions};
+use lapin::types::{FieldTable, ShortString};
 
 use crate::common::{Env, message_id};
 
@@ -99,4 +101,96 @@ async fn a_move_to_an_internal_exchange_fails_alone() {
 #[tokio::test]
 async fn a_move_to_a_missing_amq_exchange_fails_alone() {
     refused_moves_fail_alone("refusedamq", "amq.no-such-exchange").await;
+}
+
+/// Exchanges the run has not reached yet, in turn: 20 good ones (each bound to the work queue)
+/// and the two hostile ones, 15 rounds. The first move to each goes on a channel of its own
+/// while moves to the exchanges already reached go on, so the refusals come while other first
+/// moves and pipelined ones are in flight: every good job is moved once, the hostile ones are
+/// left, once each, and nothing else fails.
+#[tokio::test]
+async fn first_moves_to_many_exchanges_fail_alone_when_refused() {
+    let env = Env::new("refusedmany", "", "", "").await;
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let good_exchanges: Vec<String> = (0..20)
+        .map(|i| format!("{}.x{i}", env.topology.work_exchange))
+        .collect();
+    for name in &good_exchanges {
+        ch.exchange_declare(
+            ShortString::from(name.as_str()),
+            lapin::ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        ch.queue_bind(
+            ShortString::from(env.topology.work_queue.as_str()),
+            ShortString::from(name.as_str()),
+            ShortString::from("t"),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let mut exchanges = good_exchanges.clone();
+    exchanges.insert(7, "amq.rabbitmq.trace".into());
+    exchanges.insert(15, "amq.no-such-exchange".into());
+    let publisher = env.publisher().await;
+    let template = env.dead_letter_record(
+        "search",
+        DeadLetterReason::BudgetExhausted,
+        headers::now_ms(),
+    );
+    let (mut good, mut hostile) = (BTreeSet::new(), BTreeSet::new());
+    for round in 0..15 {
+        for exchange in &exchanges {
+            let record = fleet_budget_amqp::DeadLetterRecord {
+                original_exchange: exchange.clone(),
+                original_routing_key: "t".into(),
+                ..template.clone()
+            };
+            let id = env
+                .publish_dead_letter(&publisher, &record, format!("job {round}").as_bytes())
+                .await;
+            if exchange.starts_with("amq.") {
+                hostile.insert(id);
+            } else {
+                good.insert(id);
+            }
+        }
+    }
+    publisher.close().await;
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let run = replayer
+        .run(&ReplayOptions::new(&env.config), |_| {})
+        .await
+        .unwrap();
+    let moved = env.drain(&env.topology.work_queue).await;
+    let left = env.drain(&env.topology.dead_queue).await;
+    for name in &good_exchanges {
+        let _ = ch
+            .exchange_delete(
+                ShortString::from(name.as_str()),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    let moved_ids: BTreeSet<String> = moved.iter().map(|(p, _)| message_id(p)).collect();
+    let left_ids: BTreeSet<String> = left.iter().map(|(p, _)| message_id(p)).collect();
+    assert_eq!(
+        (moved.len(), left.len(), run.moved, run.failed),
+        (
+            good.len(),
+            hostile.len(),
+            good.len() as u64,
+            hostile.len() as u64
+        ),
+        "jobs in the work queue, messages in the dead-letter queue, moved, failed: {run:?}"
+    );
+    assert_eq!(moved_ids, good, "every good job moved once");
+    assert_eq!(left_ids, hostile, "only the hostile ones left, once each");
 }
