@@ -24,11 +24,12 @@
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
 //! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack), with
-//! `pacer` keeping the rate, `exchanges` what the run learns of the exchanges it moves to and
-//! `end` how it stops;
-//! [`dry_run`] counts what a run would do without moving anything, reading through [`inspect`],
-//! the non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected
-//! ones for good (the parked queue's `purge`); [`audit`] makes the audit entries of replays and
+//! `copies` counting the copies in flight, `settle` acking their originals, `exchanges` what the
+//! run learns of the exchanges it moves to (and `scout` the channels of first moves), `pacer`
+//! and `pause` holding moves to the rate and the budget, and `end` how it stops; [`dry_run`]
+//! counts what a run would do without moving anything, reading through [`inspect`], the
+//! non-destructive read; [`peek`] shows messages one by one and [`purge`] removes selected ones
+//! for good (the parked queue's `purge`); [`audit`] makes the audit entries of replays and
 //! purges, for any tool that runs them.
 //!
 //! The parked queue is replayed by the same code ([`Replayer::parked`]): an operator's decision
@@ -48,14 +49,17 @@ use crate::topology::names::amqp_name;
 use crate::topology::{Topology, queue_depth};
 
 pub mod audit;
+mod copies;
 pub mod dry_run;
 mod end;
 mod exchanges;
 pub mod inspect;
 mod pacer;
+mod pause;
 pub mod peek;
 pub mod purge;
 pub mod run;
+mod scout;
 pub mod select;
 mod settle;
 

@@ -1,42 +1,36 @@
-//! A replay run: read up to the messages present at the start, move or park each with confirms
-//! (pipelined, `window` at a time), ack after the confirm, pace to the rate, and pause while the
-//! dependency's budget is exhausted.
+//! A replay run, the loop: read up to the messages present at the start, sort each (move, park,
+//! keep), pace and pause the moves, send each copy on its channel, keep `window` copies in
+//! flight and as many originals unsettled as the prefetch allows.
 //!
-//! How a run ends (its last acks applied before the close, what it leaves in the queue ready
-//! again before it returns) is the `end` module's.
-//!
-//! A message that cannot be moved (its original exchange is gone, or the copy is not
-//! confirmed) is put back as a copy, like a skipped one, and counted failed: a nack with requeue
-//! would raise its delivery count on every run (on RabbitMQ 4.x, deleted at the 21st). Only when
-//! that copy fails too is the original held and returned at the end.
-//!
-//! Which channel a move goes on (pipelined, on a scout of its own, or alone), and why a first move
-//! to an exchange must not share its channel's fate with other moves: the `exchanges` module.
+//! The other parts of a run, each in a file of its own: `copies` awaits and counts the copies in
+//! flight (a move or a park that failed is put back as a copy, like a skipped one, and counted
+//! failed: a nack with requeue would raise its delivery count on every run, and on RabbitMQ 4.x
+//! delete it at the 21st); `settle` acks their originals in few commands; `exchanges` decides
+//! which channel a move goes on (pipelined, on a `scout` of its own, or alone) and why a first
+//! move to an exchange must not share its channel's fate; `pacer` and `pause` hold the moves to
+//! the rate and to the budget; `end` stops the run (its last acks applied before the close, what
+//! it leaves in the queue ready again before it returns).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use fleet_budget::Dependency;
-use fleet_budget::printable::escape_text;
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lapin::options::{BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::types::{FieldTable, ShortString};
-use lapin::{Acker, BasicProperties, Channel, ExchangeKind};
+use lapin::options::BasicQosOptions;
+use lapin::types::ShortString;
 use tokio::time::Instant;
 
 use super::Replayer;
+use super::copies::{Confirm, InFlight, Kind, await_copy};
 use super::end::{stop_consuming, wait_until_ready};
 use super::exchanges::{Exchanges, Route, Target};
 use super::pacer::Pacer;
+use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
-use crate::connection::{timeouts, within};
+use crate::connection::within;
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
-use crate::topology::inspect::exchange_exists;
 use crate::topology::names::amqp_name;
 
 /// Where a replay stands; passed to the progress callback after every message and on pauses.
@@ -87,60 +81,6 @@ pub struct ReplayReport {
     /// to `idle_timeout` (see the `end` module). 0 unless another consumer reads the queue or the
     /// broker is slow; meanwhile the queue's depth reads that much short.
     pub not_ready: u64,
-}
-
-/// What a copy is: a move back to the original exchange, a park, a skipped message put back
-/// into the dead-letter queue (see [`super::inspect`]), or a message that cannot be moved (its
-/// original exchange is gone) put back the same way, counted failed.
-#[derive(Clone, Copy)]
-enum Kind {
-    Move,
-    Park,
-    Keep,
-    Return,
-}
-
-/// A copy whose confirmation has come: the original's tag and acker, what the copy was, and,
-/// for a move or a park, the body and properties to put the message back with if it failed.
-struct Done {
-    tag: u64,
-    acker: Acker,
-    kind: Kind,
-    result: Result<(), PublishError>,
-    kept: Option<(Vec<u8>, BasicProperties)>,
-    /// For a move: where to, and whether it went alone (see [`Exchanges`]).
-    target: Option<Target>,
-}
-
-/// The copies awaiting their confirmation. Nothing in them publishes on a shared channel: a
-/// publish waits for the publisher's channel, which a copy polled only by this set could hold (a
-/// deadlock). A scout publishes on its own channel, which nothing else holds.
-type InFlight = FuturesUnordered<BoxFuture<'static, Done>>;
-
-/// What a copy's confirmation is: [`confirmed`] for a copy sent, or a whole [`scout_move`].
-type Confirm = BoxFuture<'static, Result<(), PublishError>>;
-
-/// Awaits the confirmation of a copy.
-fn await_copy(
-    tag: u64,
-    acker: Acker,
-    kind: Kind,
-    confirm: Confirm,
-    kept: Option<(Vec<u8>, BasicProperties)>,
-    target: Option<Target>,
-) -> BoxFuture<'static, Done> {
-    async move {
-        let result = confirm.await;
-        Done {
-            tag,
-            acker,
-            kind,
-            result,
-            kept,
-            target,
-        }
-    }
-    .boxed()
 }
 
 impl Replayer {
@@ -311,7 +251,7 @@ impl Replayer {
                             table.clone(),
                         )
                     } else if exchanges.careful
-                        && !Self::original_exchange_exists(
+                        && !original_exchange_exists(
                             &publisher,
                             &r.original_exchange,
                             &mut exchanges.exists,
@@ -506,229 +446,6 @@ impl Replayer {
             Some(e) => Err(e),
             None => Ok(report),
         }
-    }
-
-    /// Waits for every copy in flight and counts each as [`Self::count_confirmed`] does.
-    async fn settle_all(
-        &self,
-        p: &mut ReplayProgress,
-        settler: &mut Settler,
-        (keeper, exchanges): (&Publisher, &mut Exchanges),
-        inflight: &mut InFlight,
-    ) {
-        while let Some(done) = inflight.next().await {
-            self.count_confirmed(done, p, settler, (keeper, &mut *exchanges), inflight)
-                .await;
-        }
-    }
-
-    /// Counts a copy whose confirmation has come, and hands its original to the settler: to ack
-    /// when the copy was confirmed, else to hold (returned at the end of the run). A move or a
-    /// park that failed is counted failed and the message put back in the source queue as a
-    /// copy (like a skipped one), so that its original can be acked without a nack raising its
-    /// delivery count; only if that copy fails too is the original held. What a move's outcome
-    /// says of its exchange goes to `exchanges`.
-    async fn count_confirmed(
-        &self,
-        done: Done,
-        p: &mut ReplayProgress,
-        settler: &mut Settler,
-        (keeper, exchanges): (&Publisher, &mut Exchanges),
-        inflight: &mut InFlight,
-    ) {
-        let Done {
-            tag,
-            acker,
-            kind,
-            result,
-            kept,
-            target,
-        } = done;
-        if let Some(target) = &target {
-            exchanges.learn(target, &result);
-        }
-        let e = match result {
-            Ok(()) => {
-                match kind {
-                    Kind::Move => p.moved += 1,
-                    Kind::Park => p.parked += 1,
-                    Kind::Keep | Kind::Return => {}
-                }
-                settler.confirmed(tag, acker);
-                return;
-            }
-            Err(e) => e,
-        };
-        let Some((data, props)) = kept else {
-            tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
-            settler.hold(tag, acker);
-            return;
-        };
-        p.failed += 1;
-        tracing::warn!(error = %e, "copy not confirmed; the message is put back in the dead-letter queue");
-        let sent = keeper
-            .send(
-                "",
-                &self.source_queue,
-                &data,
-                keeper.fit(headers::put_back(&props)),
-            )
-            .await;
-        match sent {
-            Ok(pending) => {
-                let confirm = confirmed(pending).boxed();
-                inflight.push(await_copy(tag, acker, Kind::Return, confirm, None, None));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "put-back copy not sent; message left in the dead-letter queue");
-                settler.hold(tag, acker);
-            }
-        }
-    }
-
-    /// Whether the original exchange `name` exists, asked once per exchange and run.
-    async fn original_exchange_exists(
-        publisher: &Publisher,
-        name: &str,
-        known: &mut HashMap<String, bool>,
-    ) -> bool {
-        if let Some(exists) = known.get(name) {
-            return *exists;
-        }
-        // A publish to a missing exchange would close the channel under every pipelined copy:
-        // ask on a throwaway channel (a missing exchange closes it).
-        let Some(conn) = publisher.connection() else {
-            return true;
-        };
-        let Ok(probe) = within("open a channel to probe an exchange", conn.create_channel()).await
-        else {
-            return true;
-        };
-        let exists = exchange_exists(&probe, name).await.unwrap_or(false);
-        if exists {
-            let _ = probe.close(200, ShortString::from("probed")).await;
-        }
-        known.insert(name.to_owned(), exists);
-        exists
-    }
-
-    /// Waits while `dependency`'s budget has no headroom; returns the time paused.
-    async fn wait_for_budget(
-        &self,
-        dependency: &str,
-        options: &ReplayOptions,
-        checked: &mut HashMap<String, Instant>,
-        p: &mut ReplayProgress,
-        progress: &mut (impl FnMut(&ReplayProgress) + Send),
-    ) -> Duration {
-        let Some(budget) = &self.budget else {
-            return Duration::ZERO;
-        };
-        let Ok(dep) = Dependency::new(dependency) else {
-            return Duration::ZERO;
-        };
-        if checked
-            .get(dependency)
-            .is_some_and(|t| t.elapsed() < options.budget_cache)
-        {
-            return Duration::ZERO;
-        }
-        let start = Instant::now();
-        loop {
-            let (snapshot, _) = budget.status(&dep).await;
-            if snapshot.remaining() > 0 {
-                checked.insert(dependency.to_owned(), Instant::now());
-                if p.paused_on.take().is_some() {
-                    tracing::info!(dependency = %escape_text(dependency), "budget has headroom again; replay resumes");
-                    progress(p);
-                    return start.elapsed();
-                }
-                // Asking is not pausing: a run that never waited reports no pause.
-                return Duration::ZERO;
-            }
-            if p.paused_on.is_none() {
-                tracing::info!(dependency = %escape_text(dependency), "budget exhausted; replay paused");
-                p.paused_on = Some(dependency.to_owned());
-                progress(p);
-            }
-            tokio::time::sleep(options.budget_poll).await;
-        }
-    }
-}
-
-/// A scout's channel: a channel of its own on the moves' connection, for the first move to an
-/// exchange not proven yet (see `exchanges`). `None` when it cannot be opened (logged).
-async fn open_scout(publisher: &Publisher) -> Option<Channel> {
-    let conn = publisher.connection()?;
-    match within("open a channel for a first move", conn.create_channel()).await {
-        Ok(ch) => Some(ch),
-        Err(e) => {
-            tracing::warn!(error = %e, "no channel of its own for a first move; it goes alone on the moves' channel");
-            None
-        }
-    }
-}
-
-/// A scout: the first move to `exchange`, alone on `ch`. Asks whether the exchange exists (a
-/// passive declare: `404` when it does not, which closes `ch` and is learnt as a refusal), selects
-/// confirms, publishes, awaits the confirm, and closes `ch` (unless the broker closed it). Every
-/// step is bounded by the operation timeout.
-async fn scout_move(
-    ch: Channel,
-    exchange: String,
-    routing_key: String,
-    data: Vec<u8>,
-    properties: BasicProperties,
-) -> Result<(), PublishError> {
-    let after = timeouts().operation;
-    let moved = async {
-        // The default exchange and `amq.` names are taken on trust, as the existence check does.
-        if !(exchange.is_empty() || exchange.starts_with("amq.")) {
-            let passive = ExchangeDeclareOptions {
-                passive: true,
-                ..ExchangeDeclareOptions::default()
-            };
-            let name = ShortString::try_new(exchange.as_str())
-                .map_err(|e| PublishError::InvalidName(e.to_string()))?;
-            let declared =
-                ch.exchange_declare(name, ExchangeKind::Direct, passive, FieldTable::default());
-            bounded(&exchange, after, declared).await?;
-        }
-        bounded(
-            &exchange,
-            after,
-            ch.confirm_select(ConfirmSelectOptions::default()),
-        )
-        .await?;
-        let pending = Publisher::on_channel(ch.clone())
-            .send(&exchange, &routing_key, &data, properties)
-            .await?;
-        confirmed(pending).await
-    }
-    .await;
-    if ch.status().connected() {
-        let _ =
-            tokio::time::timeout(after, ch.close(200, ShortString::from("first move done"))).await;
-    }
-    moved
-}
-
-/// `step` on a scout's channel, bounded by `after`, its failure a [`PublishError`] of `exchange`.
-async fn bounded(
-    exchange: &str,
-    after: Duration,
-    step: impl Future<Output = lapin::Result<()>>,
-) -> Result<(), PublishError> {
-    match tokio::time::timeout(after, step).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(PublishError::Channel {
-            exchange: exchange.to_owned(),
-            source,
-        }),
-        Err(_) => Err(PublishError::Timeout {
-            exchange: exchange.to_owned(),
-            after,
-        }),
     }
 }
 
