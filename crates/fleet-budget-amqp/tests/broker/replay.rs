@@ -492,7 +492,8 @@ async fn dry_run_counts_and_filters_select() {
         (4, 4, 5, 0, 0),
         "{report:?}"
     );
-    // The copies of the skipped ones come back after the run's close (see `ready_again`).
+    // The run returns once the copies of the skipped ones are ready (`ReplayReport::not_ready`);
+    // `ready_again` guards a run that gave up waiting.
     env.ready_again(&env.topology.dead_queue, 5).await;
     assert_eq!(
         env.depth(&env.topology.dead_queue).await,
@@ -595,7 +596,8 @@ async fn a_limit_moves_at_most_that_many() {
         (2, 3, 2),
         "{report:?}"
     );
-    // The copies of the skipped ones come back after the run's close (see `ready_again`).
+    // The run returns once the copies of the skipped ones are ready (`ReplayReport::not_ready`);
+    // `ready_again` guards a run that gave up waiting.
     env.ready_again(&env.topology.dead_queue, 3).await;
     assert_eq!(env.depth(&env.topology.dead_queue).await, 3);
     assert_eq!(env.depth(&env.topology.work_queue).await, 2);

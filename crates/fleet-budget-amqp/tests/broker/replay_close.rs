@@ -87,8 +87,8 @@ async fn failed_moves_do_not_raise_the_delivery_count() {
     let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
     let options = ReplayOptions::new(&env.config);
     for run in 0..25 {
-        // The bound is the depth at the start: the copies the last run put back are pushed to
-        // its consumer past its bound and come back after its close (see `ready_again`).
+        // The bound is the depth at the start: the copies the last run put back must be ready
+        // (the run waits for them; `ready_again` guards a run that gave up waiting).
         env.ready_again(&env.topology.dead_queue, 3).await;
         let report = replayer.run(&options, |_| {}).await.unwrap();
         assert_eq!(
@@ -184,6 +184,7 @@ async fn what_a_run_leaves_is_ready_when_it_returns() {
             (103, 103),
             "round {round}: `dlq stats` right after the run"
         );
+        // The dry run's copies (it puts back what it reads), before the next round's bound.
         env.ready_again(&env.topology.dead_queue, 103).await;
     }
     let _ = conn

@@ -61,7 +61,8 @@ async fn refused_moves_fail_alone(name: &str, hostile_exchange: &str) {
     let (good, hostile) = seed(&env, hostile_exchange).await;
     let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
     let options = ReplayOptions::new(&env.config);
-    // The hostile ones put back by a run come back after its close (see `ready_again`).
+    // The run returns once the hostile ones it put back are ready; `ready_again` guards a run
+    // that gave up waiting.
     let hostile_n = u32::try_from(hostile.len()).unwrap();
     let first = replayer.run(&options, |_| {}).await.unwrap();
     env.ready_again(&env.topology.dead_queue, hostile_n).await;
