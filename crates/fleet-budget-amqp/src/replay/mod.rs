@@ -42,7 +42,7 @@ use lapin::Channel;
 use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
 
-use crate::connection::{connect, within};
+use crate::connection::{ConnectionWatch, connect, within};
 use crate::error::AmqpError;
 use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
@@ -125,12 +125,17 @@ impl Replayer {
         self
     }
 
-    /// Connects, opens a channel and reads the depth of the source queue (the run's bound).
-    async fn open(&self, what: &str) -> Result<(Publisher, Channel, u64), AmqpError> {
+    /// Connects, opens a channel and reads the depth of the source queue (the run's bound); the
+    /// watch sees the connection's loss (and its error) where lapin would leave a step waiting.
+    async fn open(
+        &self,
+        what: &str,
+    ) -> Result<(Publisher, Channel, u64, ConnectionWatch), AmqpError> {
         let conn = connect(&self.url, what).await?;
+        let watch = ConnectionWatch::new(&conn);
         let ch = within("open a channel", conn.create_channel()).await?;
         let depth = queue_depth(&ch, &self.source_queue).await?;
-        Ok((Publisher::on(conn), ch, u64::from(depth)))
+        Ok((Publisher::on(conn), ch, u64::from(depth), watch))
     }
 
     async fn consume(&self, ch: &Channel, tag: &str) -> Result<lapin::Consumer, AmqpError> {

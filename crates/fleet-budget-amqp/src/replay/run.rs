@@ -98,7 +98,7 @@ impl Replayer {
     ) -> Result<ReplayReport, AmqpError> {
         let options = &self.effective(options);
         let started = Instant::now();
-        let (publisher, ch, total) = self.open("fleet-budget replay").await?;
+        let (publisher, ch, total, watch) = self.open("fleet-budget replay").await?;
         // Parks and put-back copies go out on a connection of their own: a copy the broker
         // refuses (a body over its maximum) closes the channel it was sent on, and every copy in
         // flight there ends with an unknown outcome; moves must not be among them.
@@ -149,7 +149,19 @@ impl Replayer {
             let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
                 // Idle: fewer messages came than were counted at the start (another consumer
                 // took some), unless the channel is gone.
-                Err(_) if ch.status().connected() => break,
+                // lapin can leave the channel reporting itself connected after its connection
+                // failed (a delivery it could not parse), so the connection is asked too.
+                Err(_) if ch.status().connected() && !watch.is_lost() => break,
+                Err(_) if watch.is_lost() => {
+                    lost = Some(AmqpError::ConnectionLost {
+                        step: format!(
+                            "consume {} (after {} of {total} messages)",
+                            self.source_queue, p.seen
+                        ),
+                        source: watch.last_error(),
+                    });
+                    break;
+                }
                 Ok(Some(Ok(d))) => d,
                 Ok(Some(Err(e))) => {
                     lost = Some(AmqpError::broker(
