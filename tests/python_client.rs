@@ -483,6 +483,10 @@ fn bad_configurations_are_refused_alike() {
         // Python client has them.
         "[dependencies.a.concurrency]\ncap = 0\nplanned_primary = 1\n[dependencies.b.concurrency]\ncap = 20\nplanned_primary = 21\nmin_retry_slots = -1\nlease_secs = 0\nmax_retry_fraction = -0.5\n[dependencies.c.concurrency]\nplanned_primary = 3\n[dependencies.d.concurrency]\ncap = 4\n",
         "[dependencies.a.concurrency]\ncap = 3\ncpa = 2\n",
+        // A share derived past 1000 is named on the section (Rust used to drop the section
+        // silently); a fraction given is used as given.
+        "[dependencies.a.concurrency]\ncap = 5000\nplanned_primary = 1\n",
+        "[dependencies.a]\ntasks = [\"t\"]\n[dependencies.a.concurrency]\ncap = 5000\nplanned_primary = 1\nmax_retry_fraction = 0.5\n",
         "[dependencies.a.concurrency]\ncap = \"3\"\n",
         "[dependencies.a.concurrency]\ncap = 3\nplanned_primary = 1\nprimary_waits = 1\n",
         "[dependencies.a]\ntasks = [\"t\"]\n[dependencies.a.concurrency]\ncap = 20\nplanned_primary = 16\nprimary_waits = true\nmax_wait_secs = 0\nmax_retry_fraction = 1\n[dependencies.a.breaker]\nfailure_ratio = 1\n",

@@ -103,18 +103,26 @@ impl RawConcurrency {
         if c.problem_count() > before {
             return None;
         }
+        // All three were checked to be from 0 (cap and planned from 1) to 10^9 above.
         let (cap, planned, min_slots) = (
-            u64::try_from(cap).ok()?,
-            u64::try_from(planned).ok()?,
-            u64::try_from(min_slots).ok()?,
+            cap.unsigned_abs(),
+            planned.unsigned_abs(),
+            min_slots.unsigned_abs(),
         );
-        let mut policy = ConcurrencyPolicy::derived(cap, planned, min_slots).ok()?;
-        if let Some(f) = self.max_retry_fraction {
-            policy.max_retry_fraction = f;
-        }
-        policy.lease = lease;
-        policy.primary_waits = self.primary_waits.unwrap_or(false);
-        policy.max_wait = max_wait;
+        #[allow(clippy::cast_precision_loss)] // both at most 10^9
+        let max_retry_fraction = self
+            .max_retry_fraction
+            .unwrap_or((cap - planned) as f64 / planned as f64);
+        // A share derived past what the scripts take (cap 5000, planned_primary 1) is a problem
+        // of the section, named: never a section dropped without a word.
+        let policy = ConcurrencyPolicy {
+            cap,
+            max_retry_fraction,
+            min_retry_slots: min_slots,
+            lease,
+            primary_waits: self.primary_waits.unwrap_or(false),
+            max_wait,
+        };
         c.section(at, policy.checked())
     }
 }
@@ -174,6 +182,24 @@ mod tests {
         );
         assert!(p[1].allowed.contains("to the cap (20)"), "{}", p[1]);
         assert!(p[6].allowed.contains("max_retry_fraction"), "{}", p[6]);
+    }
+
+    #[test]
+    fn a_derived_share_past_1000_is_named_not_dropped() {
+        // cap 5000 with planned_primary 1 derives 4999: the section used to vanish silently,
+        // leaving the dependency with no concurrency budget at all.
+        let p = problems("[dependencies.a.concurrency]\ncap = 5000\nplanned_primary = 1\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].key, "dependencies.a.concurrency");
+        assert!(p[0].allowed.contains("max_retry_fraction"), "{}", p[0]);
+        // A fraction given is used as given, whatever planned_primary would derive.
+        let c = Config::from_toml(
+            "[dependencies.a.concurrency]\ncap = 5000\nplanned_primary = 1\nmax_retry_fraction = 0.5\n",
+            "t",
+        )
+        .unwrap();
+        let p = c.concurrency[&Dependency::new("a").unwrap()];
+        assert!((p.max_retry_fraction - 0.5).abs() < 1e-12);
     }
 
     #[test]
