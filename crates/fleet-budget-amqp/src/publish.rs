@@ -136,7 +136,8 @@ impl Publisher {
         }
     }
 
-    /// A publisher on a channel already in confirm mode (benchmarks).
+    /// A publisher on a channel already in confirm mode: a replay's scout (a first move to an
+    /// exchange, alone on its channel), a look's copies, and the benchmarks.
     #[doc(hidden)]
     #[must_use]
     pub fn on_channel(channel: Channel) -> Self {

@@ -100,6 +100,9 @@ pub(crate) struct ReplayOutput {
     malformed: u64,
     /// Time spent paused while a budget was exhausted (0 when it never paused).
     paused_secs: f64,
+    /// Of the messages left in the queue, those the broker did not yet count ready when the run
+    /// returned (its depth reads that much short for a moment; nothing is lost).
+    not_ready: u64,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -220,6 +223,7 @@ async fn replay_queue(
             total: r.total,
             malformed: r.malformed,
             paused_secs: 0.0,
+            not_ready: 0,
         };
         if !json {
             outln!(
@@ -308,6 +312,7 @@ async fn replay_queue(
         total: r.total,
         malformed: r.malformed,
         paused_secs: r.paused.as_secs_f64(),
+        not_ready: r.not_ready,
     };
     Ok((out, Some(entry)))
 }
@@ -365,6 +370,12 @@ fn print_replay(out: &ReplayOutput, queue: &str) {
         outln!(
             "paused {:.1}s while the budget was exhausted",
             out.paused_secs
+        );
+    }
+    if out.not_ready > 0 {
+        outln!(
+            "{} messages left in the {queue} queue were not yet counted ready by the broker when the run ended: its depth reads that much short for a moment (nothing is lost)",
+            thousands(out.not_ready)
         );
     }
 }

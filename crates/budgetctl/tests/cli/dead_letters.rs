@@ -333,6 +333,7 @@ fn replay_dry_run_predicts_the_run_and_failures_exit_1_in_both_modes() {
     assert_eq!(ran["failed"], 1, "{ran}");
     assert_eq!(ran["moved"], 2, "{ran}");
     assert_eq!(ran["paused_secs"], 0.0, "{ran}");
+    assert_eq!(ran["not_ready"], 0, "{ran}");
     assert_eq!(depth(&broker, &t.work_queue), 2);
 
     // Text mode: the same exit code for the same failure, and no pause that did not happen.

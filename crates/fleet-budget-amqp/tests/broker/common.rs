@@ -108,11 +108,11 @@ impl Env {
         id
     }
 
-    /// Waits until `queue` holds at least `n` ready messages: after a replay run that put
-    /// messages back. Its consumer is pushed the copies past its bound, and the close that
-    /// returns them is applied by the quorum queue after it is answered: until then they are
-    /// neither ready nor gone, and a run or a drain started at once reads them missing (a run
-    /// whose bound read 0 of 3 under disk load). A deadline for failing, not a timing assertion.
+    /// Waits until `queue` holds at least `n` ready messages. A guard: a replay run now returns
+    /// only once what it left in its queue is counted ready again (`replay/end.rs`; before, its
+    /// consumer's copies past the bound came back after the run returned, and a run or a drain
+    /// started at once read them missing), or reports `not_ready` after its idle timeout. A
+    /// deadline for failing, not a timing assertion.
     pub async fn ready_again(&self, queue: &str, n: u32) {
         wait_until(
             Duration::from_secs(60),
