@@ -265,3 +265,16 @@ def test_urls_the_redis_client_cannot_use_are_refused_as_rust_refuses_them():
     with pytest.raises(ConfigError) as e:
         Config().apply_env({"FLEET_BUDGET_REDIS_URL": "redis://u:hunter2@h:99999"})
     assert "hunter2" not in str(e.value) and e.value.problems[0].key == "FLEET_BUDGET_REDIS_URL"
+
+
+@pytest.mark.parametrize("escape, code", [("\\u202e", "U+202E"), ("\\u200b", "U+200B"), ("\\u00a0", "U+00A0")])
+def test_an_amqp_prefix_that_would_print_as_another_is_refused_as_rust_refuses_it(escape, code):
+    # The Rust WorkerConfig's rule and text (crates/fleet-budget-amqp/src/config.rs): the prefix
+    # starts every queue and exchange name the tools print.
+    with pytest.raises(ConfigError) as e:
+        Config.from_toml(f'[amqp]\nprefix = "fl{escape}eet"\n')
+    (problem,) = e.value.problems
+    assert problem.key == "amqp.prefix"
+    assert f"contains {code}" in str(e.value)
+    assert "must be 1 to 100 bytes without spaces, control, bidirectional control or invisible" in str(e.value)
+    assert Config.from_toml('[amqp]\nprefix = "shop"\n').amqp_prefix == "shop"

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use fleet_budget::Config;
 use fleet_budget::config::{Checker, ConfigError, Problem, check_url};
+use fleet_budget::dependency::{CodePoint, is_unsafe_char};
 use fleet_budget::tls::TlsFiles;
 use serde::Deserialize;
 
@@ -222,18 +223,22 @@ impl RawAmqp {
             amqp.url = url;
         }
         if let Some(prefix) = self.prefix {
-            if prefix.is_empty()
-                || prefix.len() > 100
-                || prefix.starts_with("amq.")
-                || prefix
-                    .chars()
-                    .any(|ch| ch.is_control() || ch.is_whitespace())
-            {
+            // The prefix starts every queue and exchange name, which the broker's tools and
+            // `budgetctl` print: nothing in it may print as something it is not (the rule of
+            // dependency names and the key prefix).
+            const RULE: &str = "must be 1 to 100 bytes without spaces, control, bidirectional \
+                                control or invisible characters, not starting with `amq.`";
+            let bad = prefix
+                .chars()
+                .find(|ch| ch.is_whitespace() || is_unsafe_char(*ch));
+            if let Some(ch) = bad {
                 c.problem(
                     "amqp.prefix",
                     format!("{prefix:?}"),
-                    "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`",
+                    format!("contains {}; {RULE}", CodePoint(ch)),
                 );
+            } else if prefix.is_empty() || prefix.len() > 100 || prefix.starts_with("amq.") {
+                c.problem("amqp.prefix", format!("{prefix:?}"), RULE);
             } else {
                 amqp.prefix = prefix;
             }
@@ -345,6 +350,23 @@ mod tests {
         assert_eq!(c.budget.map.resolve("index").unwrap().as_str(), "search");
         let d = WorkerConfig::from_toml("", "t").unwrap();
         assert_eq!(d.amqp, AmqpSettings::default());
+    }
+
+    #[test]
+    fn a_prefix_that_would_print_as_another_is_refused_by_code_point() {
+        // A right-to-left override, a zero-width space, a no-break space: each would make the
+        // queue names the tools print read as something they are not.
+        for (prefix, named) in [
+            ("fleet\u{202e}", "U+202E"),
+            ("fl\u{200b}eet", "U+200B"),
+            ("fleet\u{a0}x", "U+00A0"),
+        ] {
+            let p = problems(&format!("[amqp]\nprefix = \"{prefix}\"\n"));
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].key, "amqp.prefix");
+            assert!(p[0].allowed.contains(named), "{}", p[0]);
+            assert!(!p[0].to_string().contains(prefix), "printed raw: {}", p[0]);
+        }
     }
 
     #[test]

@@ -495,10 +495,14 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         prefix = amqp["prefix"]
         if not isinstance(prefix, str):
             raise _wrong_type("amqp.prefix", prefix, "a string")
-        if (not 1 <= len(prefix.encode("utf-8")) <= 100
-                or prefix.startswith("amq.") or any(_is_control(ch) or ch.isspace() for ch in prefix)):
-            c.problem("amqp.prefix", repr(prefix),
-                      "must be 1 to 100 characters, no spaces or control characters, not starting with `amq.`")
+        # The Rust check: nothing in the topology's names may print as something it is not.
+        rule = ("must be 1 to 100 bytes without spaces, control, bidirectional control or invisible "
+                "characters, not starting with `amq.`")
+        bad = next((ch for ch in prefix if ch.isspace() or _is_unsafe_char(ch)), None)
+        if bad is not None:
+            c.problem("amqp.prefix", repr(prefix), f"contains {_code_point(bad)}; {rule}")
+        elif not 1 <= len(prefix.encode("utf-8")) <= 100 or prefix.startswith("amq."):
+            c.problem("amqp.prefix", repr(prefix), rule)
         else:
             config.amqp_prefix = prefix
 
