@@ -81,7 +81,7 @@ def test_the_file_and_the_environment(tmp_path, monkeypatch):
 
 def test_concurrency_and_breaker_sections_are_read_not_refused():
     """[dependencies.X.concurrency] and [dependencies.X.breaker] (issue 13) are read as in Rust
-    (tests/test_concurrency.py checks their values and problems)."""
+    (clients/python/tests/test_concurrency.py checks their values and problems)."""
     c = Config.from_toml('[dependencies.paid]\ntasks = ["charge"]\n[dependencies.paid.concurrency]\ncap = 20\n'
                          'planned_primary = 16\n[dependencies.paid.breaker]\n')
     assert c.concurrency["paid"].cap == 20 and c.breakers["paid"].half_open_probes == 3
