@@ -119,6 +119,23 @@ pub enum AmqpError {
         /// The error that ended the connection.
         source: Option<lapin::Error>,
     },
+    /// A replay's consumer went quiet before the messages counted at the start reached it, and
+    /// they are all still in the queue: no other reader took them, so the broker held them for
+    /// this run and the client never passed them on (seen with a message lapin could not read,
+    /// the connection still open).
+    #[error(
+        "replay of {queue}: {unseen} of the {total} messages counted at the start never reached the run within {idle:?}, and they are still in the queue (no other reader took them). Likely cause: a message this client cannot read (headers nested more than 100 levels deep, or a frame over frame_max), which the broker keeps at the head of the queue: take it out by hand (README, Incident runbook, \"A message no client can read\")"
+    )]
+    Undelivered {
+        /// The queue replayed.
+        queue: String,
+        /// Messages that never reached the run.
+        unseen: u64,
+        /// Messages counted at the start.
+        total: u64,
+        /// How long the consumer was quiet.
+        idle: std::time::Duration,
+    },
     /// A name that AMQP cannot carry (over 255 bytes).
     #[error("{what} {name:?} is not a valid AMQP name: {reason}")]
     InvalidName {

@@ -144,14 +144,18 @@ impl Replayer {
         let mut exchanges = Exchanges::default();
         let mut budgets: HashMap<String, Instant> = HashMap::new();
         let mut lost = None;
+        let mut ended_idle = false;
         let mut selection = Selection::new(options);
         while p.seen < total {
             let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
                 // Idle: fewer messages came than were counted at the start (another consumer
-                // took some), unless the channel is gone.
+                // took some, which the end checks: see `ended_idle`), unless the channel is gone.
                 // lapin can leave the channel reporting itself connected after its connection
                 // failed (a delivery it could not parse), so the connection is asked too.
-                Err(_) if ch.status().connected() && !watch.is_lost() => break,
+                Err(_) if ch.status().connected() && !watch.is_lost() => {
+                    ended_idle = true;
+                    break;
+                }
                 Err(_) if watch.is_lost() => {
                     lost = Some(AmqpError::ConnectionLost {
                         step: format!(
@@ -436,6 +440,18 @@ impl Replayer {
                 options.idle_timeout,
             )
             .await;
+            // A run that went quiet short of its bound, while every message it did not see is
+            // back in the queue: nobody else took them, so they reached this run's connection
+            // and never its consumer (lapin, on a message it could not read, has kept its
+            // connection open and said nothing). Not a finished run.
+            if ended_idle && p.seen < total && report.not_ready == 0 {
+                lost = Some(AmqpError::Undelivered {
+                    queue: self.source_queue.clone(),
+                    unseen: total - p.seen,
+                    total,
+                    idle: options.idle_timeout,
+                });
+            }
         }
         publisher.close().await;
         keeper.close().await;
