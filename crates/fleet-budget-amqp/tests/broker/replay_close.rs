@@ -192,3 +192,67 @@ async fn what_a_run_leaves_is_ready_when_it_returns() {
         .await;
     assert_eq!(env.depth(&env.topology.work_queue).await, 200);
 }
+
+/// A run whose messages another reader takes ends as a run, not as `Undelivered`: it goes quiet
+/// short of its bound, and what it did not see is not back in the queue (the other reader acked
+/// it). 300 dead letters, more than the run's prefetch (256), moved at 20 a second; a second
+/// consumer starts once the run has counted them and acks what the queue pushes it.
+#[tokio::test]
+async fn a_run_whose_messages_another_reader_takes_is_not_undelivered() {
+    use futures::StreamExt;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+    use lapin::types::{FieldTable, ShortString};
+
+    let env = Env::new("replayother", "", "", "").await;
+    let publisher = env.publisher().await;
+    env.seed_dead_letters(
+        &publisher,
+        300,
+        "search",
+        DeadLetterReason::BudgetExhausted,
+        0,
+        headers::now_ms(),
+    )
+    .await;
+    publisher.close().await;
+    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let mut options = ReplayOptions::new(&env.config);
+    options.rate = Some(20.0);
+    let run = tokio::spawn(async move { replayer.run(&options, |_| {}).await });
+    // The run counts the queue and is pushed its prefetch at once; the other reader then
+    // takes what is left ready.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let conn = env.connection().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut other = ch
+        .basic_consume(
+            ShortString::from(env.topology.dead_queue.as_str()),
+            ShortString::from("another-reader"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let taker = tokio::spawn(async move {
+        let mut taken = 0u64;
+        while let Ok(Some(Ok(d))) =
+            tokio::time::timeout(std::time::Duration::from_secs(20), other.next()).await
+        {
+            d.acker.ack(BasicAckOptions::default()).await.unwrap();
+            taken += 1;
+        }
+        taken
+    });
+    let report = run
+        .await
+        .unwrap()
+        .expect("a run another reader shares ends as a run");
+    let _ = conn.close(200, ShortString::from("bye")).await;
+    let taken = taker.await.unwrap();
+    assert!(taken > 0, "the other reader took nothing: {report:?}");
+    assert_eq!(report.total, 300, "{report:?}");
+    assert_eq!(report.seen + taken, 300, "{report:?}, other reader {taken}");
+    assert_eq!(report.moved, report.seen, "{report:?}");
+    assert_eq!(report.not_ready, taken, "{report:?}");
+    assert_eq!(env.depth(&env.topology.dead_queue).await, 0);
+}
