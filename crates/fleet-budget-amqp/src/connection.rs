@@ -149,7 +149,10 @@ impl ConnectionWatch {
         self.status.errored() || self.status.closed() || self.status.closing()
     }
 
-    /// The last error lapin reported on the connection (a channel's or the connection's), if any.
+    /// The last error lapin reported on the connection, if any. A channel's error (a soft one: a
+    /// queue not found, a precondition failed) is not the connection's and is not kept: a
+    /// connection the broker closes later (an operator, a restart) hands out no error of its own,
+    /// and must not be named by a 404 from an hour before.
     #[must_use]
     pub fn last_error(&self) -> Option<lapin::Error> {
         self.read_events();
@@ -166,7 +169,9 @@ impl ConnectionWatch {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(Some(event)) = events.next().now_or_never() {
-            if let Event::Error(e) = event {
+            if let Event::Error(e) = event
+                && !is_channel_error(&e)
+            {
                 *self
                     .error
                     .lock()
@@ -179,6 +184,9 @@ impl ConnectionWatch {
     /// one (its state changes a moment before the error is handed out: read once more after).
     pub async fn lost(&self) -> Option<lapin::Error> {
         while !self.is_lost() {
+            // Read as it goes: lapin's listener queue is unbounded, and a worker's connection
+            // lives for days.
+            self.read_events();
             tokio::time::sleep(LOSS_POLL).await;
         }
         if let Some(e) = self.last_error() {
@@ -205,6 +213,15 @@ impl ConnectionWatch {
             source = self.lost() => Err(AmqpError::ConnectionLost { step, source }),
         }
     }
+}
+
+/// Whether lapin reported `e` for one channel (a soft error of the protocol), not for the
+/// connection.
+fn is_channel_error(e: &lapin::Error) -> bool {
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_))
+    )
 }
 
 static TLS: RwLock<TlsFiles> = RwLock::new(TlsFiles {

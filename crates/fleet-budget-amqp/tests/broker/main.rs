@@ -10,6 +10,7 @@
 )]
 
 mod common;
+mod connection_watch;
 mod inspect;
 mod metrics;
 mod replay;

@@ -1,0 +1,90 @@
+//! [`ConnectionWatch`] against the real broker: the error it names for a lost connection.
+
+use std::time::Duration;
+
+use fleet_budget_amqp::connection::ConnectionWatch;
+use fleet_budget_amqp::testing::{amqp_url, unique_prefix};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+
+const LONG: Duration = Duration::from_secs(30);
+
+async fn rabbitmqctl(args: &[&str]) -> String {
+    let mut command = tokio::process::Command::new("rabbitmqctl");
+    command.args(args).kill_on_drop(true);
+    let out = tokio::time::timeout(LONG, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} within {LONG:?}"))
+        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A channel's error (a passive declare of a missing queue: 404; a replay's scout meets one for
+/// every missing exchange) is not the connection's: the watch used to keep it as the
+/// connection's last error, and a loss it read before lapin handed out the loss's own error
+/// (the broker's `connection.close` marks the connection closing at once, its error comes once
+/// the close-ok is sent) was named by that old 404: the worker counted and logged the loss
+/// under the wrong cause. Then the broker closes the connection (an operator's `rabbitmqctl
+/// close_connection`, a restart): the loss is named by the broker's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_by_the_broker_is_not_named_by_an_earlier_channel_error() {
+    let prefix = unique_prefix("watch");
+    let name = format!("{prefix} watched");
+    let conn = fleet_budget_amqp::connect(&amqp_url(), &name)
+        .await
+        .unwrap();
+    let watch = ConnectionWatch::new(&conn);
+    let ch = conn.create_channel().await.unwrap();
+    let missing = ch
+        .queue_declare(
+            format!("{prefix}.missing").into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    assert!(missing.is_err(), "{missing:?}");
+    // lapin hands the channel's error to the watch once it has sent the close-ok, before it
+    // opens the next channel (a round trip later). (A listener of the test's own would take the
+    // error from the watch's: lapin's listeners share one queue.)
+    let after = conn.create_channel().await.unwrap();
+    assert!(!ch.status().connected(), "{:?}", ch.status());
+    assert!(!watch.is_lost());
+    let before = watch.last_error();
+    assert!(
+        before.is_none(),
+        "a channel's error taken for the connection's: {before:?}"
+    );
+
+    let pids: Vec<String> = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
+        .await
+        .lines()
+        .filter(|line| line.contains(&name))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    rabbitmqctl(&[
+        "close_connection",
+        &pids[0],
+        "watch test: closed by the broker",
+    ])
+    .await;
+
+    drop(after);
+    let source = tokio::time::timeout(LONG, watch.lost())
+        .await
+        .expect("the loss seen");
+    let said = source.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        said.contains("CONNECTION_FORCED"),
+        "the broker's close named by another error: {said}"
+    );
+}
