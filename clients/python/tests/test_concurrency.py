@@ -81,13 +81,6 @@ def test_a_derived_share_the_scripts_cannot_take_is_named():
         "dependencies.a.concurrency"]
 
 
-def test_the_asyncio_flavour_refuses_them_by_name(redis_url):
-    from fleet_budget import aio
-    with pytest.raises(ConfigError) as e:
-        aio.FleetBudget(Config.from_toml(CONFIG, "t"), redis_url=redis_url)
-    assert "dependencies.paid-api.concurrency" in str(e.value) and "asyncio" in str(e.value)
-
-
 def test_retries_never_pass_the_cap_or_the_share_and_never_wait(redis_url):
     b = budget(redis_url)
     held = [b.admit("charge", 1) for _ in range(4)]

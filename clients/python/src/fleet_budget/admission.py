@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Optional, TypeVar, Union
 
 import redis
 
@@ -83,83 +83,146 @@ class Hold:
 Admission = Union[Call, Hold, DeadLetter]
 
 
+#: One store call an admission step needs: a function of no arguments that makes it. The
+#: synchronous client calls it; the asyncio flavour awaits what it returns (its scripts and its
+#: ``withdraw`` are coroutines). Its answer, or the exception it raised, is sent back into the steps.
+Step = Callable[[], Any]
+T = TypeVar("T")
+Steps = Generator[Step, Any, T]
+
+
+def drive(steps: Steps[T]) -> T:
+    """Runs ``steps`` with blocking calls (the synchronous client)."""
+    answer: Any = None
+    error: Optional[Exception] = None
+    while True:
+        try:
+            step = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        answer, error = None, None
+        try:
+            answer = step()
+        except Exception as e:  # handed to the step, which decides (a store error is not fatal)
+            error = e
+
+
+async def drive_async(steps: Steps[T]) -> T:
+    """Runs ``steps`` awaiting each call (``fleet_budget.aio``): the same decisions, in the same
+    order, as :func:`drive`."""
+    answer: Any = None
+    error: Optional[Exception] = None
+    while True:
+        try:
+            step = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        answer, error = None, None
+        try:
+            answer = await step()
+        except Exception as e:
+            error = e
+
+
 class AdmissionSteps:
-    """``admit``, ``finish`` and ``try_hedge`` of :class:`fleet_budget.FleetBudget` (synchronous)."""
+    """``admit``, ``finish``, ``try_hedge`` and ``breaker_status`` of
+    :class:`fleet_budget.FleetBudget` (synchronous). Each is written once, as steps that yield
+    their store calls (:data:`Step`): :func:`drive` runs them here, :func:`drive_async` in the
+    asyncio flavour, so both decide alike."""
 
     def admit(self: "FleetBudget", task: str, attempt: int, held_for: Optional[float] = None) -> Admission:
         """Whether execution ``attempt`` (1 = first) of ``task`` may run now; ``held_for`` is how long
         (seconds) the job was already held by earlier :class:`Hold` answers (None: never). Never
         waits for a slot. Raises :class:`fleet_budget.InvalidTask` as ``dependency`` does."""
-        dependency = self.dependency(task)
-        call = Call(dependency)
-        held = self._judge(call, held_for)
-        if held is not None:
-            return held
-        policy = self.config.concurrency.get(dependency)
-        if policy is None or not self._should_try(dependency):
-            return call
-        kind = PRIMARY if int(attempt) <= 1 else RETRY
-        acquired = self._acquire(dependency, policy, kind)
-        if acquired is None:
-            return call
-        if acquired.lease is not None:
-            call.lease = acquired.lease
-            return call
-        # Not run: a probe it was is given back for another call to make.
-        self.finish(call, INCONCLUSIVE)
-        if kind == PRIMARY and (held_for or 0.0) < policy.max_wait:
-            return Hold(PRIMARY_AT_CAP, 1.0)
-        return self._dead_letter(dependency, acquired.refusal or "", None, "fleet")
+        return drive(self._admit_steps(task, attempt, held_for))
 
     def try_hedge(self: "FleetBudget", task: str) -> Optional[Call]:
         """A hedged request to ``task``'s dependency: a slot of the retry share (with a concurrency
         budget) and one retry of the rate budget, granted or refused at once; None: do not send
         it. Counted in ``fleet_budget_hedges_total``, never as a retry. Give a granted call to
         :meth:`finish`."""
-        dependency = self.dependency(task)
-        call = Call(dependency)
-        policy = self.config.concurrency.get(dependency)
-        if policy is not None:
-            acquired = self._acquire(dependency, policy, HEDGE)
-            if acquired is None or acquired.lease is None:
-                self.metrics.hedges.labels(dependency, "refused").inc()
-                return None
-            call.lease = acquired.lease
-        granted, _, _ = self.withdraw(dependency)
-        self.metrics.hedges.labels(dependency, "granted" if granted else "refused").inc()
-        if granted:
-            return call
-        self.finish(call, INCONCLUSIVE)
-        return None
+        return drive(self._hedge_steps(task))
 
     def finish(self: "FleetBudget", call: Call, outcome: str) -> None:
         """Gives back what ``call`` holds and reports how it ended (``SUCCEEDED``, ``FAILED``,
         ``INCONCLUSIVE``) to the breaker. A store call that fails is logged: the slot comes back
         when its lease expires, a lost probe after the probe timeout."""
+        drive(self._finish_steps(call, outcome))
+
+    def breaker_status(self: "FleetBudget", dependency: str) -> Optional[cb.BreakerStatus]:
+        """``dependency``'s breaker as Redis holds it (None: it has no breaker); writes nothing.
+        Raises the store's error."""
+        return drive(self._status_steps(dependency))
+
+    # The steps, shared by both flavours: every store call is yielded, never made here.
+
+    def _admit_steps(self: "FleetBudget", task: str, attempt: int, held_for: Optional[float]) -> Steps[Admission]:
+        dependency = self.dependency(task)
+        call = Call(dependency)
+        held = yield from self._judge(call, held_for)
+        if held is not None:
+            return held
+        policy = self.config.concurrency.get(dependency)
+        if policy is None or not self._should_try(dependency):
+            return call
+        kind = PRIMARY if int(attempt) <= 1 else RETRY
+        acquired = yield from self._acquire(dependency, policy, kind)
+        if acquired is None:
+            return call
+        if acquired.lease is not None:
+            call.lease = acquired.lease
+            return call
+        # Not run: a probe it was is given back for another call to make.
+        yield from self._finish_steps(call, INCONCLUSIVE)
+        if kind == PRIMARY and (held_for or 0.0) < policy.max_wait:
+            return Hold(PRIMARY_AT_CAP, 1.0)
+        return self._dead_letter(dependency, acquired.refusal or "", None, "fleet")
+
+    def _hedge_steps(self: "FleetBudget", task: str) -> Steps[Optional[Call]]:
+        dependency = self.dependency(task)
+        call = Call(dependency)
+        policy = self.config.concurrency.get(dependency)
+        if policy is not None:
+            acquired = yield from self._acquire(dependency, policy, HEDGE)
+            if acquired is None or acquired.lease is None:
+                self.metrics.hedges.labels(dependency, "refused").inc()
+                return None
+            call.lease = acquired.lease
+        granted, _, _ = yield lambda: self.withdraw(dependency)
+        self.metrics.hedges.labels(dependency, "granted" if granted else "refused").inc()
+        if granted:
+            return call
+        yield from self._finish_steps(call, INCONCLUSIVE)
+        return None
+
+    def _finish_steps(self: "FleetBudget", call: Call, outcome: str) -> Steps[None]:
         dependency = call.dependency
-        if call.lease is not None:
+        prefix = self.config.redis.key_prefix
+        lease = call.lease
+        if lease is not None:
+            call.lease = None
             try:
-                in_flight = parse_release(self._lease_release(
-                    keys=lease_keys(self.config.redis.key_prefix, dependency), args=[call.lease.id]))
+                in_flight = parse_release((yield lambda: self._lease_release(
+                    keys=lease_keys(prefix, dependency), args=[lease.id])))
             except _STORE_ERRORS as e:
                 self._failed(dependency, e)
                 log.debug("lease of %s not released (%s); it expires by itself", dependency, redact_url(str(e)))
             else:
                 self._ok(dependency)
                 self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
-            call.lease = None
         policy = self.config.breakers.get(dependency)
         if not call.judged or policy is None or (outcome == INCONCLUSIVE and call.probe is None):
             return
         call.judged = False
-        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        keys = cb.breaker_key(prefix, dependency)
         try:
             if outcome == INCONCLUSIVE:
-                cb.parse_cancel(self._breaker(keys=keys, args=cb.args(policy, "cancel", str(call.probe))))
+                cb.parse_cancel((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "cancel",
+                                                                                     str(call.probe)))))
                 decided = None
             else:
-                decided = cb.parse_record(self._breaker(
-                    keys=keys, args=cb.record_args(policy, outcome == SUCCEEDED, call.probe)))
+                decided = cb.parse_record((yield lambda: self._breaker(
+                    keys=keys, args=cb.record_args(policy, outcome == SUCCEEDED, call.probe))))
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
             log.debug("result of a call to %s not reported to the breaker (%s)", dependency, redact_url(str(e)))
@@ -168,24 +231,19 @@ class AdmissionSteps:
         if decided is not None:
             self._breaker_seen(dependency, decided)
 
-    def breaker_status(self: "FleetBudget", dependency: str) -> Optional[cb.BreakerStatus]:
-        """``dependency``'s breaker as Redis holds it (None: it has no breaker); writes nothing.
-        Raises the store's error."""
+    def _status_steps(self: "FleetBudget", dependency: str) -> Steps[Optional[cb.BreakerStatus]]:
         policy = self.config.breakers.get(dependency)
         if policy is None:
             return None
-        reply = self._breaker(keys=cb.breaker_key(self.config.redis.key_prefix, dependency),
-                              args=cb.args(policy, "status"))
-        return cb.parse_status(reply)
+        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        return cb.parse_status((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "status"))))
 
-    # The steps.
-
-    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Optional[Acquired]:
+    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Steps[Optional[Acquired]]:
         """One ``lease_acquire.lua`` call; None when the store failed (the call runs uncounted)."""
         lease_id = self._lease_ids.next(kind)
+        keys = lease_keys(self.config.redis.key_prefix, dependency)
         try:
-            reply = self._lease_acquire(keys=lease_keys(self.config.redis.key_prefix, dependency),
-                                        args=acquire_args(policy, kind, lease_id))
+            reply = yield lambda: self._lease_acquire(keys=keys, args=acquire_args(policy, kind, lease_id))
             acquired = parse_acquire(reply, dependency, policy, kind, lease_id)
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
@@ -195,7 +253,7 @@ class AdmissionSteps:
         self.metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
         return acquired
 
-    def _judge(self: "FleetBudget", call: Call, held_for: Optional[float]) -> Optional[Admission]:
+    def _judge(self: "FleetBudget", call: Call, held_for: Optional[float]) -> Steps[Optional[Admission]]:
         """Asks the breaker, if the dependency has one: None to go on (``call`` marked judged, and
         a probe when it is one), else the admission of a held job."""
         dependency = call.dependency
@@ -204,7 +262,7 @@ class AdmissionSteps:
             return None
         keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
         try:
-            decided = cb.parse_admit(self._breaker(keys=keys, args=cb.args(policy, "admit")))
+            decided = cb.parse_admit((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "admit"))))
         except _STORE_ERRORS as e:
             self._failed(dependency, e)
             log.debug("breaker of %s not consulted (%s); the call runs", dependency, redact_url(str(e)))
@@ -216,12 +274,13 @@ class AdmissionSteps:
             return None
         if decided.verdict == cb.PROBE:
             # A probe is one retry of the rate budget, which the floor grants however it fails.
-            granted, _, _ = self.withdraw(dependency)
+            granted, _, _ = yield lambda: self.withdraw(dependency)
             if granted:
                 call.judged, call.probe = True, decided.generation
                 return None
+            cancel = cb.args(policy, "cancel", str(decided.generation))
             try:
-                cb.parse_cancel(self._breaker(keys=keys, args=cb.args(policy, "cancel", str(decided.generation))))
+                cb.parse_cancel((yield lambda: self._breaker(keys=keys, args=cancel)))
             except _STORE_ERRORS as e:
                 log.debug("probe of %s not given back (%s); it is reissued after the probe timeout", dependency,
                           redact_url(str(e)))

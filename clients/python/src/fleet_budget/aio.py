@@ -1,6 +1,9 @@
 """The asyncio flavour: ``fleet_budget.aio.FleetBudget`` has the same names as
 ``fleet_budget.FleetBudget``, its calls are coroutines on ``redis.asyncio``. The decision order,
-the fallback, the metrics and the deposit rules are the synchronous class's own steps."""
+the fallback, the metrics and the deposit rules are the synchronous class's own steps, and so are
+``admit`` / ``finish`` / ``try_hedge`` (the concurrency budget and the circuit breaker): written
+once in ``admission.py`` as steps that yield their store calls, awaited here. Every store call is
+bounded by ``redis.timeout_ms`` (the client's socket timeouts), as in the synchronous class."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import redis.asyncio
 
 from . import budget as _sync
 from . import scripts
+from .admission import Admission, Call, drive_async
+from .breaker import BreakerStatus
 from .config import Config, ConfigError
 from .decision import Decision, Failure
 from .snapshot import BudgetSnapshot
@@ -23,22 +28,19 @@ log = logging.getLogger("fleet_budget")
 class FleetBudget(_sync.FleetBudget):
     """Use from one event loop; ``await budget.close()`` at shutdown (it flushes deposits)."""
 
-    def __init__(self, config: Optional[Config] = None, **kwargs: Any) -> None:
-        if config is not None:
-            sections = [f"dependencies.{d}.concurrency" for d in config.concurrency]
-            sections += [f"dependencies.{d}.breaker" for d in config.breakers]
-            if sections:
-                # A worker that ignored them would call past the cap or through an open breaker.
-                raise ConfigError(sections[0], "the concurrency budget and the circuit breaker are not in the "
-                                  "asyncio flavour yet; use fleet_budget.FleetBudget (threads) for "
-                                  + ", ".join(sections))
-        super().__init__(config, **kwargs)
+    async def admit(self, task: str, attempt: int,  # type: ignore[override]
+                    held_for: Optional[float] = None) -> Admission:
+        """:meth:`fleet_budget.FleetBudget.admit`: the same steps, each store call awaited."""
+        return await drive_async(self._admit_steps(task, attempt, held_for))
 
-    def admit(self, task: str, attempt: int, held_for: Optional[float] = None) -> Any:
-        raise NotImplementedError("admit is not in the asyncio flavour yet; use fleet_budget.FleetBudget")
+    async def try_hedge(self, task: str) -> Optional[Call]:  # type: ignore[override]
+        return await drive_async(self._hedge_steps(task))
 
-    def try_hedge(self, task: str) -> Any:
-        raise NotImplementedError("try_hedge is not in the asyncio flavour yet; use fleet_budget.FleetBudget")
+    async def finish(self, call: Call, outcome: str) -> None:  # type: ignore[override]
+        await drive_async(self._finish_steps(call, outcome))
+
+    async def breaker_status(self, dependency: str) -> Optional[BreakerStatus]:  # type: ignore[override]
+        return await drive_async(self._status_steps(dependency))
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.asyncio.Redis.from_url(
