@@ -23,8 +23,8 @@ use fleet_budget::redact::redact_url;
 use fleet_budget::tls::{TlsFailure, TlsFiles, install_crypto_provider, is_tls_url};
 use futures::{FutureExt, Stream, StreamExt};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
-use lapin::types::LongString;
-use lapin::{Connection, ConnectionProperties, ConnectionStatus, Event};
+use lapin::types::{LongString, ShortString};
+use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, Event};
 
 use crate::config::AmqpSettings;
 use crate::error::AmqpError;
@@ -104,6 +104,38 @@ pub async fn deadline<T>(
             step: step.into(),
             after,
         })
+}
+
+/// Closes `ch` (reply code 200, `reason`) within the operation deadline: a broker that stops
+/// answering must not hold a shutdown or the end of a run until the heartbeat gives up. The
+/// channel's work is done or already failed by then, so the outcome is only logged.
+pub async fn close_channel(ch: &Channel, reason: &str) {
+    let after = timeouts().operation;
+    match tokio::time::timeout(after, ch.close(200, ShortString::from(reason))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, reason, "closing a channel"),
+        Err(_) => tracing::warn!(
+            ?after,
+            reason,
+            "RabbitMQ did not answer a channel's close; dropped"
+        ),
+    }
+}
+
+/// Closes `conn` as [`close_channel`] closes a channel.
+pub async fn close_connection(conn: &Connection, reason: &str) {
+    let after = timeouts().operation;
+    match tokio::time::timeout(after, conn.close(200, ShortString::from(reason))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, reason, "closing a connection"),
+        Err(_) => {
+            tracing::warn!(
+                ?after,
+                reason,
+                "RabbitMQ did not answer a connection's close; dropped"
+            );
+        }
+    }
 }
 
 /// How often a [`ConnectionWatch`] reads the connection's state: a step on a lost connection

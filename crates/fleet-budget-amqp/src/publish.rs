@@ -305,10 +305,10 @@ impl Publisher {
         if let Some(ch) = taken
             && matches!(self.opener, ChannelSource::Own)
         {
-            let _ = ch.close(200, ShortString::from("bye")).await;
+            crate::connection::close_channel(&ch, "bye").await;
         }
         if let Some(conn) = &self.connection {
-            let _ = conn.close(200, ShortString::from("bye")).await;
+            crate::connection::close_connection(conn, "bye").await;
         }
     }
 }

@@ -4,8 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lapin::types::ShortString;
-
 use super::Replayer;
 use super::inspect::{InspectOptions, inspect_queue};
 use super::select::{Class, ReplayOptions, Selection};
@@ -109,12 +107,12 @@ impl Replayer {
         for exchange in exchanges {
             let ch = within("open a channel", conn.create_channel()).await?;
             if exchange_exists(&ch, exchange).await? {
-                let _ = ch.close(200, ShortString::from("probed")).await;
+                crate::connection::close_channel(&ch, "probed").await;
             } else {
                 missing.push(exchange.clone());
             }
         }
-        let _ = conn.close(200, ShortString::from("bye")).await;
+        crate::connection::close_connection(&conn, "bye").await;
         Ok(missing)
     }
 }

@@ -64,29 +64,28 @@ pub(super) async fn stop_consuming(ch: &Channel, tag: ShortString, settler: &mut
     // close overtakes returns the message all the same.
     settler.return_held().await;
     // Deliveries pushed after the bound are unacked: closing the channel requeues them.
-    let _ = ch.close(200, ShortString::from("replay done")).await;
+    crate::connection::close_channel(ch, "replay done").await;
 }
 
 /// Waits, up to `patience`, until `queue` holds at least `leaves` ready messages (looking on a
-/// channel of `conn`); returns how many it was still short at the last look (0: all ready).
-/// A look that fails is logged and ends the wait (0: nothing known to be missing).
+/// channel of `conn`); returns how many it was still short at the last look (`Some(0)`: all
+/// ready), or `None` when it could not look (no connection, a failed look: logged), which the
+/// caller must not take for "all ready".
 pub(super) async fn wait_until_ready(
     conn: Option<&Connection>,
     queue: &str,
     leaves: u64,
     patience: Duration,
-) -> u64 {
+) -> Option<u64> {
     if leaves == 0 {
-        return 0;
+        return Some(0);
     }
-    let Some(conn) = conn else {
-        return 0;
-    };
+    let conn = conn?;
     let probe = match within("open a channel to read the depth", conn.create_channel()).await {
         Ok(ch) => ch,
         Err(e) => {
             tracing::warn!(error = %e, queue = %queue, "could not read the depth the run left; it may read short for a moment");
-            return 0;
+            return None;
         }
     };
     let deadline = Instant::now() + patience;
@@ -96,19 +95,19 @@ pub(super) async fn wait_until_ready(
             Ok(depth) => leaves.saturating_sub(u64::from(depth)),
             Err(e) => {
                 tracing::warn!(error = %e, queue = %queue, "could not read the depth the run left; it may read short for a moment");
-                break 0;
+                break None;
             }
         };
         let now = Instant::now();
         if short == 0 || now >= deadline {
-            break short;
+            break Some(short);
         }
         tokio::time::sleep(pause.min(deadline - now)).await;
         pause = (pause * 2).min(Duration::from_millis(100));
     };
-    if short > 0 {
+    if short.is_some_and(|n| n > 0) {
         tracing::warn!(queue = %queue, leaves, short, waited = ?patience, "the run left messages its source queue does not count ready yet: another consumer reads it, or the broker is slow to return them; its depth reads short until then");
     }
-    let _ = probe.close(200, ShortString::from("depth read")).await;
+    crate::connection::close_channel(&probe, "depth read").await;
     short
 }

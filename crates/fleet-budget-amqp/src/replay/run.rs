@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use lapin::options::BasicQosOptions;
-use lapin::types::ShortString;
 use tokio::time::Instant;
 
 use super::Replayer;
@@ -105,7 +104,7 @@ impl Replayer {
         let keeper = match Publisher::connect(&self.url).await {
             Ok(k) => k,
             Err(e) => {
-                let _ = ch.close(200, ShortString::from("replay not started")).await;
+                crate::connection::close_channel(&ch, "replay not started").await;
                 publisher.close().await;
                 return Err(e);
             }
@@ -120,7 +119,7 @@ impl Replayer {
         };
         progress(&p);
         if total == 0 {
-            let _ = ch.close(200, ShortString::from("nothing to replay")).await;
+            crate::connection::close_channel(&ch, "nothing to replay").await;
             publisher.close().await;
             keeper.close().await;
             report.elapsed = started.elapsed();
@@ -433,24 +432,41 @@ impl Replayer {
         if lost.is_none() {
             // What the run leaves in the queue: all it read, less what it moved or parked.
             let leaves = total.saturating_sub(p.moved + p.parked);
-            report.not_ready = wait_until_ready(
-                publisher.connection(),
+            // Read on the keeper's connection: the run's own may be the one that failed.
+            let ready = wait_until_ready(
+                keeper.connection(),
                 &self.source_queue,
                 leaves,
                 options.idle_timeout,
             )
             .await;
-            // A run that went quiet short of its bound, while every message it did not see is
-            // back in the queue: nobody else took them, so they reached this run's connection
-            // and never its consumer (lapin, on a message it could not read, has kept its
-            // connection open and said nothing). Not a finished run.
-            if ended_idle && p.seen < total && report.not_ready == 0 {
-                lost = Some(AmqpError::Undelivered {
-                    queue: self.source_queue.clone(),
-                    unseen: total - p.seen,
-                    total,
-                    idle: options.idle_timeout,
-                });
+            report.not_ready = ready.unwrap_or(0);
+            // A run that went quiet short of its bound is finished only if another reader took
+            // what it did not see. If every message it did not see is back in the queue, nobody
+            // did: they reached this run's connection and never its consumer (lapin, on a
+            // message it could not read, has kept its connection open and said nothing). If the
+            // depth could not be read, that cannot be told, and success would be a guess.
+            if ended_idle && p.seen < total {
+                match ready {
+                    Some(0) => {
+                        lost = Some(AmqpError::Undelivered {
+                            queue: self.source_queue.clone(),
+                            unseen: total - p.seen,
+                            total,
+                            idle: options.idle_timeout,
+                        });
+                    }
+                    None => {
+                        lost = Some(AmqpError::ConnectionLost {
+                            step: format!(
+                                "replay of {}: the consumer went quiet after {} of {total} messages, and the queue's depth could not be read to tell whether another reader took the rest",
+                                self.source_queue, p.seen
+                            ),
+                            source: watch.last_error(),
+                        });
+                    }
+                    Some(_) => {}
+                }
             }
         }
         publisher.close().await;

@@ -110,7 +110,7 @@ pub(super) async fn original_exchange_exists(
     };
     let exists = exchange_exists(&probe, name).await.unwrap_or(false);
     if exists {
-        let _ = probe.close(200, ShortString::from("probed")).await;
+        crate::connection::close_channel(&probe, "probed").await;
     }
     known.insert(name.to_owned(), exists);
     exists

@@ -15,7 +15,7 @@ use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 
 use super::inspect::{
@@ -157,7 +157,7 @@ pub async fn migrate(
     let ops = migrations.operations(settings)?;
     let conn = connect(url, "fleet-budget migrate").await?;
     let result = apply(&conn, ops, dry_run).await;
-    let _ = conn.close(200, ShortString::from("migrated")).await;
+    crate::connection::close_connection(&conn, "migrated").await;
     result
 }
 
@@ -313,7 +313,7 @@ impl<'a> Probe<'a> {
 
     async fn close(mut self) {
         if let Some(ch) = self.channel.take() {
-            let _ = ch.close(200, ShortString::from("done")).await;
+            crate::connection::close_channel(&ch, "done").await;
         }
     }
 

@@ -6,7 +6,7 @@
 //! that go on afterwards open another channel (the migration's probe and the replayer do).
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, ExchangeKind};
 
 use super::names::{Topology, amqp_name};
@@ -138,7 +138,7 @@ pub async fn queue_depths(url: &str, topology: &Topology) -> Result<QueueDepths,
         QueueDepths::read(&ch, topology).await
     }
     .await;
-    let _ = conn.close(200, ShortString::from("bye")).await;
+    crate::connection::close_connection(&conn, "bye").await;
     result
 }
 

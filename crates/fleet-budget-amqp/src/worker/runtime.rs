@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::outcome::{JobContext, Outcome};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
-use crate::connection::{ConnectionWatch, connect};
+use crate::connection::{ConnectionWatch, close_channel, connect, within};
 use crate::error::AmqpError;
 use crate::headers::{self, JobHeaders};
 use crate::metrics::{AmqpMetrics, LossCause};
@@ -167,18 +167,20 @@ impl Worker {
         match ended {
             Ok(()) => {
                 // Graceful: stop deliveries, let in-flight jobs finish and settle, then close.
-                let _ = channel
-                    .basic_cancel(tag, BasicCancelOptions::default())
-                    .await;
+                let _ = within(
+                    "cancel the worker's consumer",
+                    channel.basic_cancel(tag, BasicCancelOptions::default()),
+                )
+                .await;
                 while tasks.join_next().await.is_some() {}
                 // A round trip behind the last acks before closing: lapin sends the close ahead
                 // of frames still queued, and an ack overtaken by it becomes a redelivery.
-                let _ = channel
-                    .basic_qos(o.prefetch, BasicQosOptions::default())
-                    .await;
-                let _ = channel
-                    .close(200, ShortString::from("worker shutdown"))
-                    .await;
+                let _ = within(
+                    "a round trip behind the last acks",
+                    channel.basic_qos(o.prefetch, BasicQosOptions::default()),
+                )
+                .await;
+                close_channel(&channel, "worker shutdown").await;
                 ctx.settler.publisher.close().await;
                 Ok(())
             }
