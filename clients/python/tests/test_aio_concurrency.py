@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from fleet_budget import (CIRCUIT_OPEN, CONCURRENCY_CAP, CONCURRENCY_RETRY_SHARE, FAILED, INCONCLUSIVE, SUCCEEDED,
-                          Call, Config, ConfigError, DeadLetter, Hold)
+                          Call, Config, DeadLetter, Hold)
 from fleet_budget.aio import FleetBudget
 
 CONFIG = """
@@ -43,16 +43,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_the_sections_are_obeyed_and_cluster_is_still_refused_by_name(redis_url):
+def test_the_sections_are_obeyed(redis_url):
     async def go():
         b = budget(redis_url)
         assert isinstance(await b.admit("charge", 1), Call)
         await b.close()
 
     run(go())
-    with pytest.raises(ConfigError) as e:
-        FleetBudget(Config.from_toml('[redis]\ncluster_urls = ["redis://127.0.0.1:1"]\n' + CONFIG, "t"))
-    assert "redis.cluster_urls" in str(e.value) and "asyncio" in str(e.value)
 
 
 def test_many_tasks_together_never_hold_more_than_the_cap(redis_url):

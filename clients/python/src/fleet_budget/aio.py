@@ -18,7 +18,7 @@ from . import budget as _sync
 from . import scripts
 from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
-from .config import Config, ConfigError
+from .config import Config
 from .decision import Decision, Failure
 from .snapshot import BudgetSnapshot
 
@@ -48,8 +48,9 @@ class FleetBudget(_sync.FleetBudget):
             **self.config.redis.client_kwargs())
 
     def _new_cluster_client(self, urls: list[str], timeout: float) -> Any:
-        raise ConfigError("redis.cluster_urls", "Redis Cluster is not in the asyncio flavour yet; "
-                          "use fleet_budget.FleetBudget (threads) or a single Redis URL")
+        from .aio_cluster import AsyncLazyCluster
+
+        return AsyncLazyCluster(urls, timeout)
 
     def _start_flusher(self) -> None:
         self._task: Optional[asyncio.Task[None]] = None  # started by the first deposit, in its loop

@@ -37,12 +37,8 @@ class LazyCluster:
     def client(self) -> RedisCluster:
         with self._lock:
             if self._client is None:
-                nodes, auth = [], {}
-                for url in self._urls:
-                    parts = urlsplit(url)
-                    nodes.append(ClusterNode(parts.hostname or "127.0.0.1", parts.port or 6379))
-                    if parts.password and not auth:
-                        auth = {"username": unquote(parts.username or "") or None, "password": unquote(parts.password)}
+                seeded, auth = seeds(self._urls)
+                nodes = [ClusterNode(host, port) for host, port in seeded]
                 try:
                     self._client = RedisCluster(
                         startup_nodes=nodes, socket_timeout=self._timeout, socket_connect_timeout=self._timeout,
@@ -77,13 +73,31 @@ class ClusterScript:
             script = self._scripts[id(client)] = client.register_script(self._text)
         try:
             return script(keys=keys, args=args)
-        except redis.exceptions.TimeoutError:
-            raise
-        except (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException,
-                redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError) as e:
-            # A master down, a slot moving or not covered: the store failed, not the script.
-            raise redis.exceptions.ConnectionError(redact_text(str(e)) or type(e).__name__) from None
-        except redis.exceptions.ResponseError:
-            raise  # a script's own refusal (a bad key): the server answered
         except redis.exceptions.RedisError as e:
-            raise redis.exceptions.ConnectionError(redact_text(str(e)) or type(e).__name__) from None
+            raise store_failure(e) from None
+
+
+def seeds(urls: list[str]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The seed nodes (host, port) of ``redis.cluster_urls``, and the first credentials given."""
+    nodes: list[tuple[str, int]] = []
+    auth: dict[str, Any] = {}
+    for url in urls:
+        parts = urlsplit(url)
+        nodes.append((parts.hostname or "127.0.0.1", parts.port or 6379))
+        if parts.password and not auth:
+            auth = {"username": unquote(parts.username or "") or None, "password": unquote(parts.password)}
+    return nodes, auth
+
+
+def store_failure(e: Exception) -> Exception:
+    """What a failed cluster call is to the budget: a timeout stays one, a script's own refusal
+    (a bad key: the server answered) stays a ``ResponseError``, anything else is a
+    ``ConnectionError`` (a master down, a slot moving or not covered: the store failed)."""
+    if isinstance(e, redis.exceptions.TimeoutError):
+        return e
+    if isinstance(e, (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException,
+                      redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError)):
+        return redis.exceptions.ConnectionError(redact_text(str(e)) or type(e).__name__)
+    if isinstance(e, redis.exceptions.ResponseError):
+        return e
+    return redis.exceptions.ConnectionError(redact_text(str(e)) or type(e).__name__)
