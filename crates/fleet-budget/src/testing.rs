@@ -58,8 +58,16 @@ impl RedisServer {
     #[must_use]
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // A cluster node also listens on its port + 10000 (the cluster bus): above 55535 it
+        // cannot start, and each such try cost the 10 s wait below.
+        let cluster = args.contains(&"--cluster-enabled");
         for _ in 0..5 {
-            let port = free_port();
+            let port = loop {
+                let port = free_port();
+                if !cluster || port <= 55_535 {
+                    break port;
+                }
+            };
             let dir = std::env::temp_dir().join(format!(
                 "fleet-budget-redis-{}-{id}-{port}",
                 std::process::id()
