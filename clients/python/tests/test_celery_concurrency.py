@@ -125,3 +125,14 @@ def test_a_retry_refused_a_slot_is_dead_lettered_with_the_concurrency_reason(cel
     assert r.zcard("fb:v1:{search}:lp") == 2 and r.zcard("fb:v1:{search}:lr") == 0, "the worker gave its slot back"
     for c in held:
         budget.finish(c, SUCCEEDED)
+
+
+def test_a_hold_that_seems_to_start_in_the_future_counts_from_now():
+    # A producer's fb-held-since-ms far ahead would otherwise keep a job held for ever while the
+    # breaker stays open (its hold never seeming to start), as in Rust's `held_since`.
+    from fleet_budget.celery import held_since_ms
+
+    assert held_since_ms(2**64 - 1, 50_000) == 50_000
+    assert held_since_ms(60_000, 50_000) == 50_000
+    assert held_since_ms(40_000, 50_000) == 40_000
+    assert held_since_ms(None, 50_000) is None

@@ -64,6 +64,13 @@ _publishers: "weakref.WeakKeyDictionary[Any, ConfirmedPublisher]" = weakref.Weak
 _budgets: "weakref.WeakKeyDictionary[Any, FleetBudget]" = weakref.WeakKeyDictionary()
 
 
+def held_since_ms(header: Optional[int], now_ms: int) -> Optional[int]:
+    """Since when a job has been held, from its ``fb-held-since-ms`` header, as the Rust worker
+    reads it: a time after ``now_ms`` (a producer's header, a clock ahead) counts from now, so that
+    a job cannot be held past the limit for ever, its hold never seeming to start."""
+    return None if header is None else min(header, now_ms)
+
+
 class DeadLettered(Exception):
     """The job was published to the dead-letter exchange (confirmed) and acked; ``reason`` says why."""
 
@@ -132,12 +139,13 @@ class BudgetedTask(Task):
             self._dead_letter(task, _dependency_or_empty(budget, task), NON_RETRYABLE, attempt, None,
                               Failure.non_retryable(e).with_class("malformed_header"), None, "not_consulted")
         now = h.now_ms()
-        held_for = None if job.held_since_ms is None else max(0, now - job.held_since_ms) / 1000
+        held_since = held_since_ms(job.held_since_ms, now)
+        held_for = None if held_since is None else (now - held_since) / 1000
         try:
             # The concurrency budget and the breaker first, as the Rust worker asks them.
             admission = budget.admit(task, attempt, held_for)
             if isinstance(admission, Hold):
-                self._hold(admission, job.held_since_ms if job.held_since_ms is not None else now)
+                self._hold(admission, held_since if held_since is not None else now)
             if isinstance(admission, DeadLetter):
                 failure = Failure.retryable(
                     f"not run: the concurrency budget refused the retry ({admission.reason})").with_class(admission.reason)

@@ -287,6 +287,13 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Since when a job has been held, from its `fb-held-since-ms` header: a time after `now_ms` (a
+/// producer's header, or a worker whose clock ran ahead) counts from now, so that a job cannot
+/// be held past the limit for ever, its hold never seeming to start.
+pub(super) fn held_since(header: Option<u64>, now_ms: u64) -> Option<u64> {
+    header.map(|since| since.min(now_ms))
+}
+
 /// When a job that waits `delay` from `now_ms` may run. `now_ms` is the wall clock truncated to
 /// the ms, up to 1 ms behind the instant it was read; one more ms keeps the job from running
 /// before its delay has passed (it was seen 32 µs early over several hops otherwise).
@@ -333,6 +340,14 @@ mod tests {
             snapshot: BudgetSnapshot::default(),
             source: BudgetSource::Fleet,
         }
+    }
+
+    #[test]
+    fn a_hold_that_seems_to_start_in_the_future_counts_from_now() {
+        assert_eq!(held_since(Some(u64::MAX), 50_000), Some(50_000));
+        assert_eq!(held_since(Some(60_000), 50_000), Some(50_000));
+        assert_eq!(held_since(Some(40_000), 50_000), Some(40_000));
+        assert_eq!(held_since(None, 50_000), None);
     }
 
     #[test]

@@ -420,9 +420,8 @@ async fn admit(
     h: &JobHeaders,
 ) -> Result<fleet_budget::Call, Outcome> {
     let now = headers::now_ms();
-    let held_for = h
-        .held_since_ms
-        .map(|since| Duration::from_millis(now.saturating_sub(since)));
+    let held_since = super::outcome::held_since(h.held_since_ms, now);
+    let held_for = held_since.map(|since| Duration::from_millis(now - since));
     let admission = s.budget.admit(&job.task, h.attempt, held_for).await;
     job.now_ms = now;
     match admission {
@@ -433,7 +432,7 @@ async fn admit(
             job,
             hold.as_str(),
             hold.pause(),
-            h.held_since_ms,
+            held_since,
         )),
         Ok(Admission::DeadLetter(decision)) => {
             let reason = decision
