@@ -110,31 +110,30 @@ pub async fn deadline<T>(
 /// answering must not hold a shutdown or the end of a run until the heartbeat gives up. The
 /// channel's work is done or already failed by then, so the outcome is only logged.
 pub async fn close_channel(ch: &Channel, reason: &str) {
-    let after = timeouts().operation;
-    match tokio::time::timeout(after, ch.close(200, ShortString::from(reason))).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, reason, "closing a channel"),
-        Err(_) => tracing::warn!(
-            ?after,
-            reason,
-            "RabbitMQ did not answer a channel's close; dropped"
-        ),
-    }
+    let closing = ch.close(200, ShortString::from(reason));
+    logged(
+        "a channel",
+        reason,
+        deadline("close a channel", closing).await,
+    );
 }
 
 /// Closes `conn` as [`close_channel`] closes a channel.
 pub async fn close_connection(conn: &Connection, reason: &str) {
-    let after = timeouts().operation;
-    match tokio::time::timeout(after, conn.close(200, ShortString::from(reason))).await {
+    let closing = conn.close(200, ShortString::from(reason));
+    logged(
+        "a connection",
+        reason,
+        deadline("close a connection", closing).await,
+    );
+}
+
+/// Logs how the close of `what` ended.
+fn logged(what: &str, reason: &str, closed: Result<Result<(), lapin::Error>, AmqpError>) {
+    match closed {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, reason, "closing a connection"),
-        Err(_) => {
-            tracing::warn!(
-                ?after,
-                reason,
-                "RabbitMQ did not answer a connection's close; dropped"
-            );
-        }
+        Ok(Err(e)) => tracing::debug!(error = %e, reason, "closing {what}"),
+        Err(e) => tracing::warn!(error = %e, reason, "RabbitMQ did not answer; {what} dropped"),
     }
 }
 

@@ -124,7 +124,7 @@ pub enum AmqpError {
     /// this run and the client never passed them on (seen with a message lapin could not read,
     /// the connection still open).
     #[error(
-        "replay of {queue}: {unseen} of the {total} messages counted at the start never reached the run within {idle:?}, and they are still in the queue (no other reader took them). Likely cause: a message this client cannot read (headers nested more than 100 levels deep, or a frame over frame_max), which the broker keeps at the head of the queue: take it out by hand (README, Incident runbook, \"A message no client can read\")"
+        "replay of {queue}: {unseen} of the {total} messages counted at the start never reached the run within {idle:?}, and they are still in the queue (no other reader took them){UNREADABLE_HINT}"
     )]
     Undelivered {
         /// The queue replayed.
@@ -225,17 +225,19 @@ impl fmt::Display for Cause<'_> {
 }
 
 /// What an operator should make of [`AmqpError::ConnectionLost`]'s error.
+/// What an error caused by a message this client cannot read adds: the likely cause and where
+/// the runbook says what to do.
+const UNREADABLE_HINT: &str = ". Likely cause: a message this client cannot read (headers nested \
+     more than 100 levels deep, or a frame over frame_max), which the broker keeps at the head of \
+     the queue: every reader fails on it until it is taken out by hand (README, Incident runbook, \
+     \"A message no client can read\")";
+
 struct Hint<'a>(Option<&'a lapin::Error>);
 
 impl fmt::Display for Hint<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_some_and(is_unreadable_message) {
-            f.write_str(
-                ". Likely cause: a message this client cannot read (headers nested more than 100 \
-                 levels deep, or a frame over frame_max), which the broker keeps at the head of \
-                 the queue: every reader fails on it until it is taken out by hand (README, \
-                 Incident runbook, \"A message no client can read\")",
-            )
+            f.write_str(UNREADABLE_HINT)
         } else {
             Ok(())
         }

@@ -46,7 +46,9 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, Confirm
 use lapin::types::ShortString;
 use lapin::{Acker, Connection};
 
-use crate::connection::{ConnectionWatch, connect, deadline, timeouts, within};
+use crate::connection::{
+    ConnectionWatch, close_channel, close_connection, connect, timeouts, within,
+};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fit_copy};
@@ -142,11 +144,7 @@ pub async fn inspect_queue_with(
 ) -> Result<Inspection, AmqpError> {
     let conn = connect(url, "fleet-budget inspect").await?;
     let result = inspect_on(&conn, queue, options, visit).await;
-    let _ = deadline(
-        "close the connection",
-        conn.close(200, ShortString::from("bye")),
-    )
-    .await;
+    close_connection(&conn, "bye").await;
     result
 }
 
@@ -167,7 +165,7 @@ pub(crate) async fn inspect_on(
     let copies = match confirm_channel(conn).await {
         Ok(copies) => copies,
         Err(e) => {
-            let _ = deadline("close a channel", ch.close(200, ShortString::from("bye"))).await;
+            close_channel(&ch, "bye").await;
             return Err(e);
         }
     };
@@ -238,16 +236,8 @@ pub(crate) async fn inspect_on(
         }
     }
     .await;
-    let _ = deadline(
-        "close a channel",
-        ch.close(200, ShortString::from("inspected")),
-    )
-    .await;
-    let _ = deadline(
-        "close a channel",
-        copies.close(200, ShortString::from("bye")),
-    )
-    .await;
+    close_channel(&ch, "inspected").await;
+    close_channel(&copies, "bye").await;
     result
 }
 
