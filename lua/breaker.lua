@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/breaker.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget breaker: the fleet-wide circuit breaker of a dependency (atomic, one round trip per
 -- decision). Contract: lua/README.md ("Circuit breaker"). Keep in step with
 -- crates/fleet-budget/src/breaker/.

@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/deposit.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget deposit: record deposits (successes and/or first attempts) for a dependency, by a
 -- count, so callers can batch. One round trip. Contract: lua/README.md (key layout v1).
 --

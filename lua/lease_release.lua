@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/lease_release.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget lease_release: give back a slot of a dependency's concurrency budget (atomic, one
 -- round trip). Releasing a lease that expired or was never taken is harmless.
 -- Contract: lua/README.md ("Concurrency leases").

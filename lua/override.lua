@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/override.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget override: an operator's freeze or set override on a dependency's budget, or the
 -- removal of one (atomic, one round trip). Not on the workers' path: budgetctl and other tools
 -- call it (crates/fleet-budget/src/control/). Contract: lua/README.md, "Overrides".

@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/spend.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget spend: try to spend one retry from a dependency's budget (atomic, one round trip).
 -- Contract: lua/README.md (key layout v1). Keep in step with crates/fleet-budget/src/allowance.rs.
 --

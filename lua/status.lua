@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- GENERATED from lua/src/status.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget status: read a dependency's budget without changing it (safe on replicas).
 -- Contract: lua/README.md (key layout v1).
 --

@@ -1,102 +1,81 @@
-//! The Lua scripts other languages load (`lua/<name>.lua`) are generated from their source
-//! `lua/src/<name>.lua`, in which a line `-- @include <part>.lua` stands for the shared part
-//! `lua/src/shared/<part>.lua` (argument checks, the server's clock, the window roll, the
-//! estimates: written once, pasted where used, so a call runs straight-line code with no
-//! function to create). This test fails when a shipped script is not exactly its source with the
-//! parts pasted in, and rewrites them when run with `FLEET_BUDGET_UPDATE_LUA=1`:
-//!
-//! ```sh
-//! FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
-//! ```
+//! The Lua scripts are generated from their one source, `lua/src/<name>.lua` (a line
+//! `-- @include <part>.lua` stands for the shared part `lua/src/shared/<part>.lua`), by
+//! `scripts/gen-lua`, into every place a script is loaded from: `lua/` (other languages), the
+//! Rust crate (`crates/fleet-budget/lua/`, packaged with it) and the Python package
+//! (`clients/python/src/fleet_budget/lua/`, in its wheel). This test fails when any copy is
+//! stale or has no source: `scripts/gen-lua --check`.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
 
 mod common;
-
-use std::collections::BTreeSet;
 
 use fleet_budget::store::{
     DEPOSIT_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
 };
 use fleet_budget::testing::RedisServer;
 
-/// Set to `1` to write the generated scripts instead of checking them.
-const UPDATE: &str = "FLEET_BUDGET_UPDATE_LUA";
-
-/// The text of `lua/<name>.lua`: the source's `#!` line if it has one (script flags must come
-/// first), two lines saying where the text comes from, then the source with every
-/// `-- @include <part>.lua` line replaced by that shared part, indented as the line was.
-fn assemble(name: &str, source: &str) -> String {
-    let (flags, body) = match source.strip_prefix("#!") {
-        Some(_) => source.split_at(source.find('\n').map_or(source.len(), |at| at + 1)),
-        None => ("", source),
-    };
-    let mut out = format!(
-        "{flags}-- GENERATED from lua/src/{name}.lua and the parts it includes from lua/src/shared:\n\
-         -- edit those, then run {UPDATE}=1 cargo test -p fleet-budget-e2e --test lua_scripts\n"
-    );
-    for line in body.lines() {
-        let indent = &line[..line.len() - line.trim_start().len()];
-        match line.trim_start().strip_prefix("-- @include ") {
-            Some(part) => {
-                let text = common::read(&format!("lua/src/shared/{}", part.trim()));
-                for part_line in text.lines() {
-                    if !part_line.is_empty() {
-                        out.push_str(indent);
-                    }
-                    out.push_str(part_line);
-                    out.push('\n');
-                }
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-    out
-}
-
-/// The `.lua` file names (without the extension) directly in `dir`.
-fn scripts_in(dir: &str) -> BTreeSet<String> {
-    std::fs::read_dir(common::repo_root().join(dir))
-        .unwrap_or_else(|e| panic!("list {dir}: {e}"))
-        .map(|entry| entry.expect("a directory entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "lua"))
-        .filter_map(|path| Some(path.file_stem()?.to_str()?.to_owned()))
-        .collect()
-}
-
 #[test]
-fn shipped_scripts_are_their_source_with_the_shared_parts_pasted_in() {
-    let parts = scripts_in("lua/src");
+fn every_copy_of_every_script_is_its_source_with_the_shared_parts_pasted_in() {
+    let out = std::process::Command::new("python3")
+        .arg(common::repo_root().join("scripts/gen-lua"))
+        .arg("--check")
+        .output()
+        .expect("run python3 scripts/gen-lua --check");
     assert!(
-        parts.contains("spend"),
-        "lua/src holds no spend.lua: {parts:?}"
+        out.status.success(),
+        "scripts/gen-lua --check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    let update = std::env::var(UPDATE).is_ok_and(|v| v == "1");
-    let mut stale = Vec::new();
-    for name in &parts {
-        let want = assemble(name, &common::read(&format!("lua/src/{name}.lua")));
-        let shipped = format!("lua/{name}.lua");
-        let path = common::repo_root().join(&shipped);
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(want.as_str()) {
-            if update {
-                std::fs::write(&path, want).unwrap_or_else(|e| panic!("write {shipped}: {e}"));
-            } else {
-                stale.push(shipped);
+}
+
+/// The check can fail: in a copy of the tree with one stale copy of one script and one orphan,
+/// it names both and exits 1; the generator then mends both.
+#[test]
+fn the_check_names_a_stale_copy_and_an_orphan() {
+    let root = common::repo_root();
+    let tmp = std::env::temp_dir().join(format!("fb-gen-lua-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let copy_dir = |rel: &str| {
+        let to = tmp.join(rel);
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(root.join(rel)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
             }
         }
+    };
+    for rel in [
+        "scripts",
+        "lua",
+        "lua/src",
+        "lua/src/shared",
+        "crates/fleet-budget/lua",
+        "clients/python/src/fleet_budget/lua",
+    ] {
+        copy_dir(rel);
     }
-    assert!(
-        stale.is_empty(),
-        "{stale:?} differ from their source in lua/src with its parts pasted in: run\n  \
-         {UPDATE}=1 cargo test -p fleet-budget-e2e --test lua_scripts"
-    );
-    let orphans: Vec<_> = scripts_in("lua").difference(&parts).cloned().collect();
-    assert!(
-        orphans.is_empty(),
-        "lua/{orphans:?}.lua have no part in lua/src: delete them or add their source"
-    );
+    let stale = tmp.join("crates/fleet-budget/lua/spend.lua");
+    let text = std::fs::read_to_string(&stale).unwrap();
+    std::fs::write(&stale, text.replacen("local", "local ", 1)).unwrap();
+    std::fs::write(tmp.join("clients/python/src/fleet_budget/lua/old.lua"), "return 1\n").unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new("python3")
+            .arg(tmp.join("scripts/gen-lua"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let checked = run(&["--check"]);
+    let said = String::from_utf8_lossy(&checked.stderr).into_owned();
+    assert_eq!(checked.status.code(), Some(1), "{said}");
+    assert!(said.contains("crates/fleet-budget/lua/spend.lua is stale"), "{said}");
+    assert!(said.contains("fleet_budget/lua/old.lua has no source"), "{said}");
+    assert_eq!(std::fs::read_to_string(&stale).unwrap(), text.replacen("local", "local ", 1));
+    assert!(run(&[]).status.success());
+    assert_eq!(std::fs::read_to_string(&stale).unwrap(), text);
+    assert!(run(&["--check"]).status.success());
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// The Rust library loads the shipped files, so every language sends the same text: same SHA.

@@ -532,7 +532,7 @@ async fn scripts_recover_after_script_flush() {
 async fn scripts_refuse_bad_arguments_with_a_clear_error() {
     let server = RedisServer::start();
     let mut c = server.connection().unwrap();
-    let script = include_str!("../../../lua/spend.lua");
+    let script = include_str!("../lua/spend.lua");
     for (args, needle) in [
         (vec!["0", "0.2", "10", "s", "sliding"], "window_ms"),
         (vec!["1000", "nan", "10", "s", "sliding"], "ratio"),

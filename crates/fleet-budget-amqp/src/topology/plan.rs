@@ -17,15 +17,15 @@ use crate::error::AmqpError;
 const EMBEDDED: [(&str, &str); 3] = [
     (
         "0001_base_topology.toml",
-        include_str!("../../../../migrations/0001_base_topology.toml"),
+        include_str!("../../migrations/0001_base_topology.toml"),
     ),
     (
         "0002_retry_tiers.toml",
-        include_str!("../../../../migrations/0002_retry_tiers.toml"),
+        include_str!("../../migrations/0002_retry_tiers.toml"),
     ),
     (
         "0003_work_dead_letter_at_least_once.toml",
-        include_str!("../../../../migrations/0003_work_dead_letter_at_least_once.toml"),
+        include_str!("../../migrations/0003_work_dead_letter_at_least_once.toml"),
     ),
 ];
 
@@ -469,7 +469,7 @@ mod tests {
 
     #[test]
     fn embedded_migrations_are_the_files_of_the_directory() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
         assert_eq!(
             Migrations::from_dir(&dir).unwrap(),
             Migrations::embedded().unwrap(),

@@ -144,7 +144,7 @@ async fn split_decision(b: &Bench) -> (f64, f64) {
     const SEVENTEEN: &str =
         "1, 5, 29000000, 60000, 1234, 58766, 100, 0, 3, 0, 100, 0, 7, 0, 0, 0, 0";
     const PACK17: &str = "struct.pack('<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', ";
-    const SPEND: &str = include_str!("../../../../lua/spend.lua");
+    const SPEND: &str = include_str!("../../lua/spend.lua");
     const REPLY: &str = "reply[1] = granted\nreturn reply";
     let packed = format!(
         "return {PACK17}granted, allowance, i, window, elapsed, pw, cur[1], cur[2], cur[3], \

@@ -12,7 +12,7 @@ use crate::store::RedisStore;
 
 /// `lua/breaker.lua`: every decision of the breaker.
 pub static BREAKER_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/breaker.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/breaker.lua")));
 
 /// A breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,10 +14,10 @@ use crate::store::RedisStore;
 
 /// `lua/lease_acquire.lua`: take a slot.
 pub static LEASE_ACQUIRE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/lease_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/lease_acquire.lua")));
 /// `lua/lease_release.lua`: give a slot back.
 pub static LEASE_RELEASE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/lease_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/lease_release.lua")));
 
 /// Which kind of call a slot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

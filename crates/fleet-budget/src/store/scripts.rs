@@ -14,24 +14,24 @@ use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 
 /// `lua/spend.lua`: try to spend one retry.
 pub static SPEND_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/spend.lua")));
 /// `lua/spend_many.lua`: decide n retry requests together (group commit).
 pub static SPEND_MANY_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend_many.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/spend_many.lua")));
 /// `lua/spend_batch.lua`: decide the requests of several budgets together (group commit on one
 /// server).
 pub static SPEND_BATCH_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/spend_batch.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/spend_batch.lua")));
 /// `lua/deposit.lua`: record deposits.
 pub static DEPOSIT_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/deposit.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/deposit.lua")));
 /// `lua/status.lua`: read a budget.
 pub static STATUS_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/status.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
 
 /// `lua/override.lua`: an operator's freeze or set override, or its removal.
 pub static OVERRIDE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../../lua/override.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/override.lua")));
 
 /// The arguments every script takes after its own, as `lua/README.md` lists them: the ratio,
 /// the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).

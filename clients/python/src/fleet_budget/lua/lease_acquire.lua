@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/lease_acquire.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget lease_acquire: take one slot of a dependency's concurrency budget (atomic, one
 -- round trip), as a lease that expires by the server's clock if its holder never releases it.
 -- Contract: lua/README.md ("Concurrency leases"). Keep in step with

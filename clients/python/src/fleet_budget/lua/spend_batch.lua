@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/spend_batch.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget spend_batch: the requests of several budgets decided in one atomic call (group
 -- commit across dependencies on one Redis node). Entry j is decided exactly as a spend_many.lua
 -- call with KEYS[j] and its six arguments would decide it, the entries in order, so the answer

@@ -1,5 +1,5 @@
 -- GENERATED from lua/src/spend_many.lua and the parts it includes from lua/src/shared:
--- edit those, then run FLEET_BUDGET_UPDATE_LUA=1 cargo test -p fleet-budget-e2e --test lua_scripts
+-- edit those, then run scripts/gen-lua
 -- fleet-budget spend_many: n requests for one retry each from a dependency's budget, decided
 -- together in one atomic call (group commit). The answer is what n calls of spend.lua at the
 -- same instant would give: the first g are granted (counted as retries), the rest denied
