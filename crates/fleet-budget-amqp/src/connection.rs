@@ -309,11 +309,20 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
     };
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
     let after = timeouts().connect;
-    let runtime = lapin::runtime::default_runtime().map_err(|source| AmqpError::Connect {
-        url: shown.clone(),
-        source,
-    })?;
-    let connecting = Connection::connect_with_config(url, props, tls, runtime);
+    let uri = url
+        .parse::<lapin::uri::AMQPUri>()
+        .map_err(|e| AmqpError::Connect {
+            url: shown.clone(),
+            source: lapin::Error::from(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "not a valid AMQP URL: {}",
+                    fleet_budget::redact::redact_text(&e)
+                ),
+            )),
+        })?;
+    // Every byte lapin reads passes the frame guard (headers its parser cannot survive).
+    let connecting = crate::frame_guard::runtime::open(uri, props, tls);
     match tokio::time::timeout(after, connecting).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(source)) => Err(match TlsFailure::of(&source) {

@@ -40,6 +40,7 @@
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod frame_guard;
 pub mod headers;
 pub mod metrics;
 pub mod publish;

@@ -92,6 +92,12 @@ pub const ORIGINAL_USER_ID: &str = "fb-original-user-id";
 /// [`copy::fit_frame`]).
 pub const DROPPED_HEADERS: &str = "fb-dropped-headers";
 
+/// What the frame guard removed from a delivery's properties on receipt because lapin's parser
+/// could not read it safely (headers nested too deep, a table it cannot read, a short string
+/// that is not UTF-8), as text. A job carrying it is dead-lettered with that text, class
+/// `malformed_header`, without running (see [`crate::frame_guard`]).
+pub const UNREADABLE_HEADERS: &str = "fb-unreadable-headers";
+
 /// Headers that describe one dead-lettering; removed when the message is replayed.
 pub const DEAD_LETTER_HEADERS: [&str; 17] = [
     REASON,

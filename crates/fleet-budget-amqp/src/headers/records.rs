@@ -11,7 +11,8 @@ use super::{
     BUDGET_WINDOW_INDEX, BUDGET_WINDOW_MS, DEAD_LETTER_HEADERS, DEAD_LETTERED_MS, DEPENDENCY,
     ERROR, ERROR_CLASS, FIRST_FAILURE_MS, HELD_SINCE_MS, HOLD_REASON, NOT_BEFORE_MS,
     ORIGINAL_EXCHANGE, ORIGINAL_QUEUE, ORIGINAL_ROUTING_KEY, PARK_REASON, PARKED_MS, REASON,
-    REPLAYED_MS, REPLAYS, RETRY_DELAY_MS, RETRY_TIER_MS, TASK, error_text, now_ms,
+    REPLAYED_MS, REPLAYS, RETRY_DELAY_MS, RETRY_TIER_MS, TASK, UNREADABLE_HEADERS, error_text,
+    now_ms,
 };
 
 /// What a worker reads from a delivery's headers before running the job.
@@ -41,6 +42,10 @@ impl JobHeaders {
     /// # Errors
     /// A header of this crate is present but malformed (an attempt of 0 included).
     pub fn parse(table: &FieldTable) -> Result<Self, HeaderError> {
+        // Headers the frame guard had to remove: the job is not what its producer sent.
+        if let Some(removed) = get_str(table, UNREADABLE_HEADERS)? {
+            return Err(HeaderError::new(UNREADABLE_HEADERS, removed));
+        }
         let attempt = get_u32(table, ATTEMPT)?.unwrap_or(1);
         if attempt == 0 {
             return Err(HeaderError::new(ATTEMPT, "must be at least 1"));

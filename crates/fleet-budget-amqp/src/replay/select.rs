@@ -151,6 +151,12 @@ impl<'a> Selection<'a> {
                 "its original exchange or routing key is over {SHORT_STRING_MAX} bytes: it can never be published back"
             ));
         }
+        if let Ok(Some(removed)) = headers::get_str(&table, headers::UNREADABLE_HEADERS) {
+            // The job is no longer what its producer sent: it would only come back here.
+            return Class::Malformed(format!(
+                "its headers could not be read and were removed on receipt ({removed})"
+            ));
+        }
         let id = delivery
             .properties
             .message_id()

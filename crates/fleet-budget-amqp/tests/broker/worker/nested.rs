@@ -1,22 +1,17 @@
 //! A message whose headers nest field tables 200 deep (1.4 KB of headers; a 128 KiB frame holds
 //! some 18,000 levels) is accepted by RabbitMQ and kept in the queue. The field-table parser of
-//! `amq-protocol-types` 10.6 recursed once per level on the 2 MiB stack of lapin's IO thread, so
-//! the process that read such a message aborted ("thread 'lapin-io-loop' has overflowed its
-//! stack", SIGABRT; a debug build from about 200 levels on, 100 passed; a release build from
-//! about 2,000, 1,000 passed) before any code of this crate saw the delivery; every worker that
-//! took it died in turn, and so would `dlq peek`, `dlq stats` and `replay` on the dead-letter
-//! queue.
+//! `amq-protocol-types` 10.6 (as every user resolves it from the registry) recurses once per
+//! level on the 2 MiB stack of lapin's IO thread, so a process that read such a message aborted
+//! ("thread 'lapin-io-loop' has overflowed its stack", SIGABRT; a debug build from about 200
+//! levels on, a release build from about 2,000) before any code of this crate saw the delivery.
 //!
-//! The workspace now builds a patched copy (vendor/amq-protocol-types, VENDORED.md) that refuses
-//! more than 100 levels as a parse error. lapin treats it as a critical error of the connection:
-//! the connection closes and the broker requeues the delivery where it was. These tests read
-//! such messages in a process of their own (so that an abort fails the test instead of the test
-//! run) and show what each reader reports, that it goes on or stops cleanly, and that no message
-//! is lost. They also show what is left: the message goes back to the head of its queue, so a
-//! worker reconnects onto it until the work queue's delivery limit dead-letters it (a quorum
-//! queue; on a classic queue, RabbitMQ 3.10, it backs off to `reconnect_max`: [`super::poison`]),
-//! and the tools fail on it (at once, naming the cause) each time they reach it. See
-//! docs/RELIABILITY.md, "Broker review, session 5" and "Poison messages, session 6".
+//! Every connection of this crate now reads through the frame guard (`frame_guard`): the
+//! entry nested past 100 levels is removed on receipt and named in `fb-unreadable-headers`, so
+//! `basic.get` reads the message, the connection stays up, the worker dead-letters the job with
+//! why and runs the one behind it on the same connection, and `dlq peek` and `replay` read the
+//! dead letters (replay parks them: they are no longer what the producer sent). These tests
+//! read such messages in a process of their own, so that an abort fails the test instead of the
+//! test run. See docs/semantics.md, "Headers no client can parse".
 //!
 //! The messages are published with raw AMQP frames: lapin's own encoder (and the drop of the
 //! value) recurses the same way.
@@ -30,7 +25,7 @@ use fleet_budget_amqp::testing::amqp_url;
 use fleet_budget_amqp::{
     ReplayFilter, ReplayOptions, Replayer, Topology, Worker, WorkerConfig, WorkerOptions,
 };
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::AMQPUri;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,8 +34,8 @@ use tokio::net::TcpStream;
 use super::LONG;
 use crate::common::{Env, wait_until};
 
-/// The deepest nesting the patched parser reads (`MAX_NESTING_DEPTH` of the vendored crate).
-const BOUND: usize = 100;
+/// The deepest nesting the frame guard passes to lapin's parser.
+const BOUND: usize = fleet_budget_amqp::frame_guard::MAX_DEPTH;
 
 /// The variable that tells [`read_in_a_child`] what to read: the configuration of the test
 /// (its queues and private Redis).
@@ -129,37 +124,6 @@ async fn open_raw(url: &str) -> TcpStream {
     s
 }
 
-/// Takes the message at the head of `queue` out for good (`basic.get` without ack) over raw
-/// AMQP, as a tool that does not parse headers can (the broker's management API, see the
-/// README's runbook); returns the size of its content header, or `None` when the queue is empty.
-pub(super) async fn take_head_raw(url: &str, queue: &str) -> Option<usize> {
-    let mut s = open_raw(url).await;
-    let mut get = vec![0, 0];
-    get.extend(short(queue));
-    get.push(1); // no-ack
-    s.write_all(&method(1, 60, 70, &get)).await.unwrap();
-    let (kind, answer) = read_frame(&mut s).await;
-    assert_eq!(kind, 1, "a method frame");
-    let taken = match &answer[..4] {
-        [0, 60, 0, 71] => {
-            let (kind, header) = read_frame(&mut s).await;
-            assert_eq!(kind, 2, "the content header");
-            let size = u64::from_be_bytes(header[4..12].try_into().unwrap());
-            let mut read = 0;
-            while read < size {
-                let (kind, body) = read_frame(&mut s).await;
-                assert_eq!(kind, 3, "a body frame");
-                read += body.len() as u64;
-            }
-            Some(header.len())
-        }
-        [0, 60, 0, 72] => None, // get-empty
-        other => panic!("basic.get answered {other:?}"),
-    };
-    let _ = s.shutdown().await;
-    taken
-}
-
 /// Publishes one persistent message with `headers` (an encoded table) and message id `id` to
 /// `queue` through the default exchange, with publisher confirms, over raw AMQP 0-9-1.
 pub(super) async fn publish_raw(url: &str, queue: &str, id: &str, headers: &[u8]) {
@@ -219,12 +183,11 @@ fn report<'a>(reports: &'a [String], key: &str) -> &'a str {
 }
 
 /// Publishes, to the work queue, a message nested to the bound ("at-the-bound"), one nested
-/// `depth` deep ("too-deep") and a plain one ("behind"), and the last two to the dead-letter
+/// `depth` deep below the headers table ("too-deep", `depth + 1` levels with it) and a plain one ("behind"), and the last two to the dead-letter
 /// queue as well; then reads them in a child process with `basic.get` and a worker (the work
 /// queue), `dlq peek` and `replay` (the dead-letter queue). Returns what the child reported,
 /// once it has exited normally.
 async fn read_nested(depth: usize) -> Vec<String> {
-    // A reader that waited on the lost message would end at the operation timeout (see below).
     let env = Env::with_amqp(
         &format!("nested{depth}"),
         "operation_timeout_ms = 10000\ndelivery_limit = 5",
@@ -267,80 +230,67 @@ async fn read_nested(depth: usize) -> Vec<String> {
     );
     let reports = reports(&out.stdout);
     eprintln!("{depth} levels: {reports:#?}");
-    // Nothing lost: in the work queue, the message at the bound was read and acked, the one
-    // behind the deep one was run by the worker, and the deep one was dead-lettered by the
-    // broker at its delivery limit; the dead-letter queue holds it beside the two published
-    // there, which the tools left where they were.
-    // The deliveries of the child's last connections come back once the broker has seen them
-    // close.
-    wait_until(LONG, "the messages are back in their queues", || async {
-        (env.depth(work).await, env.depth(dead).await) == (0, 3)
+    // Nothing lost: the work queue is empty (one acked by get, one dead-lettered, one run); the
+    // three dead letters (two published there, one from the worker) are parked by the replay.
+    wait_until(LONG, "every message is where the run put it", || async {
+        (
+            env.depth(work).await,
+            env.depth(dead).await,
+            env.depth(&env.topology.parked_queue).await,
+        ) == (0, 0, 3)
     })
     .await;
     reports
 }
 
-/// What the readers of a message nested `depth` deep report, as found against RabbitMQ 3.10:
+/// What the readers of a message nested `depth` deep report through the frame guard:
 ///
-/// * the message at the bound arrives whole;
-/// * `basic.get` (and `dlq peek`, `dlq stats`, `replay --dry-run`, which read with it) fails:
-///   lapin closes the connection on the parse error but leaves the pending get unanswered; the
-///   get raced against the connection's loss ([`ConnectionWatch`]) ends with the connection's
-///   error ("connection lost during get from <queue>: failed to parse ..."), not the operation
-///   timeout, and the connection is closed;
-/// * `replay` (a consumer) fails: "consume <queue> failed: failed to parse"; or, when lapin
-///   keeps its connection open and says nothing (about half the runs at 18,000 levels), "3 of the
-///   3 messages counted at the start never reached the run ..., and they are still in the queue"
-///   (it used to stop at its idle timeout and report success, moving nothing);
-/// * the worker reconnects onto the message (with a growing delay), never delivered, until the
-///   broker dead-letters it at the work queue's delivery limit (5 here, `amqp.delivery_limit`);
-///   then it runs the job behind it.
+/// * the message at the bound arrives whole; the deeper one arrives with the entry removed and
+///   named in `fb-unreadable-headers`, and the connection stays up;
+/// * the worker, on one connection, dead-letters the deep job (`malformed_header`, the note as
+///   its error) and runs the job behind it;
+/// * `dlq peek` reads the three dead letters; `replay` parks them, moving nothing.
 fn assert_reports(depth: usize, reports: &[String]) {
     assert_eq!(
         report(reports, "at the bound: "),
         "at-the-bound, 100 levels"
     );
-    assert_eq!(report(reports, "connected after the error: "), "false");
-    for reader in ["get ", "peek "] {
-        let said = report(reports, reader);
-        assert!(
-            said.starts_with("failed: RabbitMQ connection lost during get from ")
-                && said.contains("failed to parse"),
-            "{depth} levels, {reader}{said}"
-        );
-    }
-    let replay = report(reports, "replay ");
+    let note = report(reports, "too deep: ");
     assert!(
-        replay.starts_with("failed: "),
-        "{depth} levels, replay {replay}"
+        note.starts_with("too-deep, ")
+            && note.contains(&format!("\"a\" nested {} levels deep", depth + 1)),
+        "{depth} levels: {note}"
     );
-    let worker = report(reports, "worker: ");
-    let count = |what: &str| -> u64 {
-        worker
-            .split(", ")
-            .find_map(|part| part.strip_suffix(what))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{depth} levels, no {what:?} in {worker:?}"))
-    };
-    // Only the message behind the deep one was delivered, after at least one reconnection.
+    assert_eq!(report(reports, "connected after: "), "true");
     assert_eq!(
-        (count(" deliveries"), count(" succeeded")),
-        (1, 1),
-        "{depth} levels: {worker}"
+        report(reports, "worker: "),
+        "1 connections, 2 deliveries, 1 succeeded, 1 dead-lettered",
+        "{depth} levels"
     );
-    assert!(count(" connections") >= 2, "{depth} levels: {worker}");
+    let error = report(reports, "dead letter error: ");
+    assert!(
+        error.contains("fb-unreadable-headers")
+            && error.contains(&format!("nested {} levels deep", depth + 1)),
+        "{depth} levels: {error}"
+    );
+    assert_eq!(report(reports, "peek "), "read 3 of 3", "{depth} levels");
+    assert_eq!(
+        report(reports, "replay "),
+        "moved 0, parked 3, failed 0",
+        "{depth} levels"
+    );
 }
 
 /// 200 levels, where the debug build used to abort.
 #[tokio::test]
-async fn a_header_nested_200_deep_is_a_parse_error_of_its_reader_not_an_abort() {
+async fn a_header_nested_200_deep_is_removed_on_receipt_and_the_job_dead_lettered() {
     let reports = read_nested(200).await;
     assert_reports(200, &reports);
 }
 
 /// About the deepest a 128 KiB frame holds (7 bytes a level).
 #[tokio::test]
-async fn a_header_nested_18000_deep_is_a_parse_error_of_its_reader_not_an_abort() {
+async fn a_header_nested_18000_deep_is_removed_on_receipt_and_the_job_dead_lettered() {
     let reports = read_nested(18_000).await;
     assert_reports(18_000, &reports);
 }
@@ -357,7 +307,6 @@ async fn read_in_a_child() {
     set_timeouts(Timeouts::of(&config.amqp));
     let topology = Topology::new(&config.amqp);
     let url = amqp_url();
-    // basic.get: the message at the bound arrives whole; the next one is a parse error.
     let conn = fleet_budget_amqp::connect(&url, "fleet-budget test: nested headers")
         .await
         .unwrap();
@@ -385,16 +334,30 @@ async fn read_in_a_child() {
         .ack(BasicAckOptions::default())
         .await
         .unwrap();
-    match get().await {
-        Ok(got) => println!("REPORT get read: {:?}", got.map(|g| g.delivery.properties)),
-        Err(e) => println!("REPORT get failed: {e}"),
-    }
+    let second = get().await.unwrap().expect("the deep message");
+    let props = &second.delivery.properties;
+    let note = fleet_budget_amqp::headers::get_str(
+        props.headers().as_ref().unwrap(),
+        fleet_budget_amqp::headers::UNREADABLE_HEADERS,
+    )
+    .unwrap()
+    .unwrap_or_default();
     println!(
-        "REPORT connected after the error: {}",
-        conn.status().connected()
+        "REPORT too deep: {}, {note}",
+        props.message_id().as_ref().unwrap()
     );
-    // The worker: comes back onto the message after each reconnection, never delivered, until
-    // the broker dead-letters it at the delivery limit; then runs the job behind it.
+    second
+        .delivery
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        })
+        .await
+        .unwrap();
+    println!("REPORT connected after: {}", conn.status().connected());
+    fleet_budget_amqp::connection::close_connection(&conn, "done").await;
+    // The worker: dead-letters the deep job, runs the one behind, on one connection.
     let budget = FleetBudget::from_config(&config.budget).await.unwrap();
     let worker = Worker::new(
         budget,
@@ -403,9 +366,9 @@ async fn read_in_a_child() {
     );
     let handle = worker.handle();
     let running = tokio::spawn(worker.run(|_job| async { Ok(()) }));
-    wait_until(LONG, "the worker gets past the message", || {
+    wait_until(LONG, "the worker handles both", || {
         let counts = handle.counts();
-        async move { counts.deliveries > 0 }
+        async move { counts.succeeded == 1 && counts.dead_lettered == 1 }
     })
     .await;
     handle.shutdown();
@@ -415,8 +378,8 @@ async fn read_in_a_child() {
         .unwrap()
         .unwrap();
     println!(
-        "REPORT worker: {} connections, {} deliveries, {} succeeded",
-        counts.connections, counts.deliveries, counts.succeeded
+        "REPORT worker: {} connections, {} deliveries, {} succeeded, {} dead-lettered",
+        counts.connections, counts.deliveries, counts.succeeded, counts.dead_lettered
     );
     // The tools on the dead-letter queue.
     let peek = tokio::time::timeout(
@@ -426,7 +389,19 @@ async fn read_in_a_child() {
     .await
     .unwrap();
     match peek {
-        Ok(p) => println!("REPORT peek read {} of {}", p.seen, p.total),
+        Ok(p) => {
+            let error = p
+                .messages
+                .iter()
+                .find_map(|m| {
+                    m.error
+                        .clone()
+                        .filter(|_| m.message_id.as_deref() == Some("too-deep"))
+                })
+                .unwrap_or_default();
+            println!("REPORT dead letter error: {error}");
+            println!("REPORT peek read {} of {}", p.seen, p.total);
+        }
         Err(e) => println!("REPORT peek failed: {e}"),
     }
     let replayer = Replayer::new(url.clone(), topology.clone(), None);
@@ -435,8 +410,8 @@ async fn read_in_a_child() {
         .unwrap();
     match replay {
         Ok(r) => println!(
-            "REPORT replay moved {}, seen {} of {}: {r:?}",
-            r.moved, r.seen, r.total
+            "REPORT replay moved {}, parked {}, failed {}",
+            r.moved, r.parked, r.failed
         ),
         Err(e) => println!("REPORT replay failed: {e}"),
     }
