@@ -195,9 +195,9 @@ impl AmqpError {
     }
 }
 
-/// Whether `e` is lapin's failure to read a frame the broker sent: a parse error (headers nested
-/// deeper than the parser's bound of 100 levels, see vendor/amq-protocol-types) or a frame over
-/// `frame_max` (lapin's own `FRAME_ERROR`). Either closes the connection, and the broker keeps
+/// Whether `e` is lapin's failure to read a frame the broker sent: a parse error (the frame
+/// guard passes no header lapin cannot read, see `frame_guard`, so this is now rare) or a frame
+/// over `frame_max` (lapin's own `FRAME_ERROR`). Either closes the connection, and the broker keeps
 /// the message where it was.
 pub(crate) fn is_unreadable_message(e: &lapin::Error) -> bool {
     match e.kind() {
@@ -227,8 +227,8 @@ impl fmt::Display for Cause<'_> {
 /// What an operator should make of [`AmqpError::ConnectionLost`]'s error.
 /// What an error caused by a message this client cannot read adds: the likely cause and where
 /// the runbook says what to do.
-const UNREADABLE_HINT: &str = ". Likely cause: a message this client cannot read (headers nested \
-     more than 100 levels deep, or a frame over frame_max), which the broker keeps at the head of \
+const UNREADABLE_HINT: &str = ". Likely cause: a message this client cannot read (a frame over \
+     frame_max), which the broker keeps at the head of \
      the queue: every reader fails on it until it is taken out by hand (README, Incident runbook, \
      \"A message no client can read\")";
 

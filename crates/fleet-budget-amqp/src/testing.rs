@@ -28,6 +28,8 @@
     clippy::unwrap_used
 )]
 
+pub mod raw;
+
 use std::future::Future;
 
 use fleet_budget::DeadLetterReason;
