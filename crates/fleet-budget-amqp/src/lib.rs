@@ -41,6 +41,7 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod headers;
+pub mod inspect;
 pub mod metrics;
 pub mod publish;
 pub mod replay;
@@ -50,7 +51,7 @@ pub mod topology;
 pub mod worker;
 
 pub use config::{AmqpSettings, WorkerConfig};
-pub use connection::connect;
+pub use connection::{ConnectionConfig, Timeouts, connect};
 pub use error::{AmqpError, ArgumentDifference};
 pub use headers::{DeadLetterRecord, HeaderError, JobHeaders, RetryRecord};
 pub use metrics::{AmqpMetrics, QueueSource};

@@ -45,10 +45,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fleet_budget::FleetBudget;
+use fleet_budget::tls::TlsFiles;
 use lapin::BasicProperties;
 use tokio::sync::watch;
 
 use crate::config::WorkerConfig;
+use crate::connection::{ConnectionConfig, Timeouts};
 use crate::headers;
 use crate::topology::Topology;
 
@@ -63,6 +65,10 @@ pub use outcome::{JobContext, Outcome};
 pub struct WorkerOptions {
     /// Broker URL.
     pub url: String,
+    /// The deadlines of connecting and of each broker step (`[amqp]`'s by [`WorkerOptions::new`]).
+    pub timeouts: Timeouts,
+    /// Certificate files for an `amqps://` URL (`[amqp]`'s by [`WorkerOptions::new`]).
+    pub tls: TlsFiles,
     /// The queue to consume (the topology's work queue by default).
     pub queue: String,
     /// Unacknowledged deliveries at a time (= jobs running concurrently).
@@ -86,15 +92,15 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Options from `config.amqp`, consuming `topology`'s work queue. Applies the `[amqp]`
-    /// deadlines and TLS files to the process ([`crate::connection::set_timeouts`],
-    /// [`crate::connection::set_tls`]).
+    /// Options from `config.amqp` (its URL, deadlines and certificate files), consuming
+    /// `topology`'s work queue.
     #[must_use]
     pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
-        crate::connection::set_timeouts(crate::connection::Timeouts::of(&config.amqp));
-        crate::connection::set_tls(config.amqp.tls.clone());
+        let ConnectionConfig { url, timeouts, tls } = config.amqp.connection();
         Self {
-            url: config.amqp.url.clone(),
+            url,
+            timeouts,
+            tls,
             queue: topology.work_queue.clone(),
             prefetch: config.amqp.prefetch,
             reconnect_min: Duration::from_millis(100),
@@ -103,6 +109,16 @@ impl WorkerOptions {
             unconfirmed_pause: Duration::from_millis(250),
             name: "fleet-budget worker".to_owned(),
             metrics_listen: config.budget.metrics.listen,
+        }
+    }
+
+    /// How the worker connects, every time it does: the URL, deadlines and certificate files.
+    #[must_use]
+    pub fn connection(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            url: self.url.clone(),
+            timeouts: self.timeouts,
+            tls: self.tls.clone(),
         }
     }
 }

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::outcome::{JobContext, Outcome};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
-use crate::connection::{ConnectionWatch, close_channel, connect, within};
+use crate::connection::{ConnectionWatch, connect};
 use crate::error::AmqpError;
 use crate::headers::{self, JobHeaders};
 use crate::metrics::{AmqpMetrics, LossCause};
@@ -100,8 +100,11 @@ impl Worker {
         F: Future<Output = Result<(), Failure>> + Send + 'static,
     {
         let o = &self.options;
-        let conn = connect(&o.url, &o.name).await?;
-        let lost = ConnectionWatch::new(&conn);
+        // The configuration is the options', kept for every reconnect.
+        let to = o.connection();
+        let t = to.timeouts;
+        let conn = connect(&to, &o.name).await?;
+        let lost = ConnectionWatch::new(&conn).with_timeouts(t);
         let channel = lost.within("open a channel", conn.create_channel()).await?;
         lost.within(
             "set prefetch",
@@ -129,7 +132,7 @@ impl Worker {
                 budget: self.budget.clone(),
                 topology: Arc::clone(&self.topology),
                 queue: o.queue.clone(),
-                publisher: Publisher::on(conn),
+                publisher: Publisher::on(conn, t),
                 stats: Arc::clone(&self.stats),
                 unconfirmed_pause: o.unconfirmed_pause,
                 metrics: AmqpMetrics::of(&self.budget),
@@ -167,7 +170,7 @@ impl Worker {
         match ended {
             Ok(()) => {
                 // Graceful: stop deliveries, let in-flight jobs finish and settle, then close.
-                let _ = within(
+                let _ = t.within(
                     "cancel the worker's consumer",
                     channel.basic_cancel(tag, BasicCancelOptions::default()),
                 )
@@ -175,12 +178,12 @@ impl Worker {
                 while tasks.join_next().await.is_some() {}
                 // A round trip behind the last acks before closing: lapin sends the close ahead
                 // of frames still queued, and an ack overtaken by it becomes a redelivery.
-                let _ = within(
+                let _ = t.within(
                     "a round trip behind the last acks",
                     channel.basic_qos(o.prefetch, BasicQosOptions::default()),
                 )
                 .await;
-                close_channel(&channel, "worker shutdown").await;
+                t.close_channel(&channel, "worker shutdown").await;
                 ctx.settler.publisher.close().await;
                 Ok(())
             }

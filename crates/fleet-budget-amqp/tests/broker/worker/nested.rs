@@ -24,7 +24,7 @@
 use std::str::FromStr;
 
 use fleet_budget::FleetBudget;
-use fleet_budget_amqp::connection::{ConnectionWatch, Timeouts, set_timeouts};
+use fleet_budget_amqp::connection::{ConnectionConfig, ConnectionWatch};
 use fleet_budget_amqp::replay::peek_queue;
 use fleet_budget_amqp::testing::amqp_url;
 use fleet_budget_amqp::{
@@ -354,15 +354,17 @@ async fn read_in_a_child() {
         return;
     };
     let config = WorkerConfig::from_toml(&toml, "test").unwrap();
-    set_timeouts(Timeouts::of(&config.amqp));
     let topology = Topology::new(&config.amqp);
-    let url = amqp_url();
+    let broker = ConnectionConfig {
+        url: amqp_url(),
+        ..config.amqp.connection()
+    };
     // basic.get: the message at the bound arrives whole; the next one is a parse error.
-    let conn = fleet_budget_amqp::connect(&url, "fleet-budget test: nested headers")
+    let conn = fleet_budget_amqp::connect(&broker, "fleet-budget test: nested headers")
         .await
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
-    let watch = ConnectionWatch::new(&conn);
+    let watch = ConnectionWatch::new(&conn).with_timeouts(broker.timeouts);
     let get = || {
         watch.within(
             format!("get from {}", topology.work_queue),
@@ -421,7 +423,7 @@ async fn read_in_a_child() {
     // The tools on the dead-letter queue.
     let peek = tokio::time::timeout(
         LONG,
-        peek_queue(&url, &topology.dead_queue, &ReplayFilter::default(), 10),
+        peek_queue(&broker, &topology.dead_queue, &ReplayFilter::default(), 10),
     )
     .await
     .unwrap();
@@ -429,7 +431,7 @@ async fn read_in_a_child() {
         Ok(p) => println!("REPORT peek read {} of {}", p.seen, p.total),
         Err(e) => println!("REPORT peek failed: {e}"),
     }
-    let replayer = Replayer::new(url.clone(), topology.clone(), None);
+    let replayer = Replayer::new(&broker, topology.clone(), None);
     let replay = tokio::time::timeout(LONG, replayer.run(&ReplayOptions::new(&config), |_| {}))
         .await
         .unwrap();

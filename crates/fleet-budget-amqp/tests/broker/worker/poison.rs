@@ -140,19 +140,20 @@ fn assert_named(what: &str, result: Result<impl std::fmt::Debug, AmqpError>) {
 #[tokio::test]
 async fn the_tools_fail_at_once_on_an_unreadable_dead_letter_naming_the_cause() {
     let env = Env::with_amqp("poison_tools", "operation_timeout_ms = 20000", "", "", "").await;
-    fleet_budget_amqp::connection::set_timeouts(fleet_budget_amqp::connection::Timeouts::of(
-        &env.config.amqp,
-    ));
+    let broker = fleet_budget_amqp::ConnectionConfig {
+        url: env.url.clone(),
+        ..env.config.amqp.connection()
+    };
     let dead = env.topology.dead_queue.clone();
     publish_raw(&env.url, &dead, "unreadable", &nested_table(DEPTH)).await;
     publish_raw(&env.url, &dead, "behind", &long(&[])).await;
-    let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
+    let replayer = Replayer::new(&broker, env.topology.clone(), None);
     let options = ReplayOptions::new(&env.config);
 
     let started = Instant::now();
     let peek = tokio::time::timeout(
         LONG,
-        peek_queue(&env.url, &dead, &ReplayFilter::default(), 10),
+        peek_queue(&broker, &dead, &ReplayFilter::default(), 10),
     )
     .await
     .expect("the peek ends");
@@ -168,7 +169,7 @@ async fn the_tools_fail_at_once_on_an_unreadable_dead_letter_naming_the_cause() 
     env.ready_again(&dead, 2).await;
 
     assert!(take_head_raw(&env.url, &dead).await.is_some());
-    let peek = peek_queue(&env.url, &dead, &ReplayFilter::default(), 10)
+    let peek = peek_queue(&broker, &dead, &ReplayFilter::default(), 10)
         .await
         .expect("the peek reads the message behind");
     assert_eq!((peek.total, peek.seen), (1, 1), "{peek:?}");
