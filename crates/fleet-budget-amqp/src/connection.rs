@@ -347,10 +347,7 @@ pub fn tls_files() -> TlsFiles {
 /// # Errors
 /// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`],
 /// [`AmqpError::Tls`] when the TLS handshake fails, or [`AmqpError::TlsSettings`].
-pub async fn connect(
-    to: impl Into<ConnectionConfig>,
-    name: &str,
-) -> Result<Connection, AmqpError> {
+pub async fn connect(to: impl Into<ConnectionConfig>, name: &str) -> Result<Connection, AmqpError> {
     let config = to.into();
     let url = config.url.as_str();
     let shown = redact_url(url);
@@ -437,7 +434,10 @@ pub fn timeouts() -> Timeouts {
 ///
 /// # Errors
 /// As [`Timeouts::within`].
-#[deprecated(since = "0.2.0", note = "use `Timeouts::within` with the connection's deadlines")]
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::within` with the connection's deadlines"
+)]
 pub async fn within<T>(
     step: impl Into<String>,
     future: impl Future<Output = Result<T, lapin::Error>>,
@@ -449,7 +449,10 @@ pub async fn within<T>(
 ///
 /// # Errors
 /// As [`Timeouts::deadline`].
-#[deprecated(since = "0.2.0", note = "use `Timeouts::deadline` with the connection's deadlines")]
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::deadline` with the connection's deadlines"
+)]
 pub async fn deadline<T>(
     step: impl Into<String>,
     future: impl Future<Output = T>,

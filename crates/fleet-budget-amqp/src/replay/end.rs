@@ -58,11 +58,12 @@ pub(super) async fn stop_consuming(
     settler: &mut Settler,
 ) {
     settler.ack(true).await;
-    let cancelled = t.within(
-        "cancel the replay's consumer",
-        ch.basic_cancel(tag, BasicCancelOptions::default()),
-    )
-    .await;
+    let cancelled = t
+        .within(
+            "cancel the replay's consumer",
+            ch.basic_cancel(tag, BasicCancelOptions::default()),
+        )
+        .await;
     if let Err(e) = cancelled {
         tracing::warn!(error = %e, originals = settler.acked, "no answer behind the last acks; the last originals may stay beside their copies (duplicates)");
     }

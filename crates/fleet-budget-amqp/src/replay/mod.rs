@@ -152,15 +152,17 @@ impl Replayer {
     }
 
     async fn consume(&self, ch: &Channel, tag: &str) -> Result<lapin::Consumer, AmqpError> {
-        self.connection.timeouts.within(
-            format!("consume {}", self.source_queue),
-            ch.basic_consume(
-                amqp_name("queue", &self.source_queue)?,
-                amqp_name("consumer tag", tag)?,
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ),
-        )
-        .await
+        self.connection
+            .timeouts
+            .within(
+                format!("consume {}", self.source_queue),
+                ch.basic_consume(
+                    amqp_name("queue", &self.source_queue)?,
+                    amqp_name("consumer tag", tag)?,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
+            .await
     }
 }

@@ -231,17 +231,18 @@ async fn apply(
                 routing_key,
             } => {
                 let ch = probe.channel().await?;
-                timeouts.within(
-                    format!("bind {queue} to {exchange}"),
-                    ch.queue_bind(
-                        amqp_name("queue", queue)?,
-                        amqp_name("exchange", exchange)?,
-                        amqp_name("routing key", routing_key)?,
-                        QueueBindOptions::default(),
-                        FieldTable::default(),
-                    ),
-                )
-                .await?;
+                timeouts
+                    .within(
+                        format!("bind {queue} to {exchange}"),
+                        ch.queue_bind(
+                            amqp_name("queue", queue)?,
+                            amqp_name("exchange", exchange)?,
+                            amqp_name("routing key", routing_key)?,
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        ),
+                    )
+                    .await?;
                 StepState::Bound
             }
         };
@@ -361,16 +362,18 @@ impl<'a> Probe<'a> {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        match self.timeouts.deadline(
-            format!("declare exchange {name}"),
-            ch.exchange_declare(
-                amqp_name("exchange", name)?,
-                kind_value,
-                opts,
-                FieldTable::default(),
-            ),
-        )
-        .await?
+        match self
+            .timeouts
+            .deadline(
+                format!("declare exchange {name}"),
+                ch.exchange_declare(
+                    amqp_name("exchange", name)?,
+                    kind_value,
+                    opts,
+                    FieldTable::default(),
+                ),
+            )
+            .await?
         {
             Ok(()) => Ok(if exists {
                 StepState::Unchanged
@@ -435,11 +438,13 @@ impl<'a> Probe<'a> {
                 durable,
                 ..QueueDeclareOptions::default()
             };
-            match self.timeouts.deadline(
-                format!("declare queue {name}"),
-                ch.queue_declare(amqp_name("queue", name)?, opts, args),
-            )
-            .await?
+            match self
+                .timeouts
+                .deadline(
+                    format!("declare queue {name}"),
+                    ch.queue_declare(amqp_name("queue", name)?, opts, args),
+                )
+                .await?
             {
                 Ok(_) => break,
                 Err(e) => {

@@ -76,11 +76,12 @@ pub(crate) async fn exchange_exists(
         ..ExchangeDeclareOptions::default()
     };
     let name = amqp_name("exchange", exchange)?;
-    match timeouts.deadline(
-        format!("check exchange {exchange}"),
-        channel.exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default()),
-    )
-    .await?
+    match timeouts
+        .deadline(
+            format!("check exchange {exchange}"),
+            channel.exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default()),
+        )
+        .await?
     {
         Ok(()) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
@@ -99,12 +100,13 @@ async fn declare_queue_passively(
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    Ok(timeouts.deadline(
-        format!("inspect queue {queue}"),
-        channel.queue_declare(name, opts, FieldTable::default()),
-    )
-    .await?
-    .map(|q| q.message_count()))
+    Ok(timeouts
+        .deadline(
+            format!("inspect queue {queue}"),
+            channel.queue_declare(name, opts, FieldTable::default()),
+        )
+        .await?
+        .map(|q| q.message_count()))
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {

@@ -46,9 +46,12 @@ async fn amqps_carries_the_broker_protocol_through_tls() {
     let pki = TestPki::generate();
     let front = TlsFront::start(&pki, "127.0.0.1:5672".parse().unwrap()).await;
     let url = format!("amqps://guest:guest@localhost:{}/%2f", front.port());
-    let conn = connect(broker(&url, with_ca(pki.ca_file())), "fleet-budget tls test")
-        .await
-        .unwrap();
+    let conn = connect(
+        broker(&url, with_ca(pki.ca_file())),
+        "fleet-budget tls test",
+    )
+    .await
+    .unwrap();
     let channel = conn.create_channel().await.unwrap();
     let name = format!("fleet-budget-tls-{}", std::process::id());
     let queue = channel
