@@ -28,14 +28,18 @@
 //! connection that consumes it) keeps the delay growing to `reconnect_max`, and the log and
 //! `fleet_budget_amqp_short_lived_connections_in_a_row` say how many times in a row.
 //!
-//! How the parts fit:
+//! How the parts fit, in the order a delivery meets them:
 //!
-//! * `runtime`: the consume loop, reconnecting and shutdown ([`Worker::run`]), and the steps
-//!   1–3 above for one delivery;
+//! * `consume`: the consume loop and shutdown ([`Worker::run`]): one connection at a time, one
+//!   task per delivery;
+//! * `backoff`: reconnecting, the delay after a lost connection and the count of young ones;
+//! * `delivery`: one delivery from its headers to its counts, the steps 1–3 above, then the
+//!   outcome handed to `settle` and how it ended counted (the one place an outcome is counted);
 //! * [`outcome`]: the pure mapping from the budget's [`fleet_budget::Decision`] to an
 //!   [`Outcome`] (retry in a tier, dead-letter with a reason, ack), usable without a broker;
 //! * `settle`: step 4, carrying an outcome out with one publish-then-ack shared by retries,
-//!   dead-letters and retries that came back early and wait again.
+//!   dead-letters and retries that came back early and wait again; it says how the delivery
+//!   ended and counts nothing.
 //!
 //! [`RetryRecord`]: crate::headers::RetryRecord
 //! [`DeadLetterRecord`]: crate::headers::DeadLetterRecord
@@ -54,8 +58,10 @@ use crate::connection::{ConnectionConfig, Timeouts};
 use crate::headers;
 use crate::topology::Topology;
 
+mod backoff;
+mod consume;
+mod delivery;
 pub mod outcome;
-mod runtime;
 mod settle;
 
 pub use outcome::{JobContext, Outcome};
