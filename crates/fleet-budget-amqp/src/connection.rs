@@ -113,8 +113,9 @@ impl Timeouts {
 
 /// Where and how to connect: the broker's URL, the deadlines of every step and the certificate
 /// files of an `amqps://` URL. Handed to [`connect`] and kept by whoever connects again (the
-/// worker, the replayer, the exporter's queue source).
-#[derive(Debug, Clone, PartialEq)]
+/// worker, the replayer, the exporter's queue source). Its `Debug` shows the URL with the
+/// password redacted.
+#[derive(Clone, PartialEq)]
 pub struct ConnectionConfig {
     /// Broker URL (`amqp://` or `amqps://`).
     pub url: String,
@@ -122,6 +123,16 @@ pub struct ConnectionConfig {
     pub timeouts: Timeouts,
     /// Certificate files for `amqps://`: the CA file is trusted besides the system's roots.
     pub tls: TlsFiles,
+}
+
+impl fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("url", &redact_url(&self.url))
+            .field("timeouts", &self.timeouts)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl ConnectionConfig {
