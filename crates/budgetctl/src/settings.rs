@@ -40,16 +40,12 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
             .set_key_prefix(prefix)
             .map_err(|p| usage(format!("--key-prefix {}: {}", p.value, p.allowed)))?;
     }
-    // Every AMQP step of the command (connect, channel, declare, confirm) ends in a named
-    // timeout error at these deadlines, never a hang.
-    fleet_budget_amqp::connection::set_timeouts(fleet_budget_amqp::connection::Timeouts::of(
-        &config.amqp,
-    ));
+    // The `[amqp]` deadlines (every AMQP step ends in a named timeout error, never a hang) and
+    // certificate files travel with the configuration: the commands connect with
+    // `config.amqp.connection()`.
     if let Some(p) = config.amqp.tls_problem() {
         return Err(usage(format!("{}: {}", p.key, p.allowed)));
     }
-    // `amqps://` connections use the `[amqp]` certificate files.
-    fleet_budget_amqp::connection::set_tls(config.amqp.tls.clone());
     Ok(config)
 }
 

@@ -13,6 +13,8 @@ use fleet_budget::dependency::{CodePoint, is_unsafe_char};
 use fleet_budget::tls::TlsFiles;
 use serde::Deserialize;
 
+use crate::connection::{ConnectionConfig, Timeouts};
+
 /// Environment variable that overrides `amqp.url`.
 pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
 /// Environment variable that overrides `amqp.tls_ca_file`.
@@ -62,14 +64,25 @@ impl Default for AmqpSettings {
             delivery_limit: 50,
             retry_tiers: fleet_budget::ceiling::hops::powers_of_two(Duration::from_secs(1), 11),
             max_replays: 3,
-            connect_timeout: crate::connection::Timeouts::DEFAULT.connect,
-            operation_timeout: crate::connection::Timeouts::DEFAULT.operation,
+            connect_timeout: Timeouts::DEFAULT.connect,
+            operation_timeout: Timeouts::DEFAULT.operation,
             tls: TlsFiles::default(),
         }
     }
 }
 
 impl AmqpSettings {
+    /// How to connect to the broker of these settings: its URL, deadlines and certificate
+    /// files, for [`crate::connect`] and everything that connects.
+    #[must_use]
+    pub fn connection(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            url: self.url.clone(),
+            timeouts: Timeouts::of(self),
+            tls: self.tls.clone(),
+        }
+    }
+
     /// Points at the broker `url`, as a command-line override does.
     ///
     /// # Errors
@@ -107,6 +120,17 @@ impl AmqpSettings {
             Ok(settings)
         } else {
             Err(ConfigError::invalid(origin, problems))
+        }
+    }
+}
+
+impl Timeouts {
+    /// The deadlines of `settings` (`amqp.connect_timeout_ms`, `amqp.operation_timeout_ms`).
+    #[must_use]
+    pub fn of(settings: &AmqpSettings) -> Self {
+        Self {
+            connect: settings.connect_timeout,
+            operation: settings.operation_timeout,
         }
     }
 }

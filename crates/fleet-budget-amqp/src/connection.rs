@@ -3,8 +3,10 @@
 //! A broker that accepts TCP and never answers must end in a named timeout, never a hang: the
 //! connection (TCP and AMQP handshake) is bounded by [`Timeouts::connect`], and each later step
 //! (opening a channel, a declare, a consume, a publisher confirm) by [`Timeouts::operation`].
-//! The deadlines are process-wide: [`set_timeouts`] applies the `[amqp]` settings (the worker
-//! and `budgetctl` call it once they have read their configuration).
+//! The deadlines and the certificate files travel with the connection's configuration, a
+//! [`ConnectionConfig`] (the `[amqp]` settings make one: `AmqpSettings::connection`), handed
+//! to [`connect`] and kept by whoever reconnects; what runs on the connection carries its
+//! [`Timeouts`] along ([`Timeouts::within`]).
 //!
 //! A step can also wait on a connection that is already dead: when lapin cannot read what the
 //! broker sent (a message whose headers nest tables deeper than the parser's bound, a frame
@@ -26,7 +28,6 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{LongString, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, Event};
 
-use crate::config::AmqpSettings;
 use crate::error::AmqpError;
 
 /// How long each network step may take.
@@ -38,6 +39,12 @@ pub struct Timeouts {
     pub operation: Duration,
 }
 
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 impl Timeouts {
     /// 10 s to connect, 30 s per step: longer than a healthy broker ever takes, short enough
     /// that an operator sees the error.
@@ -46,86 +53,128 @@ impl Timeouts {
         operation: Duration::from_secs(30),
     };
 
-    /// The deadlines of `settings`.
+    /// Runs one broker step within the operation deadline; `step` names it in the error.
+    ///
+    /// # Errors
+    /// [`AmqpError::Timeout`] after the deadline, or the step's own error.
+    pub async fn within<T>(
+        self,
+        step: impl Into<String>,
+        future: impl Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<T, AmqpError> {
+        let step = step.into();
+        let after = self.operation;
+        match tokio::time::timeout(after, future).await {
+            Ok(result) => result.map_err(|e| AmqpError::broker(step, e)),
+            Err(_) => Err(AmqpError::Timeout { step, after }),
+        }
+    }
+
+    /// Runs one broker step within the operation deadline, leaving its own error to the caller.
+    ///
+    /// # Errors
+    /// [`AmqpError::Timeout`] after the deadline.
+    pub async fn deadline<T>(
+        self,
+        step: impl Into<String>,
+        future: impl Future<Output = T>,
+    ) -> Result<T, AmqpError> {
+        let after = self.operation;
+        tokio::time::timeout(after, future)
+            .await
+            .map_err(|_| AmqpError::Timeout {
+                step: step.into(),
+                after,
+            })
+    }
+
+    /// Closes `ch` (reply code 200, `reason`) within the operation deadline: a broker that
+    /// stops answering must not hold a shutdown or the end of a run until the heartbeat gives
+    /// up. The channel's work is done or already failed by then, so the outcome is only logged.
+    pub async fn close_channel(self, ch: &Channel, reason: &str) {
+        let closing = ch.close(200, ShortString::from(reason));
+        logged(
+            "a channel",
+            reason,
+            self.deadline("close a channel", closing).await,
+        );
+    }
+
+    /// Closes `conn` as [`Timeouts::close_channel`] closes a channel.
+    pub async fn close_connection(self, conn: &Connection, reason: &str) {
+        let closing = conn.close(200, ShortString::from(reason));
+        logged(
+            "a connection",
+            reason,
+            self.deadline("close a connection", closing).await,
+        );
+    }
+}
+
+/// Where and how to connect: the broker's URL, the deadlines of every step and the certificate
+/// files of an `amqps://` URL. Handed to [`connect`] and kept by whoever connects again (the
+/// worker, the replayer, the exporter's queue source). Its `Debug` shows the URL with the
+/// password redacted.
+#[derive(Clone, PartialEq)]
+pub struct ConnectionConfig {
+    /// Broker URL (`amqp://` or `amqps://`).
+    pub url: String,
+    /// The deadlines of connecting and of each step on the connection.
+    pub timeouts: Timeouts,
+    /// Certificate files for `amqps://`: the CA file is trusted besides the system's roots.
+    pub tls: TlsFiles,
+}
+
+impl fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("url", &redact_url(&self.url))
+            .field("timeouts", &self.timeouts)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl ConnectionConfig {
+    /// `url` with the default deadlines and no certificate files of its own (the system's
+    /// roots). Until 0.3.0 the deadlines and files set by the deprecated [`set_timeouts`] and
+    /// [`set_tls`], when a program still calls them.
     #[must_use]
-    pub fn of(settings: &AmqpSettings) -> Self {
+    pub fn new(url: impl Into<String>) -> Self {
+        let (timeouts, tls) = process_wide();
         Self {
-            connect: settings.connect_timeout,
-            operation: settings.operation_timeout,
+            url: url.into(),
+            timeouts,
+            tls,
         }
     }
 }
 
-static TIMEOUTS: RwLock<Timeouts> = RwLock::new(Timeouts::DEFAULT);
-
-/// Sets the deadlines of every later network step of this process.
-pub fn set_timeouts(timeouts: Timeouts) {
-    *TIMEOUTS
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = timeouts;
-}
-
-/// The deadlines in force.
-#[must_use]
-pub fn timeouts() -> Timeouts {
-    *TIMEOUTS
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Runs one broker step within the operation deadline; `step` names it in the error.
-///
-/// # Errors
-/// [`AmqpError::Timeout`] after the deadline, or the step's own error.
-pub async fn within<T>(
-    step: impl Into<String>,
-    future: impl Future<Output = Result<T, lapin::Error>>,
-) -> Result<T, AmqpError> {
-    let step = step.into();
-    let after = timeouts().operation;
-    match tokio::time::timeout(after, future).await {
-        Ok(result) => result.map_err(|e| AmqpError::broker(step, e)),
-        Err(_) => Err(AmqpError::Timeout { step, after }),
+/// A bare URL, as the functions that connect took before 0.2.0: [`ConnectionConfig::new`].
+impl From<&str> for ConnectionConfig {
+    fn from(url: &str) -> Self {
+        Self::new(url)
     }
 }
 
-/// Runs one broker step within the operation deadline, leaving its own error to the caller.
-///
-/// # Errors
-/// [`AmqpError::Timeout`] after the deadline.
-pub async fn deadline<T>(
-    step: impl Into<String>,
-    future: impl Future<Output = T>,
-) -> Result<T, AmqpError> {
-    let after = timeouts().operation;
-    tokio::time::timeout(after, future)
-        .await
-        .map_err(|_| AmqpError::Timeout {
-            step: step.into(),
-            after,
-        })
+/// A bare URL: [`ConnectionConfig::new`].
+impl From<String> for ConnectionConfig {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
 }
 
-/// Closes `ch` (reply code 200, `reason`) within the operation deadline: a broker that stops
-/// answering must not hold a shutdown or the end of a run until the heartbeat gives up. The
-/// channel's work is done or already failed by then, so the outcome is only logged.
-pub async fn close_channel(ch: &Channel, reason: &str) {
-    let closing = ch.close(200, ShortString::from(reason));
-    logged(
-        "a channel",
-        reason,
-        deadline("close a channel", closing).await,
-    );
+/// A bare URL: [`ConnectionConfig::new`].
+impl From<&String> for ConnectionConfig {
+    fn from(url: &String) -> Self {
+        Self::new(url.as_str())
+    }
 }
 
-/// Closes `conn` as [`close_channel`] closes a channel.
-pub async fn close_connection(conn: &Connection, reason: &str) {
-    let closing = conn.close(200, ShortString::from(reason));
-    logged(
-        "a connection",
-        reason,
-        deadline("close a connection", closing).await,
-    );
+impl From<&ConnectionConfig> for ConnectionConfig {
+    fn from(config: &ConnectionConfig) -> Self {
+        config.clone()
+    }
 }
 
 /// Logs how the close of `what` ended.
@@ -152,6 +201,8 @@ pub struct ConnectionWatch {
     status: ConnectionStatus,
     events: Arc<Mutex<Pin<Box<dyn Stream<Item = Event> + Send>>>>,
     error: Arc<Mutex<Option<lapin::Error>>>,
+    /// The deadlines of the watched connection's steps ([`ConnectionWatch::within`]).
+    timeouts: Timeouts,
 }
 
 impl fmt::Debug for ConnectionWatch {
@@ -164,14 +215,31 @@ impl fmt::Debug for ConnectionWatch {
 }
 
 impl ConnectionWatch {
-    /// Starts watching `conn`.
+    /// Starts watching `conn`, whose steps take the default deadlines (until 0.3.0, those of the
+    /// deprecated [`set_timeouts`] when a program still calls it); see
+    /// [`ConnectionWatch::with_timeouts`].
     #[must_use]
     pub fn new(conn: &Connection) -> Self {
         Self {
             status: conn.status().clone(),
             events: Arc::new(Mutex::new(Box::pin(conn.events_listener()))),
             error: Arc::new(Mutex::new(None)),
+            timeouts: process_wide().0,
         }
+    }
+
+    /// The watch with the deadlines of the connection's configuration
+    /// ([`ConnectionConfig::timeouts`]) for its [`ConnectionWatch::within`].
+    #[must_use]
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// The deadlines of the watched connection's steps.
+    #[must_use]
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
     /// Whether the connection is closing, closed or failed.
@@ -227,11 +295,12 @@ impl ConnectionWatch {
         self.last_error()
     }
 
-    /// [`within`], ended early when the connection is lost: then the error is
-    /// [`AmqpError::ConnectionLost`], naming the step and the connection's error.
+    /// [`Timeouts::within`] with the watch's deadlines, ended early when the connection is
+    /// lost: then the error is [`AmqpError::ConnectionLost`], naming the step and the
+    /// connection's error.
     ///
     /// # Errors
-    /// As [`within`], or [`AmqpError::ConnectionLost`].
+    /// As [`Timeouts::within`], or [`AmqpError::ConnectionLost`].
     pub async fn within<T>(
         &self,
         step: impl Into<String>,
@@ -240,7 +309,7 @@ impl ConnectionWatch {
         let step = step.into();
         tokio::select! {
             biased;
-            result = within(step.clone(), future) => result,
+            result = self.timeouts.within(step.clone(), future) => result,
             source = self.lost() => Err(AmqpError::ConnectionLost { step, source }),
         }
     }
@@ -261,14 +330,19 @@ static TLS: RwLock<TlsFiles> = RwLock::new(TlsFiles {
     key_file: None,
 });
 
-/// Sets the certificate files of every later `amqps://` connection of this process (the
-/// `amqp.tls_*` settings; the worker and `budgetctl` call it with the deadlines).
+/// Sets the certificate files of every later `amqps://` connection of this process that is not
+/// given its own (a bare URL: [`ConnectionConfig::new`]).
+#[deprecated(
+    since = "0.2.0",
+    note = "the files travel with the connection: `ConnectionConfig::tls` (`AmqpSettings::connection`)"
+)]
 pub fn set_tls(files: TlsFiles) {
     *TLS.write()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = files;
 }
 
-/// The certificate files in force.
+/// The certificate files a bare URL gets.
+#[deprecated(since = "0.2.0", note = "read `ConnectionConfig::tls`")]
 #[must_use]
 pub fn tls_files() -> TlsFiles {
     TLS.read()
@@ -276,17 +350,19 @@ pub fn tls_files() -> TlsFiles {
         .clone()
 }
 
-/// Connects to `url` with `name` as the connection name shown by the broker, within the
-/// connect deadline. An `amqps://` URL is connected with TLS (rustls; the CA file of
-/// [`set_tls`], else the system's root certificates; certificate and host name verified) and
-/// never in plaintext.
+/// Connects to the broker of `to` (a [`ConnectionConfig`], or a bare URL) with `name` as the
+/// connection name shown by the broker, within its connect deadline. An `amqps://` URL is
+/// connected with TLS (rustls; the CA file of its configuration, else the system's root
+/// certificates; certificate and host name verified) and never in plaintext.
 ///
 /// # Errors
 /// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`],
 /// [`AmqpError::Tls`] when the TLS handshake fails, or [`AmqpError::TlsSettings`].
-pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
+pub async fn connect(to: impl Into<ConnectionConfig>, name: &str) -> Result<Connection, AmqpError> {
+    let config = to.into();
+    let url = config.url.as_str();
     let shown = redact_url(url);
-    let files = tls_files();
+    let files = &config.tls;
     let tls = if is_tls_url(url) {
         install_crypto_provider();
         let material = files.load("amqp").map_err(|e| AmqpError::TlsSettings {
@@ -304,11 +380,11 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
     } else {
         // Files set for a plaintext URL are a configuration problem
         // (`AmqpSettings::tls_problem`), reported where the configuration is read: the files
-        // are process-wide, and another connection of the process may be `amqps://`.
+        // are the whole configuration's, and the same settings may serve an `amqps://` URL.
         OwnedTLSConfig::default()
     };
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    let after = timeouts().connect;
+    let after = config.timeouts.connect;
     let uri = url
         .parse::<lapin::uri::AMQPUri>()
         .map_err(|e| AmqpError::Connect {
@@ -338,4 +414,86 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
             after,
         }),
     }
+}
+
+/// The deadlines and files of the deprecated process-wide setters: what a connection not given
+/// its own gets ([`ConnectionConfig::new`], [`ConnectionWatch::new`]); the defaults unless a
+/// program still calls [`set_timeouts`] or [`set_tls`]. Goes with them in 0.3.0.
+pub(crate) fn process_wide() -> (Timeouts, TlsFiles) {
+    let timeouts = *TIMEOUTS
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tls = TLS
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    (timeouts, tls)
+}
+
+static TIMEOUTS: RwLock<Timeouts> = RwLock::new(Timeouts::DEFAULT);
+
+/// Sets the deadlines of every later network step of this process that is not given its own.
+#[deprecated(
+    since = "0.2.0",
+    note = "the deadlines travel with the connection: `ConnectionConfig::timeouts` (`AmqpSettings::connection`)"
+)]
+pub fn set_timeouts(timeouts: Timeouts) {
+    *TIMEOUTS
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = timeouts;
+}
+
+/// The deadlines a step not given its own gets.
+#[deprecated(since = "0.2.0", note = "read `ConnectionConfig::timeouts`")]
+#[must_use]
+pub fn timeouts() -> Timeouts {
+    process_wide().0
+}
+
+/// Runs one broker step within the deadline of the deprecated [`set_timeouts`].
+///
+/// # Errors
+/// As [`Timeouts::within`].
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::within` with the connection's deadlines"
+)]
+pub async fn within<T>(
+    step: impl Into<String>,
+    future: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, AmqpError> {
+    process_wide().0.within(step, future).await
+}
+
+/// Runs one broker step within the deadline of the deprecated [`set_timeouts`].
+///
+/// # Errors
+/// As [`Timeouts::deadline`].
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::deadline` with the connection's deadlines"
+)]
+pub async fn deadline<T>(
+    step: impl Into<String>,
+    future: impl Future<Output = T>,
+) -> Result<T, AmqpError> {
+    process_wide().0.deadline(step, future).await
+}
+
+/// Closes `ch` within the deadline of the deprecated [`set_timeouts`].
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::close_channel` with the connection's deadlines"
+)]
+pub async fn close_channel(ch: &Channel, reason: &str) {
+    process_wide().0.close_channel(ch, reason).await;
+}
+
+/// Closes `conn` within the deadline of the deprecated [`set_timeouts`].
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Timeouts::close_connection` with the connection's deadlines"
+)]
+pub async fn close_connection(conn: &Connection, reason: &str) {
+    process_wide().0.close_connection(conn, reason).await;
 }

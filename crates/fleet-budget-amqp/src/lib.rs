@@ -42,6 +42,7 @@ pub mod connection;
 pub mod error;
 pub mod frame_guard;
 pub mod headers;
+pub mod inspect;
 pub mod metrics;
 pub mod publish;
 pub mod replay;
@@ -51,7 +52,7 @@ pub mod topology;
 pub mod worker;
 
 pub use config::{AmqpSettings, WorkerConfig};
-pub use connection::connect;
+pub use connection::{ConnectionConfig, Timeouts, connect};
 pub use error::{AmqpError, ArgumentDifference};
 pub use headers::{DeadLetterRecord, HeaderError, JobHeaders, RetryRecord};
 pub use metrics::{AmqpMetrics, QueueSource};

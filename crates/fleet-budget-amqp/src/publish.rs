@@ -7,7 +7,7 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio::sync::Mutex;
 
-use crate::connection::{connect, timeouts};
+use crate::connection::{ConnectionConfig, Timeouts, connect};
 use crate::error::AmqpError;
 use crate::headers;
 
@@ -105,6 +105,8 @@ pub struct Publisher {
     connection: Option<Connection>,
     channel: Mutex<Option<Channel>>,
     opener: ChannelSource,
+    /// The deadlines of opening the channel, each publish and each confirm.
+    timeouts: Timeouts,
 }
 
 #[derive(Debug)]
@@ -114,38 +116,46 @@ enum ChannelSource {
 }
 
 impl Publisher {
-    /// Connects to `url` with a connection of its own.
+    /// Connects to the broker of `to` (a [`ConnectionConfig`], or a bare URL) with a
+    /// connection of its own, and keeps its deadlines.
     ///
     /// # Errors
     /// The broker cannot be reached.
-    pub async fn connect(url: &str) -> Result<Self, AmqpError> {
-        let connection = connect(url, "fleet-budget publisher").await?;
-        Ok(Self {
-            connection: Some(connection),
-            channel: Mutex::new(None),
-            opener: ChannelSource::Own,
-        })
+    pub async fn connect(to: impl Into<ConnectionConfig>) -> Result<Self, AmqpError> {
+        let to = to.into();
+        let connection = connect(&to, "fleet-budget publisher").await?;
+        Ok(Self::on(connection, to.timeouts))
     }
 
-    /// A publisher on an existing connection (the worker's and the replayer's).
-    pub(crate) fn on(connection: Connection) -> Self {
+    /// A publisher on an existing connection (the worker's and the replayer's), with its
+    /// deadlines.
+    pub(crate) fn on(connection: Connection, timeouts: Timeouts) -> Self {
         Self {
             connection: Some(connection),
             channel: Mutex::new(None),
             opener: ChannelSource::Own,
+            timeouts,
         }
     }
 
-    /// A publisher on a channel already in confirm mode: a replay's scout (a first move to an
-    /// exchange, alone on its channel), a look's copies, and the benchmarks.
+    /// A publisher on a channel already in confirm mode, with the deadlines of its connection:
+    /// a replay's scout (a first move to an exchange, alone on its channel), a look's copies,
+    /// and the benchmarks.
     #[doc(hidden)]
     #[must_use]
-    pub fn on_channel(channel: Channel) -> Self {
+    pub fn on_channel(channel: Channel, timeouts: Timeouts) -> Self {
         Self {
             connection: None,
             channel: Mutex::new(Some(channel.clone())),
             opener: ChannelSource::Borrowed(channel),
+            timeouts,
         }
+    }
+
+    /// The deadlines of this publisher's steps (those of its connection).
+    #[must_use]
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
     /// The largest frame the connection takes (`frame_max` as negotiated), when the publisher
@@ -190,7 +200,7 @@ impl Publisher {
             (ChannelSource::Own, Some(conn)) => {
                 let timeout = || PublishError::Timeout {
                     exchange: exchange.to_owned(),
-                    after: timeouts().operation,
+                    after: self.timeouts.operation,
                 };
                 let open = async {
                     let ch = conn.create_channel().await.map_err(fail)?;
@@ -199,7 +209,7 @@ impl Publisher {
                         .map_err(fail)?;
                     Ok(ch)
                 };
-                tokio::time::timeout(timeouts().operation, open)
+                tokio::time::timeout(self.timeouts.operation, open)
                     .await
                     .map_err(|_| timeout())??
             }
@@ -236,7 +246,7 @@ impl Publisher {
         };
         // Bounded like the confirm: a publish racing the broker's close of the channel (a copy
         // it refused) must not wait for ever.
-        let after = timeouts().operation;
+        let after = self.timeouts.operation;
         let confirm =
             tokio::time::timeout(after, ch.basic_publish(ex, rk, opts, payload, properties))
                 .await
@@ -252,6 +262,7 @@ impl Publisher {
             confirm,
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),
+            after,
         })
     }
 
@@ -305,10 +316,10 @@ impl Publisher {
         if let Some(ch) = taken
             && matches!(self.opener, ChannelSource::Own)
         {
-            crate::connection::close_channel(&ch, "bye").await;
+            self.timeouts.close_channel(&ch, "bye").await;
         }
         if let Some(conn) = &self.connection {
-            crate::connection::close_connection(conn, "bye").await;
+            self.timeouts.close_connection(conn, "bye").await;
         }
     }
 }
@@ -319,9 +330,12 @@ pub struct PendingConfirm {
     confirm: PublisherConfirm,
     exchange: String,
     routing_key: String,
+    /// The operation deadline of the publisher that sent it.
+    after: std::time::Duration,
 }
 
-/// Awaits a confirmation: `Ok` only for `Ack` without a returned message.
+/// Awaits a confirmation, within the operation deadline of the publisher that sent it: `Ok`
+/// only for `Ack` without a returned message.
 ///
 /// # Errors
 /// Nack, returned, or the channel failed before confirming.
@@ -330,8 +344,8 @@ pub async fn confirmed(pending: PendingConfirm) -> Result<(), PublishError> {
         confirm,
         exchange,
         routing_key,
+        after,
     } = pending;
-    let after = timeouts().operation;
     let Ok(answer) = tokio::time::timeout(after, confirm).await else {
         return Err(PublishError::Timeout { exchange, after });
     };

@@ -1,10 +1,12 @@
 //! The headers written to RabbitMQ never carry a secret: a property test that puts generated
 //! secrets in the error shapes a handler's error can take (URLs of every form, HTTP
 //! credentials, JSON and form keys in any case, AWS keys) and writes them as a worker writes a
-//! retry and a dead-letter, and as the replayer writes a parked copy.
+//! retry and a dead-letter, and as the replayer writes a parked copy; and a connection's
+//! configuration never prints its password.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use fleet_budget::DeadLetterReason;
+use fleet_budget_amqp::ConnectionConfig;
 use fleet_budget_amqp::headers::{DeadLetterRecord, RetryRecord, park_headers};
 use lapin::types::FieldTable;
 use proptest::prelude::*;
@@ -96,6 +98,17 @@ proptest! {
             prop_assert!(leaks(&dead, &s).is_none(), "dead-letter: {:?}", leaks(&dead, &s));
             let parked = park_headers(&FieldTable::default(), &error);
             prop_assert!(leaks(&parked, &s).is_none(), "parked: {:?}", leaks(&parked, &s));
+        }
+    }
+
+    /// A connection's configuration travels with everything that connects (and may be logged
+    /// with it): its `Debug` shows the URL with the password redacted.
+    #[test]
+    fn a_connection_configuration_prints_its_url_redacted(s in secret()) {
+        for url in [format!("amqp://guest:{s}@h:5672/%2f"), format!("amqps://u:{s}@h/v")] {
+            let shown = format!("{:?}", ConnectionConfig::from(url.as_str()));
+            prop_assert!(!shown.contains(&s), "{shown}");
+            prop_assert!(shown.contains("@h"), "the host is shown: {shown}");
         }
     }
 }

@@ -153,7 +153,7 @@ pub(crate) async fn show_messages(
         seen,
         messages,
         uncertain,
-    } = peek_queue(&config.amqp.url, queue, &filter, args.limit)
+    } = peek_queue(config.amqp.connection(), queue, &filter, args.limit)
         .await
         .map_err(|e| broker_error(config, &e))?;
     let out = PeekOutput {
@@ -328,7 +328,7 @@ async fn queue_stats(
     queue: &str,
     options: &ReplayOptions,
 ) -> Result<QueueStats, AmqpError> {
-    let report = Replayer::new(config.amqp.url.clone(), topology.clone(), None)
+    let report = Replayer::new(config.amqp.connection(), topology.clone(), None)
         .source_queue(queue)
         .dry_run(options)
         .await?;

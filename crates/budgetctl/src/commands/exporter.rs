@@ -49,7 +49,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
         .max_dependencies(args.max_dependencies);
     if !args.no_rabbitmq {
         let queues = QueueSource::register(
-            config.amqp.url.clone(),
+            config.amqp.connection(),
             Topology::new(&config.amqp),
             exporter.registry(),
         )?;

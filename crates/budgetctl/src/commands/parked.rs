@@ -93,18 +93,18 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
             topology.parked_queue
         )));
     }
-    let before = queue_depths(&config.amqp.url, topology)
+    let before = queue_depths(config.amqp.connection(), topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
     let r = purge_queue(
-        &config.amqp.url,
+        config.amqp.connection(),
         &topology.parked_queue,
         &filter,
         args.limit,
     )
     .await
     .map_err(|e| broker_error(config, &e))?;
-    let after = queue_depths(&config.amqp.url, topology)
+    let after = queue_depths(config.amqp.connection(), topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
     let entry = audit::purge_entry(

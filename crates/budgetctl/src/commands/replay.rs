@@ -198,10 +198,10 @@ async fn replay_queue(
     trail: &Trail,
 ) -> anyhow::Result<(ReplayOutput, Option<AuditEntry>)> {
     let topology = Topology::new(&config.amqp);
-    let url = config.amqp.url.clone();
+    let broker = config.amqp.connection();
     let replayer = |budget: Option<FleetBudget>| match source {
-        Source::DeadLetters => Replayer::new(url.clone(), topology.clone(), budget),
-        Source::Parked => Replayer::parked(url.clone(), topology.clone(), budget),
+        Source::DeadLetters => Replayer::new(&broker, topology.clone(), budget),
+        Source::Parked => Replayer::parked(&broker, topology.clone(), budget),
     };
     if dry_run {
         let r = replayer(None)
@@ -249,7 +249,7 @@ async fn replay_queue(
         }
         return Ok((out, None));
     }
-    let before = queue_depths(&config.amqp.url, &topology)
+    let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
     // The budget lets the replayer pause while the dependency's budget is exhausted again.
@@ -286,7 +286,7 @@ async fn replay_queue(
     }
     let _ = budget.shutdown().await;
     let r = report.map_err(|e| broker_error(config, &e))?;
-    let after = queue_depths(&config.amqp.url, &topology)
+    let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
     let action = match source {

@@ -39,16 +39,17 @@ use lapin::{BasicProperties, Channel, Connection};
 use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Mutex;
 
-use crate::connection::{connect, within};
+use crate::connection::{ConnectionConfig, connect};
 use crate::error::AmqpError;
 use crate::headers::{self, DEAD_LETTERED_MS, PARKED_MS};
-use crate::replay::inspect::{InspectOptions, Look as Then, inspect_on};
-use crate::topology::{Topology, queue_depth};
+use crate::inspect::{InspectOptions, Look as Then, inspect_on};
+use crate::topology::{Topology, queue_depth_within};
 
 /// Reads the queues of a topology for the fleet exporter.
 #[derive(Debug)]
 pub struct QueueSource {
-    url: String,
+    /// The broker, its deadlines and certificate files: every connection of the source.
+    connection: ConnectionConfig,
     topology: Topology,
     messages: IntGaugeVec,
     oldest_age: GaugeVec,
@@ -71,9 +72,12 @@ struct Link {
 }
 
 impl Link {
-    async fn open(url: &str, name: &str) -> Result<Self, AmqpError> {
-        let conn = Arc::new(connect(url, name).await?);
-        let depths = within("open a channel", conn.create_channel()).await?;
+    async fn open(to: &ConnectionConfig, name: &str) -> Result<Self, AmqpError> {
+        let conn = Arc::new(connect(to, name).await?);
+        let depths = to
+            .timeouts
+            .within("open a channel", conn.create_channel())
+            .await?;
         Ok(Self { conn, depths })
     }
 
@@ -98,13 +102,13 @@ impl QueueSource {
     /// Messages a look reads at most per queue.
     pub const DEFAULT_SCAN_LIMIT: u64 = 10_000;
 
-    /// A source for `topology` on the broker at `url`, its gauges registered on `registry`
-    /// (the exporter's: `FleetExporter::registry`).
+    /// A source for `topology` on the broker of `to` (a [`ConnectionConfig`], or a bare URL),
+    /// its gauges registered on `registry` (the exporter's: `FleetExporter::registry`).
     ///
     /// # Errors
     /// The registry already holds metrics of these names.
     pub fn register(
-        url: impl Into<String>,
+        to: impl Into<ConnectionConfig>,
         topology: Topology,
         registry: &Registry,
     ) -> Result<Self, prometheus::Error> {
@@ -125,7 +129,7 @@ impl QueueSource {
         registry.register(Box::new(messages.clone()))?;
         registry.register(Box::new(oldest_age.clone()))?;
         Ok(Self {
-            url: url.into(),
+            connection: to.into(),
             topology,
             messages,
             oldest_age,
@@ -215,7 +219,7 @@ impl QueueSource {
         let reused = kept.is_some();
         let link = match kept {
             Some(link) => link,
-            None => Link::open(&self.url, &self.connection_name).await?,
+            None => Link::open(&self.connection, &self.connection_name).await?,
         };
         let (link, depths) = match self.read_depths(&link.depths).await {
             Ok(depths) => (link, depths),
@@ -223,7 +227,7 @@ impl QueueSource {
             Err(e) => {
                 tracing::debug!(error = %redact_text(&e.to_string()), "exporter: the kept RabbitMQ connection failed; connecting again");
                 drop(link);
-                let link = Link::open(&self.url, &self.connection_name).await?;
+                let link = Link::open(&self.connection, &self.connection_name).await?;
                 let depths = self.read_depths(&link.depths).await?;
                 (link, depths)
             }
@@ -234,11 +238,11 @@ impl QueueSource {
     }
 
     async fn read_depths(&self, ch: &Channel) -> Result<[u32; 3], AmqpError> {
-        let t = &self.topology;
+        let (t, within) = (&self.topology, self.connection.timeouts);
         Ok([
-            queue_depth(ch, &t.work_queue).await?,
-            queue_depth(ch, &t.dead_queue).await?,
-            queue_depth(ch, &t.parked_queue).await?,
+            queue_depth_within(ch, &t.work_queue, within).await?,
+            queue_depth_within(ch, &t.dead_queue, within).await?,
+            queue_depth_within(ch, &t.parked_queue, within).await?,
         ])
     }
 
@@ -255,6 +259,7 @@ impl QueueSource {
         let look = Arc::clone(look);
         let (conn, queue) = (Arc::clone(conn), queue.to_owned());
         let (every, limit) = (self.scan_every, self.scan_limit);
+        let timeouts = self.connection.timeouts;
         let task = tokio::spawn(async move {
             let mut last = look.lock().await;
             if let Some(l) = *last
@@ -268,7 +273,7 @@ impl QueueSource {
                 limit: Some(limit),
                 ..InspectOptions::default()
             };
-            inspect_on(&conn, &queue, &options, |d| {
+            inspect_on(&conn, timeouts, &queue, &options, |d| {
                 if let Some(t) = message_time(&d.properties, header) {
                     oldest = Some(oldest.map_or(t, |o| o.min(t)));
                 }

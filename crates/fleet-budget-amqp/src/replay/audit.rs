@@ -9,7 +9,7 @@ use fleet_budget::control::AuditEntry;
 use serde_json::{Value, json};
 
 use super::purge::PurgeReport;
-use super::run::ReplayReport;
+use super::report::ReplayReport;
 use super::select::ReplayFilter;
 use crate::topology::QueueDepths;
 

@@ -10,7 +10,7 @@ use lapin::{Acker, BasicProperties};
 
 use super::Replayer;
 use super::exchanges::{Exchanges, Target};
-use super::run::ReplayProgress;
+use super::report::ReplayProgress;
 use super::settle::Settler;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed};

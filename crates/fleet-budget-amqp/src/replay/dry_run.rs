@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::Replayer;
 use super::inspect::{InspectOptions, inspect_queue};
 use super::select::{Class, ReplayOptions, Selection};
-use crate::connection::{connect, within};
+use crate::connection::connect;
 use crate::error::AmqpError;
 use crate::headers;
 use crate::topology::inspect::exchange_exists;
@@ -51,7 +51,7 @@ impl Replayer {
             limit: None,
             idle_timeout: options.idle_timeout,
         };
-        let inspection = inspect_queue(&self.url, &self.source_queue, &look, |d| {
+        let inspection = inspect_queue(&self.connection, &self.source_queue, &look, |d| {
             let at = headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
                 .ok()
                 .flatten();
@@ -102,17 +102,18 @@ impl Replayer {
         if exchanges.is_empty() {
             return Ok(Vec::new());
         }
-        let conn = connect(&self.url, "fleet-budget replay dry run").await?;
+        let t = self.connection.timeouts;
+        let conn = connect(&self.connection, "fleet-budget replay dry run").await?;
         let mut missing = Vec::new();
         for exchange in exchanges {
-            let ch = within("open a channel", conn.create_channel()).await?;
-            if exchange_exists(&ch, exchange).await? {
-                crate::connection::close_channel(&ch, "probed").await;
+            let ch = t.within("open a channel", conn.create_channel()).await?;
+            if exchange_exists(&ch, exchange, t).await? {
+                t.close_channel(&ch, "probed").await;
             } else {
                 missing.push(exchange.clone());
             }
         }
-        crate::connection::close_connection(&conn, "bye").await;
+        t.close_connection(&conn, "bye").await;
         Ok(missing)
     }
 }

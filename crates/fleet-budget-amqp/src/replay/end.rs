@@ -45,18 +45,25 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 use super::settle::Settler;
-use crate::connection::within;
-use crate::topology::queue_depth;
+use crate::connection::Timeouts;
+use crate::topology::queue_depth_within;
 
 /// Ends the run's consuming on `ch`: the last acks, the cancel of consumer `tag` (behind which
-/// they are applied), the held originals returned, the channel closed.
-pub(super) async fn stop_consuming(ch: &Channel, tag: ShortString, settler: &mut Settler) {
+/// they are applied), the held originals returned, the channel closed; each step within the
+/// deadline of `t`.
+pub(super) async fn stop_consuming(
+    t: Timeouts,
+    ch: &Channel,
+    tag: ShortString,
+    settler: &mut Settler,
+) {
     settler.ack(true).await;
-    let cancelled = within(
-        "cancel the replay's consumer",
-        ch.basic_cancel(tag, BasicCancelOptions::default()),
-    )
-    .await;
+    let cancelled = t
+        .within(
+            "cancel the replay's consumer",
+            ch.basic_cancel(tag, BasicCancelOptions::default()),
+        )
+        .await;
     if let Err(e) = cancelled {
         tracing::warn!(error = %e, originals = settler.acked, "no answer behind the last acks; the last originals may stay beside their copies (duplicates)");
     }
@@ -64,14 +71,15 @@ pub(super) async fn stop_consuming(ch: &Channel, tag: ShortString, settler: &mut
     // close overtakes returns the message all the same.
     settler.return_held().await;
     // Deliveries pushed after the bound are unacked: closing the channel requeues them.
-    crate::connection::close_channel(ch, "replay done").await;
+    t.close_channel(ch, "replay done").await;
 }
 
 /// Waits, up to `patience`, until `queue` holds at least `leaves` ready messages (looking on a
 /// channel of `conn`); returns how many it was still short at the last look (`Some(0)`: all
 /// ready), or `None` when it could not look (no connection, a failed look: logged), which the
-/// caller must not take for "all ready".
+/// caller must not take for "all ready". Each look within the deadline of `t`.
 pub(super) async fn wait_until_ready(
+    t: Timeouts,
     conn: Option<&Connection>,
     queue: &str,
     leaves: u64,
@@ -81,7 +89,10 @@ pub(super) async fn wait_until_ready(
         return Some(0);
     }
     let conn = conn?;
-    let probe = match within("open a channel to read the depth", conn.create_channel()).await {
+    let opened = t
+        .within("open a channel to read the depth", conn.create_channel())
+        .await;
+    let probe = match opened {
         Ok(ch) => ch,
         Err(e) => {
             tracing::warn!(error = %e, queue = %queue, "could not read the depth the run left; it may read short for a moment");
@@ -91,7 +102,7 @@ pub(super) async fn wait_until_ready(
     let deadline = Instant::now() + patience;
     let mut pause = Duration::from_millis(2);
     let short = loop {
-        let short = match queue_depth(&probe, queue).await {
+        let short = match queue_depth_within(&probe, queue, t).await {
             Ok(depth) => leaves.saturating_sub(u64::from(depth)),
             Err(e) => {
                 tracing::warn!(error = %e, queue = %queue, "could not read the depth the run left; it may read short for a moment");
@@ -108,6 +119,6 @@ pub(super) async fn wait_until_ready(
     if short.is_some_and(|n| n > 0) {
         tracing::warn!(queue = %queue, leaves, short, waited = ?patience, "the run left messages its source queue does not count ready yet: another consumer reads it, or the broker is slow to return them; its depth reads short until then");
     }
-    crate::connection::close_channel(&probe, "depth read").await;
+    t.close_channel(&probe, "depth read").await;
     short
 }

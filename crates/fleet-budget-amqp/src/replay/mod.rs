@@ -42,22 +42,24 @@ use lapin::Channel;
 use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
 
-use crate::connection::{ConnectionWatch, connect, within};
+use crate::connection::{ConnectionConfig, ConnectionWatch, connect};
 use crate::error::AmqpError;
 use crate::publish::Publisher;
 use crate::topology::names::amqp_name;
-use crate::topology::{Topology, queue_depth};
+use crate::topology::{Topology, queue_depth_within};
 
 pub mod audit;
 mod copies;
 pub mod dry_run;
 mod end;
 mod exchanges;
-pub mod inspect;
+/// Looking at a queue without consuming it (a module of its own: the exporter looks too).
+pub use crate::inspect;
 mod pacer;
 mod pause;
 pub mod peek;
 pub mod purge;
+mod report;
 pub mod run;
 mod scout;
 pub mod select;
@@ -67,13 +69,14 @@ pub use dry_run::DryRunReport;
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
 pub use peek::{Peek, QueuedMessage, peek_queue};
 pub use purge::{PurgeReport, purge_queue};
-pub use run::{ReplayProgress, ReplayReport};
+pub use report::{ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
 /// Replays dead-lettered messages (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct Replayer {
-    url: String,
+    /// The broker, its deadlines and certificate files: every connection of the replay.
+    connection: ConnectionConfig,
     topology: Topology,
     budget: Option<FleetBudget>,
     source_queue: String,
@@ -82,13 +85,18 @@ pub struct Replayer {
 }
 
 impl Replayer {
-    /// A replayer of `topology`'s dead-letter queue. With a `budget`, it pauses while a
-    /// dependency's budget is exhausted.
+    /// A replayer of `topology`'s dead-letter queue on the broker of `to` (a
+    /// [`ConnectionConfig`], or a bare URL). With a `budget`, it pauses while a dependency's
+    /// budget is exhausted.
     #[must_use]
-    pub fn new(url: impl Into<String>, topology: Topology, budget: Option<FleetBudget>) -> Self {
+    pub fn new(
+        to: impl Into<ConnectionConfig>,
+        topology: Topology,
+        budget: Option<FleetBudget>,
+    ) -> Self {
         let source_queue = topology.dead_queue.clone();
         Self {
-            url: url.into(),
+            connection: to.into(),
             topology,
             budget,
             source_queue,
@@ -100,12 +108,16 @@ impl Replayer {
     /// whatever their replay count; unreadable ones stay parked (counted skipped and
     /// malformed).
     #[must_use]
-    pub fn parked(url: impl Into<String>, topology: Topology, budget: Option<FleetBudget>) -> Self {
+    pub fn parked(
+        to: impl Into<ConnectionConfig>,
+        topology: Topology,
+        budget: Option<FleetBudget>,
+    ) -> Self {
         let source_queue = topology.parked_queue.clone();
         Self {
             from_parked: true,
             source_queue,
-            ..Self::new(url, topology, budget)
+            ..Self::new(to, topology, budget)
         }
     }
 
@@ -131,23 +143,26 @@ impl Replayer {
         &self,
         what: &str,
     ) -> Result<(Publisher, Channel, u64, ConnectionWatch), AmqpError> {
-        let conn = connect(&self.url, what).await?;
-        let watch = ConnectionWatch::new(&conn);
-        let ch = within("open a channel", conn.create_channel()).await?;
-        let depth = queue_depth(&ch, &self.source_queue).await?;
-        Ok((Publisher::on(conn), ch, u64::from(depth), watch))
+        let t = self.connection.timeouts;
+        let conn = connect(&self.connection, what).await?;
+        let watch = ConnectionWatch::new(&conn).with_timeouts(t);
+        let ch = t.within("open a channel", conn.create_channel()).await?;
+        let depth = queue_depth_within(&ch, &self.source_queue, t).await?;
+        Ok((Publisher::on(conn, t), ch, u64::from(depth), watch))
     }
 
     async fn consume(&self, ch: &Channel, tag: &str) -> Result<lapin::Consumer, AmqpError> {
-        within(
-            format!("consume {}", self.source_queue),
-            ch.basic_consume(
-                amqp_name("queue", &self.source_queue)?,
-                amqp_name("consumer tag", tag)?,
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ),
-        )
-        .await
+        self.connection
+            .timeouts
+            .within(
+                format!("consume {}", self.source_queue),
+                ch.basic_consume(
+                    amqp_name("queue", &self.source_queue)?,
+                    amqp_name("consumer tag", tag)?,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                ),
+            )
+            .await
     }
 }

@@ -10,7 +10,7 @@ use fleet_budget::printable::escape_text;
 use tokio::time::Instant;
 
 use super::Replayer;
-use super::run::ReplayProgress;
+use super::report::ReplayProgress;
 use super::select::ReplayOptions;
 
 impl Replayer {

@@ -11,6 +11,7 @@ use lapin::message::Delivery;
 
 use super::inspect::{InspectOptions, Look, inspect_queue_with};
 use super::select::ReplayFilter;
+use crate::connection::ConnectionConfig;
 use crate::error::AmqpError;
 use crate::headers::{self, DeadLetterRecord};
 
@@ -145,13 +146,13 @@ pub struct Peek {
 /// The broker cannot be reached, the queue does not exist, or the connection was lost (every
 /// message stays in the queue).
 pub async fn peek_queue(
-    url: &str,
+    to: impl Into<ConnectionConfig>,
     queue: &str,
     filter: &ReplayFilter,
     limit: u64,
 ) -> Result<Peek, AmqpError> {
     let mut messages = Vec::new();
-    let inspection = inspect_queue_with(url, queue, &InspectOptions::default(), |d| {
+    let inspection = inspect_queue_with(to, queue, &InspectOptions::default(), |d| {
         let m = QueuedMessage::read(d);
         if m.selected_by(filter) {
             messages.push(m);

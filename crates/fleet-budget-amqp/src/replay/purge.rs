@@ -6,6 +6,7 @@
 use super::inspect::{InspectOptions, Look, inspect_queue_with};
 use super::peek::QueuedMessage;
 use super::select::ReplayFilter;
+use crate::connection::ConnectionConfig;
 use crate::error::AmqpError;
 
 /// What a purge did.
@@ -28,13 +29,13 @@ pub struct PurgeReport {
 /// The broker cannot be reached, the queue does not exist, or the connection was lost
 /// (messages not yet read stay).
 pub async fn purge_queue(
-    url: &str,
+    to: impl Into<ConnectionConfig>,
     queue: &str,
     filter: &ReplayFilter,
     limit: Option<u64>,
 ) -> Result<PurgeReport, AmqpError> {
     let mut chosen = 0u64;
-    let inspection = inspect_queue_with(url, queue, &InspectOptions::default(), |d| {
+    let inspection = inspect_queue_with(to, queue, &InspectOptions::default(), |d| {
         if limit.is_none_or(|l| chosen < l) && QueuedMessage::read(d).selected_by(filter) {
             chosen += 1;
             Look::Remove

@@ -12,7 +12,6 @@
 //! it leaves in the queue ready again before it returns).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use lapin::options::BasicQosOptions;
@@ -23,64 +22,15 @@ use super::copies::{Confirm, InFlight, Kind, await_copy};
 use super::end::{stop_consuming, wait_until_ready};
 use super::exchanges::{Exchanges, Route, Target};
 use super::pacer::Pacer;
+// Also at their old path, `replay::run`.
+pub use super::report::{ReplayProgress, ReplayReport};
 use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
-use crate::connection::within;
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
 use crate::topology::names::amqp_name;
-
-/// Where a replay stands; passed to the progress callback after every message and on pauses.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplayProgress {
-    /// Messages in the dead-letter queue when the run started (the bound).
-    pub total: u64,
-    /// Messages read so far.
-    pub seen: u64,
-    /// Counts so far (see [`ReplayReport`]).
-    pub moved: u64,
-    /// Parked so far.
-    pub parked: u64,
-    /// Skipped so far.
-    pub skipped: u64,
-    /// Failed so far.
-    pub failed: u64,
-    /// The dependency whose exhausted budget the run is waiting for, while paused.
-    pub paused_on: Option<String>,
-}
-
-/// The outcome of a replay. `matched = moved + parked_looping + failed`;
-/// `seen = moved + parked + skipped + failed`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// Messages in the dead-letter queue at the start.
-    pub total: u64,
-    /// Messages read.
-    pub seen: u64,
-    /// Messages that matched the filter.
-    pub matched: u64,
-    /// Republished to their original exchange and acked.
-    pub moved: u64,
-    /// Moved to the parked queue (looping or malformed).
-    pub parked: u64,
-    /// Of which malformed.
-    pub malformed: u64,
-    /// Not matching the filter; left in the dead-letter queue.
-    pub skipped: u64,
-    /// Copy not confirmed; left in the dead-letter queue.
-    pub failed: u64,
-    /// Time spent paused on exhausted budgets.
-    pub paused: Duration,
-    /// Wall time of the run.
-    pub elapsed: Duration,
-    /// Of the messages the run left in the source queue (`total` less `moved` and `parked`),
-    /// how many the broker did not count ready yet when the run returned: it waits for them up
-    /// to `idle_timeout` (see the `end` module). 0 unless another consumer reads the queue or the
-    /// broker is slow; meanwhile the queue's depth reads that much short.
-    pub not_ready: u64,
-}
 
 impl Replayer {
     /// Replays (see the module documentation), calling `progress` after every message and
@@ -101,10 +51,11 @@ impl Replayer {
         // Parks and put-back copies go out on a connection of their own: a copy the broker
         // refuses (a body over its maximum) closes the channel it was sent on, and every copy in
         // flight there ends with an unknown outcome; moves must not be among them.
-        let keeper = match Publisher::connect(&self.url).await {
+        let t = self.connection.timeouts;
+        let keeper = match Publisher::connect(&self.connection).await {
             Ok(k) => k,
             Err(e) => {
-                crate::connection::close_channel(&ch, "replay not started").await;
+                t.close_channel(&ch, "replay not started").await;
                 publisher.close().await;
                 return Err(e);
             }
@@ -119,7 +70,7 @@ impl Replayer {
         };
         progress(&p);
         if total == 0 {
-            crate::connection::close_channel(&ch, "nothing to replay").await;
+            t.close_channel(&ch, "nothing to replay").await;
             publisher.close().await;
             keeper.close().await;
             report.elapsed = started.elapsed();
@@ -130,7 +81,7 @@ impl Replayer {
         // counted once; the next run reads them and puts fresh copies back, so no message's
         // delivery count grows from run to run.
         let prefetch = u16::try_from(total).unwrap_or(u16::MAX).min(PREFETCH);
-        within(
+        t.within(
             "set the prefetch",
             ch.basic_qos(prefetch, BasicQosOptions::default()),
         )
@@ -351,7 +302,10 @@ impl Replayer {
             let sent: Result<Confirm, PublishError> = match scout {
                 Some(ch) => {
                     exchanges.scouting.insert(exchange.clone());
-                    Ok(scout_move(ch, exchange.clone(), routing_key, d.data.clone(), copy).boxed())
+                    Ok(
+                        scout_move(t, ch, exchange.clone(), routing_key, d.data.clone(), copy)
+                            .boxed(),
+                    )
                 }
                 None => via
                     .send(&exchange, &routing_key, &d.data, copy)
@@ -428,12 +382,13 @@ impl Replayer {
             &mut inflight,
         )
         .await;
-        stop_consuming(&ch, amqp_name("consumer tag", &tag)?, &mut settler).await;
+        stop_consuming(t, &ch, amqp_name("consumer tag", &tag)?, &mut settler).await;
         if lost.is_none() {
             // What the run leaves in the queue: all it read, less what it moved or parked.
             let leaves = total.saturating_sub(p.moved + p.parked);
             // Read on the keeper's connection: the run's own may be the one that failed.
             let ready = wait_until_ready(
+                t,
                 keeper.connection(),
                 &self.source_queue,
                 leaves,

@@ -10,7 +10,7 @@ use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, ExchangeKind};
 
-use crate::connection::{timeouts, within};
+use crate::connection::Timeouts;
 use crate::publish::{PublishError, Publisher, confirmed};
 use crate::topology::inspect::exchange_exists;
 
@@ -18,7 +18,11 @@ use crate::topology::inspect::exchange_exists;
 /// exchange not proven yet (see `exchanges`). `None` when it cannot be opened (logged).
 pub(super) async fn open_scout(publisher: &Publisher) -> Option<Channel> {
     let conn = publisher.connection()?;
-    match within("open a channel for a first move", conn.create_channel()).await {
+    let opened = publisher
+        .timeouts()
+        .within("open a channel for a first move", conn.create_channel())
+        .await;
+    match opened {
         Ok(ch) => Some(ch),
         Err(e) => {
             tracing::warn!(error = %e, "no channel of its own for a first move; it goes alone on the moves' channel");
@@ -30,15 +34,16 @@ pub(super) async fn open_scout(publisher: &Publisher) -> Option<Channel> {
 /// A scout: the first move to `exchange`, alone on `ch`. Asks whether the exchange exists (a
 /// passive declare: `404` when it does not, which closes `ch` and is learnt as a refusal), selects
 /// confirms, publishes, awaits the confirm, and closes `ch` (unless the broker closed it). Every
-/// step is bounded by the operation timeout.
+/// step is bounded by the operation timeout of `t` (the connection's).
 pub(super) async fn scout_move(
+    t: Timeouts,
     ch: Channel,
     exchange: String,
     routing_key: String,
     data: Vec<u8>,
     properties: BasicProperties,
 ) -> Result<(), PublishError> {
-    let after = timeouts().operation;
+    let after = t.operation;
     let moved = async {
         // The default exchange and `amq.` names are taken on trust, as the existence check does.
         if !(exchange.is_empty() || exchange.starts_with("amq.")) {
@@ -58,7 +63,7 @@ pub(super) async fn scout_move(
             ch.confirm_select(ConfirmSelectOptions::default()),
         )
         .await?;
-        let pending = Publisher::on_channel(ch.clone())
+        let pending = Publisher::on_channel(ch.clone(), t)
             .send(&exchange, &routing_key, &data, properties)
             .await?;
         confirmed(pending).await
@@ -104,13 +109,16 @@ pub(super) async fn original_exchange_exists(
     let Some(conn) = publisher.connection() else {
         return true;
     };
-    let Ok(probe) = within("open a channel to probe an exchange", conn.create_channel()).await
+    let t = publisher.timeouts();
+    let Ok(probe) = t
+        .within("open a channel to probe an exchange", conn.create_channel())
+        .await
     else {
         return true;
     };
-    let exists = exchange_exists(&probe, name).await.unwrap_or(false);
+    let exists = exchange_exists(&probe, name, t).await.unwrap_or(false);
     if exists {
-        crate::connection::close_channel(&probe, "probed").await;
+        t.close_channel(&probe, "probed").await;
     }
     known.insert(name.to_owned(), exists);
     exists

@@ -24,7 +24,7 @@ use super::inspect::{
 use super::names::{Topology, amqp_name};
 use super::plan::{ArgumentValue, Migrations, Object, Operation, exchange_kind};
 use crate::config::AmqpSettings;
-use crate::connection::{connect, deadline, within};
+use crate::connection::{ConnectionConfig, Timeouts, connect, process_wide};
 use crate::error::{AmqpError, ArgumentDifference, protocol_message};
 
 /// What [`migrate`] found or did for one operation.
@@ -142,8 +142,9 @@ impl fmt::Display for MigrationReport {
     }
 }
 
-/// Applies `migrations` for `settings` to the broker at `url`, in version order, idempotently;
-/// with `dry_run`, only probes and returns the plan.
+/// Applies `migrations` for `settings` to the broker at `url` (connected with the deadlines and
+/// certificate files of `settings`), in version order, idempotently; with `dry_run`, only
+/// probes and returns the plan.
 ///
 /// # Errors
 /// The broker cannot be reached; an existing object has different arguments
@@ -155,18 +156,23 @@ pub async fn migrate(
     dry_run: bool,
 ) -> Result<MigrationReport, AmqpError> {
     let ops = migrations.operations(settings)?;
-    let conn = connect(url, "fleet-budget migrate").await?;
-    let result = apply(&conn, ops, dry_run).await;
-    crate::connection::close_connection(&conn, "migrated").await;
+    let to = ConnectionConfig {
+        url: url.to_owned(),
+        ..settings.connection()
+    };
+    let conn = connect(&to, "fleet-budget migrate").await?;
+    let result = apply(&conn, to.timeouts, ops, dry_run).await;
+    to.timeouts.close_connection(&conn, "migrated").await;
     result
 }
 
 async fn apply(
     conn: &Connection,
+    timeouts: Timeouts,
     ops: Vec<Operation>,
     dry_run: bool,
 ) -> Result<MigrationReport, AmqpError> {
-    let mut probe = Probe::new(conn);
+    let mut probe = Probe::new(conn, timeouts);
     let mut steps = Vec::new();
     // Arguments later migrations add to a queue: given at its creation when this run creates it.
     let mut added: BTreeMap<&str, BTreeMap<String, ArgumentValue>> = BTreeMap::new();
@@ -225,17 +231,18 @@ async fn apply(
                 routing_key,
             } => {
                 let ch = probe.channel().await?;
-                within(
-                    format!("bind {queue} to {exchange}"),
-                    ch.queue_bind(
-                        amqp_name("queue", queue)?,
-                        amqp_name("exchange", exchange)?,
-                        amqp_name("routing key", routing_key)?,
-                        QueueBindOptions::default(),
-                        FieldTable::default(),
-                    ),
-                )
-                .await?;
+                timeouts
+                    .within(
+                        format!("bind {queue} to {exchange}"),
+                        ch.queue_bind(
+                            amqp_name("queue", queue)?,
+                            amqp_name("exchange", exchange)?,
+                            amqp_name("routing key", routing_key)?,
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        ),
+                    )
+                    .await?;
                 StepState::Bound
             }
         };
@@ -246,14 +253,28 @@ async fn apply(
 }
 
 /// Deletes every queue, then every exchange, of `topology` (the messages in the queues go with
-/// them). What is already gone counts as deleted, so deleting twice is fine. Used by tests and
-/// demos that declared a topology of their own.
+/// them), with the default deadlines ([`delete_topology_within`] takes the connection's).
+///
+/// # Errors
+/// As [`delete_topology_within`].
+pub async fn delete_topology(conn: &Connection, topology: &Topology) -> Result<(), AmqpError> {
+    delete_topology_within(conn, topology, process_wide().0).await
+}
+
+/// Deletes every queue, then every exchange, of `topology` (the messages in the queues go with
+/// them), opening channels within the operation deadline of `timeouts`. What is already gone
+/// counts as deleted, so deleting twice is fine. Used by tests and demos that declared a
+/// topology of their own.
 ///
 /// # Errors
 /// The connection failed, or the broker refused a deletion (the first refusal; the other
 /// objects are still deleted).
-pub async fn delete_topology(conn: &Connection, topology: &Topology) -> Result<(), AmqpError> {
-    let mut probe = Probe::new(conn);
+pub async fn delete_topology_within(
+    conn: &Connection,
+    topology: &Topology,
+    timeouts: Timeouts,
+) -> Result<(), AmqpError> {
+    let mut probe = Probe::new(conn, timeouts);
     let mut refused = None;
     let queues = topology.queues().into_iter().map(|q| (true, q));
     let exchanges = topology.exchanges().into_iter().map(|e| (false, e));
@@ -290,13 +311,15 @@ pub async fn delete_topology(conn: &Connection, topology: &Topology) -> Result<(
 struct Probe<'a> {
     conn: &'a Connection,
     channel: Option<Channel>,
+    timeouts: Timeouts,
 }
 
 impl<'a> Probe<'a> {
-    fn new(conn: &'a Connection) -> Self {
+    fn new(conn: &'a Connection, timeouts: Timeouts) -> Self {
         Self {
             conn,
             channel: None,
+            timeouts,
         }
     }
 
@@ -306,14 +329,17 @@ impl<'a> Probe<'a> {
         {
             return Ok(ch.clone());
         }
-        let ch = within("open a channel", self.conn.create_channel()).await?;
+        let ch = self
+            .timeouts
+            .within("open a channel", self.conn.create_channel())
+            .await?;
         self.channel = Some(ch.clone());
         Ok(ch)
     }
 
     async fn close(mut self) {
         if let Some(ch) = self.channel.take() {
-            crate::connection::close_channel(&ch, "done").await;
+            self.timeouts.close_channel(&ch, "done").await;
         }
     }
 
@@ -323,7 +349,7 @@ impl<'a> Probe<'a> {
         kind: &str,
         dry_run: bool,
     ) -> Result<StepState, AmqpError> {
-        let exists = exchange_exists(&self.channel().await?, name).await?;
+        let exists = exchange_exists(&self.channel().await?, name, self.timeouts).await?;
         if !exists && dry_run {
             return Ok(StepState::WouldCreate);
         }
@@ -336,16 +362,18 @@ impl<'a> Probe<'a> {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        match deadline(
-            format!("declare exchange {name}"),
-            ch.exchange_declare(
-                amqp_name("exchange", name)?,
-                kind_value,
-                opts,
-                FieldTable::default(),
-            ),
-        )
-        .await?
+        match self
+            .timeouts
+            .deadline(
+                format!("declare exchange {name}"),
+                ch.exchange_declare(
+                    amqp_name("exchange", name)?,
+                    kind_value,
+                    opts,
+                    FieldTable::default(),
+                ),
+            )
+            .await?
         {
             Ok(()) => Ok(if exists {
                 StepState::Unchanged
@@ -383,7 +411,7 @@ impl<'a> Probe<'a> {
         later: Option<&BTreeMap<String, ArgumentValue>>,
         dry_run: bool,
     ) -> Result<StepState, AmqpError> {
-        let exists = queue_exists(&self.channel().await?, name).await?;
+        let exists = queue_exists(&self.channel().await?, name, self.timeouts).await?;
         if !exists && dry_run {
             return Ok(StepState::WouldCreate);
         }
@@ -410,11 +438,13 @@ impl<'a> Probe<'a> {
                 durable,
                 ..QueueDeclareOptions::default()
             };
-            match deadline(
-                format!("declare queue {name}"),
-                ch.queue_declare(amqp_name("queue", name)?, opts, args),
-            )
-            .await?
+            match self
+                .timeouts
+                .deadline(
+                    format!("declare queue {name}"),
+                    ch.queue_declare(amqp_name("queue", name)?, opts, args),
+                )
+                .await?
             {
                 Ok(_) => break,
                 Err(e) => {

@@ -10,7 +10,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, ExchangeKind};
 
 use super::names::{Topology, amqp_name};
-use crate::connection::{connect, deadline, within};
+use crate::connection::{ConnectionConfig, Timeouts, connect, process_wide};
 use crate::error::{AmqpError, ArgumentDifference, protocol_message};
 
 /// The broker's reply code for something absent.
@@ -18,12 +18,26 @@ pub(crate) const NOT_FOUND: u16 = 404;
 /// The broker's reply code for a declaration that differs from what exists.
 pub(crate) const PRECONDITION_FAILED: u16 = 406;
 
-/// Ready messages in `queue` (a passive declare on `channel`).
+/// Ready messages in `queue` (a passive declare on `channel`), within the default deadline
+/// ([`queue_depth_within`] takes the connection's).
 ///
 /// # Errors
 /// The queue does not exist (the broker then closes `channel`) or the channel failed.
 pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32, AmqpError> {
-    declare_queue_passively(channel, queue)
+    queue_depth_within(channel, queue, process_wide().0).await
+}
+
+/// Ready messages in `queue` (a passive declare on `channel`) within the operation deadline of
+/// `timeouts`.
+///
+/// # Errors
+/// The queue does not exist (the broker then closes `channel`) or the channel failed.
+pub async fn queue_depth_within(
+    channel: &Channel,
+    queue: &str,
+    timeouts: Timeouts,
+) -> Result<u32, AmqpError> {
+    declare_queue_passively(channel, queue, timeouts)
         .await?
         .map_err(|e| AmqpError::broker(format!("inspect queue {queue}"), e))
 }
@@ -32,8 +46,12 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32, AmqpErro
 ///
 /// # Errors
 /// The channel failed for another reason.
-pub(crate) async fn queue_exists(channel: &Channel, queue: &str) -> Result<bool, AmqpError> {
-    match declare_queue_passively(channel, queue).await? {
+pub(crate) async fn queue_exists(
+    channel: &Channel,
+    queue: &str,
+    timeouts: Timeouts,
+) -> Result<bool, AmqpError> {
+    match declare_queue_passively(channel, queue, timeouts).await? {
         Ok(_) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
         Err(e) => Err(AmqpError::broker(format!("check queue {queue}"), e)),
@@ -45,7 +63,11 @@ pub(crate) async fn queue_exists(channel: &Channel, queue: &str) -> Result<bool,
 ///
 /// # Errors
 /// The name is not an AMQP name, or the channel failed for another reason.
-pub(crate) async fn exchange_exists(channel: &Channel, exchange: &str) -> Result<bool, AmqpError> {
+pub(crate) async fn exchange_exists(
+    channel: &Channel,
+    exchange: &str,
+    timeouts: Timeouts,
+) -> Result<bool, AmqpError> {
     if exchange.is_empty() || exchange.starts_with("amq.") {
         return Ok(true);
     }
@@ -54,11 +76,12 @@ pub(crate) async fn exchange_exists(channel: &Channel, exchange: &str) -> Result
         ..ExchangeDeclareOptions::default()
     };
     let name = amqp_name("exchange", exchange)?;
-    match deadline(
-        format!("check exchange {exchange}"),
-        channel.exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default()),
-    )
-    .await?
+    match timeouts
+        .deadline(
+            format!("check exchange {exchange}"),
+            channel.exchange_declare(name, ExchangeKind::Direct, opts, FieldTable::default()),
+        )
+        .await?
     {
         Ok(()) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
@@ -70,18 +93,20 @@ pub(crate) async fn exchange_exists(channel: &Channel, exchange: &str) -> Result
 async fn declare_queue_passively(
     channel: &Channel,
     queue: &str,
+    timeouts: Timeouts,
 ) -> Result<Result<u32, lapin::Error>, AmqpError> {
     let name = amqp_name("queue", queue)?;
     let opts = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    Ok(deadline(
-        format!("inspect queue {queue}"),
-        channel.queue_declare(name, opts, FieldTable::default()),
-    )
-    .await?
-    .map(|q| q.message_count()))
+    Ok(timeouts
+        .deadline(
+            format!("inspect queue {queue}"),
+            channel.queue_declare(name, opts, FieldTable::default()),
+        )
+        .await?
+        .map(|q| q.message_count()))
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {
@@ -102,20 +127,34 @@ pub struct QueueDepths {
 }
 
 impl QueueDepths {
-    /// Reads the depth of every queue of `topology` on `channel`.
+    /// Reads the depth of every queue of `topology` on `channel`, within the default deadline
+    /// ([`QueueDepths::read_within`] takes the connection's).
     ///
     /// # Errors
     /// A queue does not exist (run [`super::migrate`]) or the channel failed.
     pub async fn read(channel: &Channel, topology: &Topology) -> Result<Self, AmqpError> {
+        Self::read_within(channel, topology, process_wide().0).await
+    }
+
+    /// Reads the depth of every queue of `topology` on `channel`, each within the operation
+    /// deadline of `timeouts`.
+    ///
+    /// # Errors
+    /// A queue does not exist (run [`super::migrate`]) or the channel failed.
+    pub async fn read_within(
+        channel: &Channel,
+        topology: &Topology,
+        timeouts: Timeouts,
+    ) -> Result<Self, AmqpError> {
+        let depth = |queue| queue_depth_within(channel, queue, timeouts);
         let mut d = Self {
-            work: queue_depth(channel, &topology.work_queue).await?,
-            dead: queue_depth(channel, &topology.dead_queue).await?,
-            parked: queue_depth(channel, &topology.parked_queue).await?,
+            work: depth(&topology.work_queue).await?,
+            dead: depth(&topology.dead_queue).await?,
+            parked: depth(&topology.parked_queue).await?,
             retry: Vec::new(),
         };
         for t in &topology.retry_tiers {
-            d.retry
-                .push((t.queue.clone(), queue_depth(channel, &t.queue).await?));
+            d.retry.push((t.queue.clone(), depth(&t.queue).await?));
         }
         Ok(d)
     }
@@ -127,18 +166,24 @@ impl QueueDepths {
     }
 }
 
-/// Reads the depth (ready messages) of every queue of `topology`, on a connection of its own.
+/// Reads the depth (ready messages) of every queue of `topology`, on a connection of its own to
+/// the broker of `to` (a [`ConnectionConfig`], or a bare URL).
 ///
 /// # Errors
 /// The broker cannot be reached or a queue does not exist (run [`super::migrate`]).
-pub async fn queue_depths(url: &str, topology: &Topology) -> Result<QueueDepths, AmqpError> {
-    let conn = connect(url, "fleet-budget queue depths").await?;
+pub async fn queue_depths(
+    to: impl Into<ConnectionConfig>,
+    topology: &Topology,
+) -> Result<QueueDepths, AmqpError> {
+    let to = to.into();
+    let t = to.timeouts;
+    let conn = connect(&to, "fleet-budget queue depths").await?;
     let result = async {
-        let ch = within("open a channel", conn.create_channel()).await?;
-        QueueDepths::read(&ch, topology).await
+        let ch = t.within("open a channel", conn.create_channel()).await?;
+        QueueDepths::read_within(&ch, topology, t).await
     }
     .await;
-    crate::connection::close_connection(&conn, "bye").await;
+    t.close_connection(&conn, "bye").await;
     result
 }
 

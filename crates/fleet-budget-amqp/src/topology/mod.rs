@@ -17,7 +17,7 @@ pub mod inspect;
 pub mod names;
 pub mod plan;
 
-pub use apply::{MigrationReport, StepState, delete_topology, migrate};
-pub use inspect::{QueueDepths, queue_depth, queue_depths};
+pub use apply::{MigrationReport, StepState, delete_topology, delete_topology_within, migrate};
+pub use inspect::{QueueDepths, queue_depth, queue_depth_within, queue_depths};
 pub use names::{RetryTier, Topology};
 pub use plan::{ArgumentValue, Migration, Migrations, Object, Operation};

@@ -28,14 +28,18 @@
 //! connection that consumes it) keeps the delay growing to `reconnect_max`, and the log and
 //! `fleet_budget_amqp_short_lived_connections_in_a_row` say how many times in a row.
 //!
-//! How the parts fit:
+//! How the parts fit, in the order a delivery meets them:
 //!
-//! * `runtime`: the consume loop, reconnecting and shutdown ([`Worker::run`]), and the steps
-//!   1–3 above for one delivery;
+//! * `consume`: the consume loop and shutdown ([`Worker::run`]): one connection at a time, one
+//!   task per delivery;
+//! * `backoff`: reconnecting, the delay after a lost connection and the count of young ones;
+//! * `delivery`: one delivery from its headers to its counts, the steps 1–3 above, then the
+//!   outcome handed to `settle` and how it ended counted (the one place an outcome is counted);
 //! * [`outcome`]: the pure mapping from the budget's [`fleet_budget::Decision`] to an
 //!   [`Outcome`] (retry in a tier, dead-letter with a reason, ack), usable without a broker;
 //! * `settle`: step 4, carrying an outcome out with one publish-then-ack shared by retries,
-//!   dead-letters and retries that came back early and wait again.
+//!   dead-letters and retries that came back early and wait again; it says how the delivery
+//!   ended and counts nothing.
 //!
 //! [`RetryRecord`]: crate::headers::RetryRecord
 //! [`DeadLetterRecord`]: crate::headers::DeadLetterRecord
@@ -45,15 +49,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fleet_budget::FleetBudget;
+use fleet_budget::tls::TlsFiles;
 use lapin::BasicProperties;
 use tokio::sync::watch;
 
 use crate::config::WorkerConfig;
+use crate::connection::{ConnectionConfig, Timeouts};
 use crate::headers;
 use crate::topology::Topology;
 
+mod backoff;
+mod consume;
+mod delivery;
 pub mod outcome;
-mod runtime;
 mod settle;
 
 pub use outcome::{JobContext, Outcome};
@@ -63,6 +71,10 @@ pub use outcome::{JobContext, Outcome};
 pub struct WorkerOptions {
     /// Broker URL.
     pub url: String,
+    /// The deadlines of connecting and of each broker step (`[amqp]`'s by [`WorkerOptions::new`]).
+    pub timeouts: Timeouts,
+    /// Certificate files for an `amqps://` URL (`[amqp]`'s by [`WorkerOptions::new`]).
+    pub tls: TlsFiles,
     /// The queue to consume (the topology's work queue by default).
     pub queue: String,
     /// Unacknowledged deliveries at a time (= jobs running concurrently).
@@ -86,15 +98,15 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Options from `config.amqp`, consuming `topology`'s work queue. Applies the `[amqp]`
-    /// deadlines and TLS files to the process ([`crate::connection::set_timeouts`],
-    /// [`crate::connection::set_tls`]).
+    /// Options from `config.amqp` (its URL, deadlines and certificate files), consuming
+    /// `topology`'s work queue.
     #[must_use]
     pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
-        crate::connection::set_timeouts(crate::connection::Timeouts::of(&config.amqp));
-        crate::connection::set_tls(config.amqp.tls.clone());
+        let ConnectionConfig { url, timeouts, tls } = config.amqp.connection();
         Self {
-            url: config.amqp.url.clone(),
+            url,
+            timeouts,
+            tls,
             queue: topology.work_queue.clone(),
             prefetch: config.amqp.prefetch,
             reconnect_min: Duration::from_millis(100),
@@ -103,6 +115,16 @@ impl WorkerOptions {
             unconfirmed_pause: Duration::from_millis(250),
             name: "fleet-budget worker".to_owned(),
             metrics_listen: config.budget.metrics.listen,
+        }
+    }
+
+    /// How the worker connects, every time it does: the URL, deadlines and certificate files.
+    #[must_use]
+    pub fn connection(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            url: self.url.clone(),
+            timeouts: self.timeouts,
+            tls: self.tls.clone(),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Step 4 of the worker: carrying an [`Outcome`] out on the broker.
+//! Step 4 of the worker: carrying an [`Outcome`] out on the broker, and saying how it ended
+//! ([`Settled`]); the delivery counts that ([`super::delivery`]), nothing here counts.
 //!
 //! A copy (retry, dead-letter, or a delivery that waits a hop in a tier) goes through
 //! one [`Settler::publish_then_ack`]: published with confirms, and the original acked only after
@@ -6,21 +7,50 @@
 //! after a pause and comes back: nothing is lost, a duplicate is possible.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use fleet_budget::FleetBudget;
-use fleet_budget::printable::escape_text;
+use fleet_budget::DeadLetterReason;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
 
 use super::outcome::Outcome;
-use super::{Stats, bump};
 use crate::headers;
 use crate::metrics::{AmqpMetrics, CopyKind};
 use crate::publish::{Publisher, fanout_key};
 use crate::topology::{RetryTier, Topology};
+
+/// What became of a delivery whose original was acked (or whose ack failed): the job
+/// succeeded, or a copy went where its outcome sent it (or to the parked queue instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The handler succeeded.
+    Succeeded,
+    /// A retry, confirmed in its tier.
+    Retried,
+    /// A dead-letter, confirmed on the dead-letter exchange.
+    DeadLettered(DeadLetterReason),
+    /// A retry that came back early, waiting in a tier again.
+    WaitedAgain,
+    /// A job held without running, waiting in a tier.
+    Held,
+    /// A copy that could never be published, parked instead.
+    Parked,
+}
+
+/// How a delivery left the worker: what the worker counts for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Acked as `Ended` says.
+    Acked(Ended),
+    /// Its ack failed after `Ended` (the channel closed first): the broker redelivers it.
+    AckFailed(Ended),
+    /// Nacked with requeue after the pause: its copy was not confirmed (or there is no tier).
+    Requeued,
+    /// No copy at all could be published: rejected without requeue, for the broker's
+    /// dead-lettering of the work queue.
+    Rejected,
+}
 
 /// Bytes kept free in a copy's header frame for the headers a park adds (`fb-park-reason` of at
 /// most 512 bytes, `fb-parked-ms`).
@@ -28,39 +58,32 @@ const PARK_ROOM: usize = 600;
 
 /// What settling the deliveries of one connection needs.
 pub(super) struct Settler {
-    pub(super) budget: FleetBudget,
     pub(super) topology: Arc<Topology>,
     /// The queue consumed (retries come back to it).
     pub(super) queue: String,
     pub(super) publisher: Publisher,
-    pub(super) stats: Arc<Stats>,
     pub(super) unconfirmed_pause: Duration,
+    /// For the confirm latency of the copies.
     pub(super) metrics: Option<AmqpMetrics>,
 }
 
 impl Settler {
-    /// Acks, retries, dead-letters or requeues `delivery` as `outcome` says. `table` is the
-    /// delivery's headers without the broker's; `task` is counted on success.
+    /// Acks, retries, dead-letters or requeues `delivery` as `outcome` says, and says how it
+    /// ended. `table` is the delivery's headers without the broker's.
     pub(super) async fn carry_out(
         &self,
         delivery: &Delivery,
         table: &FieldTable,
-        task: &str,
         outcome: Outcome,
-    ) {
+    ) -> Settled {
         match outcome {
-            Outcome::Ack => {
-                match delivery.acker.ack(BasicAckOptions::default()).await {
-                    Ok(_) => bump(&self.stats.succeeded),
-                    Err(e) => {
-                        bump(&self.stats.ack_failed);
-                        tracing::warn!(error = %e, "ack failed; the broker will redeliver the job");
-                    }
+            Outcome::Ack => match delivery.acker.ack(BasicAckOptions::default()).await {
+                Ok(_) => Settled::Acked(Ended::Succeeded),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ack failed; the broker will redeliver the job");
+                    Settled::AckFailed(Ended::Succeeded)
                 }
-                if let Err(e) = self.budget.on_success(task).await {
-                    tracing::warn!(error = %escape_text(&e.to_string()), task = %escape_text(task), "success not counted");
-                }
-            }
+            },
             Outcome::Retry { tier, record } => {
                 let mut t = table.clone();
                 record.write(&mut t);
@@ -69,30 +92,26 @@ impl Settler {
                     (&tier.exchange, &self.queue),
                     t,
                     CopyKind::Retry,
-                    &self.stats.retried,
+                    Ended::Retried,
                 )
-                .await;
+                .await
             }
             Outcome::DeadLetter(record) => {
                 let mut t = table.clone();
                 record.write(&mut t);
                 // The dead-letter exchange is a fanout: an original routing key over 255 bytes
                 // (kept in its header) must not make the copy unpublishable.
-                let confirmed = self
-                    .publish_then_ack(
-                        delivery,
-                        (
-                            &self.topology.dead_exchange,
-                            fanout_key(&record.original_routing_key),
-                        ),
-                        t,
-                        CopyKind::DeadLetter,
-                        &self.stats.dead_lettered,
-                    )
-                    .await;
-                if let (true, Some(m)) = (confirmed, &self.metrics) {
-                    m.dead_letter_published(record.reason);
-                }
+                self.publish_then_ack(
+                    delivery,
+                    (
+                        &self.topology.dead_exchange,
+                        fanout_key(&record.original_routing_key),
+                    ),
+                    t,
+                    CopyKind::DeadLetter,
+                    Ended::DeadLettered(record.reason),
+                )
+                .await
             }
             Outcome::Wait {
                 tier,
@@ -103,9 +122,9 @@ impl Settler {
                     table.clone(),
                     &tier,
                     not_before_ms,
-                    &self.stats.waited_again,
+                    Ended::WaitedAgain,
                 )
-                .await;
+                .await
             }
             Outcome::Hold {
                 tier,
@@ -114,27 +133,27 @@ impl Settler {
             } => {
                 let mut t = table.clone();
                 record.write(&mut t);
-                self.wait_in(delivery, t, &tier, not_before_ms, &self.stats.held)
-                    .await;
+                self.wait_in(delivery, t, &tier, not_before_ms, Ended::Held)
+                    .await
             }
             Outcome::Requeue => {
                 tracing::error!("no retry tiers configured; requeueing");
-                self.requeue(delivery).await;
+                self.requeue(delivery).await
             }
         }
     }
 
     /// Sends a copy of `delivery` with the headers `t` through `tier`, back to the queue
-    /// consumed, to wait there again until `not_before_ms` (a hop of a longer wait), counting
-    /// `done`.
+    /// consumed, to wait there again until `not_before_ms` (a hop of a longer wait); `done`
+    /// once confirmed.
     async fn wait_in(
         &self,
         delivery: &Delivery,
         mut t: FieldTable,
         tier: &RetryTier,
         not_before_ms: u64,
-        done: &AtomicU64,
-    ) {
+        done: Ended,
+    ) -> Settled {
         headers::set_u64(&mut t, headers::NOT_BEFORE_MS, not_before_ms);
         headers::set_u64(
             &mut t,
@@ -148,22 +167,22 @@ impl Settler {
             CopyKind::WaitAgain,
             done,
         )
-        .await;
+        .await
     }
 
     /// Publishes a persistent copy of `delivery` (same message id and body, `headers`, no
-    /// `expiration`: see [`headers::copy`]) and acks the original once the broker confirmed it,
-    /// counting `done`. A transient failure requeues the original after a pause; a permanent
-    /// one ([`crate::PublishError::is_permanent`]) parks it instead, so it never loops. Whether
-    /// the copy reached `(exchange, routing_key)` (a parked one did not).
+    /// `expiration`: see [`headers::copy`]) and acks the original once the broker confirmed it
+    /// (`done`). A transient failure requeues the original after a pause; a permanent one
+    /// ([`crate::PublishError::is_permanent`]) parks it instead ([`Ended::Parked`]), so it
+    /// never loops.
     async fn publish_then_ack(
         &self,
         delivery: &Delivery,
         (exchange, routing_key): (&str, &str),
         headers: FieldTable,
         kind: CopyKind,
-        done: &AtomicU64,
-    ) -> bool {
+        done: Ended,
+    ) -> Settled {
         let mut properties = headers::without_expiration(
             &headers::with_message_id(delivery.properties.clone()),
             headers,
@@ -181,8 +200,7 @@ impl Settler {
         if let Some(m) = &self.metrics {
             m.confirmed(kind, started.elapsed());
         }
-        let confirmed = published.is_ok();
-        let counted = match published {
+        let ended = match published {
             Ok(()) => done,
             Err(e) if e.is_permanent() => {
                 tracing::warn!(error = %e, "copy can never be published; the job is parked instead");
@@ -200,53 +218,41 @@ impl Settler {
                     )
                     .await
                 {
-                    Ok(()) => &self.stats.parked,
+                    Ok(()) => Ended::Parked,
                     Err(e) if e.is_permanent() && self.queue == self.topology.work_queue => {
                         // No copy of this message can be published by us (say its body is over
                         // the broker's maximum now): let the broker move it, intact, to the
                         // dead-letter queue through the work queue's dead-letter exchange. It
                         // arrives without fb- headers; replay parks it, saying so.
                         tracing::warn!(error = %e, "no copy can be published; the broker dead-letters the original");
-                        self.reject_to_dead_letters(delivery).await;
-                        return false;
+                        nack(delivery, false).await;
+                        return Settled::Rejected;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "parked copy not confirmed; the original is requeued, not acked");
-                        self.requeue(delivery).await;
-                        return false;
+                        return self.requeue(delivery).await;
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "copy not confirmed; the original is requeued, not acked");
-                self.requeue(delivery).await;
-                return false;
+                return self.requeue(delivery).await;
             }
         };
         match delivery.acker.ack(BasicAckOptions::default()).await {
-            Ok(_) => bump(counted),
+            Ok(_) => Settled::Acked(ended),
             Err(e) => {
-                bump(&self.stats.ack_failed);
                 tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
+                Settled::AckFailed(ended)
             }
         }
-        confirmed
-    }
-
-    /// Rejects `delivery` without requeue: the work queue's dead-letter exchange takes it.
-    async fn reject_to_dead_letters(&self, delivery: &Delivery) {
-        bump(&self.stats.broker_dead_lettered);
-        nack(delivery, false).await;
     }
 
     /// Puts `delivery` back after the pause (nack with requeue).
-    async fn requeue(&self, delivery: &Delivery) {
-        bump(&self.stats.requeued);
-        if let Some(m) = &self.metrics {
-            m.requeued();
-        }
+    async fn requeue(&self, delivery: &Delivery) -> Settled {
         tokio::time::sleep(self.unconfirmed_pause).await;
         nack(delivery, true).await;
+        Settled::Requeued
     }
 }
 

@@ -1,20 +1,17 @@
 //! `amqps://` through a real TLS handshake (a TLS front made by the test, forwarding to the
 //! shared RabbitMQ), and each way the handshake can fail, refused with its name.
 //!
-//! The certificate files are process-wide (`connection::set_tls`), so these tests take turns.
+//! The certificate files travel with each connection's configuration ([`ConnectionConfig`]).
 
 use std::time::Duration;
 
 use fleet_budget::testing::tls::{TestPki, TlsFront};
 use fleet_budget::tls::{TlsFailure, TlsFiles};
 use fleet_budget_amqp::AmqpError;
-use fleet_budget_amqp::connection::{connect, set_tls};
+use fleet_budget_amqp::connection::{ConnectionConfig, Timeouts, connect};
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Mutex;
-
-static TURN: Mutex<()> = Mutex::const_new(());
 
 fn with_ca(ca: std::path::PathBuf) -> TlsFiles {
     TlsFiles {
@@ -23,12 +20,19 @@ fn with_ca(ca: std::path::PathBuf) -> TlsFiles {
     }
 }
 
+/// `url` with the default deadlines and the certificate files `tls`.
+fn broker(url: &str, tls: TlsFiles) -> ConnectionConfig {
+    ConnectionConfig {
+        url: url.to_owned(),
+        timeouts: Timeouts::DEFAULT,
+        tls,
+    }
+}
+
 async fn tls_refusal(url: &str, tls: TlsFiles) -> (TlsFailure, String) {
-    set_tls(tls);
-    let e = connect(url, "fleet-budget tls test")
+    let e = connect(broker(url, tls), "fleet-budget tls test")
         .await
         .expect_err("refused");
-    set_tls(TlsFiles::default());
     let text = e.to_string();
     assert!(!text.contains("guest:guest"), "{text}");
     match e {
@@ -39,14 +43,15 @@ async fn tls_refusal(url: &str, tls: TlsFiles) -> (TlsFailure, String) {
 
 #[tokio::test]
 async fn amqps_carries_the_broker_protocol_through_tls() {
-    let _turn = TURN.lock().await;
     let pki = TestPki::generate();
     let front = TlsFront::start(&pki, "127.0.0.1:5672".parse().unwrap()).await;
-    set_tls(with_ca(pki.ca_file()));
     let url = format!("amqps://guest:guest@localhost:{}/%2f", front.port());
-    let conn = connect(&url, "fleet-budget tls test").await;
-    set_tls(TlsFiles::default());
-    let conn = conn.unwrap();
+    let conn = connect(
+        broker(&url, with_ca(pki.ca_file())),
+        "fleet-budget tls test",
+    )
+    .await
+    .unwrap();
     let channel = conn.create_channel().await.unwrap();
     let name = format!("fleet-budget-tls-{}", std::process::id());
     let queue = channel
@@ -70,7 +75,6 @@ async fn amqps_carries_the_broker_protocol_through_tls() {
 
 #[tokio::test]
 async fn amqps_meeting_a_plaintext_broker_is_refused_before_any_amqp_byte_is_sent() {
-    let _turn = TURN.lock().await;
     let pki = TestPki::generate();
     // The real broker, plaintext on 5672.
     let (failure, text) = tls_refusal(
@@ -112,7 +116,6 @@ async fn amqps_meeting_a_plaintext_broker_is_refused_before_any_amqp_byte_is_sen
 
 #[tokio::test]
 async fn a_broker_certificate_from_another_ca_is_refused() {
-    let _turn = TURN.lock().await;
     let pki = TestPki::generate();
     let front = TlsFront::start(&pki, "127.0.0.1:5672".parse().unwrap()).await;
     let url = format!("amqps://guest:guest@localhost:{}/%2f", front.port());
@@ -126,7 +129,6 @@ async fn a_broker_certificate_from_another_ca_is_refused() {
 
 #[tokio::test]
 async fn a_broker_certificate_for_another_host_name_is_refused() {
-    let _turn = TURN.lock().await;
     let pki = TestPki::generate();
     let front = TlsFront::start(&pki, "127.0.0.1:5672".parse().unwrap()).await;
     // The certificate is for `localhost` only.

@@ -17,7 +17,7 @@
 //! value) recurses the same way.
 
 use fleet_budget::FleetBudget;
-use fleet_budget_amqp::connection::{ConnectionWatch, Timeouts, set_timeouts};
+use fleet_budget_amqp::connection::{ConnectionConfig, ConnectionWatch};
 use fleet_budget_amqp::replay::peek_queue;
 use fleet_budget_amqp::testing::amqp_url;
 pub(super) use fleet_budget_amqp::testing::raw::{long, nested_table, publish_raw};
@@ -185,14 +185,16 @@ async fn read_in_a_child() {
         return;
     };
     let config = WorkerConfig::from_toml(&toml, "test").unwrap();
-    set_timeouts(Timeouts::of(&config.amqp));
     let topology = Topology::new(&config.amqp);
-    let url = amqp_url();
-    let conn = fleet_budget_amqp::connect(&url, "fleet-budget test: nested headers")
+    let broker = ConnectionConfig {
+        url: amqp_url(),
+        ..config.amqp.connection()
+    };
+    let conn = fleet_budget_amqp::connect(&broker, "fleet-budget test: nested headers")
         .await
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
-    let watch = ConnectionWatch::new(&conn);
+    let watch = ConnectionWatch::new(&conn).with_timeouts(broker.timeouts);
     let get = || {
         watch.within(
             format!("get from {}", topology.work_queue),
@@ -237,7 +239,7 @@ async fn read_in_a_child() {
         .await
         .unwrap();
     println!("REPORT connected after: {}", conn.status().connected());
-    fleet_budget_amqp::connection::close_connection(&conn, "done").await;
+    broker.timeouts.close_connection(&conn, "done").await;
     // The worker: dead-letters the deep job, runs the one behind, on one connection.
     let budget = FleetBudget::from_config(&config.budget).await.unwrap();
     let worker = Worker::new(
@@ -265,7 +267,7 @@ async fn read_in_a_child() {
     // The tools on the dead-letter queue.
     let peek = tokio::time::timeout(
         LONG,
-        peek_queue(&url, &topology.dead_queue, &ReplayFilter::default(), 10),
+        peek_queue(&broker, &topology.dead_queue, &ReplayFilter::default(), 10),
     )
     .await
     .unwrap();
@@ -285,7 +287,7 @@ async fn read_in_a_child() {
         }
         Err(e) => println!("REPORT peek failed: {e}"),
     }
-    let replayer = Replayer::new(url.clone(), topology.clone(), None);
+    let replayer = Replayer::new(&broker, topology.clone(), None);
     let replay = tokio::time::timeout(LONG, replayer.run(&ReplayOptions::new(&config), |_| {}))
         .await
         .unwrap();

@@ -36,6 +36,9 @@
 //! [`inspect_queue_with`] lets the visitor stop the read early (`dlq peek --limit`) or remove a
 //! message instead of putting it back (`parked purge`, the one destructive caller: the original
 //! is acked without a copy).
+//!
+//! A module of its own, beside `replay` and `metrics` which both look (the fleet exporter reads
+//! the age of the oldest dead letter this way); also reachable as `replay::inspect`.
 
 use std::time::{Duration, Instant};
 
@@ -46,14 +49,12 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, Confirm
 use lapin::types::ShortString;
 use lapin::{Acker, Connection};
 
-use crate::connection::{
-    ConnectionWatch, close_channel, close_connection, connect, timeouts, within,
-};
+use crate::connection::{ConnectionConfig, ConnectionWatch, Timeouts, connect};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PendingConfirm, PublishError, Publisher, confirmed, fit_copy};
 use crate::topology::names::amqp_name;
-use crate::topology::queue_depth;
+use crate::topology::queue_depth_within;
 
 /// Copies awaiting their confirmation at a time.
 pub const WINDOW: usize = 256;
@@ -110,20 +111,20 @@ pub enum Look {
     Remove,
 }
 
-/// Reads the messages of `queue` (up to `options.limit`), shows each to `visit`, and puts each
-/// back (see the module documentation). Nothing is lost and nothing comes closer to a delivery
-/// limit.
+/// Reads the messages of `queue` (up to `options.limit`) on the broker of `to` (a
+/// [`ConnectionConfig`], or a bare URL), shows each to `visit`, and puts each back (see the
+/// module documentation). Nothing is lost and nothing comes closer to a delivery limit.
 ///
 /// # Errors
 /// The broker cannot be reached, the queue does not exist, or the connection was lost (messages
 /// not yet put back stay in the queue).
 pub async fn inspect_queue(
-    url: &str,
+    to: impl Into<ConnectionConfig>,
     queue: &str,
     options: &InspectOptions,
     mut visit: impl FnMut(&Delivery) + Send,
 ) -> Result<Inspection, AmqpError> {
-    inspect_queue_with(url, queue, options, |d| {
+    inspect_queue_with(to, queue, options, |d| {
         visit(d);
         Look::Next
     })
@@ -137,42 +138,45 @@ pub async fn inspect_queue(
 /// As [`inspect_queue`]; a failed ack of a removed message leaves it in the queue (counted as
 /// put back, since it stays).
 pub async fn inspect_queue_with(
-    url: &str,
+    to: impl Into<ConnectionConfig>,
     queue: &str,
     options: &InspectOptions,
     visit: impl FnMut(&Delivery) -> Look + Send,
 ) -> Result<Inspection, AmqpError> {
-    let conn = connect(url, "fleet-budget inspect").await?;
-    let result = inspect_on(&conn, queue, options, visit).await;
-    close_connection(&conn, "bye").await;
+    let to = to.into();
+    let conn = connect(&to, "fleet-budget inspect").await?;
+    let result = inspect_on(&conn, to.timeouts, queue, options, visit).await;
+    to.timeouts.close_connection(&conn, "bye").await;
     result
 }
 
 /// [`inspect_queue_with`] on a connection already open (the fleet exporter's, kept across its
 /// scrapes): the look's two channels (the reads, the confirmed copies) are its own and closed
-/// when it returns, each within the operation deadline; the connection stays open.
+/// when it returns, each within the operation deadline of `t` (the connection's); the
+/// connection stays open.
 ///
 /// # Errors
 /// As [`inspect_queue_with`].
 pub(crate) async fn inspect_on(
     conn: &Connection,
+    t: Timeouts,
     queue: &str,
     options: &InspectOptions,
     mut visit: impl FnMut(&Delivery) -> Look + Send,
 ) -> Result<Inspection, AmqpError> {
-    let watch = ConnectionWatch::new(conn);
-    let ch = within("open a channel", conn.create_channel()).await?;
-    let copies = match confirm_channel(conn).await {
+    let watch = ConnectionWatch::new(conn).with_timeouts(t);
+    let ch = t.within("open a channel", conn.create_channel()).await?;
+    let copies = match confirm_channel(conn, t).await {
         Ok(copies) => copies,
         Err(e) => {
-            close_channel(&ch, "bye").await;
+            t.close_channel(&ch, "bye").await;
             return Err(e);
         }
     };
-    let publisher = Publisher::on_channel(copies.clone());
+    let publisher = Publisher::on_channel(copies.clone(), t);
     let frame_max = usize::try_from(conn.configuration().frame_max()).unwrap_or(usize::MAX);
     let result = async {
-        let total = u64::from(queue_depth(&ch, queue).await?);
+        let total = u64::from(queue_depth_within(&ch, queue, t).await?);
         let bound = options.limit.map_or(total, |l| l.min(total));
         let mut report = Inspection {
             total,
@@ -236,15 +240,15 @@ pub(crate) async fn inspect_on(
         }
     }
     .await;
-    close_channel(&ch, "inspected").await;
-    close_channel(&copies, "bye").await;
+    t.close_channel(&ch, "inspected").await;
+    t.close_channel(&copies, "bye").await;
     result
 }
 
 /// A channel in confirm mode on `conn`, for the copies.
-async fn confirm_channel(conn: &Connection) -> Result<lapin::Channel, AmqpError> {
-    let ch = within("open a channel", conn.create_channel()).await?;
-    within(
+async fn confirm_channel(conn: &Connection, t: Timeouts) -> Result<lapin::Channel, AmqpError> {
+    let ch = t.within("open a channel", conn.create_channel()).await?;
+    t.within(
         "select publisher confirms",
         ch.confirm_select(ConfirmSelectOptions::default()),
     )
@@ -291,7 +295,7 @@ async fn behind_the_acks(
                 })
                 .await;
             if matches!(returned, Ok(true)) {
-                until_returned(ch, queue, m.message_count).await;
+                until_returned(ch, queue, m.message_count, watch.timeouts()).await;
             } else {
                 tracing::warn!("nack of the message behind the acks failed; the close returns it");
             }
@@ -321,10 +325,10 @@ async fn behind_the_acks(
 /// is not trusted (a quorum queue's leader that does not answer the count within 250 ms is
 /// reported as 0 messages). Bounded by the operation deadline; past it the look ends anyway,
 /// and the message still comes back (it is never lost).
-async fn until_returned(ch: &lapin::Channel, queue: &str, left: u32) {
-    let deadline = Instant::now() + timeouts().operation;
+async fn until_returned(ch: &lapin::Channel, queue: &str, left: u32, t: Timeouts) {
+    let deadline = Instant::now() + t.operation;
     loop {
-        match queue_depth(ch, queue).await {
+        match queue_depth_within(ch, queue, t).await {
             Ok(ready) if ready > left || (1..left).contains(&ready) => return,
             Ok(_) if Instant::now() < deadline => {}
             Ok(ready) => {

@@ -1,0 +1,294 @@
+//! One delivery, from its headers to its counts: read the headers and the task, hold a retry
+//! that is not due yet, ask the budget whether the job may run, run the handler, map a failure
+//! to an [`Outcome`] through the budget's decision, hand the outcome to the [`Settler`], and
+//! count how it ended, in one place ([`Deliveries::count`]).
+//!
+//! The steps are those of the module documentation of [`super`]; the consume loop
+//! (`super::consume`) spawns [`process`] once per delivery.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_budget::printable::escape_text;
+use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Failure, FleetBudget};
+use futures::FutureExt;
+use lapin::message::Delivery;
+
+use super::outcome::{JobContext, Outcome, held_since};
+use super::settle::{Ended, Settled, Settler};
+use super::{Job, Stats, bump};
+use crate::headers::{self, JobHeaders};
+use crate::metrics::AmqpMetrics;
+
+/// What every delivery of a connection shares.
+pub(super) struct Deliveries<H> {
+    pub(super) budget: FleetBudget,
+    pub(super) handler: Arc<H>,
+    pub(super) settler: Settler,
+    pub(super) stats: Arc<Stats>,
+    pub(super) metrics: Option<AmqpMetrics>,
+}
+
+/// Steps 1–4 of one delivery (see the module documentation of [`super`]), then its count.
+pub(super) async fn process<H, F>(d: Arc<Deliveries<H>>, delivery: Delivery)
+where
+    H: Fn(Job) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    let _in_flight = d.metrics.as_ref().map(AmqpMetrics::delivery_started);
+    bump(&d.stats.deliveries);
+    let table = headers::without_broker_headers(&headers::table(&delivery.properties));
+    let parsed = JobHeaders::parse(&table);
+    let task = task_of(&delivery, parsed.as_ref().ok());
+    let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &d.settler.queue);
+    let outcome = match &parsed {
+        Err(e) => {
+            job.now_ms = headers::now_ms();
+            Outcome::malformed_headers(&job, e, dependency_name(&d.budget, &task))
+        }
+        Ok(h) => match not_due(&d, &mut job, h) {
+            Some(outcome) => outcome,
+            None => d.run(&delivery, &mut job, h).await,
+        },
+    };
+    let settled = d.settler.carry_out(&delivery, &table, outcome).await;
+    d.count(&task, settled).await;
+}
+
+/// The task of a delivery: the AMQP `type` property, else [`headers::TASK`], else the routing
+/// key.
+fn task_of(delivery: &Delivery, known: Option<&JobHeaders>) -> String {
+    delivery
+        .properties
+        .kind()
+        .as_ref()
+        .map(|k| k.as_str().to_owned())
+        .filter(|k| !k.is_empty())
+        .or_else(|| known.and_then(|h| h.task.clone()))
+        .unwrap_or_else(|| delivery.routing_key.as_str().to_owned())
+}
+
+/// The name of the dependency `task` spends, for an outcome decided without the budget (a
+/// malformed header, a wait past `max_delay`); `None` when the task maps to none.
+fn dependency_name(budget: &FleetBudget, task: &str) -> Option<String> {
+    budget.dependency(task).ok().map(|d| d.as_str().to_owned())
+}
+
+/// A delivery not due yet (a retry between hops of its delay): it waits in the next tier,
+/// unless it asks to wait longer than its task's `max_delay`: then it is dead-lettered, not
+/// held. `None` when it is due.
+fn not_due<H>(d: &Deliveries<H>, job: &mut JobContext, h: &JobHeaders) -> Option<Outcome> {
+    let not_before = h.not_before_ms?;
+    let now = headers::now_ms();
+    let ceiling = d.budget.ceiling(&job.task);
+    if ceiling.allows_wait(Duration::from_millis(not_before.saturating_sub(now))) {
+        return Outcome::wait(&d.settler.topology, now, not_before);
+    }
+    job.now_ms = now;
+    let dependency = dependency_name(&d.budget, &job.task);
+    Some(Outcome::not_before_too_far(
+        job,
+        not_before,
+        ceiling.max_delay.unwrap_or_default(),
+        dependency.as_deref(),
+    ))
+}
+
+impl<H> Deliveries<H> {
+    /// A due job with readable headers: admitted by the budget, run, its call finished, and a
+    /// failure decided.
+    async fn run<F>(&self, delivery: &Delivery, job: &mut JobContext, h: &JobHeaders) -> Outcome
+    where
+        H: Fn(Job) -> F,
+        F: Future<Output = Result<(), Failure>>,
+    {
+        let call = match self.admit(job, h).await {
+            Ok(call) => call,
+            Err(outcome) => return outcome,
+        };
+        if let Err(e) = self.budget.on_attempt(&job.task, h.attempt).await {
+            self.budget.finish(call, CallOutcome::Inconclusive).await;
+            job.now_ms = headers::now_ms();
+            return Outcome::invalid_task(job, &e);
+        }
+        match run_handler(&*self.handler, delivery, &job.task, h).await {
+            Ok(()) => {
+                self.budget.finish(call, CallOutcome::Succeeded).await;
+                Outcome::Ack
+            }
+            Err(failure) => {
+                let elsewhere = failure
+                    .dependency
+                    .as_deref()
+                    .is_some_and(|d| d != call.dependency().as_str());
+                // A failure of another dependency the job calls says nothing about this one's
+                // health.
+                let ended = if failure.is_retryable() && !elsewhere {
+                    CallOutcome::Failed
+                } else {
+                    CallOutcome::Inconclusive
+                };
+                self.budget.finish(call, ended).await;
+                self.decide(job, &failure).await
+            }
+        }
+    }
+
+    /// Asks the budget whether the job may run now ([`FleetBudget::admit`]): the call to give
+    /// back when it may, else the outcome (held in a tier, or dead-lettered) with the time set.
+    async fn admit(
+        &self,
+        job: &mut JobContext,
+        h: &JobHeaders,
+    ) -> Result<fleet_budget::Call, Outcome> {
+        let now = headers::now_ms();
+        let held_since = held_since(h.held_since_ms, now);
+        let held_for = held_since.map(|since| Duration::from_millis(now - since));
+        let admission = self.budget.admit(&job.task, h.attempt, held_for).await;
+        job.now_ms = now;
+        let topology = &self.settler.topology;
+        match admission {
+            Err(e) => Err(Outcome::invalid_task(job, &e)),
+            Ok(Admission::Run(call)) => Ok(call),
+            Ok(Admission::Wait(hold)) => Err(Outcome::hold(
+                topology,
+                job,
+                hold.as_str(),
+                hold.pause(),
+                held_since,
+            )),
+            Ok(Admission::DeadLetter(decision)) => {
+                let reason = decision
+                    .dead_letter_reason()
+                    .map_or("refused", DeadLetterReason::as_str);
+                let failure = Failure::retryable(format!(
+                    "not run: the concurrency budget refused the retry ({reason})"
+                ))
+                .with_class(reason);
+                Err(Outcome::of_decision(topology, job, &failure, &decision))
+            }
+        }
+    }
+
+    /// Asks the budget about `failure` and maps its decision to an outcome. The time since the
+    /// job's first failure (zero when this is the first) holds a task with a recovery window to
+    /// it.
+    async fn decide(&self, job: &mut JobContext, failure: &Failure) -> Outcome {
+        let failed_ms = headers::now_ms();
+        let since_first_failure = Duration::from_millis(
+            failed_ms.saturating_sub(job.first_failure_ms.unwrap_or(failed_ms)),
+        );
+        let decision = self
+            .budget
+            .on_failure_since(&job.task, job.attempt, failure, Some(since_first_failure))
+            .await;
+        job.now_ms = headers::now_ms();
+        match decision {
+            Ok(decision) => Outcome::of_decision(&self.settler.topology, job, failure, &decision),
+            Err(e) => Outcome::invalid_task(job, &e),
+        }
+    }
+
+    /// Counts how the delivery of `task` ended: the worker's counters ([`super::WorkerCounts`]),
+    /// the AMQP metrics, and a success reported to the budget. The one place an outcome is
+    /// counted.
+    async fn count(&self, task: &str, settled: Settled) {
+        let s = &self.stats;
+        let ended = match settled {
+            Settled::Acked(ended) => {
+                bump(match ended {
+                    Ended::Succeeded => &s.succeeded,
+                    Ended::Retried => &s.retried,
+                    Ended::DeadLettered(_) => &s.dead_lettered,
+                    Ended::WaitedAgain => &s.waited_again,
+                    Ended::Held => &s.held,
+                    Ended::Parked => &s.parked,
+                });
+                ended
+            }
+            Settled::AckFailed(ended) => {
+                bump(&s.ack_failed);
+                ended
+            }
+            Settled::Requeued => {
+                bump(&s.requeued);
+                if let Some(m) = &self.metrics {
+                    m.requeued();
+                }
+                return;
+            }
+            Settled::Rejected => {
+                bump(&s.broker_dead_lettered);
+                return;
+            }
+        };
+        match ended {
+            Ended::DeadLettered(reason) => {
+                if let Some(m) = &self.metrics {
+                    m.dead_letter_published(reason);
+                }
+            }
+            Ended::Succeeded => {
+                if let Err(e) = self.budget.on_success(task).await {
+                    tracing::warn!(error = %escape_text(&e.to_string()), task = %escape_text(task), "success not counted");
+                }
+            }
+            Ended::Retried | Ended::WaitedAgain | Ended::Held | Ended::Parked => {}
+        }
+    }
+}
+
+/// The context of a delivery's outcome: its headers where it has them, else the delivery's own
+/// exchange and routing key (a first attempt). The time is set when the outcome is decided.
+fn job_context(
+    delivery: &Delivery,
+    known: Option<&JobHeaders>,
+    task: &str,
+    queue: &str,
+) -> JobContext {
+    JobContext {
+        task: task.to_owned(),
+        attempt: known.map_or(1, |h| h.attempt),
+        replays: known.map_or(0, |h| h.replays),
+        original_exchange: known
+            .and_then(|h| h.original_exchange.clone())
+            .unwrap_or_else(|| delivery.exchange.as_str().to_owned()),
+        original_routing_key: known
+            .and_then(|h| h.original_routing_key.clone())
+            .unwrap_or_else(|| delivery.routing_key.as_str().to_owned()),
+        queue: queue.to_owned(),
+        first_failure_ms: known.and_then(|h| h.first_failure_ms),
+        now_ms: 0,
+    }
+}
+
+/// Runs the handler on the job of `delivery`; a panic is a retryable failure of class `panic`.
+async fn run_handler<H, F>(
+    handler: &H,
+    delivery: &Delivery,
+    task: &str,
+    h: &JobHeaders,
+) -> Result<(), Failure>
+where
+    H: Fn(Job) -> F,
+    F: Future<Output = Result<(), Failure>>,
+{
+    let job = Job {
+        message_id: headers::message_id(&delivery.properties).map(str::to_owned),
+        task: task.to_owned(),
+        attempt: h.attempt,
+        replays: h.replays,
+        redelivered: delivery.redelivered,
+        payload: delivery.data.clone(),
+        exchange: delivery.exchange.as_str().to_owned(),
+        routing_key: delivery.routing_key.as_str().to_owned(),
+        properties: delivery.properties.clone(),
+    };
+    let result = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job))) {
+        Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    result.unwrap_or_else(|_| Err(Failure::retryable("the handler panicked").with_class("panic")))
+}
