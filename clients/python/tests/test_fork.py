@@ -6,6 +6,7 @@ cannot deadlock the child or make it share a socket. Every child is bounded by a
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
@@ -241,3 +242,37 @@ def test_a_fork_in_the_middle_of_a_flush_shares_no_socket(redis_url):
     assert b.pending_deposits() == 0 and not b.in_fallback, "the parent's call was answered to the parent"
     assert b.close() == 0
     assert counters(redis_url) == (9, 0, 0), "1 + 5 of the parent's, 3 of the child's"
+
+
+def test_the_asyncio_flavour_in_a_forked_child(redis_url):
+    """The asyncio budget, used by the parent in an event loop, then by a forked child in a loop
+    of its own: the child's calls go on a client of its own, its deposits by its own flusher."""
+    from fleet_budget.aio import FleetBudget as AsyncBudget
+
+    b = AsyncBudget(Config.from_toml(TOML.format(flush_ms=100)), redis_url=redis_url)
+
+    async def parent():
+        await b.on_success("index_document")
+        await b.flush()
+        return await b.status("search")
+
+    assert asyncio.run(parent())[1] == "fleet"
+
+    def child():
+        async def run():
+            await b.on_attempt("index_document", 1)
+            for _ in range(3):
+                await b.on_success("index_document")
+            decision = await b.on_failure("index_document", 1, Failure.retryable("503"))
+            assert isinstance(decision, Retry) and decision.source == "fleet", decision
+            for _ in range(500):  # the flusher is a task of this loop: wait in the loop
+                if counters(redis_url)[0] == 4:
+                    break
+                await asyncio.sleep(0.02)
+            assert counters(redis_url)[0] == 4, "the child's flusher never ran"
+            assert await b.close() == 0
+
+        asyncio.run(run())
+
+    in_child(child)
+    assert counters(redis_url) == (4, 1, 1)
