@@ -19,8 +19,9 @@ import amqp
 import kombu
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
-from fleet_budget import Config, Failure, FleetBudget, Retry
+from fleet_budget import Config, Failure, FleetBudget, Metrics, Retry
 from fleet_budget.publish import ConfirmedPublisher
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -276,3 +277,21 @@ def test_the_asyncio_flavour_in_a_forked_child(redis_url):
 
     in_child(child)
     assert counters(redis_url) == (4, 1, 1)
+
+
+def test_a_registry_that_was_passed_in_holds_the_childs_metrics_in_the_child(redis_url):
+    registry = CollectorRegistry()
+    b = budget(redis_url, flush_ms=100, metrics=Metrics(registry))
+    b.on_success("index_document")
+    parents = b.metrics
+
+    def child():
+        assert b.metrics is not parents and b.metrics.registry is registry
+        b.on_success("index_document")
+        b.on_success("index_document")
+        assert registry.get_sample_value("fleet_budget_successes_total", {"dependency": "search"}) == 2
+        assert b.close() == 0
+
+    in_child(child)
+    assert registry.get_sample_value("fleet_budget_successes_total", {"dependency": "search"}) == 1
+    assert b.close() == 0 and counters(redis_url)[0] == 3
