@@ -1,5 +1,6 @@
 """A Celery app on fleet_budget.celery, for tests that run a real worker process:
-``celery -A celery_fleet worker -Q $FB_CELERY_QUEUE -P threads`` with ``FB_CONFIG`` (the TOML of
+``celery -A celery_fleet worker -Q $FB_CELERY_QUEUE`` (any pool: prefork, the default, threads,
+solo) with ``FB_CONFIG`` (the TOML of
 fleet-budget) and ``FB_CELERY_QUEUE`` in the environment. Used by clients/python/tests/test_celery.py
 and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
 
@@ -8,7 +9,8 @@ and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
 ``tests/src/bin/fleet-worker.rs`` does: one TCP line ``CALL <task id> search <attempt> <replays>
 <pid>`` to the line server at ``FB_UPSTREAM`` (HOST:PORT, owned by the test), answered ``OK``,
 ``FAIL <class>`` (retryable) or ``REJECT <class>``, 2 s at most. Executions are counted in the
-Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis)."""
+Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis), and the processes that ran them (``"<pid> <parent's pid>"``) in
+the set ``<FB_CELERY_QUEUE>:pids``."""
 
 import os
 import socket
@@ -39,6 +41,7 @@ class BadRequest(Exception):
 @app.task(base=BudgetedTask, budget=budget, name="index_document", retry_on=(Unavailable,), bind=True)
 def index_document(self, doc_id, fail=0, error="search unavailable"):
     state.incr(f"{QUEUE}:calls")
+    state.sadd(f"{QUEUE}:pids", f"{os.getpid()} {os.getppid()}")
     if fail < 0:
         raise BadRequest(f"doc {doc_id} is malformed")
     if self.request.retries < fail:

@@ -1,7 +1,11 @@
-"""A private redis-server per test that asks for one (never the shared 6379)."""
+"""A private redis-server per test that asks for one (never the shared 6379). Run by
+scripts/test-python-package against the installed wheel, with ``FLEET_BUDGET_INSTALLED_AT`` (its
+site-packages): the session refuses to start if ``fleet_budget`` is imported from anywhere else,
+such as the source tree."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +16,16 @@ import pytest
 import redis
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def pytest_sessionstart(session):
+    installed_at = os.environ.get("FLEET_BUDGET_INSTALLED_AT")
+    if installed_at:
+        import fleet_budget
+
+        where = Path(fleet_budget.__file__).resolve()
+        if not where.is_relative_to(Path(installed_at).resolve()):
+            raise pytest.UsageError(f"fleet_budget is imported from {where}, not from the installed {installed_at}")
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""fleet_budget.celery with a real Celery worker (thread pool) on the RabbitMQ at 127.0.0.1:5672,
+"""fleet_budget.celery with a real Celery worker (thread pool; every pool: test_celery_pools.py) on the RabbitMQ at 127.0.0.1:5672,
 under names of its own (a queue and an ``[amqp] prefix`` per test), the budget on a private
 redis-server: retries through Celery, dead letters with the Rust worker's headers, confirm before
 ack, and messages Celery would drop."""
@@ -58,18 +58,31 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
 
 
 class Worker:
-    """``celery -A celery_fleet worker`` (tests/python/celery_fleet.py) as a process of its own."""
+    """``celery -A celery_fleet worker`` (tests/python/celery_fleet.py) as a process of its own, on
+    ``pool``: ``prefork`` is Celery's default, started as the README says (no ``-P``); ``options``
+    are more of the worker's command-line options."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, pool: str = "threads", concurrency: int = 2,
+                 options: tuple[str, ...] = (), name: str = "") -> None:
         self.log = log
+        pool_args = [] if pool == "prefork" else ["-P", pool]
+        if pool != "solo":
+            pool_args += ["-c", str(concurrency)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_fleet", "worker", "-P", "threads", "-c", "2",
+            [sys.executable, "-m", "celery", "-A", "celery_fleet", "worker", *pool_args, *options,
              "-Q", env["FB_CELERY_QUEUE"], "--without-heartbeat", "--without-mingle", "--without-gossip",
-             "-l", "INFO", "-n", f"{env['FB_CELERY_QUEUE']}@%h"],
+             "-l", "INFO", "-n", f"{name or env['FB_CELERY_QUEUE']}@%h"],
             cwd=REPO / "tests" / "python", env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait()
+
+    def terminate(self) -> None:
+        """Asks for a warm shutdown (several workers stop together: each takes seconds)."""
         self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self) -> None:
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from . import scripts
+from . import forks, scripts
 from .admission import AdmissionSteps
 from .concurrency import LeaseIds
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
@@ -94,9 +94,7 @@ class FleetBudget(AdmissionSteps):
                 raise ConfigError("key_prefix", f"{_quoted(key_prefix)}: {wrong}")
             self.config.redis.key_prefix = key_prefix
         self.metrics = metrics if metrics is not None else Metrics()
-        # A series for every configured dependency before its first failure, as in Rust.
-        for dependency in self.config.policies:
-            self.metrics.fallback_active.labels(dependency).set(0)
+        self._series_for_configured()
         self._clock = clock
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
@@ -107,6 +105,8 @@ class FleetBudget(AdmissionSteps):
         self._own_lock = threading.Lock()
         settings = self.config.redis
         timeout = settings.timeout_ms / 1000
+        # A client of our own is made again in a forked child; one given is the caller's.
+        self._own_client = client is None
         if client is None and settings.cluster_urls:
             client = self._new_cluster_client(settings.cluster_urls, timeout)
         if client is None:
@@ -114,19 +114,9 @@ class FleetBudget(AdmissionSteps):
                 client = self._new_client(settings.url, timeout)
             except ValueError as e:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
-        self._redis = client
-        timed = self.metrics.timed
-        self._spend = timed("spend", client.register_script(scripts.text("spend")))
-        self._spend_many = timed("spend", client.register_script(scripts.text("spend_many")))
+        self._connect(client)
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
-        self._deposit = timed("deposit", client.register_script(scripts.text("deposit")))
-        self._status = timed("status", client.register_script(scripts.text("status")))
-        # The concurrency leases and the circuit breaker (not timed, as in Rust: the histogram's
-        # `op` is one of spend, deposit, status).
-        self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
-        self._lease_release = client.register_script(scripts.text("lease_release"))
-        self._breaker = client.register_script(scripts.text("breaker"))
         self._lease_ids = LeaseIds()
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
@@ -137,12 +127,75 @@ class FleetBudget(AdmissionSteps):
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._flusher: Optional[threading.Thread] = None
+        self._flusher_armed = False
         if self._flush_ms > 0:
             self._start_flusher()
+        forks.register(self)
+        forks.flush_at_exit(self)
+
+    def _connect(self, client: Any) -> None:
+        """The store calls, on ``client``, timed in this process's metrics."""
+        self._redis = client
+        timed = self.metrics.timed
+        self._spend = timed("spend", client.register_script(scripts.text("spend")))
+        self._spend_many = timed("spend", client.register_script(scripts.text("spend_many")))
+        self._deposit = timed("deposit", client.register_script(scripts.text("deposit")))
+        self._status = timed("status", client.register_script(scripts.text("status")))
+        # The concurrency leases and the circuit breaker (not timed, as in Rust: the histogram's
+        # `op` is one of spend, deposit, status).
+        self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
+        self._lease_release = client.register_script(scripts.text("lease_release"))
+        self._breaker = client.register_script(scripts.text("breaker"))
 
     def _start_flusher(self) -> None:
-        self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
-        self._flusher.start()
+        """Arms the flusher: its thread starts with the first deposit counted (in a forked child
+        too, where the parent's thread does not exist; a Celery prefork parent, which runs no task,
+        has none)."""
+        self._flusher_armed = True
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child, this budget starts again as a new process's (forks.py says why):
+        fresh locks; the parent's pending deposits dropped (the parent sends them; sent again
+        from here they would be counted twice); its own Redis connections; its own metrics
+        (:meth:`Metrics.for_child`), fallback budget, jitter and lease ids; the flusher started
+        again by the child's first deposit."""
+        closed = self._closed.is_set()
+        self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
+        self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
+        self._pending, self._degraded = {}, {}
+        # Children of one parent would otherwise draw the same jitter, and retry together.
+        self._rng = random.Random()
+        self.local = LocalStore(self._clock)
+        self.metrics = self.metrics.for_child()
+        self._series_for_configured()
+        self._lease_ids = LeaseIds()
+        if self._group is not None:
+            self._group = GroupCommit(self._group.deadline, self._group.max_batch)
+        settings = self.config.redis
+        timeout = settings.timeout_ms / 1000
+        if not self._own_client:
+            client = self._redis  # the caller's: redis-py's pools make new connections after a fork
+        elif settings.cluster_urls:
+            client = self._new_cluster_client(settings.cluster_urls, timeout)
+        else:
+            client = self._new_client(settings.url, timeout)
+        self._connect(client)  # the parent's client is dropped unclosed: its sockets are the parent's
+        self._wake, self._closed = threading.Event(), threading.Event()
+        self._flusher, self._flusher_armed = None, False
+        if closed:
+            self._closed.set()
+        elif self._flush_ms > 0:
+            self._start_flusher()
+
+    def _before_exit(self) -> None:
+        """The process ends (forks.py): pending deposits are sent, unless closed already."""
+        if not self._closed.is_set() and self.pending_deposits():
+            self.flush()
+
+    def _series_for_configured(self) -> None:
+        # A series for every configured dependency before its first failure, as in Rust.
+        for dependency in self.config.policies:
+            self.metrics.fallback_active.labels(dependency).set(0)
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.Redis.from_url(
@@ -367,6 +420,10 @@ class FleetBudget(AdmissionSteps):
             entry[0] += successes
             entry[1] += first_attempts
             total = sum(s + a for s, a, _ in self._pending.values())
+            if self._flusher_armed:
+                self._flusher_armed = False
+                self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
+                self._flusher.start()
         self.metrics.deposits_pending.set(total)
         if total >= self.config.redis.deposit_flush_count:
             self._wake.set()

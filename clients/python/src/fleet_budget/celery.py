@@ -25,6 +25,10 @@ anyway, as with the Rust worker's per-message expiration), ``message_id`` the ta
 letter, to the exchange and routing key it was consumed from, where a Celery worker runs it again
 with the attempt counter back at 1 and ``fb-replays`` counted.
 
+Every pool works (prefork, the default, with or without ``--max-tasks-per-child``; threads;
+solo): a prefork child sends its own deposits within ``redis.deposit_flush_ms`` and before it
+exits, and has its own Redis and broker connections and metrics (``fleet_budget.forks``).
+
 ``acks_late`` is on (the copy is confirmed before the original is acked) and ``max_retries`` is
 off (the budget's ceilings decide). Messages that never reach a task (a body Celery cannot decode,
 an unknown task, a malformed protocol message) are dead-lettered the same way, ``non_retryable``,
@@ -39,12 +43,13 @@ import time
 import weakref
 from typing import Any, Optional
 
-from celery import Task
+from celery import Task, signals
 from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.serialization import dumps
 
+from . import forks
 from . import headers as h
 from .budget import FleetBudget, InvalidTask, UnmappedTask
 from .admission import FAILED, INCONCLUSIVE, SUCCEEDED, Hold
@@ -62,6 +67,16 @@ UNCONFIRMED_PAUSE = 0.25
 _publishers: "weakref.WeakKeyDictionary[Any, ConfirmedPublisher]" = weakref.WeakKeyDictionary()
 # The budget install() gave each app, for messages that never reach a task.
 _budgets: "weakref.WeakKeyDictionary[Any, FleetBudget]" = weakref.WeakKeyDictionary()
+
+
+def _flush_before_the_child_exits(**_: Any) -> None:
+    """A prefork child leaves through ``os._exit`` (after ``--max-tasks-per-child`` tasks, or at
+    shutdown), where ``atexit`` does not run: its pending deposits are sent here, on Celery's
+    ``worker_process_shutdown``, or they would be lost."""
+    forks.before_exit()
+
+
+signals.worker_process_shutdown.connect(_flush_before_the_child_exits, weak=False)
 
 
 def held_since_ms(header: Optional[int], now_ms: int) -> Optional[int]:

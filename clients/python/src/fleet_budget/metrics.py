@@ -9,6 +9,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from .snapshot import BudgetSnapshot
 
@@ -27,6 +28,7 @@ class Metrics:
     """One set of metrics in ``registry`` (a private registry when none is given)."""
 
     def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+        self._own_registry = registry is None
         self.registry = registry if registry is not None else CollectorRegistry()
         r, dep = self.registry, ["dependency"]
         # prometheus_client appends _total to counters itself.
@@ -77,6 +79,26 @@ class Metrics:
             dep, registry=r)
         self._conflicts_logged: set[str] = set()
         self._lock = threading.Lock()
+
+    def for_child(self) -> "Metrics":
+        """The metrics of a forked child (``fleet_budget.forks``): the child's own, from zero,
+        counting only what the child does, as a new process's would; the parent's are left as
+        they were. With a private registry (the default) the child gets a new one; with a
+        registry that was given, the parent's collectors in it are replaced by the child's (its
+        lock made anew first: a parent's thread may have held it, scraping, at the fork).
+        Whoever exposes the registry does so from the child, with the child's object."""
+        if self._own_registry:
+            return Metrics()
+        registry = self.registry
+        if isinstance(getattr(registry, "_lock", None), type(threading.Lock())):
+            registry._lock = threading.Lock()  # type: ignore[attr-defined]
+        for collector in vars(self).values():
+            if isinstance(collector, MetricWrapperBase):
+                try:
+                    registry.unregister(collector)
+                except KeyError:  # unregistered by someone else already
+                    pass
+        return Metrics(registry)
 
     def snapshot(self, dependency: str, snap: BudgetSnapshot) -> None:
         if snap.control.conflict:

@@ -5,7 +5,9 @@ counts. Anything else (a nack, a return, a timeout, a closed channel or connecti
 
 One connection per process (opened on first use, again after a fork or a failure), its own
 channel in confirm mode, a lock around each publish: dead letters are rare next to the jobs, and
-a worker thread blocked on the confirm is the point.
+a worker thread blocked on the confirm is the point. A forked child (a Celery prefork child)
+starts with a lock of its own and no connection: the parent's is dropped, never closed from the
+child, since closing it would send the broker a close on the parent's socket (``forks.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import threading
 from typing import Any, Callable
 
+from . import forks
 from .redact import redact_text
 
 #: Longest AMQP short string (exchange names, routing keys).
@@ -46,6 +49,14 @@ class ConfirmedPublisher:
         self._conn: Any = None
         self._channel: Any = None
         self._returned: list[str] = []
+        forks.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The lock may have been held by a parent's thread waiting for a confirm; the connection
+        # is the parent's.
+        self._lock = threading.Lock()
+        self._conn, self._channel, self._pid = None, None, os.getpid()
+        self._returned = []
 
     def publish(self, exchange: str, routing_key: str, body: bytes, headers: dict[str, Any],
                 properties: dict[str, Any]) -> None:
