@@ -1,4 +1,4 @@
-//! Printing: one JSON object on stdout, aligned tables for people.
+//! Printing: one JSON object on stdout (with its `schema_version`), aligned tables for people.
 //!
 //! Everything on stdout goes through [`out!`] / [`outln!`], which ignore write errors instead of
 //! panicking like `print!` does when stdout is closed (`budgetctl status | head -1`).
@@ -27,13 +27,27 @@ use std::io::Write;
 
 use serde::Serialize;
 
-/// Prints `value` as one JSON object on stdout, followed by a newline.
-pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?;
+/// Prints `value` (a struct or a map) as one JSON object on stdout, followed by a newline, with
+/// `schema_version` first: the version of the command's shape, written down in
+/// `docs/schemas/<command>.schema.json`. Adding a field keeps the version; removing or renaming
+/// one bumps it (docs/schemas/README.md).
+pub(crate) fn print_json<T: Serialize>(schema_version: u32, value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(&Versioned {
+        schema_version,
+        document: value,
+    })?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")?;
     out.flush()?;
     Ok(())
+}
+
+/// A `--json` document with its shape's version in front.
+#[derive(Serialize)]
+struct Versioned<'a, T> {
+    schema_version: u32,
+    #[serde(flatten)]
+    document: &'a T,
 }
 
 /// Formats rows as a table: columns padded to their widest cell, the first left-aligned and the

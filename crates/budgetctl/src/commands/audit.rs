@@ -10,6 +10,9 @@ use crate::output::{print_json, table_aligned};
 use crate::redis_conn;
 use crate::when::{self, When};
 
+/// The version of this command's `--json` shape (`docs/schemas/audit.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `audit`.
 #[derive(Debug, Args)]
 pub(crate) struct AuditArgs {
@@ -91,7 +94,10 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
         .await
         .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
     if args.json {
-        return print_json(&serde_json::json!({ "entries": entries }));
+        return print_json(
+            JSON_SCHEMA_VERSION,
+            &serde_json::json!({ "entries": entries }),
+        );
     }
     if entries.is_empty() {
         outln!("no audit entries");

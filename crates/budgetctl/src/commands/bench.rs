@@ -21,6 +21,9 @@ use crate::exit::usage;
 use crate::output::print_json;
 use crate::redis_conn;
 
+/// The version of this command's `--json` shape (`docs/schemas/bench.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `bench`.
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
@@ -111,6 +114,12 @@ struct BenchReport {
     group_commit_max_batch: Option<usize>,
     /// Script calls the decisions took (group commit only; 0 without).
     withdrawal_calls: u64,
+    /// Deprecated: `successes` under its name before 0.2.0, printed until 0.3.0.
+    successes_recorded: u64,
+    /// Deprecated: `retries_granted` under its name before 0.2.0, printed until 0.3.0.
+    granted: u64,
+    /// Deprecated: `retries_denied` under its name before 0.2.0, printed until 0.3.0.
+    denied: u64,
 }
 
 /// Runs the command.
@@ -214,9 +223,12 @@ pub(crate) async fn run(config: &Config, args: &BenchArgs) -> anyhow::Result<()>
         allowance,
         group_commit_max_batch: max_batch,
         withdrawal_calls: store.group_commit_stats().calls,
+        successes_recorded: args.successes,
+        granted,
+        denied,
     };
     if args.json {
-        return print_json(&report);
+        return print_json(JSON_SCHEMA_VERSION, &report);
     }
     outln!("dependency          {}", report.dependency);
     outln!("successes recorded  {}", report.successes);

@@ -14,6 +14,10 @@ use crate::output::print_json;
 use crate::redis_conn;
 use crate::when;
 
+/// The version of the `--json` shape of `budget freeze|unfreeze|set|clear`
+/// (`docs/schemas/budget-*.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `budget`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BudgetCommand {
@@ -145,13 +149,16 @@ pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Res
     .await
     .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
     if who.json {
-        return print_json(&serde_json::json!({
-            "dependency": dep.as_str(),
-            "action": action.as_str(),
-            "actor": actor,
-            "reason": who.reason,
-            "change": change,
-        }));
+        return print_json(
+            JSON_SCHEMA_VERSION,
+            &serde_json::json!({
+                "dependency": dep.as_str(),
+                "action": action.as_str(),
+                "actor": actor,
+                "reason": who.reason,
+                "change": change,
+            }),
+        );
     }
     outln!("{}", describe(&dep, action, &change));
     Ok(())

@@ -12,6 +12,10 @@ use serde::Serialize;
 use crate::exit::usage;
 use crate::output::{print_json, table_aligned};
 
+/// The version of `config check`'s `--json` shapes, the resolved configuration and its errors
+/// (`docs/schemas/config-check.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum ConfigCommand {
@@ -105,18 +109,21 @@ pub(crate) fn check(args: &ConfigCheckArgs) -> anyhow::Result<()> {
         Ok(c) => c,
         Err(e) => {
             if args.json {
-                print_json(&CheckErrors {
-                    file,
-                    valid: false,
-                    errors: error_views(&e),
-                })?;
+                print_json(
+                    JSON_SCHEMA_VERSION,
+                    &CheckErrors {
+                        file,
+                        valid: false,
+                        errors: error_views(&e),
+                    },
+                )?;
             }
             return Err(usage(e.to_string()));
         }
     };
     let report = resolve(&file, &config);
     if args.json {
-        return print_json(&report);
+        return print_json(JSON_SCHEMA_VERSION, &report);
     }
     print_report(&report);
     Ok(())

@@ -16,6 +16,12 @@ use crate::exit::usage;
 use crate::output::{print_json, table_aligned, thousands};
 use crate::when::rfc3339_ms;
 
+/// The version of `dlq stats`'s `--json` shape (`docs/schemas/dlq-stats.schema.json`).
+const STATS_JSON_VERSION: u32 = 1;
+/// The version of the message list `dlq peek` and `parked list` print as JSON
+/// (`docs/schemas/dlq-peek.schema.json`, `parked-list.schema.json`).
+const PEEK_JSON_VERSION: u32 = 1;
+
 /// `dlq` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
@@ -164,7 +170,7 @@ pub(crate) async fn show_messages(
         messages: messages.into_iter().map(MessageView::from).collect(),
     };
     if args.json {
-        return print_json(&out);
+        return print_json(PEEK_JSON_VERSION, &out);
     }
     outln!(
         "{}: {} messages; {} shown (of {} read, put back)",
@@ -284,7 +290,7 @@ pub(crate) async fn stats(config: &WorkerConfig, json: bool) -> anyhow::Result<(
         parked: parked.map_err(|e| broker_error(config, &e))?,
     };
     if json {
-        return print_json(&stats);
+        return print_json(STATS_JSON_VERSION, &stats);
     }
     outln!("RabbitMQ at {}", stats.amqp);
     for q in [&stats.dead_letter, &stats.parked] {

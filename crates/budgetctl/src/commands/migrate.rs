@@ -9,6 +9,9 @@ use crate::amqp_conn::broker_error;
 use crate::commands::audit::{Trail, record};
 use crate::output::print_json;
 
+/// The version of this command's `--json` shape (`docs/schemas/migrate.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `migrate`.
 #[derive(Debug, Args)]
 pub(crate) struct MigrateArgs {
@@ -66,7 +69,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Re
     let entry = (!report.dry_run && out.created > 0)
         .then(|| report.audit_entry(&args.trail.actor(), args.trail.note(), &config.amqp.prefix));
     if args.json {
-        print_json(&out)?;
+        print_json(JSON_SCHEMA_VERSION, &out)?;
     } else {
         print_text(&out, &report);
     }

@@ -15,6 +15,9 @@ use crate::amqp_conn::broker_error;
 use crate::exit::usage;
 use crate::output::{print_json, thousands};
 
+/// The version of `parked purge`'s `--json` shape (`docs/schemas/parked-purge.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `parked` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum ParkedCommand {
@@ -122,7 +125,7 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
         kept: r.kept,
     };
     if args.json {
-        print_json(&out)?;
+        print_json(JSON_SCHEMA_VERSION, &out)?;
     } else {
         outln!(
             "{}: {} purged, {} kept (of {} messages)",

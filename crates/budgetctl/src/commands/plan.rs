@@ -10,6 +10,9 @@ use serde::Serialize;
 
 use crate::output::print_json;
 
+/// The version of this command's `--json` shape (`docs/schemas/plan.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `plan`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("ceiling").required(true).args(["recovery_window", "max_attempts"])))]
@@ -116,7 +119,7 @@ pub(crate) fn run(args: &PlanArgs) -> anyhow::Result<()> {
             .collect(),
     };
     if args.json {
-        return print_json(&report);
+        return print_json(JSON_SCHEMA_VERSION, &report);
     }
     print!("{}", text(&report));
     Ok(())

@@ -20,6 +20,10 @@ use crate::commands::dlq::reason;
 use crate::exit::usage;
 use crate::output::{print_json, table, table_aligned, thousands};
 
+/// The version of the `--json` shape of `replay` and `parked replay`, with or without `--dry-run`
+/// (`docs/schemas/replay.schema.json`, `parked-replay.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `replay`.
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
@@ -328,7 +332,7 @@ async fn finish(
     queue: &str,
 ) -> anyhow::Result<()> {
     if json {
-        print_json(out)?;
+        print_json(JSON_SCHEMA_VERSION, out)?;
     } else {
         print_replay(out, queue);
     }

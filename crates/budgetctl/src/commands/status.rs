@@ -16,6 +16,9 @@ use crate::exit::usage;
 use crate::output::{print_json, table_aligned};
 use crate::redis_conn;
 
+/// The version of this command's `--json` shape (`docs/schemas/status.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `status`.
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
@@ -67,6 +70,10 @@ pub(crate) struct DependencyStatus {
     /// The circuit breaker, for a dependency with a `[dependencies.X.breaker]` section.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) breaker: Option<BreakerLine>,
+    /// Deprecated: `retries_granted` under its name before 0.2.0, printed until 0.3.0.
+    pub(crate) retries: u64,
+    /// Deprecated: `retries_denied` under its name before 0.2.0, printed until 0.3.0.
+    pub(crate) denied: u64,
 }
 
 /// A dependency's circuit breaker as Redis holds it.
@@ -171,6 +178,8 @@ impl DependencyStatus {
             now_ms: fleet.now_ms,
             window_index: s.window_index,
             breaker: None,
+            retries,
+            denied,
         }
     }
 
@@ -289,7 +298,7 @@ pub(crate) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()
     loop {
         let report = collect(config, &store, only.as_ref()).await?;
         if args.json {
-            print_json(&report)?;
+            print_json(JSON_SCHEMA_VERSION, &report)?;
             return report.failure();
         }
         let mut text = render(&report);
@@ -546,6 +555,8 @@ mod tests {
             now_ms: 0,
             window_index,
             breaker: None,
+            retries: granted,
+            denied,
         }
     }
 

@@ -25,12 +25,14 @@ fn check_demo(v: &Value) {
                 "accounting",
             ],
         );
-        for old in [
-            "upstream_calls",
-            "peak_upstream_calls_per_sec",
-            "replay_upstream_calls",
+        // The names before 0.2.0, kept beside the new ones until 0.3.0 (CHANGELOG.md).
+        for (old, new) in [
+            ("upstream_calls", "executions"),
+            ("peak_upstream_calls_per_sec", "peak_executions_per_sec"),
+            ("replay_upstream_calls", "replay_executions"),
+            ("upstream_calls_per_second", "executions_per_second"),
         ] {
-            assert!(run.get(old).is_none(), "{old}: one vocabulary, {run}");
+            assert_eq!(run[old], run[new], "{old} is deprecated for {new}: {run}");
         }
         let acc = &run["accounting"];
         assert_eq!(acc["lost"], 0, "{run}");

@@ -70,6 +70,11 @@ fn simulate_brownout_json_shape_and_reference_numbers() {
         "3",
     ]));
     assert!(one["executions"].is_u64(), "{one}");
+    // The names before 0.2.0, kept beside the new ones until 0.3.0 (CHANGELOG.md).
+    for v in [&healthy, &one] {
+        assert_eq!(v["client_requests"], v["first_attempts"], "{v}");
+        assert_eq!(v["upstream_calls"], v["executions"], "{v}");
+    }
     let text = run(&["simulate", "brownout", "--failure-rate", "0.9"]);
     assert!(stdout(&text).contains("amplification"), "{}", stdout(&text));
 }

@@ -39,6 +39,10 @@ use self::report::{DemoReport, FirstPass, ReplayTotals, RunReport};
 use crate::args::number_in;
 use crate::output::print_json;
 
+/// The version of the `--json` shapes of the drill and of `--scenario`
+/// (`docs/schemas/demo.schema.json`).
+pub(super) const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `demo`.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -296,7 +300,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &DemoArgs) -> anyhow::Resul
     let report = DemoReport::new(mode, &drill, &schedule, runs);
     eprintln!("drill finished in {:.0}s", started.elapsed().as_secs_f64());
     if args.json {
-        return print_json(&report);
+        return print_json(JSON_SCHEMA_VERSION, &report);
     }
     report::print_comparison(&report);
     Ok(())

@@ -79,6 +79,14 @@ pub(super) struct RunReport {
     /// Executions (calls to the dependency) in each second of the run, before the replay.
     executions_per_second: Vec<u64>,
     seconds: f64,
+    /// Deprecated: `executions` under its name before 0.2.0, printed until 0.3.0.
+    upstream_calls: u64,
+    /// Deprecated: `peak_executions_per_sec` under its name before 0.2.0, printed until 0.3.0.
+    peak_upstream_calls_per_sec: u64,
+    /// Deprecated: `replay_executions` under its name before 0.2.0, printed until 0.3.0.
+    replay_upstream_calls: u64,
+    /// Deprecated: `executions_per_second` under its name before 0.2.0, printed until 0.3.0.
+    upstream_calls_per_second: Vec<u64>,
 }
 
 impl RunReport {
@@ -90,24 +98,30 @@ impl RunReport {
         accounting: Accounting,
     ) -> Self {
         let jobs = s.jobs();
+        let peak = first.per_second.iter().copied().max().unwrap_or(0);
+        let replay_executions = upstream.calls().saturating_sub(first.calls);
         Self {
             label: s.label.to_owned(),
             budget: s.budget,
             jobs_submitted: jobs,
             executions: first.calls,
             amplification: amplification(first.calls, jobs),
-            peak_executions_per_sec: first.per_second.iter().copied().max().unwrap_or(0),
+            peak_executions_per_sec: peak,
             successes: first.successes,
             retries_granted: first.retries_granted,
             retries_denied: first.retries_denied,
             dead_lettered_total: first.dead_lettered.values().sum(),
             dead_lettered: first.dead_lettered,
             replayed: replay.moved,
-            replay_executions: upstream.calls().saturating_sub(first.calls),
+            replay_executions,
             parked: replay.parked,
             accounting,
+            upstream_calls_per_second: first.per_second.clone(),
             executions_per_second: first.per_second,
             seconds: first.seconds,
+            upstream_calls: first.calls,
+            peak_upstream_calls_per_sec: peak,
+            replay_upstream_calls: replay_executions,
         }
     }
 }

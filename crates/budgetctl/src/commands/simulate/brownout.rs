@@ -4,11 +4,15 @@
 use clap::Args;
 use fleet_budget::DepositBasis;
 use fleet_budget_sim::brownout::{self, BrownoutParams};
+use serde::Serialize;
 
 use super::{DepositArg, MAX_MODEL_JOBS, budget_params, ratio};
 use crate::args::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table, thousands};
+
+/// The version of this command's `--json` shape (`docs/schemas/simulate-brownout.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
 
 /// `simulate brownout`.
 #[derive(Debug, Args)]
@@ -42,6 +46,18 @@ pub(crate) struct BrownoutArgs {
     json: bool,
 }
 
+/// A run's report (or the mean of several) as `--json` prints it: the model's figures, then the
+/// names two of them had before 0.2.0.
+#[derive(Serialize)]
+struct WithOldNames<'a, R, N> {
+    #[serde(flatten)]
+    report: &'a R,
+    /// Deprecated: `first_attempts` under its name before 0.2.0, printed until 0.3.0.
+    client_requests: N,
+    /// Deprecated: `executions` under its name before 0.2.0, printed until 0.3.0.
+    upstream_calls: N,
+}
+
 fn probability(s: &str) -> Result<f64, String> {
     number_in(s, 0.0..=1.0, "a probability from 0 to 1")
 }
@@ -70,8 +86,22 @@ pub(super) fn run(args: &BrownoutArgs) -> anyhow::Result<()> {
     let m = brownout::mean(&reports);
     if args.json {
         return match reports.first() {
-            Some(single) if args.runs == 1 => print_json(single),
-            _ => print_json(&m),
+            Some(single) if args.runs == 1 => print_json(
+                JSON_SCHEMA_VERSION,
+                &WithOldNames {
+                    report: single,
+                    client_requests: single.first_attempts,
+                    upstream_calls: single.executions,
+                },
+            ),
+            _ => print_json(
+                JSON_SCHEMA_VERSION,
+                &WithOldNames {
+                    report: &m,
+                    client_requests: m.first_attempts,
+                    upstream_calls: m.executions,
+                },
+            ),
         };
     }
     let budget_text = match budget {

@@ -14,6 +14,9 @@ use super::{DepositArg, MAX_MODEL_JOBS, budget_params, ratio};
 use crate::exit::usage;
 use crate::output::{print_json, table, thousands};
 
+/// The version of this command's `--json` shape (`docs/schemas/simulate-capacity.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `simulate capacity`.
 #[derive(Debug, Args)]
 pub(crate) struct CapacityArgs {
@@ -134,7 +137,7 @@ pub(super) fn run(args: &CapacityArgs) -> anyhow::Result<()> {
                 without_budget: None,
             },
         };
-        return print_json(&output);
+        return print_json(JSON_SCHEMA_VERSION, &output);
     }
     outln!(
         "capacity: {} jobs/tick, capacity {} dropping to {} for {} ticks from tick {}, up to {} attempts",

@@ -16,6 +16,10 @@ use crate::args::number_in;
 use crate::exit::usage;
 use crate::output::{print_json, table};
 
+/// The version of this command's `--json` shapes, the report and the `--timeline`
+/// (`docs/schemas/simulate-concurrency.schema.json`).
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// `simulate concurrency`.
 #[derive(Debug, Args)]
 pub(crate) struct ConcurrencyArgs {
@@ -133,21 +137,24 @@ fn timeline(args: &ConcurrencyArgs) -> anyhow::Result<()> {
         eprintln!("chart written to {}", path.display());
     }
     if args.json {
-        return print_json(&TimelineOutput {
-            model: "timeline",
-            cap: params.cap,
-            primary: params.primary,
-            failure_rate: params.failure_rate,
-            retries: params.retries,
-            latency_ms: params.latency_ms,
-            timeout_ms: params.timeout_ms,
-            slow_factor: params.slow_factor,
-            slow_from: params.slow_from,
-            slow_ticks: params.slow_ticks,
-            tick_ms: params.tick_ms,
-            without_budget: without,
-            with_budget: with,
-        });
+        return print_json(
+            JSON_SCHEMA_VERSION,
+            &TimelineOutput {
+                model: "timeline",
+                cap: params.cap,
+                primary: params.primary,
+                failure_rate: params.failure_rate,
+                retries: params.retries,
+                latency_ms: params.latency_ms,
+                timeout_ms: params.timeout_ms,
+                slow_factor: params.slow_factor,
+                slow_from: params.slow_from,
+                slow_ticks: params.slow_ticks,
+                tick_ms: params.tick_ms,
+                without_budget: without,
+                with_budget: with,
+            },
+        );
     }
     outln!(
         "timeline: cap {}, {} primary calls in flight, latency {} ms ×{} from tick {} for {} ticks of {} ms, timeout {} ms, {:.0}% other failures, up to {} retries per failure",
@@ -220,7 +227,7 @@ pub(super) fn run(args: &ConcurrencyArgs) -> anyhow::Result<()> {
     })
     .map_err(|e| usage(e.to_string()))?;
     if args.json {
-        return print_json(&report);
+        return print_json(JSON_SCHEMA_VERSION, &report);
     }
     let r = &report;
     outln!(

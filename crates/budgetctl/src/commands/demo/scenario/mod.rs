@@ -131,7 +131,7 @@ pub(crate) async fn run(
         started.elapsed().as_secs_f64()
     );
     if json {
-        return print_json(&report);
+        return print_json(super::JSON_SCHEMA_VERSION, &report);
     }
     report::print_comparison(&report);
     Ok(())
