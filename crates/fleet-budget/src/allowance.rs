@@ -527,11 +527,13 @@ mod tests {
     /// would be granted, nothing else happening: the brute-force answer `next_grant_in_ms`
     /// must never be later than (and, without deposits, must equal).
     fn first_grant_by_brute_force(state: &BudgetState, now: u64, p: &BudgetPolicy) -> Option<u64> {
-        (now..now + 3 * p.window_ms()).find(|&t| {
-            let mut s = *state;
-            s.roll(t, p.window_ms());
-            grants(&s.snapshot(t, p))
-        }).map(|t| t - now)
+        (now..now + 3 * p.window_ms())
+            .find(|&t| {
+                let mut s = *state;
+                s.roll(t, p.window_ms());
+                grants(&s.snapshot(t, p))
+            })
+            .map(|t| t - now)
     }
 
     proptest! {

@@ -173,12 +173,7 @@ impl RedisStore {
 
     /// `n` decisions of one budget in one `spend_many.lua` call: how many were granted, the
     /// snapshot after all `n`, and the wait for the next grant after them.
-    async fn spend_many_key(
-        &self,
-        key: &str,
-        policy: &BudgetPolicy,
-        n: u64,
-    ) -> EntryReply {
+    async fn spend_many_key(&self, key: &str, policy: &BudgetPolicy, n: u64) -> EntryReply {
         let ScriptReply {
             granted,
             snapshot,
