@@ -7,8 +7,10 @@
 -- Reply    {granted (1|0), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
---           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
---          (window_ms and the last four: the policy in force, which may differ from ARGV)
+--           conflict, frozen, overridden, [ratio, min_allowance, basis, mode,] next_grant_ms}
+--          (window_ms and the bracketed four, sent only on a conflict: the policy in force, which
+--          may differ from ARGV; next_grant_ms, the last field: ms until one more spend could be
+--          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply")
 -- @include window_arg.lua
 local at = 2
 local propose = true
@@ -37,5 +39,6 @@ end
 -- @include save.lua
 -- @include heard.lua
 -- @include reply.lua
+-- @include next_grant.lua
 reply[1] = granted
 return reply

@@ -39,6 +39,7 @@ local function spend_many(KEYS, ARGV)
   -- @include heard.lua
   -- @include conflicts_n.lua
   -- @include reply.lua
+  -- @include next_grant.lua
   reply[1] = g
   return reply
 end

@@ -9,8 +9,8 @@
 -- Reply    {g (granted, 0..n), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
---           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
---          (as spend.lua's) with the counters as they are after all n: request k (1-based) saw cur_retries -
+--           conflict, frozen, overridden, [ratio, min_allowance, basis, mode,] next_grant_ms}
+--          (as spend.lua's; next_grant_ms after all n) with the counters as they are after all n: request k (1-based) saw cur_retries -
 --          g + min(k, g) and cur_denied - (n - g) + max(0, k - g).
 -- @include window_arg.lua
 -- @include n_arg.lua
@@ -24,5 +24,6 @@ local propose = true
 -- @include heard.lua
 -- @include conflicts_n.lua
 -- @include reply.lua
+-- @include next_grant.lua
 reply[1] = g
 return reply

@@ -194,6 +194,49 @@ pub fn grants(snapshot: &BudgetSnapshot) -> bool {
     snapshot.retries_scaled() + window <= u128::from(snapshot.allowance) * window
 }
 
+/// Milliseconds from the snapshot's instant until one more retry could be granted if nothing
+/// changed meanwhile (no deposit, no spend, no override or policy change): `Some(0)` when one
+/// would be granted now, `None` when none ever would (a floor of 0 and no deposits left).
+///
+/// Without new deposits the estimates only decay, so the allowance can only fall: this is the
+/// first millisecond at which the retries estimate, decaying with the previous window's weight
+/// and then rolling with the windows, fits the allowance as it is now. Exact while the allowance
+/// holds (a budget at its floor: a retry storm); never later than the true instant, so a caller
+/// that refuses retries until then refuses none the budget would grant. `lua/README.md`,
+/// "Reply", field `next_grant_ms`: `shared/next_grant.lua` computes the same, operation for
+/// operation (it also stops at the end of a freeze or a set override, which this snapshot of the
+/// local store never has).
+#[must_use]
+pub fn next_grant_in_ms(snapshot: &BudgetSnapshot) -> Option<u64> {
+    let window = u128::from(snapshot.window_ms.max(1));
+    let elapsed = u128::from(snapshot.elapsed_ms);
+    let weight = u128::from(snapshot.previous_weight_ms);
+    let (cur, prev) = (
+        u128::from(snapshot.current.retries),
+        u128::from(snapshot.previous.retries),
+    );
+    let allowance = u128::from(snapshot.allowance);
+    if cur * window + prev * weight + window <= allowance * window {
+        return Some(0);
+    }
+    let k = allowance.checked_sub(1)?;
+    let ms = |v: u128| Some(u64::try_from(v).unwrap_or(u64::MAX));
+    // This window: the previous one's weight falls 1 per ms, and with it its retries.
+    if weight > 0 && prev > 0 && k >= cur {
+        let y = (k - cur) * window / prev;
+        if y >= 1 {
+            return ms(window.saturating_sub(y).saturating_sub(elapsed));
+        }
+    }
+    if weight == 0 || cur <= k {
+        // The next window, from its start (fixed mode: it starts empty).
+        return ms(window.saturating_sub(elapsed));
+    }
+    // The next window, where this one's retries decay in turn; else the one after (empty).
+    let y = k * window / cur;
+    ms((2 * window).saturating_sub(y).saturating_sub(elapsed))
+}
+
 fn max_u64(a: u64, b: u64) -> u64 {
     if a > b { a } else { b }
 }
@@ -478,6 +521,54 @@ mod tests {
             Just(Op::Spend),
             (0u64..1500).prop_map(Op::Advance),
         ]
+    }
+
+    /// The first ms at or after `now` (up to three windows on) at which a spend on `state`
+    /// would be granted, nothing else happening: the brute-force answer `next_grant_in_ms`
+    /// must never be later than (and, without deposits, must equal).
+    fn first_grant_by_brute_force(state: &BudgetState, now: u64, p: &BudgetPolicy) -> Option<u64> {
+        (now..now + 3 * p.window_ms())
+            .find(|&t| {
+                let mut s = *state;
+                s.roll(t, p.window_ms());
+                grants(&s.snapshot(t, p))
+            })
+            .map(|t| t - now)
+    }
+
+    proptest! {
+        /// The wait a denial reports is never later than the first grant, and is that grant's
+        /// instant exactly when the allowance cannot fall (no deposits: the floor decides).
+        #[test]
+        fn next_grant_is_never_late_and_exact_at_the_floor(
+            prev_retries in 0u64..30, cur_retries in 0u64..30, prev_dep in 0u64..60,
+            cur_dep in 0u64..60, elapsed in 0u64..40, ratio in 0.0f64..1.0, min in 0u64..12,
+            sliding in any::<bool>(), deposits in any::<bool>(),
+        ) {
+            let mode = if sliding { WindowMode::Sliding } else { WindowMode::Fixed };
+            let p = policy(40, ratio, min, mode);
+            let mut s = BudgetState::empty(40, 40);
+            s.previous.retries = prev_retries;
+            s.current.retries = cur_retries;
+            if deposits {
+                s.previous.successes = prev_dep;
+                s.current.successes = cur_dep;
+            }
+            let now = 40 + elapsed;
+            let snap = s.snapshot(now, &p);
+            let next = next_grant_in_ms(&snap);
+            let truth = first_grant_by_brute_force(&s, now, &p);
+            match (next, truth) {
+                (Some(n), Some(t)) => {
+                    prop_assert!(n <= t, "reported {n} ms, first grant at {t}");
+                    if !deposits {
+                        prop_assert_eq!(n, t);
+                    }
+                }
+                (None, t) => prop_assert_eq!(t, None, "reported never"),
+                (Some(n), None) => prop_assert!(deposits || min == 0, "reported {n}, never granted"),
+            }
+        }
     }
 
     proptest! {

@@ -193,6 +193,9 @@ impl fmt::Display for DeadLetterReason {
 pub enum BudgetSource {
     /// The fleet-wide store (Redis).
     Fleet,
+    /// A denial of the fleet-wide store that still stands, answered in the process without a
+    /// call (`redis.deny_cache_ms`): the budget was exhausted and cannot grant before a change.
+    FleetCache,
     /// The per-process fallback budget, because the fleet store did not answer in time.
     LocalFallback,
     /// Fallback `deny` or `allow`: no budget was consulted.
@@ -210,6 +213,7 @@ impl BudgetSource {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fleet => "fleet",
+            Self::FleetCache => "fleet_cache",
             Self::LocalFallback => "local_fallback",
             Self::Blind => "blind",
             Self::Local => "local",
@@ -218,8 +222,9 @@ impl BudgetSource {
     }
 
     /// Every source.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Fleet,
+        Self::FleetCache,
         Self::LocalFallback,
         Self::Blind,
         Self::Local,

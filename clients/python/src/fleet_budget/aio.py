@@ -20,6 +20,8 @@ from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
 from .config import Config
 from .decision import Decision, Failure
+from .deny_cache import SOURCE as FLEET_CACHE
+from .deny_cache import next_grant_ms
 from .snapshot import BudgetSnapshot
 
 log = logging.getLogger("fleet_budget")
@@ -80,15 +82,21 @@ class FleetBudget(_sync.FleetBudget):
 
     async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
         policy = self.config.policy(dependency)
+        cached, epoch = self._denials.lookup(dependency)
+        if cached is not None:
+            return False, cached, FLEET_CACHE
         if self._should_try(dependency):
+            sent = self._denials.now()
             try:
                 reply = await self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
                                           args=scripts.spend_args(policy))
                 granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
+                wait = next_grant_ms("spend", reply)
             except (redis.exceptions.RedisError, scripts.BadReply) as e:
                 self._failed(dependency, e)
             else:
                 self._ok(dependency)
+                self._denials.remember(dependency, epoch, sent, granted == 1, snapshot, wait)
                 return granted == 1, snapshot, "fleet"
         return self._fallback(dependency)
 
@@ -102,6 +110,7 @@ class FleetBudget(_sync.FleetBudget):
             self._failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
         self._ok(dependency)
+        self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 
     async def flush(self) -> None:  # type: ignore[override]
@@ -148,6 +157,7 @@ class FleetBudget(_sync.FleetBudget):
             self._deposit_failed(dependency, successes, first_attempts, e)
             return False
         self._ok(dependency)
+        self._denials.forget(dependency)
         return True
 
     async def _flush_loop_async(self) -> None:

@@ -14,6 +14,8 @@ import redis
 from . import forks, scripts
 from .admission import AdmissionSteps
 from .concurrency import LeaseIds
+from .deny_cache import SOURCE as FLEET_CACHE
+from .deny_cache import DenyCache, batch_next, next_grant_ms
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
                      key_prefix_problem, redact_url)
 from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
@@ -117,6 +119,8 @@ class FleetBudget(AdmissionSteps):
         self._connect(client)
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
+        # Exhausted budgets answered in the process (redis.deny_cache_ms): see deny_cache.py.
+        self._denials = DenyCache(settings.deny_cache_ms)
         self._lease_ids = LeaseIds()
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
@@ -169,6 +173,8 @@ class FleetBudget(AdmissionSteps):
         self.metrics = self.metrics.for_child()
         self._series_for_configured()
         self._lease_ids = LeaseIds()
+        # A fresh cache: its lock may have been held by another thread of the parent.
+        self._denials = DenyCache(self.config.redis.deny_cache_ms)
         if self._group is not None:
             self._group = GroupCommit(self._group.deadline, self._group.max_batch)
         settings = self.config.redis
@@ -302,7 +308,10 @@ class FleetBudget(AdmissionSteps):
         attempt = max(1, int(attempt))
         ceiling = self.config.ceiling(task)
         (self.metrics.retries_granted if granted else self.metrics.retries_denied).labels(dependency).inc()
-        self.metrics.snapshot(dependency, snapshot)
+        if source == FLEET_CACHE:  # the denial its call saw: the gauges have it, no conflict to count
+            self.metrics.retries_denied_in_process.labels(dependency).inc()
+        else:
+            self.metrics.snapshot(dependency, snapshot)
         if not granted:
             reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
             return self._dead_letter(dependency, reason, snapshot, source)
@@ -311,32 +320,44 @@ class FleetBudget(AdmissionSteps):
         return Retry(dependency, delay, attempt + 1, snapshot, source)
 
     def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
-        """Spend one retry: (granted, snapshot, source)."""
+        """Spend one retry: (granted, snapshot, source). A denial of the fleet store that still
+        stands is answered without a call (source ``fleet_cache``, ``deny_cache.py``)."""
         policy = self.config.policy(dependency)
+        cached, epoch = self._denials.lookup(dependency)
+        if cached is not None:
+            return False, cached, FLEET_CACHE
         if self._should_try(dependency):
+            sent = self._denials.now()
             try:
                 if self._group is None:
-                    granted, snapshot = self._send_spend(dependency, policy, 1)[0]
+                    granted, snapshot, wait = self._spend_answers(dependency, policy, 1)[0]
                 else:
-                    granted, snapshot = self._group.withdraw(
-                        dependency, lambda n: self._send_spend(dependency, policy, n))
+                    granted, snapshot, wait = self._group.withdraw(
+                        dependency, lambda n: self._spend_answers(dependency, policy, n))  # type: ignore
             except (redis.exceptions.RedisError, scripts.BadReply, GroupTimeout) as e:
                 self._failed(dependency, e)
             else:
                 self._ok(dependency)
+                self._denials.remember(dependency, epoch, sent, granted, snapshot, wait)
                 return granted, snapshot, "fleet"
         return self._fallback(dependency)
 
     def _send_spend(self, dependency: str, policy: BudgetPolicy, n: int) -> list[tuple[bool, BudgetSnapshot]]:
         """One store call deciding ``n`` requests: ``spend.lua`` for one, ``spend_many.lua`` for more."""
+        return [(granted, snapshot) for granted, snapshot, _ in self._spend_answers(dependency, policy, n)]
+
+    def _spend_answers(self, dependency: str, policy: BudgetPolicy,
+                       n: int) -> list[tuple[bool, BudgetSnapshot, Optional[int]]]:
+        """:meth:`_send_spend`'s answers with each one's wait for the next grant (``next_grant_ms``)."""
         keys = scripts.keys(self.config.redis.key_prefix, dependency)
         if n == 1:
             reply = self._spend(keys=keys, args=scripts.spend_args(policy))
             granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
-            return [(granted == 1, snapshot)]
+            return [(granted == 1, snapshot, next_grant_ms("spend", reply))]
         reply = self._spend_many(keys=keys, args=scripts.spend_many_args(policy, n))
         granted, snapshot, _ = scripts.parse_reply("spend_many", reply, policy)
-        return [batch_answer(snapshot, n, granted, k) for k in range(n)]
+        wait = next_grant_ms("spend_many", reply)
+        return [(*batch_answer(snapshot, n, granted, k), batch_next(wait, granted, k)) for k in range(n)]
 
     def _fallback(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         policy = self.config.policy(dependency)
@@ -357,6 +378,7 @@ class FleetBudget(AdmissionSteps):
             self._failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
         self._ok(dependency)
+        self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 
     def _take_pending(self) -> list[tuple[str, int, int]]:
@@ -439,6 +461,7 @@ class FleetBudget(AdmissionSteps):
             self._deposit_failed(dependency, successes, first_attempts, e)
             return False
         self._ok(dependency)
+        self._denials.forget(dependency)  # its deposits reached Redis: a denial kept may not stand
         return True
 
     def _deposit_failed(self, dependency: str, successes: int, first_attempts: int, e: BaseException) -> None:
@@ -450,6 +473,8 @@ class FleetBudget(AdmissionSteps):
                 entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
                 entry[0] += successes
                 entry[1] += first_attempts
+        else:
+            self._denials.forget(dependency)  # most likely counted all the same
 
     def _set_pending_gauge(self) -> None:
         self.metrics.deposits_pending.set(self.pending_deposits())

@@ -65,6 +65,8 @@ class RedisSettings:
     fallback: str = "local"
     deposit_flush_ms: int = 100
     deposit_flush_count: int = 1000
+    #: A denial of the fleet store stands in the process at most this long (0: off; deny_cache.py).
+    deny_cache_ms: int = 100
     #: Redis Cluster seed nodes, instead of ``url`` when not empty.
     cluster_urls: list[str] = field(default_factory=list)
     # rediss:// certificate files, as the Rust library reads them: a CA file instead of the
@@ -508,7 +510,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
 
     r = _table(c, "redis", root.get("redis"))
     _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
-                             "deposit_flush_ms", "deposit_flush_count", "batch_across_dependencies",
+                             "deposit_flush_ms", "deposit_flush_count", "deny_cache_ms", "batch_across_dependencies",
                              "tls_ca_file", "tls_cert_file", "tls_key_file"))
     if "url" in r:
         url = r["url"]
@@ -537,6 +539,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     config.redis.deposit_flush_ms = c.int_in("redis.deposit_flush_ms", r.get("deposit_flush_ms"), 0, 10_000, 100)
     config.redis.deposit_flush_count = c.int_in(
         "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
+    config.redis.deny_cache_ms = c.int_in("redis.deny_cache_ms", r.get("deny_cache_ms"), 0, 10_000, 100)
     # Read for the Rust client's group commit across dependencies; this client sends one
     # dependency per call, so the key is only checked here.
     if "batch_across_dependencies" in r and not isinstance(r["batch_across_dependencies"], bool):

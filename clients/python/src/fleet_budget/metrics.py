@@ -37,6 +37,10 @@ class Metrics:
         self.executions = Counter("fleet_budget_executions", "All executions (first + retries).", dep, registry=r)
         self.retries_granted = Counter("fleet_budget_retries_granted", "Retries the budget granted.", dep, registry=r)
         self.retries_denied = Counter("fleet_budget_retries_denied", "Retries the budget refused.", dep, registry=r)
+        self.retries_denied_in_process = Counter(
+            "fleet_budget_retries_denied_in_process",
+            "Denials of the fleet store answered in the process while they stand, without a call "
+            "(also in retries_denied_total).", dep, registry=r)
         self.dead_letters = Counter(
             "fleet_budget_dead_letters", "Dead-letter decisions.", ["dependency", "reason"], registry=r)
         self.allowance = Gauge("fleet_budget_allowance", "Allowance at the last decision.", dep, registry=r)

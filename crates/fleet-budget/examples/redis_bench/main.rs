@@ -18,7 +18,11 @@
 //! 6. 32 tasks on one dependency: group commit against one call per decision against
 //!    `redis-benchmark -c 32 -P 1` of `spend.lua`, with the server CPU per decision;
 //! 7. 32 tasks over 10 and over 1,000 dependencies, group commit against one call per decision;
-//! 8. a 3-master cluster, 32 tasks over 24 dependencies.
+//! 8. a 3-master cluster, 32 tasks over 24 dependencies;
+//! 9. a retry storm, 4 budgets (as processes) x 32 tasks against an exhausted budget: script
+//!    calls per decision with exhausted budgets answered in the process, and without;
+//! 10. one budget, 32 tasks: denials/s of an exhausted budget with and without that cache, one
+//!     denial's latency in the process, and the healthy path with and without it.
 //!
 //! Round trips are counted by the server (`INFO commandstats` after `CONFIG RESETSTAT`), leaving
 //! out the commands a script runs inside the server. `--smoke` runs everything with tiny counts
@@ -26,7 +30,7 @@
 //! sections listed (section 3 needs 1's figures, so it runs 1 too).
 //!
 //! `measure.rs` holds what the sections measure with; `sections.rs` sections 1, 3, 4 and 5;
-//! `throughput.rs` sections 2, 6, 7 and 8.
+//! `throughput.rs` sections 2, 6, 7 and 8; `storm.rs` sections 9 and 10.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -37,6 +41,7 @@
 
 mod measure;
 mod sections;
+mod storm;
 mod throughput;
 
 use std::sync::Arc;
@@ -103,9 +108,9 @@ fn args() -> Args {
                 a.only = list
                     .split(',')
                     .map(|n| match n.trim().parse::<u32>() {
-                        Ok(n @ 1..=8) => n,
+                        Ok(n @ 1..=10) => n,
                         _ => refuse(format!(
-                            "--only takes section numbers from 1 to 8, comma-separated, got {list:?}"
+                            "--only takes section numbers from 1 to 10, comma-separated, got {list:?}"
                         )),
                     })
                     .collect();
@@ -202,6 +207,12 @@ async fn main() {
     }
     if a.runs(8) {
         throughput::cluster(&bench, &mut summary).await;
+    }
+    if a.runs(9) {
+        storm::storm_section(&bench, &mut summary).await;
+    }
+    if a.runs(10) {
+        storm::one_process(&bench, &mut summary).await;
     }
     if a.runs(4) {
         sections::coalescing(&bench, &mut summary).await;

@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use tokio::sync::Notify;
 
 use super::coalesce::{self, PendingDeposits};
+use super::deny_cache::DenyCache;
 use super::health::Health;
 use super::{FleetBudget, Inner};
 use crate::breaker::Breaker;
@@ -127,6 +128,7 @@ impl FleetBudgetBuilder {
             local,
             fallback: c.redis.fallback,
             health: Health::new(clock.clone()),
+            denials: DenyCache::new(c.redis.deny_cache),
             clock,
             pending: PendingDeposits::default(),
             flush_interval: if coalesce {

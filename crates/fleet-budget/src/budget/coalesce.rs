@@ -111,6 +111,10 @@ impl Inner {
             && !e.is_timeout()
         {
             self.add_pending(dependency.clone(), batch.deposits, batch.since_ms);
+        } else {
+            // They reached the store (or most likely will): a denial kept in the process may
+            // no longer stand.
+            self.denials.forget(dependency);
         }
         self.record(dependency, &result);
         let snapshot = result?;

@@ -89,8 +89,7 @@ impl FanOut {
         let policy = budget.policy(&dependency);
         let (withdrawal, source) = budget.withdraw(&dependency, &policy).await;
         let metrics = budget.metrics();
-        metrics.retry(&dependency, withdrawal.granted);
-        metrics.snapshot(&dependency, &withdrawal.snapshot);
+        metrics.decided(&dependency, &withdrawal, source);
         if !withdrawal.granted {
             let reason = if withdrawal.snapshot.control.frozen {
                 DeadLetterReason::BudgetFrozen

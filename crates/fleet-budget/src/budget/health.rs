@@ -141,7 +141,12 @@ impl Inner {
         self.metrics.fallback_decision(self.fallback.as_str());
         let blind = |granted| {
             let snapshot = self.local.status_now(dependency, policy);
-            (Withdrawal { granted, snapshot }, BudgetSource::Blind)
+            let withdrawal = Withdrawal {
+                granted,
+                snapshot,
+                next_grant_ms: Some(0),
+            };
+            (withdrawal, BudgetSource::Blind)
         };
         match self.fallback {
             FallbackMode::Local => (

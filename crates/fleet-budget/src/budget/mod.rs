@@ -22,6 +22,7 @@
 mod admission;
 mod builder;
 pub mod coalesce;
+mod deny_cache;
 mod fanout;
 pub mod health;
 
@@ -36,6 +37,7 @@ use tokio::sync::Notify;
 pub use self::admission::{Admission, Call, CallOutcome, Hold};
 pub use self::builder::FleetBudgetBuilder;
 use self::coalesce::PendingDeposits;
+use self::deny_cache::{DenyCache, Lookup};
 pub use self::fanout::FanOut;
 use self::health::Health;
 pub use self::health::PROBE_INTERVAL;
@@ -81,6 +83,8 @@ struct Inner {
     fallback: FallbackMode,
     clock: Arc<dyn Clock>,
     health: Health,
+    /// Denials of the fleet store that still stand, answered without a call (`deny_cache`).
+    denials: DenyCache,
     pending: PendingDeposits,
     flush_interval: Duration,
     flush_count: u64,
@@ -309,10 +313,7 @@ impl FleetBudget {
         }
         let policy = self.policy(&dependency);
         let (withdrawal, source) = self.withdraw(&dependency, &policy).await;
-        self.inner.metrics.retry(&dependency, withdrawal.granted);
-        self.inner
-            .metrics
-            .snapshot(&dependency, &withdrawal.snapshot);
+        self.inner.metrics.decided(&dependency, &withdrawal, source);
         if !withdrawal.granted {
             let reason = if withdrawal.snapshot.control.frozen {
                 DeadLetterReason::BudgetFrozen
@@ -343,7 +344,9 @@ impl FleetBudget {
         })
     }
 
-    /// Asks `dependency`'s budget for one retry directly (no ceiling, no backoff).
+    /// Asks `dependency`'s budget for one retry directly (no ceiling, no backoff). A denial of
+    /// the fleet store that still stands is answered without a call
+    /// ([`BudgetSource::FleetCache`], `redis.deny_cache_ms`).
     pub async fn withdraw(
         &self,
         dependency: &Dependency,
@@ -356,10 +359,16 @@ impl FleetBudget {
                 BudgetSource::Local,
             );
         };
+        let epoch = match inner.denials.lookup(dependency) {
+            Lookup::Denied(withdrawal) => return (withdrawal, BudgetSource::FleetCache),
+            Lookup::Ask(epoch) => epoch,
+        };
         if inner.health.should_try(dependency) {
+            let sent = std::time::Instant::now();
             let result = fleet.withdraw(dependency, policy).await;
             inner.record(dependency, &result);
             if let Ok(withdrawal) = result {
+                inner.denials.remember(dependency, epoch, sent, &withdrawal);
                 return (withdrawal, BudgetSource::Fleet);
             }
         }
@@ -374,6 +383,7 @@ impl FleetBudget {
             let result = fleet.status(dependency, &policy).await;
             inner.record(dependency, &result);
             if let Ok(snapshot) = result {
+                inner.denials.seen(dependency, snapshot.control);
                 return (snapshot, BudgetSource::Fleet);
             }
             return (

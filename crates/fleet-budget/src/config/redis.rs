@@ -46,6 +46,10 @@ pub(super) fn check_redis_url(key: &str, url: &str, schemes: &[&str]) -> Result<
         })
 }
 
+/// `redis.deny_cache_ms` by default: a denial stands in the process at most as long as deposits
+/// wait to be flushed (`redis.deposit_flush_ms`), the lag the allowance already has.
+const DEFAULT_DENY_CACHE_MS: u64 = 100;
+
 /// What to do when the fleet store (Redis) cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -89,6 +93,10 @@ pub struct RedisSettings {
     pub deposit_flush: Duration,
     /// ... or as soon as this many deposits are pending for one dependency (default 1000).
     pub deposit_flush_count: u64,
+    /// A denial of the fleet store is answered in the process, without a call, while it stands
+    /// and for at most this long (default 100 ms, the deposits' own lag; 0 turns it off): see
+    /// `budget/deny_cache.rs`.
+    pub deny_cache: Duration,
     /// Whether a group-commit batch on a single URL may hold several dependencies (default
     /// `true`). `false` for a URL that is a proxy spreading keys over several servers, where a
     /// script's keys must live on one; on Redis Cluster batches are per dependency anyway.
@@ -108,6 +116,7 @@ impl Default for RedisSettings {
             fallback: FallbackMode::Local,
             deposit_flush: Duration::from_millis(100),
             deposit_flush_count: 1000,
+            deny_cache: Duration::from_millis(DEFAULT_DENY_CACHE_MS),
             batch_across_dependencies: true,
             tls: TlsFiles::default(),
         }
@@ -124,6 +133,7 @@ pub(super) struct RawRedis {
     fallback: Option<FallbackMode>,
     deposit_flush_ms: Option<i64>,
     deposit_flush_count: Option<i64>,
+    deny_cache_ms: Option<i64>,
     batch_across_dependencies: Option<bool>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
@@ -169,6 +179,15 @@ impl RawRedis {
             1000,
         );
         redis.deposit_flush_count = u64::try_from(count).unwrap_or(1000);
+        let deny = c.int_in(
+            "redis.deny_cache_ms",
+            self.deny_cache_ms,
+            0,
+            10_000,
+            i64::try_from(DEFAULT_DENY_CACHE_MS).unwrap_or(0),
+        );
+        redis.deny_cache =
+            Duration::from_millis(u64::try_from(deny).unwrap_or(DEFAULT_DENY_CACHE_MS));
         redis.batch_across_dependencies = self.batch_across_dependencies.unwrap_or(true);
         redis.tls = c.tls_files(
             "redis",
@@ -249,6 +268,27 @@ mod tests {
             "{}",
             p[0]
         );
+    }
+
+    #[test]
+    fn the_deny_cache_is_on_by_default_off_at_0_and_bounded() {
+        use crate::Config;
+        use std::time::Duration;
+        assert_eq!(
+            Config::default().redis.deny_cache,
+            Duration::from_millis(100)
+        );
+        let c = Config::from_toml("[redis]\ndeny_cache_ms = 0\n", "t").unwrap();
+        assert!(c.redis.deny_cache.is_zero());
+        for bad in ["-1", "10001", "\"fast\""] {
+            let e = Config::from_toml(&format!("[redis]\ndeny_cache_ms = {bad}\n"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("redis.deny_cache_ms") || e.contains("deny_cache_ms"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `fleet_budget_successes_total` | counter | dependency | successful jobs |
 //! | `fleet_budget_retries_granted_total` | counter | dependency | retries the budget granted |
 //! | `fleet_budget_retries_denied_total` | counter | dependency | retries the budget refused (never counted as retries) |
+//! | `fleet_budget_retries_denied_in_process_total` | counter | dependency | of those, the denials of the fleet store answered in the process while they stand (`redis.deny_cache_ms`), without a call |
 //! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`, `budget_frozen`, `delay_exceeded`) |
 //! | `fleet_budget_allowance` | gauge | dependency | allowance this process saw at its last decision |
 //! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at this process's last decision |
@@ -102,6 +103,7 @@ pub struct Metrics {
     executions: IntCounterVec,
     retries_granted: IntCounterVec,
     retries_denied: IntCounterVec,
+    retries_denied_in_process: IntCounterVec,
     dead_letters: IntCounterVec,
     allowance: IntGaugeVec,
     headroom: IntGaugeVec,
@@ -200,6 +202,11 @@ impl Metrics {
             retries_denied: counter(
                 "fleet_budget_retries_denied_total",
                 "Retries refused by the budget (not counted as retries).",
+                dep,
+            )?,
+            retries_denied_in_process: counter(
+                "fleet_budget_retries_denied_in_process_total",
+                "Denials of the fleet store answered in the process while they stand, without a call (also in retries_denied_total).",
                 dep,
             )?,
             dead_letters: counter(
@@ -330,6 +337,26 @@ impl Metrics {
         c.with_label_values(&[d.as_str()]).inc();
     }
 
+    /// Counts a budget's answer to a retry request: granted or denied; a denial answered in
+    /// the process also as such. Its snapshot sets the gauges only when it is fresh: a denial
+    /// answered in the process repeats the one its call saw (and is no store call, so no
+    /// policy conflict either).
+    pub(crate) fn decided(
+        &self,
+        d: &Dependency,
+        withdrawal: &crate::store::Withdrawal,
+        source: crate::decision::BudgetSource,
+    ) {
+        self.retry(d, withdrawal.granted);
+        if source == crate::decision::BudgetSource::FleetCache {
+            self.retries_denied_in_process
+                .with_label_values(&[d.as_str()])
+                .inc();
+        } else {
+            self.snapshot(d, &withdrawal.snapshot);
+        }
+    }
+
     pub(crate) fn dead_letter(&self, d: &Dependency, reason: DeadLetterReason) {
         self.dead_letters
             .with_label_values(&[d.as_str(), reason.as_str()])
@@ -446,7 +473,8 @@ impl Metrics {
     }
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
-    /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`, `policy_conflicts`).
+    /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`,
+    /// `retries_denied_in_process`, `policy_conflicts`).
     #[must_use]
     pub fn counter(&self, name: &str, dependency: &str) -> u64 {
         let c = match name {
@@ -455,6 +483,7 @@ impl Metrics {
             "executions" => &self.executions,
             "retries_granted" => &self.retries_granted,
             "retries_denied" => &self.retries_denied,
+            "retries_denied_in_process" => &self.retries_denied_in_process,
             "policy_conflicts" => &self.policy_conflicts,
             _ => return 0,
         };

@@ -58,8 +58,8 @@ fn place<'a>(
     (at, place)
 }
 
-/// A budget's answer: granted of its `n`, and the snapshot after all `n`.
-type EntryReply = Result<(u64, crate::allowance::BudgetSnapshot), StoreError>;
+/// A budget's answer: granted of its `n`, the snapshot after all `n`, and the wait for the next grant.
+type EntryReply = Result<(u64, crate::allowance::BudgetSnapshot, Option<u64>), StoreError>;
 
 impl RedisStore {
     /// A withdrawal by group commit (see `store/group_commit.rs`): lead a batch now, or wait
@@ -154,7 +154,9 @@ impl RedisStore {
         let answer = |at: usize, place: u64| -> Result<Withdrawal, StoreError> {
             let n = counts.get(at).copied().unwrap_or(0);
             match replies.get(at) {
-                Some(Ok((granted, snapshot))) => batch_answer(snapshot, n, *granted, place),
+                Some(Ok((granted, snapshot, next))) => {
+                    batch_answer(snapshot, *next, n, *granted, place)
+                }
                 Some(Err(error)) => Err(copy_error(error)),
                 None => Err(StoreError::BadReply {
                     script: "spend_batch",
@@ -169,22 +171,20 @@ impl RedisStore {
         answer(own_at, own_place)
     }
 
-    /// `n` decisions of one budget in one `spend_many.lua` call: how many were granted, and the
-    /// snapshot after all `n`.
-    async fn spend_many_key(
-        &self,
-        key: &str,
-        policy: &BudgetPolicy,
-        n: u64,
-    ) -> Result<(u64, crate::allowance::BudgetSnapshot), StoreError> {
+    /// `n` decisions of one budget in one `spend_many.lua` call: how many were granted, the
+    /// snapshot after all `n`, and the wait for the next grant after them.
+    async fn spend_many_key(&self, key: &str, policy: &BudgetPolicy, n: u64) -> EntryReply {
         let ScriptReply {
-            granted, snapshot, ..
+            granted,
+            snapshot,
+            next_grant_ms,
+            ..
         } = self.run_many(key, policy, n).await?;
         let granted = u64::try_from(granted).map_err(|_| StoreError::BadReply {
             script: "spend_many",
             detail: format!("granted is {granted}"),
         })?;
-        Ok((granted, snapshot))
+        Ok((granted, snapshot, next_grant_ms))
     }
 
     /// Decides `n` (1 to 10,000) withdrawals of each budget in `requests` in one
@@ -209,9 +209,9 @@ impl RedisStore {
             .into_iter()
             .zip(&entries)
             .map(|(reply, entry)| {
-                let (granted, snapshot) = reply?;
+                let (granted, snapshot, next) = reply?;
                 (0..entry.n)
-                    .map(|k| batch_answer(&snapshot, entry.n, granted, k))
+                    .map(|k| batch_answer(&snapshot, next, entry.n, granted, k))
                     .collect()
             })
             .collect())
@@ -252,11 +252,14 @@ fn entry_reply(value: &Value, policy: &BudgetPolicy) -> EntryReply {
     match value {
         Value::Array(fields) => {
             let ScriptReply {
-                granted, snapshot, ..
+                granted,
+                snapshot,
+                next_grant_ms,
+                ..
             } = parse_reply("spend_batch", fields, policy)?;
             let granted =
                 u64::try_from(granted).map_err(|_| bad(format!("granted is {granted}")))?;
-            Ok((granted, snapshot))
+            Ok((granted, snapshot, next_grant_ms))
         }
         Value::BulkString(_) | Value::SimpleString(_) => {
             let text = super::scripts::text_at(std::slice::from_ref(value), 0).map_err(bad)?;

@@ -274,12 +274,16 @@ pub(super) fn copy_error(error: &StoreError) -> StoreError {
 }
 
 /// Request `k` (0-based) of a batch of `n` that granted `granted`, from the snapshot after all
-/// `n`: what `spend.lua` would have answered it, called `n` times in a row at that instant.
+/// `n` and the batch's `next_grant_ms`: what `spend.lua` would have answered it, called `n` times
+/// in a row at that instant. A grant before the last left room for the next (`Some(0)`); the
+/// last grant and every denial saw the retries as they are after the batch (denials do not move
+/// the estimate), so the batch's wait.
 ///
 /// # Errors
 /// A reply whose counters cannot hold the batch it reports.
 pub fn batch_answer(
     snapshot: &BudgetSnapshot,
+    next_grant_ms: Option<u64>,
     n: u64,
     granted: u64,
     k: u64,
@@ -314,6 +318,11 @@ pub fn batch_answer(
     Ok(Withdrawal {
         granted: k < granted,
         snapshot: answer,
+        next_grant_ms: if seen < granted {
+            Some(0)
+        } else {
+            next_grant_ms
+        },
     })
 }
 

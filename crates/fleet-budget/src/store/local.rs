@@ -237,17 +237,11 @@ impl Cells {
                     .is_ok()
                 {
                     snapshot.current.retries = retries;
-                    return Withdrawal {
-                        granted: true,
-                        snapshot,
-                    };
+                    return Withdrawal::decided(true, snapshot);
                 }
             } else if let Some(denied) = self.add(index, Counter::Denied, 1) {
                 snapshot.current.denied = denied;
-                return Withdrawal {
-                    granted: false,
-                    snapshot,
-                };
+                return Withdrawal::decided(false, snapshot);
             }
         }
     }

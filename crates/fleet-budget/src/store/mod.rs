@@ -67,6 +67,24 @@ pub struct Withdrawal {
     pub granted: bool,
     /// The budget after counting.
     pub snapshot: BudgetSnapshot,
+    /// Milliseconds from the decision until one more retry could be granted if nothing changed
+    /// meanwhile (no deposit, spend, override or policy change): `Some(0)` when one would be now
+    /// (or the store did not say), `None` when none would without a change. Never later than the
+    /// true instant: [`crate::allowance::next_grant_in_ms`], `lua/README.md` ("Reply").
+    pub next_grant_ms: Option<u64>,
+}
+
+impl Withdrawal {
+    /// The answer `granted` with the budget after counting, and when the next grant could come
+    /// as the arithmetic says (a store without overrides: the local store).
+    #[must_use]
+    pub fn decided(granted: bool, snapshot: BudgetSnapshot) -> Self {
+        Self {
+            granted,
+            snapshot,
+            next_grant_ms: crate::allowance::next_grant_in_ms(&snapshot),
+        }
+    }
 }
 
 /// A budget as read by [`BudgetStore::status_in_force`]: what the store holds and the policy that

@@ -55,6 +55,10 @@ pub struct ScriptReply {
     pub snapshot: BudgetSnapshot,
     /// The policy in force (which served the call; may differ from the caller's).
     pub policy: BudgetPolicy,
+    /// Spend scripts: ms until one more retry could be granted (the last field, `next_grant_ms`;
+    /// `None`: never without a change). `Some(0)` for the other scripts, and for a reply
+    /// without the field (a script older than it): ask again.
+    pub next_grant_ms: Option<u64>,
 }
 
 /// The integer at 0-based `index` of a reply.
@@ -137,8 +141,15 @@ pub fn parse_reply(
         *caller
     };
     let granted = int_at(reply, 0).map_err(bad)?;
+    let next_grant_ms = if script.starts_with("spend") {
+        // The field after the policy in force (sent only on a conflict): 18th or 22nd.
+        next_grant_at(reply, if reply.len() >= 21 { 21 } else { 17 }).map_err(bad)?
+    } else {
+        Some(0)
+    };
     Ok(ScriptReply {
         granted,
+        next_grant_ms,
         snapshot: BudgetSnapshot {
             window_ms,
             window_index,
@@ -165,6 +176,20 @@ pub fn parse_reply(
         },
         policy,
     })
+}
+
+/// The `next_grant_ms` field at 0-based `index`: ms >= 0, or -1 for never (`None`); a reply
+/// without it (a script older than the field) says nothing: `Some(0)`, ask again.
+fn next_grant_at(reply: &[Value], index: usize) -> Result<Option<u64>, String> {
+    match reply.get(index) {
+        None => Ok(Some(0)),
+        Some(_) => match int_at(reply, index)? {
+            -1 => Ok(None),
+            ms => u64::try_from(ms)
+                .map(Some)
+                .map_err(|_| format!("field {} (next_grant_ms) is {ms}", index + 1)),
+        },
+    }
 }
 
 /// Decodes `status.lua`'s reply (`lua/README.md`, "Reply"): the budget and the policy in force
@@ -301,6 +326,29 @@ mod tests {
         let mut other_window = reply(&GOOD, false);
         other_window[3] = Value::Int(2000);
         assert!(parse_reply("spend", &other_window, &caller).is_err());
+    }
+
+    /// Spend replies end with `next_grant_ms`: after the 17 fields, or after the policy in
+    /// force on a conflict; -1 is never; a reply without it (an older script) says ask again.
+    #[test]
+    fn a_spend_reply_ends_with_the_wait_for_the_next_grant() {
+        let caller = caller();
+        let with = |conflict: bool, last: Option<i64>| {
+            let mut r = reply(&GOOD, conflict);
+            r.extend(last.map(Value::Int));
+            parse_reply("spend", &r, &caller).map(|p| p.next_grant_ms)
+        };
+        assert_eq!(with(false, Some(250)).unwrap(), Some(250));
+        assert_eq!(with(true, Some(7)).unwrap(), Some(7));
+        assert_eq!(with(false, Some(-1)).unwrap(), None);
+        assert_eq!(with(false, None).unwrap(), Some(0));
+        assert_eq!(with(true, None).unwrap(), Some(0));
+        assert!(with(false, Some(-5)).is_err());
+        let mut text = reply(&GOOD, false);
+        text.push(Value::BulkString(b"soon".to_vec()));
+        assert!(parse_reply("spend_many", &text, &caller).is_err());
+        let status = parse_reply("deposit", &reply(&GOOD, false), &caller).unwrap();
+        assert_eq!(status.next_grant_ms, Some(0), "not a spend: no wait");
     }
 
     /// Status replies: the ratio and floor the allowance uses (fields 26 and 27) are read, and

@@ -9,8 +9,10 @@
 -- Reply    {granted (1|0), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
---           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
---          (window_ms and the last four: the policy in force, which may differ from ARGV)
+--           conflict, frozen, overridden, [ratio, min_allowance, basis, mode,] next_grant_ms}
+--          (window_ms and the bracketed four, sent only on a conflict: the policy in force, which
+--          may differ from ARGV; next_grant_ms, the last field: ms until one more spend could be
+--          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply")
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
 -- without an expiry is never made.
@@ -272,5 +274,43 @@ local reply = { -1, allowance, i, window, elapsed, pw,
 if conflict == 1 then
   reply[18] = ratio_text; reply[19] = min_allowance; reply[20] = basis; reply[21] = mode
 end
+-- [shared/next_grant.lua] Appends to the reply the ms from this call's instant until one more
+-- spend could be granted if nothing changed meanwhile (no deposit, spend, override or policy
+-- change): 0 when one would be granted now, -1 when none ever would (a floor of 0 and no
+-- deposits). Deposits only decay when none come, so the allowance can only fall: the wait is
+-- the first ms at which the retries estimate, decaying and rolling, fits the allowance as it is
+-- now (exact while the allowance holds, e.g. at its floor; never later than the true instant).
+-- While frozen, the freeze's end; while a set override is in force, at most until it ends.
+-- crates/fleet-budget/src/allowance.rs (`next_grant_in_ms`) computes the same.
+-- Needs: what shared/estimate.lua sets, the counters after the decision, fu, su, reply.
+local wait = -1
+local nc, np = cur[3], prev[3]
+if frozen == 1 then
+  wait = fu - now
+elseif nc * window + np * pw + window <= allowance * window then
+  wait = 0
+elseif allowance >= 1 then
+  local k = allowance - 1
+  -- This window: the previous one's weight (pw) falls 1 per ms, and with it its retries.
+  if pw > 0 and np > 0 and k >= nc then
+    local a = (k - nc) * window
+    local y = math.floor(a / np)
+    if y * np > a then y = y - 1 end
+    if y >= 1 then wait = window - y - elapsed end
+  end
+  if wait < 0 then
+    if pw == 0 or nc <= k then
+      wait = window - elapsed -- the next window, from its start
+    else
+      -- The next window, where this one's retries decay in turn; else the one after (empty).
+      local a = k * window
+      local y = math.floor(a / nc)
+      if y * nc > a then y = y - 1 end
+      if y >= 1 then wait = 2 * window - y - elapsed else wait = 2 * window - elapsed end
+    end
+  end
+end
+if overridden == 1 and frozen == 0 and (wait < 0 or su - now < wait) then wait = su - now end
+reply[#reply + 1] = wait
 reply[1] = granted
 return reply

@@ -165,14 +165,17 @@ impl RedisStore {
         n: u64,
     ) -> Result<Vec<Withdrawal>, StoreError> {
         let ScriptReply {
-            granted, snapshot, ..
+            granted,
+            snapshot,
+            next_grant_ms,
+            ..
         } = self.run_many(&self.key(dependency), policy, n).await?;
         let granted = u64::try_from(granted).map_err(|_| StoreError::BadReply {
             script: "spend_many",
             detail: format!("granted is {granted}"),
         })?;
         (0..n)
-            .map(|k| batch_answer(&snapshot, n, granted, k))
+            .map(|k| batch_answer(&snapshot, next_grant_ms, n, granted, k))
             .collect()
     }
 
@@ -194,7 +197,10 @@ impl RedisStore {
         policy: &BudgetPolicy,
     ) -> Result<Withdrawal, StoreError> {
         let ScriptReply {
-            granted, snapshot, ..
+            granted,
+            snapshot,
+            next_grant_ms,
+            ..
         } = self
             .run_key(&SPEND_SCRIPT, "spend", key, policy, &[])
             .await?;
@@ -202,6 +208,7 @@ impl RedisStore {
             0 | 1 => Ok(Withdrawal {
                 granted: granted == 1,
                 snapshot,
+                next_grant_ms,
             }),
             other => Err(StoreError::BadReply {
                 script: "spend",
