@@ -1,6 +1,6 @@
 //! Printing: one JSON object on stdout (with its `schema_version`), aligned tables for people.
 //!
-//! Everything on stdout goes through [`out!`] / [`outln!`], which ignore write errors instead of
+//! Everything on stdout goes through `out!` / `outln!`, which ignore write errors instead of
 //! panicking like `print!` does when stdout is closed (`budgetctl status | head -1`).
 
 /// `print!` that never panics.

@@ -188,7 +188,7 @@ impl AmqpError {
     }
 
     /// Whether the connection ended on something the broker sent that this client cannot read
-    /// ([`is_unreadable_message`]): most likely one message, which every reader fails on.
+    /// (`error::is_unreadable_message`): most likely one message, which every reader fails on.
     #[must_use]
     pub fn is_unreadable_message(&self) -> bool {
         self.lapin_error().is_some_and(is_unreadable_message)

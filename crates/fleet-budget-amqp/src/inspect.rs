@@ -24,8 +24,8 @@
 //! close. Copies are pipelined, [`WINDOW`] awaiting their confirm at a time; the originals of
 //! each batch are acked together, and one more `basic.get` behind the last acks waits until the
 //! quorum queue has applied them, so that the close cannot return them beside their copies
-//! (see [`behind_the_acks`]); the message that get takes is returned, and the look waits until
-//! it is ready again ([`until_returned`]): when a look returns, the queue holds what it held.
+//! (see `behind_the_acks`); the message that get takes is returned, and the look waits until
+//! it is ready again (`until_returned`): when a look returns, the queue holds what it held.
 //!
 //! Each `basic.get` is raced against the loss of the connection ([`ConnectionWatch`]): a message
 //! the client cannot read (headers nested past the parser's bound) closes the connection and

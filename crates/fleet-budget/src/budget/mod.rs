@@ -139,7 +139,7 @@ impl FleetBudget {
     }
 
     /// The dependency whose budget a failure naming `name` spends
-    /// ([`Failure::in_dependency`], a branch of a [`FanOut`](fanout::FanOut)): `name` when a
+    /// ([`Failure::in_dependency`], a branch of a [`FanOut`]): `name` when a
     /// section configures it (or a mapping, the shared dependency or `unmapped` is that name),
     /// else what `[unmapped_tasks]` says, with the same cap and the same admitted names as
     /// unmapped tasks: a name chosen by a handler (often read from the message) makes no more

@@ -10,7 +10,7 @@
 //!   attempts and is dead-lettered; with the circuit breaker jobs wait in the delay tiers without
 //!   spending an attempt, probes find the recovery, and the backlog drains on its own.
 //!
-//! [`dependency`] is the simulated service, [`run`] one run on the broker, [`report`] the
+//! `dependency` is the simulated service, `run` one run on the broker, `report` the
 //! figures and the comparison. The mechanisms are the library's (`FleetBudget::admit`, the
 //! `Worker`): the scenarios only configure them.
 
