@@ -22,6 +22,8 @@ mod plan;
 mod rabbitmq;
 mod redaction;
 mod redis;
+mod schemas;
+mod schemas_services;
 mod simulate;
 mod tls;
 mod usage;
@@ -42,8 +44,12 @@ fn budgetctl() -> Command {
     c
 }
 
+/// Runs `budgetctl` with `args`; what a `--json` run printed is held to its command's JSON
+/// Schema ([`schemas::hold_to_schema`]).
 fn run(args: &[&str]) -> Output {
-    budgetctl().args(args).output().expect("run budgetctl")
+    let o = budgetctl().args(args).output().expect("run budgetctl");
+    schemas::hold_to_schema(args, &o);
+    o
 }
 
 /// Runs `budgetctl` with the `global` flags, then `command` split at spaces.
