@@ -91,9 +91,7 @@ fn the_work_queue_is_a_quorum_queue_that_dead_letters_to_the_dead_exchange() {
     let work = ops
         .iter()
         .find_map(|o| match &o.object {
-            Object::Queue { name, arguments } if *name == t.work_queue => {
-                Some(arguments.clone())
-            }
+            Object::Queue { name, arguments } if *name == t.work_queue => Some(arguments.clone()),
             _ => None,
         })
         .unwrap();
