@@ -236,7 +236,7 @@ pub(crate) async fn one_process(b: &Bench, summary: &mut Vec<String>) {
         asked_redis.p50
     ));
     summary.push(format!(
-        "healthy path, 32 tasks: {} decisions/s with the cache against {} without (reported: within the noise?)",
+        "healthy path, 32 tasks: {} decisions/s with the cache against {} without (reported)",
         rates(&healthy_on),
         rates(&healthy_off)
     ));
