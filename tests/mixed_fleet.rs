@@ -434,7 +434,10 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
         granted,
         "every granted retry ran, and no other"
     );
-    assert!(denied >= 30, "the rest were denied: {denied}");
+    // The rest were denied: each dead-lettered (below: 40 in all), Redis counting the denials it
+    // made and each process those it answered itself while a denial stood (redis.deny_cache_ms),
+    // so Redis sees at least one, not all 30.
+    assert!(denied >= 1, "the rest were denied: {denied}");
 
     // 3. Recovery: 20 more successes, headroom for the replay.
     upstream.failing.store(false, Ordering::SeqCst);

@@ -1,7 +1,8 @@
-"""Exhausted budgets answered in the process (``redis.deny_cache_ms``, deny_cache.py), threaded and
-asyncio, against a private redis-server: the same rules as the Rust ``tests/deny_cache.rs``. No
-timed assertion: a denial answered in the process must come before the staleness has passed since
-the last call that reached Redis, and a generous bound only keeps a broken cache from hanging."""
+"""Exhausted budgets answered in the process (``redis.deny_cache_ms``, deny_cache.py), threaded
+and asyncio, against a private redis-server: the same rules as the Rust
+``crates/fleet-budget/tests/deny_cache.rs``. No timed assertion: a denial answered in the process
+must come before the staleness has passed since the last call that reached Redis, and a generous
+bound only keeps a broken cache from hanging."""
 
 from __future__ import annotations
 

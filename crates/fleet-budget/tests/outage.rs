@@ -206,7 +206,8 @@ async fn killing_redis_while_deciding_falls_back_within_the_deadline_and_restart
                     max_micros
                         .fetch_max(u64::try_from(took.as_micros()).unwrap(), Ordering::Relaxed);
                     let s = match source(&d) {
-                        BudgetSource::Fleet => 0,
+                        // A denial of the fleet kept in the process is the fleet's answer.
+                        BudgetSource::Fleet | BudgetSource::FleetCache => 0,
                         BudgetSource::LocalFallback => 1,
                         _ => 2,
                     };

@@ -23,17 +23,21 @@
 //! `fleet_budget_retries_denied_in_process_total`, with [`BudgetSource::FleetCache`] in the
 //! decision; Redis's own denial counter (`cd`) no longer sees them.
 //!
-//! A reply that arrives after the entry was forgotten (a call sent before a flush, answered
-//! after it) is not kept: each dependency has an epoch, bumped when its entry is forgotten, and a
-//! reply is kept only under the epoch read before its call was sent.
+//! A reply that arrives after an entry was forgotten (a call sent before a flush, answered
+//! after it) is not kept: the cache has an epoch, bumped whenever an entry is forgotten, and a
+//! reply is kept only under the epoch read before its call was sent (one epoch for all
+//! dependencies: a flush of one may cost another an extra call, never a stale denial).
 //!
-//! Bounded: one slot per dependency asked, and dependencies are bounded by the configuration
-//! (plus `unmapped_tasks.max_own_budgets` own budgets). The lock is a read lock on the hit path
-//! (no await is ever made while it is held); writes happen at most once per reply from Redis.
+//! Bounded: one entry per dependency denied, and dependencies are bounded by the configuration
+//! (plus `unmapped_tasks.max_own_budgets` own budgets). While no denial is kept (the healthy
+//! path) no lock is taken at all: two atomic loads. Otherwise the hit path takes a read lock for
+//! a map lookup (no await is ever made while it is held); writes happen at most once per reply
+//! from Redis.
 //!
 //! [`BudgetSource::FleetCache`]: crate::decision::BudgetSource::FleetCache
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -46,14 +50,11 @@ use crate::store::Withdrawal;
 pub(super) struct DenyCache {
     /// At most this long after its call was sent is a denial answered here; zero: never.
     staleness: Duration,
-    slots: RwLock<HashMap<Dependency, Slot>>,
-}
-
-#[derive(Debug, Default)]
-struct Slot {
-    /// Bumped each time the entry is forgotten: a reply under an older epoch is not kept.
-    epoch: u64,
-    denial: Option<Denial>,
+    denials: RwLock<HashMap<Dependency, Denial>>,
+    /// Entries in `denials` (0: the healthy path takes no lock).
+    kept: AtomicUsize,
+    /// Bumped each time an entry is forgotten: a reply under an older epoch is not kept.
+    epoch: AtomicU64,
 }
 
 /// A denial that stands until `until`.
@@ -76,7 +77,9 @@ impl DenyCache {
     pub(super) fn new(staleness: Duration) -> Self {
         Self {
             staleness,
-            slots: RwLock::new(HashMap::new()),
+            denials: RwLock::new(HashMap::new()),
+            kept: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -88,31 +91,25 @@ impl DenyCache {
     /// A denial of `dependency` that still stands now, or the epoch under which to remember the
     /// store's answer.
     pub(super) fn lookup(&self, dependency: &Dependency) -> Lookup {
-        if !self.is_on() {
-            return Lookup::Ask(0);
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        if !self.is_on() || self.kept.load(Ordering::SeqCst) == 0 {
+            return Lookup::Ask(epoch);
         }
-        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
-        let Some(slot) = slots.get(dependency) else {
-            return Lookup::Ask(0);
-        };
-        match slot.denial {
-            Some(denial) => {
-                let now = Instant::now();
-                if now < denial.until {
-                    let next_grant_ms = denial.next_grant.map(|at| {
-                        let left = at.saturating_duration_since(now);
-                        u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
-                    });
-                    Lookup::Denied(Withdrawal {
-                        granted: false,
-                        snapshot: denial.snapshot,
-                        next_grant_ms,
-                    })
-                } else {
-                    Lookup::Ask(slot.epoch)
-                }
+        let denials = self.denials.read().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match denials.get(dependency) {
+            Some(denial) if now < denial.until => {
+                let next_grant_ms = denial.next_grant.map(|at| {
+                    let left = at.saturating_duration_since(now);
+                    u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+                });
+                Lookup::Denied(Withdrawal {
+                    granted: false,
+                    snapshot: denial.snapshot,
+                    next_grant_ms,
+                })
             }
-            None => Lookup::Ask(slot.epoch),
+            _ => Lookup::Ask(epoch),
         }
     }
 
@@ -148,14 +145,19 @@ impl DenyCache {
         if until <= Instant::now() {
             return;
         }
-        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-        let slot = slots.entry(dependency.clone()).or_default();
-        if slot.epoch == epoch {
-            slot.denial = Some(Denial {
-                until,
-                next_grant,
-                snapshot: withdrawal.snapshot,
-            });
+        let mut denials = self.denials.write().unwrap_or_else(PoisonError::into_inner);
+        // Counted before the epoch is checked: a forget that bumps the epoch after the check
+        // then sees the entry counted, and waits for this lock to remove it.
+        self.kept.fetch_add(1, Ordering::SeqCst);
+        let denial = Denial {
+            until,
+            next_grant,
+            snapshot: withdrawal.snapshot,
+        };
+        if self.epoch.load(Ordering::SeqCst) != epoch
+            || denials.insert(dependency.clone(), denial).is_some()
+        {
+            self.kept.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -165,43 +167,41 @@ impl DenyCache {
         if !self.is_on() {
             return;
         }
-        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = slots.get_mut(dependency) {
-            slot.epoch = slot.epoch.wrapping_add(1);
-            slot.denial = None;
-        }
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.remove(dependency);
     }
 
-    /// A reply showed room for `dependency`: any denial kept is forgotten. The healthy path
-    /// takes only the read lock (nothing is kept then); replies on one connection come in the
-    /// order they were decided, so a denial decided before this reply has been kept already.
+    /// A reply showed room for `dependency`: any denial kept is forgotten. Replies on one
+    /// connection come in the order they were decided, so a denial decided before this reply
+    /// has been kept already; with none kept (the healthy path) this takes no lock.
     fn room(&self, dependency: &Dependency) {
-        let kept = {
-            let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
-            slots
-                .get(dependency)
-                .is_some_and(|slot| slot.denial.is_some())
-        };
-        if kept {
-            self.forget(dependency);
-        }
+        self.remove(dependency);
     }
 
     /// Forgets the denial kept for `dependency` when `control` (what a fresh reply says of the
     /// overrides and the policy in force) is not what it was when the denial was kept.
     pub(super) fn seen(&self, dependency: &Dependency, control: Control) {
-        if !self.is_on() {
+        if !self.is_on() || self.kept.load(Ordering::SeqCst) == 0 {
             return;
         }
         let changed = {
-            let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
-            slots
+            let denials = self.denials.read().unwrap_or_else(PoisonError::into_inner);
+            denials
                 .get(dependency)
-                .and_then(|slot| slot.denial)
                 .is_some_and(|denial| denial.snapshot.control != control)
         };
         if changed {
             self.forget(dependency);
+        }
+    }
+
+    fn remove(&self, dependency: &Dependency) {
+        if self.kept.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut denials = self.denials.write().unwrap_or_else(PoisonError::into_inner);
+        if denials.remove(dependency).is_some() {
+            self.kept.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
