@@ -238,7 +238,8 @@ fn the_work_queue_dead_letters_at_least_once_new_by_argument_existing_by_policy(
 
     // An existing deployment (versions 1 and 2 only): not an error, a policy to set.
     let old = TestBroker::new("alo-old");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fleet-budget-amqp/migrations");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fleet-budget-amqp/migrations");
     let files: Vec<(String, String)> = ["0001_base_topology.toml", "0002_retry_tiers.toml"]
         .iter()
         .map(|f| {

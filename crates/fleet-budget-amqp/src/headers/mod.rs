@@ -61,7 +61,8 @@ pub const BUDGET_RETRIES: &str = "fb-budget-retries";
 pub const BUDGET_WINDOW_MS: &str = "fb-budget-window-ms";
 /// Budget snapshot: the window index (`floor(server_time / window)`).
 pub const BUDGET_WINDOW_INDEX: &str = "fb-budget-window-index";
-/// Which budget decided: `fleet`, `local_fallback`, `blind`, `local`.
+/// Which budget decided: `fleet`, `fleet_cache` (a denial of the fleet budget that still stood in
+/// this process), `local_fallback`, `blind`, `local`.
 pub const BUDGET_SOURCE: &str = "fb-budget-source";
 /// The backoff delay computed for the pending retry (milliseconds, jitter included).
 pub const RETRY_DELAY_MS: &str = "fb-retry-delay-ms";

@@ -131,4 +131,3 @@ pub async fn publish_raw(url: &str, queue: &str, id: &str, headers: &[u8]) {
     );
     let _ = s.shutdown().await;
 }
-
