@@ -375,16 +375,19 @@ pub fn check(payload: &[u8]) -> Option<Vec<u8>> {
     text.push_str(&note.join("; "));
     let mut kept = table.unwrap_or_default();
     let budget = payload.len().max(FRAME_MIN_SIZE);
-    let room = budget
-        .saturating_sub(fixed.len() + 2 + before.len() + after.len() + kept.len() + 4)
-        .saturating_sub(1 + UNREADABLE_HEADERS.len() + 1 + 4);
-    if room < 16 {
+    // What the note's text may take: the budget less everything else the frame holds (the fixed
+    // part and flags, the other properties, the table's length, the kept entries, the note's
+    // name, type and length).
+    let room = |kept: &[u8]| {
+        budget
+            .saturating_sub(fixed.len() + 2 + before.len() + after.len() + 4 + kept.len())
+            .saturating_sub(1 + UNREADABLE_HEADERS.len() + 1 + 4)
+    };
+    if room(&kept) < 16 {
         // No room for the note beside what was kept: keep the note, drop the kept headers.
         kept.clear();
     }
-    let room = budget
-        .saturating_sub(fixed.len() + 2 + before.len() + after.len() + kept.len() + 4)
-        .saturating_sub(1 + UNREADABLE_HEADERS.len() + 1 + 4);
+    let room = room(&kept);
     truncate_to(&mut text, room);
     kept.push(u8::try_from(UNREADABLE_HEADERS.len()).ok()?);
     kept.extend_from_slice(UNREADABLE_HEADERS.as_bytes());
