@@ -315,6 +315,106 @@ fn every_repository_path_named_in_docs_and_code_exists() {
     );
 }
 
+/// The README is a front page: at most this many lines, the manual in the guides.
+const README_MAX_LINES: usize = 300;
+
+#[test]
+fn the_readme_is_a_front_page_that_links_every_guide() {
+    let root = common::repo_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines: move the details into a guide (docs/guides)"
+    );
+    let linked: HashSet<String> = prose_lines(&readme)
+        .into_iter()
+        .flat_map(|(_, line)| link_targets(line))
+        .map(|dest| dest.split('#').next().unwrap_or("").to_owned())
+        .collect();
+    let mut guides = 0;
+    for entry in std::fs::read_dir(root.join("docs/guides")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            guides += 1;
+            let path = format!("docs/guides/{name}");
+            assert!(linked.contains(&path), "README.md does not link {path}");
+        }
+    }
+    assert!(guides >= 5, "{guides} guides in docs/guides");
+}
+
+/// The places in `text` that name a section of a guide: `docs/guides/NAME.md#anchor` (the alert
+/// rules' `runbook_url`s) and `docs/guides/NAME.md, "Heading"` or `docs/guides/NAME.md
+/// ("Heading")` (comments and messages), as (guide, anchor).
+fn guide_sections(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("docs/guides/") {
+        rest = &rest[at..];
+        let name_len = rest["docs/guides/".len()..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(0);
+        let end = "docs/guides/".len() + name_len;
+        if name_len == 0 || !rest[end..].starts_with(".md") {
+            rest = &rest["docs/guides/".len()..];
+            continue;
+        }
+        let guide = rest[..end + 3].to_owned();
+        let after = &rest[end + 3..];
+        if let Some(anchor) = after.strip_prefix('#') {
+            let anchor: String = anchor
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            out.push((guide, anchor));
+        } else if let Some(quoted) = [", \"", ", \\\"", " (\""]
+            .iter()
+            .find_map(|open| after.strip_prefix(open))
+        {
+            let heading = quoted.split(['"', '\\']).next().unwrap_or("");
+            out.push((guide, slug(heading)));
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+#[test]
+fn every_guide_section_named_in_code_and_config_exists() {
+    let root = common::repo_root();
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for file in repo_files() {
+        if !names_paths(&file) || file.ends_with("tests/doc_links.rs") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            for (guide, anchor) in guide_sections(line) {
+                checked += 1;
+                let target = root.join(&guide);
+                let found = std::fs::read_to_string(&target)
+                    .is_ok_and(|guide_text| anchors(&guide_text).contains(&anchor));
+                if !found {
+                    missing.push(format!("{}:{}: {guide}#{anchor}", relative(&file), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 9,
+        "only {checked} guide sections named: the alert rules' runbook_urls went missing?"
+    );
+    assert!(
+        missing.is_empty(),
+        "guide sections named but not there:\n{}",
+        missing.join("\n")
+    );
+}
+
 #[test]
 fn the_link_parser_finds_what_it_should() {
     assert_eq!(
@@ -331,6 +431,17 @@ fn the_link_parser_finds_what_it_should() {
     assert_eq!(slug("`lua/` and `migrations/`"), "lua-and-migrations");
     let a = anchors("# A\n```\n# not a heading\n```\n## A\n### Why `x`?\n");
     assert_eq!(a, HashSet::from(["a".into(), "a-1".into(), "why-x".into()]));
+    assert_eq!(
+        guide_sections(
+            "url: https://x.invalid/blob/main/docs/guides/ops.md#fleetbudgetexhausted, \
+             (runbook: docs/guides/ops.md, \\\"A message\\\") and docs/guides/py.md (\"Celery\")"
+        ),
+        vec![
+            ("docs/guides/ops.md".to_owned(), "fleetbudgetexhausted".to_owned()),
+            ("docs/guides/ops.md".to_owned(), "a-message".to_owned()),
+            ("docs/guides/py.md".to_owned(), "celery".to_owned()),
+        ]
+    );
     let top = HashSet::from(["docs".to_owned(), "lua".to_owned()]);
     assert_eq!(
         path_mentions(

@@ -12,9 +12,9 @@
 //!
 //! - `FleetBudgetExhausted` fires during the brownout and resolves after the recovery;
 //! - every rule evaluates without error, every recorded signal returns data, every alert has a
-//!   summary and a runbook link to a heading of the README;
-//! - every query of `deploy/grafana/fleet-budget.json` and every PromQL example of the README
-//!   returns data.
+//!   summary and a runbook link to a heading of the runbook (`docs/guides/operations.md`);
+//! - every query of `deploy/grafana/fleet-budget.json` and every PromQL example of the metrics
+//!   guide (`docs/guides/metrics-and-alerts.md`) returns data.
 //!
 //! It also draws the dashboard's panels from the drill's data into
 //! `$CARGO_TARGET_TMPDIR/dashboard.svg` (`scripts/dashboard-screenshot` makes docs/dashboard.png
@@ -52,6 +52,10 @@ const BROWNOUT: Duration = Duration::from_secs(8);
 const RECOVERED: Duration = Duration::from_secs(8);
 /// Test-sized `for:` of every alert (10 minutes in production).
 const TEST_FOR: &str = "2s";
+/// Where every alert's `runbook_url` points: a heading of this file.
+const RUNBOOK: &str = "docs/guides/operations.md";
+/// The guide whose ```promql examples must return data during the drill.
+const METRICS_GUIDE: &str = "docs/guides/metrics-and-alerts.md";
 /// The exporter's scrape interval and timeout. Its reading uses the one RabbitMQ connection the
 /// exporter keeps across scrapes (a new one once it fails or is closed) and, once dead letters
 /// arrive, looks at the dead-letter queue on it: seconds on a loaded machine (3.4 s and 5 s seen,
@@ -242,11 +246,11 @@ fn dashboard_queries(dashboard: &Value) -> Vec<(String, String, String)> {
     queries
 }
 
-/// The PromQL examples of the README: each line of its ```promql blocks that is not a comment.
-fn readme_promql(readme: &str) -> Vec<String> {
+/// The PromQL examples of the metrics guide: each line of its ```promql blocks that is not a comment.
+fn guide_promql(guide: &str) -> Vec<String> {
     let mut queries = Vec::new();
     let mut inside = false;
-    for line in readme.lines() {
+    for line in guide.lines() {
         let line = line.trim();
         if line.starts_with("```promql") {
             inside = true;
@@ -510,8 +514,8 @@ scrape_configs:
         .as_array()
         .cloned()
         .unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let headings: BTreeSet<String> = readme
+    let runbook_text = std::fs::read_to_string(root.join(RUNBOOK)).unwrap();
+    let headings: BTreeSet<String> = runbook_text
         .lines()
         .filter(|l| l.starts_with('#'))
         .map(|l| anchor(l.trim_start_matches('#')))
@@ -534,8 +538,8 @@ scrape_configs:
                 let runbook = rule["annotations"]["runbook_url"].as_str().unwrap_or("");
                 let (page, section) = runbook.split_once('#').unwrap_or((runbook, ""));
                 assert!(
-                    page.ends_with("/README.md") && headings.contains(section),
-                    "{name}: runbook_url {runbook:?} is not a heading of README.md"
+                    page.ends_with(&format!("/{RUNBOOK}")) && headings.contains(section),
+                    "{name}: runbook_url {runbook:?} is not a heading of {RUNBOOK}"
                 );
                 // The expression is valid PromQL that Prometheus evaluates.
                 api.query(rule["query"].as_str().unwrap());
@@ -558,7 +562,7 @@ scrape_configs:
         "{alerts} alerts, {signals} signals"
     );
 
-    // Every dashboard query and every README example returns data.
+    // Every dashboard query and every PromQL example of the metrics guide returns data.
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("deploy/grafana/fleet-budget.json")).unwrap(),
     )
@@ -569,11 +573,12 @@ scrape_configs:
         let data = api.query_range(expr, drill_started_unix, end);
         assert!(!data.is_empty(), "panel {panel:?}: no data for {expr}");
     }
-    let examples = readme_promql(&readme);
-    assert!(examples.len() >= 4, "README PromQL examples: {examples:?}");
+    let guide = std::fs::read_to_string(root.join(METRICS_GUIDE)).unwrap();
+    let examples = guide_promql(&guide);
+    assert!(examples.len() >= 4, "{METRICS_GUIDE} PromQL examples: {examples:?}");
     for expr in &examples {
         let data = api.query_range(expr, drill_started_unix, end);
-        assert!(!data.is_empty(), "README example has no data: {expr}");
+        assert!(!data.is_empty(), "{METRICS_GUIDE} example has no data: {expr}");
     }
 
     // The picture of the drill's data.

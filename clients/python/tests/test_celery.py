@@ -59,7 +59,7 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
 
 class Worker:
     """``celery -A celery_fleet worker`` (tests/python/celery_fleet.py) as a process of its own, on
-    ``pool``: ``prefork`` is Celery's default, started as the README says (no ``-P``); ``options``
+    ``pool``: ``prefork`` is Celery's default, started as the Python guide says (no ``-P``); ``options``
     are more of the worker's command-line options."""
 
     def __init__(self, env: dict[str, str], log: Path, pool: str = "threads", concurrency: int = 2,

@@ -1,5 +1,5 @@
 """Every Celery pool through a brownout and its recovery: prefork (Celery's default, started with no
-``-P`` as the README says, ``--concurrency 3``, one of the two workers also with
+``-P`` as docs/guides/python.md says, ``--concurrency 3``, one of the two workers also with
 ``--max-tasks-per-child``), threads and solo. Two workers (tests/python/celery_fleet.py) on the
 RabbitMQ at 127.0.0.1:5672 under names of the test's own, the budget on a private redis-server,
 deposits coalesced (``deposit_flush_ms = 100``, the default). In each pool the retries stay within

@@ -1,10 +1,10 @@
-"""The Celery blocks of README.md ("Python workers") and clients/python/README.md ("Celery"), run
-as written: the block is ``tasks.py``, ``search`` is a stub dependency that fails a given number
-of times, ``celery -A tasks worker`` runs it as a process on the RabbitMQ at 127.0.0.1:5672 (the
-compose stack's port) on Celery's default pool (prefork) as the README says, the budget on a
-private redis-server with its deposits coalesced (the default ``deposit_flush_ms``). The test's own ``fleet-budget.toml``
-gives the names of its own (an ``[amqp] prefix``, a Celery queue) so that tests running at the
-same time never meet."""
+"""The Celery blocks of docs/guides/python.md ("Celery in five lines") and clients/python/README.md
+("Celery"), run as written: the block is ``tasks.py``, ``search`` is a stub dependency that fails a
+given number of times, ``celery -A tasks worker`` runs it as a process on the RabbitMQ at
+127.0.0.1:5672 (the compose stack's port) on Celery's default pool (prefork) as the guide says, the
+budget on a private redis-server with its deposits coalesced (the default ``deposit_flush_ms``).
+The test's own ``fleet-budget.toml`` gives the names of its own (an ``[amqp] prefix``, a Celery
+queue) so that tests running at the same time never meet."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def index(doc_id):
     return f"indexed {doc_id}"
 '''
 
-BLOCKS = [(REPO / "README.md", "## Python workers"), (REPO / "clients/python/README.md", "## Celery")]
+BLOCKS = [(REPO / "docs/guides/python.md", "## Celery in five lines"), (REPO / "clients/python/README.md", "## Celery")]
 
 
 def celery_block(readme: Path, heading: str) -> str:
@@ -50,7 +50,7 @@ def celery_block(readme: Path, heading: str) -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.fixture(params=BLOCKS, ids=["README", "clients-python-README"])
+@pytest.fixture(params=BLOCKS, ids=["python-guide", "clients-python-README"])
 def readme_app(request, tmp_path, redis_url, monkeypatch):
     readme, heading = request.param
     tag = uuid.uuid4().hex[:10]

@@ -1,5 +1,5 @@
 """The metrics have the Rust library's names, types and labels: every metric of the Python client
-is a row of README.md's worker-metric table, with the same type and labels, and every row of that
+is a row of the worker-metric table of docs/guides/metrics-and-alerts.md, with the same type and labels, and every row of that
 table is in the Python client except those of the AMQP crate's worker."""
 
 import re
@@ -10,14 +10,16 @@ from fleet_budget import FleetBudget
 from fleet_budget.config import Config
 from fleet_budget.metrics import Metrics
 
-#: Rows of the README table the Python client does not produce, and why (none since the
+#: Rows of the guide's table the Python client does not produce, and why (none since the
 #: concurrency budget and the breaker came to it; the AMQP crate's rows are left out below).
 NOT_IN_PYTHON: dict[str, str] = {}
+#: The guide with the worker-metric table, relative to the repository.
+METRICS_GUIDE = "docs/guides/metrics-and-alerts.md"
 ROW = re.compile(r"^\| `(fleet_budget_[a-z_]+)` \| (counter|gauge|histogram) \|([a-z, ]*)\|")
 
 
 def readme_worker_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / METRICS_GUIDE).read_text(encoding="utf-8")
     table = text.split("| worker metric | type | labels | meaning |", 1)[1].split("\n\n", 1)[0]
     rows = {}
     for line in table.splitlines():
@@ -42,10 +44,10 @@ def test_names_types_and_labels_are_the_rust_library_s():
     assert len(documented) >= 15, documented
     python = python_metrics(Metrics())
     for name, kind_labels in python.items():
-        assert name in documented, f"{name} is not in README.md's worker-metric table"
-        assert kind_labels == documented[name], f"{name}: Python {kind_labels}, README {documented[name]}"
+        assert name in documented, f"{name} is not in {METRICS_GUIDE}'s worker-metric table"
+        assert kind_labels == documented[name], f"{name}: Python {kind_labels}, {METRICS_GUIDE} {documented[name]}"
     missing = set(documented) - set(python) - set(NOT_IN_PYTHON)
-    assert not missing, f"in README.md's table but not in the Python client: {sorted(missing)}"
+    assert not missing, f"in {METRICS_GUIDE}'s table but not in the Python client: {sorted(missing)}"
 
 
 def test_store_calls_are_timed_and_fallback_is_per_dependency(dead_url):

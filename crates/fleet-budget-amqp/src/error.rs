@@ -229,8 +229,8 @@ impl fmt::Display for Cause<'_> {
 /// the runbook says what to do.
 const UNREADABLE_HINT: &str = ". Likely cause: a message this client cannot read (a frame over \
      frame_max), which the broker keeps at the head of \
-     the queue: every reader fails on it until it is taken out by hand (README, Incident runbook, \
-     \"A message no client can read\")";
+     the queue: every reader fails on it until it is taken out by hand (runbook: \
+     docs/guides/operations.md, \"A message no client can read\")";
 
 struct Hint<'a>(Option<&'a lapin::Error>);
 

@@ -5,9 +5,10 @@
 //! when the model says so. Same arithmetic as a worker (`fleet_budget::allowance`), same decision
 //! order, no copy of either.
 //!
-//! Why a library and not code inside `budgetctl`: the reference numbers of the README come from
-//! these models, and anyone sizing a budget (a capacity planner, a notebook, a test of another
-//! worker) should get the same numbers without going through a command line.
+//! Why a library and not code inside `budgetctl`: the reference numbers of the CLI reference
+//! (docs/guides/operations.md) come from these models, and anyone sizing a budget (a capacity
+//! planner, a notebook, a test of another worker) should get the same numbers without going
+//! through a command line.
 //!
 //! * [`brownout`]: requests with up to K attempts against a dependency whose attempts fail
 //!   independently with probability P. One window covers the run.

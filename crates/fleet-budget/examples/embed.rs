@@ -1,4 +1,5 @@
-//! Embedding fleet-budget in a worker: the README's example, compiled by `cargo test --all-targets`.
+//! Embedding fleet-budget in a worker: the example of docs/guides/worker-and-replay.md ("Embedding"),
+//! compiled by `cargo test --all-targets`.
 //!
 //! Run it with `cargo run -p fleet-budget --example embed` (uses Redis on 127.0.0.1:6379, or the
 //! local fallback if Redis is not there).

@@ -108,7 +108,7 @@ impl Backoff {
         let n = self.short_in_a_row;
         if n >= UNREADABLE_AFTER && cause == LossCause::UnreadableMessage {
             tracing::error!(error = %e, lived = ?lived_for, short_lived_in_a_row = n, retry_in = ?retry_in, queue = %queue,
-                "worker connection lost {n} times in a row shortly after connecting: likely a message at the head of {queue} that this client cannot read; take it out by hand (README, Incident runbook, \"A message no client can read\")");
+                "worker connection lost {n} times in a row shortly after connecting: likely a message at the head of {queue} that this client cannot read; take it out by hand (runbook: docs/guides/operations.md, \"A message no client can read\")");
         } else if n > 0 {
             tracing::warn!(error = %e, lived = ?lived_for, short_lived_in_a_row = n, retry_in = ?retry_in, queue = %queue,
                 "worker lost the broker {n} times in a row shortly after connecting; reconnecting");

@@ -1,5 +1,5 @@
 //! The TOML configuration: policies per dependency, the task → dependency map, ceilings, and the
-//! Redis settings. Reference: README.md, "Configuration".
+//! Redis settings. Reference: docs/guides/configuration.md.
 //!
 //! Parsing never panics. Every problem names the key, the value and what is allowed, and all
 //! problems of a file are reported together. Each section is resolved in its own file
