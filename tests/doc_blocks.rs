@@ -199,7 +199,10 @@ fn blocks_run_elsewhere_are_in_the_file_that_test_reads() {
         .split_once("## Celery in five lines")
         .expect("the heading test_celery_readme.py looks for")
         .1;
-    assert!(section.contains("```python"), "no Celery block under its heading");
+    assert!(
+        section.contains("```python"),
+        "no Celery block under its heading"
+    );
 }
 
 #[test]
@@ -225,7 +228,10 @@ fn shell_blocks_name_what_exists() {
                     let package = words[i + 1];
                     checked += 1;
                     assert!(
-                        root.join("crates").join(package).join("Cargo.toml").exists(),
+                        root.join("crates")
+                            .join(package)
+                            .join("Cargo.toml")
+                            .exists(),
                         "{}: no workspace package {package}",
                         block.at
                     );

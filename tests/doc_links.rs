@@ -437,7 +437,10 @@ fn the_link_parser_finds_what_it_should() {
              (runbook: docs/guides/ops.md, \\\"A message\\\") and docs/guides/py.md (\"Celery\")"
         ),
         vec![
-            ("docs/guides/ops.md".to_owned(), "fleetbudgetexhausted".to_owned()),
+            (
+                "docs/guides/ops.md".to_owned(),
+                "fleetbudgetexhausted".to_owned()
+            ),
             ("docs/guides/ops.md".to_owned(), "a-message".to_owned()),
             ("docs/guides/py.md".to_owned(), "celery".to_owned()),
         ]

@@ -575,10 +575,16 @@ scrape_configs:
     }
     let guide = std::fs::read_to_string(root.join(METRICS_GUIDE)).unwrap();
     let examples = guide_promql(&guide);
-    assert!(examples.len() >= 4, "{METRICS_GUIDE} PromQL examples: {examples:?}");
+    assert!(
+        examples.len() >= 4,
+        "{METRICS_GUIDE} PromQL examples: {examples:?}"
+    );
     for expr in &examples {
         let data = api.query_range(expr, drill_started_unix, end);
-        assert!(!data.is_empty(), "{METRICS_GUIDE} example has no data: {expr}");
+        assert!(
+            !data.is_empty(),
+            "{METRICS_GUIDE} example has no data: {expr}"
+        );
     }
 
     // The picture of the drill's data.
