@@ -128,6 +128,9 @@ struct Failover {
     dependencies: Vec<usize>,
     /// Since the storm's start.
     killed: Duration,
+    /// When the replica, its counters read, was let fail over: no grant answered before came
+    /// from it.
+    released: Duration,
     promoted: Duration,
     /// Per dependency of this failover: the retries (`cr + pr`) the replica held when its
     /// master died, which is what it held when it was promoted.
@@ -150,6 +153,9 @@ struct Account {
     /// Per failover: from the kill to the answer of the first decision asked after it that the
     /// fleet budget answered.
     fleet_again_after: Vec<Duration>,
+    /// Per failover of this dependency: its number, and the fallback's grants and denials from
+    /// the kill until the fleet answered again.
+    outages: Vec<(usize, u64, u64)>,
 }
 
 fn account(record: &Record, failovers: &[Failover], dependency: usize) -> Account {
@@ -181,15 +187,16 @@ fn account(record: &Record, failovers: &[Failover], dependency: usize) -> Accoun
         }
     }
     // The master a failover kills holds what the replica promoted before it held (nothing for
-    // the first) plus the grants it made since; no failover starts before cluster-node-timeout
-    // has passed since the kill, so a grant answered by then was answered by the old master.
+    // the first) plus the grants it made since; its replica may fail over only once its
+    // counters have been read, so a grant answered by then was answered by the old master.
     let mut held_before = 0u64;
     let mut since = Duration::ZERO;
-    for f in failovers
+    for (number, f) in failovers
         .iter()
-        .filter(|f| f.dependencies.contains(&dependency))
+        .enumerate()
+        .filter(|(_, f)| f.dependencies.contains(&dependency))
     {
-        let cut = f.killed + NODE_TIMEOUT / 2;
+        let cut = f.released;
         let granted_by_victim = events
             .iter()
             .filter(|e| e.source == BudgetSource::Fleet && e.granted)
@@ -205,6 +212,15 @@ fn account(record: &Record, failovers: &[Failover], dependency: usize) -> Accoun
             .min()
             .expect("the fleet answered again after the failover");
         a.fleet_again_after.push(again - f.killed);
+        let in_outage = |granted: bool| {
+            events
+                .iter()
+                .filter(|e| e.source == BudgetSource::LocalFallback && e.granted == granted)
+                .filter(|e| e.asked >= f.killed && e.asked <= again)
+                .count() as u64
+        };
+        a.outages
+            .push((number + 1, in_outage(true), in_outage(false)));
         held_before = replica;
         since = cut;
     }
@@ -243,6 +259,35 @@ fn check_and_report(record: &Record, failovers: &[Failover], windows: u64) -> St
     }
     writeln!(
         out,
+        "\n### Per failover, per dependency on the master killed\n\n\
+         | # | dependency | fallback decisions until the fleet answered again (granted / denied) | fleet again after (ms) | increments lost `L` |\n\
+         |---:|---|---|---:|---:|"
+    )
+    .unwrap();
+    let accounts: Vec<Account> = (0..DEPENDENCIES)
+        .map(|d| account(record, failovers, d))
+        .collect();
+    let mut rows = Vec::new();
+    for (d, a) in accounts.iter().enumerate() {
+        for (i, (number, granted, denied)) in a.outages.iter().enumerate() {
+            rows.push((
+                *number,
+                format!(
+                    "| {number} | {} | {} ({granted} / {denied}) | {} | {} |",
+                    name(d),
+                    granted + denied,
+                    ms(a.fleet_again_after[i]),
+                    a.lost[i]
+                ),
+            ));
+        }
+    }
+    rows.sort_by_key(|(number, _)| *number);
+    for (_, row) in rows {
+        writeln!(out, "{row}").unwrap();
+    }
+    writeln!(
+        out,
         "\n### Per dependency\n\n\
          `A` = max(min_allowance, ratio × requests), the fleet allowance of the run's window; \
          `L` = increments lost (measured, per failover); `F` = Σ over processes of each one's own \
@@ -251,8 +296,7 @@ fn check_and_report(record: &Record, failovers: &[Failover], windows: u64) -> St
          |---|---:|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|"
     )
     .unwrap();
-    for d in 0..DEPENDENCIES {
-        let a = account(record, failovers, d);
+    for (d, a) in accounts.iter().enumerate() {
         let failed_over = a.lost.len() as u64;
         // Every window the run touched may grant its allowance (one window unless the run
         // straddled midnight UTC, where the one-day windows turn).
@@ -423,10 +467,11 @@ async fn a_master_dies_in_a_retry_storm_and_the_grants_stay_within_the_bound() {
         let epoch = storm.epoch;
         let deps = dependencies.clone();
         let lagging = round % 2 == 1;
-        let (c, (victim_port, replica_port, killed, replica_retries)) =
+        let (c, (victim_port, replica_port, killed, released, replica_retries)) =
             with_cluster(cluster, move |c| {
                 let observer = c.nodes[0].port();
                 let (victim, replica) = c.master_and_replica_of(observer, c.slot_of(&key(probe)));
+                c.allow_failover(replica, false);
                 if lagging {
                     // The replica stops reading; the padding fills the socket between them, and
                     // the storm's writes of the next LAG wait in the master's output buffer.
@@ -440,8 +485,7 @@ async fn a_master_dies_in_a_retry_storm_and_the_grants_stay_within_the_bound() {
                     c.thaw(replica);
                     c.wait_link_down(replica);
                 }
-                // The replica's counters now, before it can be promoted (no failover completes
-                // before cluster-node-timeout + 500 ms after the kill): what the new master
+                // The replica's counters now, before it may be promoted: what the new master
                 // will start from.
                 let retries: BTreeMap<usize, u64> = deps
                     .iter()
@@ -452,7 +496,8 @@ async fn a_master_dies_in_a_retry_storm_and_the_grants_stay_within_the_bound() {
                     "slave",
                     "the replica was read before its promotion"
                 );
-                (victim, replica, killed, retries)
+                c.allow_failover(replica, true);
+                (victim, replica, killed, epoch.elapsed(), retries)
             })
             .await;
         cluster = c;
@@ -481,6 +526,7 @@ async fn a_master_dies_in_a_retry_storm_and_the_grants_stay_within_the_bound() {
             replica_port,
             dependencies,
             killed,
+            released,
             promoted,
             replica_retries,
         });

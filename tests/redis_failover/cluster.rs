@@ -191,6 +191,17 @@ impl ReplicatedCluster {
         self.node_mut(port).stop();
     }
 
+    /// Whether the replica on `port` may start a failover of its own (`cluster-replica-no-failover`):
+    /// held back while the test reads what it holds, so that the read comes before the promotion
+    /// however slow the machine is; let go at once, which costs nothing in practice (the cluster
+    /// marks the master failed only after `cluster-node-timeout`).
+    pub(crate) fn allow_failover(&self, port: u16, allowed: bool) {
+        let value = if allowed { "no" } else { "yes" };
+        let _: () = self
+            .node(port)
+            .cmd(&["CONFIG", "SET", "cluster-replica-no-failover", value]);
+    }
+
     /// Freezes the node on `port` (SIGSTOP): a replica that stops reading its replication
     /// stream, as an overloaded or partitioned one does.
     pub(crate) fn freeze(&self, port: u16) {
