@@ -454,7 +454,7 @@ async fn game_day() {
     for id in &ids {
         if let Some(oks) = ok_calls.get(id.as_str()) {
             duplicates += oks.len() as u64 - 1;
-            if oks.iter().any(|r| *r == 0) {
+            if oks.contains(&0) {
                 first_try += 1;
             } else {
                 replayed += 1;
