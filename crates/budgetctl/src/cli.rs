@@ -50,16 +50,18 @@ pub(crate) struct GlobalArgs {
         help_heading = GLOBAL
     )]
     pub(crate) redis_url: Option<String>,
-    /// RabbitMQ URL (overrides `amqp.url` of the configuration).
+    /// RabbitMQ URL (overrides `amqp.url`/`amqp.urls` of the configuration); a cluster's nodes
+    /// by repeating the flag or separated by commas, tried in turn.
     #[arg(
         long,
         global = true,
         value_name = "URL",
         env = "FLEET_BUDGET_AMQP_URL",
         hide_env_values = true,
+        value_delimiter = ',',
         help_heading = GLOBAL
     )]
-    pub(crate) amqp_url: Option<String>,
+    pub(crate) amqp_url: Vec<String>,
     /// Prefix of the budget keys in Redis (overrides `redis.key_prefix`, default `fb`).
     #[arg(long, global = true, value_name = "P", help_heading = GLOBAL)]
     pub(crate) key_prefix: Option<String>,

@@ -26,13 +26,17 @@ pub(crate) fn resolve(global: &GlobalArgs) -> anyhow::Result<WorkerConfig> {
             ))
         })?;
     }
-    if let Some(url) = &global.amqp_url {
-        config.amqp.set_url(url).map_err(|p| {
-            usage(format!(
-                "--amqp-url (or FLEET_BUDGET_AMQP_URL) {}: {}",
-                p.value, p.allowed
-            ))
-        })?;
+    if !global.amqp_url.is_empty() {
+        // One URL or a cluster's nodes (the flag repeated, or separated by commas).
+        config
+            .amqp
+            .set_urls("--amqp-url", &global.amqp_url)
+            .map_err(|p| {
+                usage(format!(
+                    "{} (or FLEET_BUDGET_AMQP_URL) {}: {}",
+                    p.key, p.value, p.allowed
+                ))
+            })?;
     }
     if let Some(prefix) = &global.key_prefix {
         config

@@ -15,8 +15,15 @@ use serde::Deserialize;
 
 use crate::connection::{ConnectionConfig, Timeouts};
 
-/// Environment variable that overrides `amqp.url`.
+/// Environment variable that overrides `amqp.url` (and `amqp.urls`).
 pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
+/// Environment variable that overrides `amqp.urls` (and `amqp.url`): the nodes of a cluster,
+/// separated by commas (a comma inside a password is written `%2C`).
+pub const ENV_AMQP_URLS: &str = "FLEET_BUDGET_AMQP_URLS";
+
+/// Most broker nodes one configuration may list (`amqp.urls`): a cluster has a handful, and
+/// every one that is down costs a connect timeout on each reconnect.
+pub const MAX_BROKER_URLS: usize = 32;
 /// Environment variable that overrides `amqp.tls_ca_file`.
 pub const ENV_AMQP_CA_FILE: &str = "FLEET_BUDGET_AMQP_CA_FILE";
 
@@ -29,8 +36,12 @@ const SECTION: &str = "amqp";
 /// RabbitMQ settings, used by the worker, the replayer, the migrations and `budgetctl`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AmqpSettings {
-    /// Broker URL. Overridden by `FLEET_BUDGET_AMQP_URL`.
+    /// Broker URL: the only node, or the first of a cluster's (`amqp.url`, or the first of
+    /// `amqp.urls`). Overridden by `FLEET_BUDGET_AMQP_URL` (or `FLEET_BUDGET_AMQP_URLS`).
     pub url: String,
+    /// The other nodes of a cluster (the rest of `amqp.urls`; empty for a single broker):
+    /// connecting tries every node in turn ([`crate::connect`]).
+    pub other_urls: Vec<String>,
     /// Prefix of exchange and queue names (default `fleet`).
     pub prefix: String,
     /// Unacknowledged deliveries per consumer (default 32).
@@ -59,6 +70,7 @@ impl Default for AmqpSettings {
     fn default() -> Self {
         Self {
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            other_urls: Vec::new(),
             prefix: "fleet".to_owned(),
             prefetch: 32,
             delivery_limit: 50,
@@ -78,6 +90,7 @@ impl AmqpSettings {
     pub fn connection(&self) -> ConnectionConfig {
         ConnectionConfig {
             url: self.url.clone(),
+            other_urls: self.other_urls.clone(),
             timeouts: Timeouts::of(self),
             tls: self.tls.clone(),
         }
@@ -91,17 +104,53 @@ impl AmqpSettings {
     pub fn set_url(&mut self, url: &str) -> Result<(), Problem> {
         check_url("amqp.url", url, &AMQP_SCHEMES)?;
         url.clone_into(&mut self.url);
+        self.other_urls.clear();
         Ok(())
+    }
+
+    /// Points at the nodes `urls` of a cluster (one URL is a single broker), as a command-line
+    /// override does; `key` names them in a problem (`--amqp-url`).
+    ///
+    /// # Errors
+    /// No URL, more than [`MAX_BROKER_URLS`], one that is not an `amqp://` or `amqps://` URL
+    /// or listed twice (the problem shows it with its password redacted); nothing changes then.
+    pub fn set_urls(&mut self, key: &str, urls: &[String]) -> Result<(), Problem> {
+        let (url, others) = checked_nodes(key, urls)?;
+        self.url = url;
+        self.other_urls = others;
+        Ok(())
+    }
+
+    /// Every node: [`AmqpSettings::url`], then [`AmqpSettings::other_urls`].
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str()).chain(self.other_urls.iter().map(String::as_str))
+    }
+
+    /// Every node, passwords redacted, separated by commas: how errors and logs name the broker.
+    #[must_use]
+    pub fn shown_urls(&self) -> String {
+        shown(self.urls())
     }
 
     /// The problem of certificate files set (`amqp.tls_*`) for a URL that is not `amqps://`:
     /// nothing would be encrypted, so the files are not silently ignored.
+    ///
+    /// Also the problem of a cluster whose nodes mix `amqps://` and `amqp://`: failing over
+    /// would silently drop the encryption.
     #[must_use]
     pub fn tls_problem(&self) -> Option<Problem> {
-        (self.tls.is_set() && !fleet_budget::tls::is_tls_url(&self.url)).then(|| {
+        let is_tls = |url: &str| fleet_budget::tls::is_tls_url(url);
+        if self.urls().any(is_tls) && !self.urls().all(is_tls) {
+            return Some(Problem::new(
+                "amqp.urls",
+                self.shown_urls(),
+                "mixes amqps:// and amqp:// nodes: a failover to a plaintext node would drop the encryption",
+            ));
+        }
+        (self.tls.is_set() && !self.urls().all(is_tls)).then(|| {
             Problem::new(
                 "amqp.tls_ca_file",
-                fleet_budget::redact::redact_url(&self.url),
+                self.shown_urls(),
                 "amqp.tls_* files are set but amqp.url is not amqps://, so the connection would not be encrypted",
             )
         })
@@ -191,21 +240,41 @@ impl WorkerConfig {
         }
     }
 
-    /// Applies `FLEET_BUDGET_REDIS_URL`, `FLEET_BUDGET_AMQP_URL` and the CA files
+    /// Applies `FLEET_BUDGET_REDIS_URL`, `FLEET_BUDGET_AMQP_URL` (or `FLEET_BUDGET_AMQP_URLS`,
+    /// the nodes of a cluster separated by commas) and the CA files
     /// (`FLEET_BUDGET_REDIS_CA_FILE`, `FLEET_BUDGET_AMQP_CA_FILE`) as found by `lookup` (an empty
     /// value is no override). Each URL is checked as the file's is.
     ///
     /// # Errors
     /// A URL of the environment is not a Redis or AMQP URL (the problem names the variable,
-    /// password redacted); nothing changes then.
+    /// password redacted), or both AMQP variables are set; nothing changes then.
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
         let amqp_url = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty());
-        if let Some(url) = &amqp_url {
-            check_url(ENV_AMQP_URL, url, &AMQP_SCHEMES)?;
-        }
+        let amqp_urls = lookup(ENV_AMQP_URLS).filter(|u| !u.is_empty());
+        let nodes = match (&amqp_url, &amqp_urls) {
+            (Some(_), Some(_)) => {
+                return Err(Problem::new(
+                    ENV_AMQP_URLS,
+                    format!("{ENV_AMQP_URL} and {ENV_AMQP_URLS}"),
+                    format!(
+                        "set one of {ENV_AMQP_URL} (one broker) or {ENV_AMQP_URLS} (a cluster's nodes, comma-separated), not both"
+                    ),
+                ));
+            }
+            (Some(url), None) => {
+                check_url(ENV_AMQP_URL, url, &AMQP_SCHEMES)?;
+                Some((url.clone(), Vec::new()))
+            }
+            (None, Some(urls)) => {
+                let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
+                Some(checked_nodes(ENV_AMQP_URLS, &urls)?)
+            }
+            (None, None) => None,
+        };
         self.budget.apply_env(&lookup)?;
-        if let Some(url) = amqp_url {
+        if let Some((url, others)) = nodes {
             self.amqp.url = url;
+            self.amqp.other_urls = others;
         }
         if let Some(file) = lookup(ENV_AMQP_CA_FILE).filter(|f| !f.is_empty()) {
             self.amqp.tls.ca_file = Some(file.into());
@@ -226,6 +295,7 @@ struct AmqpFile {
 #[serde(deny_unknown_fields)]
 struct RawAmqp {
     url: Option<String>,
+    urls: Option<Vec<String>>,
     prefix: Option<String>,
     prefetch: Option<i64>,
     delivery_limit: Option<i64>,
@@ -242,9 +312,26 @@ impl RawAmqp {
     /// The settings, every invalid value recorded in `c` and replaced by its default.
     fn resolve(self, c: &mut Checker) -> AmqpSettings {
         let mut amqp = AmqpSettings::default();
-        if let Some(url) = self.url {
-            c.passed(check_url("amqp.url", &url, &AMQP_SCHEMES));
-            amqp.url = url;
+        match (self.url, self.urls) {
+            (Some(_), Some(_)) => c.problem(
+                "amqp.urls",
+                "amqp.url and amqp.urls",
+                "set one of amqp.url (one broker) or amqp.urls (a cluster's nodes), not both",
+            ),
+            (Some(url), None) => {
+                c.passed(check_url("amqp.url", &url, &AMQP_SCHEMES));
+                amqp.url = url;
+            }
+            (None, Some(urls)) => match checked_nodes("amqp.urls", &urls) {
+                Ok((url, others)) => {
+                    amqp.url = url;
+                    amqp.other_urls = others;
+                }
+                Err(problem) => {
+                    c.passed(Err(problem));
+                }
+            },
+            (None, None) => {}
         }
         if let Some(prefix) = self.prefix {
             // The prefix starts every queue and exchange name, which the broker's tools and
@@ -300,6 +387,40 @@ impl RawAmqp {
         );
         amqp
     }
+}
+
+/// The nodes `urls` as the first and the others, each checked as `amqp.url` is; `key` names
+/// the list in a problem, `key[i]` one of its URLs.
+fn checked_nodes(key: &str, urls: &[String]) -> Result<(String, Vec<String>), Problem> {
+    if urls.len() > MAX_BROKER_URLS {
+        return Err(Problem::new(
+            key,
+            format!("{} URLs", urls.len()),
+            format!("must list at most {MAX_BROKER_URLS} broker nodes"),
+        ));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        check_url(&at, url, &AMQP_SCHEMES)?;
+        if urls.iter().take(i).any(|earlier| earlier == url) {
+            return Err(Problem::new(
+                &at,
+                fleet_budget::redact::redact_url(url),
+                "lists the same node twice",
+            ));
+        }
+    }
+    match urls.split_first() {
+        Some((url, others)) => Ok((url.clone(), others.to_vec())),
+        None => Err(Problem::new(key, "[]", "must list at least one broker URL")),
+    }
+}
+
+/// URLs as errors and logs show them: passwords redacted, separated by commas.
+pub(crate) fn shown<'a>(urls: impl Iterator<Item = &'a str>) -> String {
+    urls.map(fleet_budget::redact::redact_url)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Most tiers accepted: each is an exchange and a queue on the broker.
@@ -476,5 +597,83 @@ mod tests {
         .unwrap();
         assert_eq!(c.budget.redis.url, "redis://env:1");
         assert_eq!(c.amqp.url, "amqp://u:secret@env:5672/%2f");
+    }
+
+    #[test]
+    fn a_cluster_is_a_list_of_nodes_checked_each_with_passwords_redacted() {
+        let c = WorkerConfig::from_toml(
+            "[amqp]\nurls = [\"amqp://u:p@n1:5672\", \"amqp://u:p@n2:5673\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.amqp.url, "amqp://u:p@n1:5672");
+        assert_eq!(c.amqp.other_urls, ["amqp://u:p@n2:5673"]);
+        let to = c.amqp.connection();
+        assert_eq!(to.urls().count(), 2);
+        assert!(!format!("{to:?}").contains(":p@"), "{to:?}");
+        assert!(!c.amqp.shown_urls().contains(":p@"));
+
+        let p = problems("[amqp]\nurl = \"amqp://a\"\nurls = [\"amqp://b\"]\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].key, "amqp.urls");
+        assert!(p[0].allowed.contains("not both"), "{}", p[0]);
+        let p = problems("[amqp]\nurls = []\n");
+        assert_eq!(p[0].key, "amqp.urls");
+        let p = problems("[amqp]\nurls = [\"amqp://a\", \"http://u:secret@b\"]\n");
+        assert_eq!(p[0].key, "amqp.urls[1]");
+        assert!(!p[0].to_string().contains("secret"), "{}", p[0]);
+        let p = problems("[amqp]\nurls = [\"amqp://a\", \"amqp://a\"]\n");
+        assert_eq!(p[0].key, "amqp.urls[1]");
+        let many: Vec<String> = (0..=MAX_BROKER_URLS)
+            .map(|i| format!("\"amqp://n{i}\""))
+            .collect();
+        let p = problems(&format!("[amqp]\nurls = [{}]\n", many.join(",")));
+        assert_eq!(p[0].key, "amqp.urls");
+
+        // A failover must not drop the encryption.
+        let c =
+            WorkerConfig::from_toml("[amqp]\nurls = [\"amqps://a\", \"amqp://b\"]\n", "t").unwrap();
+        assert_eq!(
+            c.amqp.tls_problem().map(|p| p.key),
+            Some("amqp.urls".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_environment_names_one_broker_or_a_cluster_never_both() {
+        let env = |url: Option<&'static str>, urls: Option<&'static str>| {
+            move |k: &str| match k {
+                ENV_AMQP_URL => url.map(str::to_owned),
+                ENV_AMQP_URLS => urls.map(str::to_owned),
+                _ => None,
+            }
+        };
+        let mut c =
+            WorkerConfig::from_toml("[amqp]\nurls = [\"amqp://a\", \"amqp://b\"]\n", "t").unwrap();
+        c.apply_env(env(None, Some("amqp://x, amqp://u:secret@y")))
+            .unwrap();
+        assert_eq!(
+            c.amqp.urls().collect::<Vec<_>>(),
+            ["amqp://x", "amqp://u:secret@y"]
+        );
+        c.apply_env(env(Some("amqp://z"), None)).unwrap();
+        assert_eq!(c.amqp.urls().collect::<Vec<_>>(), ["amqp://z"]);
+        let p = c
+            .apply_env(env(Some("amqp://z"), Some("amqp://x")))
+            .unwrap_err();
+        assert_eq!(p.key, ENV_AMQP_URLS);
+        let p = c
+            .apply_env(env(None, Some("amqp://x,,amqp://u:secret@y")))
+            .unwrap_err();
+        assert_eq!(p.key, "FLEET_BUDGET_AMQP_URLS[1]");
+        let p = c
+            .apply_env(env(None, Some("amqp://x,redis://u:secret@y")))
+            .unwrap_err();
+        assert!(!p.to_string().contains("secret"), "{p}");
+        assert_eq!(
+            c.amqp.urls().collect::<Vec<_>>(),
+            ["amqp://z"],
+            "unchanged after a problem"
+        );
     }
 }

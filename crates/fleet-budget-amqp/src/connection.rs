@@ -14,11 +14,18 @@
 //! for, but a `basic.get` whose `get-ok` has arrived goes on waiting for its content. A
 //! [`ConnectionWatch`] ends such a step as soon as the connection is lost, with the
 //! connection's error ([`AmqpError::ConnectionLost`]) instead of the deadline's.
+//!
+//! A cluster's nodes ([`ConnectionConfig::other_urls`] besides its `url`) are tried in turn,
+//! each within the connect deadline: a node that is down costs one connect timeout (a refused
+//! connection, less), not a stalled worker. Each process starts at a random node and the next
+//! connect after a success starts at the node after it, so a fleet spreads over the cluster and
+//! a reconnect after a lost connection tries another node first.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Duration;
 
 use fleet_budget::redact::redact_url;
@@ -111,14 +118,16 @@ impl Timeouts {
     }
 }
 
-/// Where and how to connect: the broker's URL, the deadlines of every step and the certificate
-/// files of an `amqps://` URL. Handed to [`connect`] and kept by whoever connects again (the
-/// worker, the replayer, the exporter's queue source). Its `Debug` shows the URL with the
-/// password redacted.
+/// Where and how to connect: the broker's URL (or a cluster's nodes), the deadlines of every
+/// step and the certificate files of an `amqps://` URL. Handed to [`connect`] and kept by
+/// whoever connects again (the worker, the replayer, the exporter's queue source). Its `Debug`
+/// shows the URLs with the passwords redacted.
 #[derive(Clone, PartialEq)]
 pub struct ConnectionConfig {
-    /// Broker URL (`amqp://` or `amqps://`).
+    /// Broker URL (`amqp://` or `amqps://`): the only node, or the first of a cluster's.
     pub url: String,
+    /// The other nodes of a cluster, tried in turn with `url` (empty: a single broker).
+    pub other_urls: Vec<String>,
     /// The deadlines of connecting and of each step on the connection.
     pub timeouts: Timeouts,
     /// Certificate files for `amqps://`: the CA file is trusted besides the system's roots.
@@ -129,6 +138,14 @@ impl fmt::Debug for ConnectionConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConnectionConfig")
             .field("url", &redact_url(&self.url))
+            .field(
+                "other_urls",
+                &self
+                    .other_urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("timeouts", &self.timeouts)
             .field("tls", &self.tls)
             .finish()
@@ -144,9 +161,21 @@ impl ConnectionConfig {
         let (timeouts, tls) = process_wide();
         Self {
             url: url.into(),
+            other_urls: Vec::new(),
             timeouts,
             tls,
         }
+    }
+
+    /// Every node: [`ConnectionConfig::url`], then [`ConnectionConfig::other_urls`].
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str()).chain(self.other_urls.iter().map(String::as_str))
+    }
+
+    /// Every node, passwords redacted, separated by commas.
+    #[must_use]
+    pub fn shown_urls(&self) -> String {
+        crate::config::shown(self.urls())
     }
 }
 
@@ -350,17 +379,66 @@ pub fn tls_files() -> TlsFiles {
         .clone()
 }
 
+/// Where the next [`connect`] of this process starts in a node list: random at first, so that a
+/// fleet's processes spread over a cluster; the node after the last one connected to after.
+static NEXT_NODE: LazyLock<AtomicUsize> =
+    LazyLock::new(|| AtomicUsize::new(usize::try_from(rand::random::<u32>()).unwrap_or_default()));
+
+/// The order in which [`connect`] tries `nodes` nodes, starting at `start`: each once.
+fn node_order(start: usize, nodes: usize) -> impl Iterator<Item = usize> {
+    let nodes = nodes.max(1);
+    let first = start % nodes;
+    (0..nodes).map(move |i| (first + i) % nodes)
+}
+
 /// Connects to the broker of `to` (a [`ConnectionConfig`], or a bare URL) with `name` as the
 /// connection name shown by the broker, within its connect deadline. An `amqps://` URL is
 /// connected with TLS (rustls; the CA file of its configuration, else the system's root
 /// certificates; certificate and host name verified) and never in plaintext.
 ///
+/// A cluster's nodes are tried in turn (see the module documentation), each within the connect
+/// deadline, until one answers; each node that does not is logged (password redacted).
+///
 /// # Errors
 /// [`AmqpError::Connect`], with the password redacted from the URL, [`AmqpError::Timeout`],
-/// [`AmqpError::Tls`] when the TLS handshake fails, or [`AmqpError::TlsSettings`].
+/// [`AmqpError::Tls`] when the TLS handshake fails, or [`AmqpError::TlsSettings`]: of the last
+/// node tried when none answered.
 pub async fn connect(to: impl Into<ConnectionConfig>, name: &str) -> Result<Connection, AmqpError> {
     let config = to.into();
-    let url = config.url.as_str();
+    let nodes: Vec<&str> = config.urls().collect();
+    if nodes.len() == 1 {
+        return connect_node(&config, &config.url, name).await;
+    }
+    let start = NEXT_NODE.load(Ordering::Relaxed);
+    let mut last = None;
+    for i in node_order(start, nodes.len()) {
+        let Some(url) = nodes.get(i) else { continue };
+        match connect_node(&config, url, name).await {
+            Ok(connection) => {
+                NEXT_NODE.store(i + 1, Ordering::Relaxed);
+                tracing::info!(node = %redact_url(url), "connected to RabbitMQ");
+                return Ok(connection);
+            }
+            Err(e) => {
+                tracing::warn!(node = %redact_url(url), error = %e, "RabbitMQ node did not answer; trying the next");
+                last = Some(e);
+            }
+        }
+    }
+    // The next attempt starts past the nodes that failed this time.
+    NEXT_NODE.store(start % nodes.len() + 1, Ordering::Relaxed);
+    Err(last.unwrap_or_else(|| AmqpError::Timeout {
+        step: format!("connect to RabbitMQ at {}", config.shown_urls()),
+        after: config.timeouts.connect,
+    }))
+}
+
+/// Connects to one node, `url`, as [`connect`] does.
+async fn connect_node(
+    config: &ConnectionConfig,
+    url: &str,
+    name: &str,
+) -> Result<Connection, AmqpError> {
     let shown = redact_url(url);
     let files = &config.tls;
     let tls = if is_tls_url(url) {
@@ -496,4 +574,20 @@ pub async fn close_channel(ch: &Channel, reason: &str) {
 )]
 pub async fn close_connection(conn: &Connection, reason: &str) {
     process_wide().0.close_connection(conn, reason).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_is_tried_once_from_any_start() {
+        for start in [0, 1, 2, 5, usize::MAX] {
+            let mut order: Vec<usize> = node_order(start, 3).collect();
+            assert_eq!(order.len(), 3);
+            order.sort_unstable();
+            assert_eq!(order, [0, 1, 2], "start {start}");
+        }
+        assert_eq!(node_order(1, 3).collect::<Vec<_>>(), [1, 2, 0]);
+    }
 }

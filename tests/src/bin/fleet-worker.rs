@@ -383,9 +383,11 @@ fn config(args: &Args) -> anyhow::Result<WorkerConfig> {
             .map_err(|p| anyhow::anyhow!("--redis-url: {p}"))?;
     }
     if let Some(url) = &args.amqp_url {
+        // One broker, or a cluster's nodes separated by commas (the broker game day).
+        let nodes: Vec<String> = url.split(',').map(str::to_owned).collect();
         config
             .amqp
-            .set_url(url)
+            .set_urls("--amqp-url", &nodes)
             .map_err(|p| anyhow::anyhow!("--amqp-url: {p}"))?;
     }
     if let Some(prefix) = &args.prefix {

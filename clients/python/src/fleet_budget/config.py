@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from .redact import redact_url
+from . import brokers
 from .breaker import BreakerPolicy
 from .concurrency import MAX_CAP, ConcurrencyPolicy
 from .policy import CLASS_MAX_ATTEMPTS, DEFAULT_MAX_DELAY_SECS, Backoff, BudgetPolicy, TaskCeiling
@@ -128,6 +129,9 @@ class Config:
     #: dead-letter exchange the Celery integration publishes to. The other ``[amqp]`` keys belong
     #: to the Rust worker and are not read here.
     amqp_prefix: str = "fleet"
+    #: ``[amqp] url`` or ``urls`` (``FLEET_BUDGET_AMQP_URL``/``_URLS`` over them): the broker's
+    #: nodes, empty for Celery's own ``broker_url`` (``brokers.configure_celery``).
+    amqp_urls: tuple[str, ...] = ()
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -169,6 +173,11 @@ class Config:
         ca_file = env.get(ENV_REDIS_CA_FILE, "")
         if ca_file:
             self.redis.tls_ca_file = ca_file
+        c = _Checker()
+        if (nodes := brokers.from_env(env, c.problem)) or c.problems:
+            if c.problems:
+                raise ConfigError(c.problems[0].key, str(c.problems[0]), c.problems)
+            self.amqp_urls = nodes or ()
 
     def dependency(self, task: str) -> str:
         """The dependency whose budget ``task`` spends, not counting the cap on own budgets (an
@@ -493,6 +502,7 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
     _unknown(c, "audit", a, ("max_entries", "max_age_days"))
     c.int_in("audit.max_entries", a.get("max_entries"), 1, 10_000_000, 10_000)
     c.int_in("audit.max_age_days", a.get("max_age_days"), 1, 3650, 90)
+    config.amqp_urls = brokers.from_section(amqp if isinstance(amqp, dict) else {}, c.problem)
     if isinstance(amqp, dict) and "prefix" in amqp:
         prefix = amqp["prefix"]
         if not isinstance(prefix, str):

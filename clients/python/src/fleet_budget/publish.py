@@ -92,7 +92,8 @@ class ConfirmedPublisher:
         conn = self._connect()
         try:
             conn.connect_timeout = self._timeout
-            conn.ensure_connection(max_retries=1, timeout=self._timeout)
+            # One try per node of a failover list (brokers.celery_broker_url), two for one broker.
+            conn.ensure_connection(max_retries=max(1, len(getattr(conn, "alt", ())) - 1), timeout=self._timeout)
             channel = conn.connection.channel()
             if not hasattr(channel, "basic_publish_confirm"):
                 raise NotConfirmed(f"transport {conn.transport_cls!r} is not py-amqp (amqp://): "

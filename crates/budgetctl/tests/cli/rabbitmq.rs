@@ -283,3 +283,69 @@ fn the_work_queue_dead_letters_at_least_once_new_by_argument_existing_by_policy(
     );
     assert_eq!(StepState::NeedsPolicy.as_str(), "needs policy");
 }
+
+/// Issue 25: `--amqp-url` repeated or comma-separated is a cluster's node list: the commands reach
+/// the live node past one that refuses; a bad URL is refused by its place in the list, and no node
+/// answering names every node, passwords redacted.
+#[test]
+fn a_node_list_reaches_the_live_node_and_names_every_node_redacted() {
+    let broker = TestBroker::new("clinodes");
+    let prefix = &broker.settings.prefix;
+    let config = temp_file(
+        &format!("{prefix}.toml"),
+        &format!("[amqp]\nprefix = \"{prefix}\"\n"),
+    );
+    let cfg = config.to_str().unwrap();
+    let dead = format!(
+        "amqp://admin:hunter2@127.0.0.1:{}/%2f",
+        fleet_budget::testing::free_port()
+    );
+    let live = broker.url.clone();
+    let o = run(&[
+        "--config",
+        cfg,
+        "--amqp-url",
+        &format!("{dead},{live}"),
+        "migrate",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(&[
+        "--config",
+        cfg,
+        "--amqp-url",
+        &dead,
+        "--amqp-url",
+        &live,
+        "dlq",
+        "stats",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(json(&o)["dead_letter"]["depth"], 0, "{}", stdout(&o));
+
+    let o = run(&[
+        "--amqp-url",
+        &live,
+        "--amqp-url",
+        "http://u:hunter2@b",
+        "dlq",
+        "stats",
+    ]);
+    assert_exit(&o, 2, "--amqp-url[1]");
+    assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
+
+    let other = format!(
+        "amqp://admin:hunter2@127.0.0.1:{}/%2f",
+        fleet_budget::testing::free_port()
+    );
+    let o = run(&["--amqp-url", &format!("{dead},{other}"), "dlq", "stats"]);
+    assert_exit(&o, 1, "does not answer");
+    let text = stderr(&o);
+    assert!(!text.contains("hunter2"), "{text}");
+    for url in [&dead, &other] {
+        assert!(
+            text.contains(&fleet_budget::redact::redact_url(url)),
+            "{url} not named: {text}"
+        );
+    }
+}

@@ -156,8 +156,16 @@ pub async fn migrate(
     dry_run: bool,
 ) -> Result<MigrationReport, AmqpError> {
     let ops = migrations.operations(settings)?;
+    // A node of the settings' cluster: the others are tried too when it is down; any other
+    // broker alone.
+    let cluster = settings.urls().any(|node| node == url);
     let to = ConnectionConfig {
         url: url.to_owned(),
+        other_urls: settings
+            .urls()
+            .filter(|node| cluster && *node != url)
+            .map(str::to_owned)
+            .collect(),
         ..settings.connection()
     };
     let conn = connect(&to, "fleet-budget migrate").await?;

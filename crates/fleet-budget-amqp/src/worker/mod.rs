@@ -69,8 +69,10 @@ pub use outcome::{JobContext, Outcome};
 /// How a worker connects and consumes.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// Broker URL.
+    /// Broker URL: the only node, or the first of a cluster's.
     pub url: String,
+    /// The other nodes of a cluster: every connect and reconnect tries the nodes in turn.
+    pub other_urls: Vec<String>,
     /// The deadlines of connecting and of each broker step (`[amqp]`'s by [`WorkerOptions::new`]).
     pub timeouts: Timeouts,
     /// Certificate files for an `amqps://` URL (`[amqp]`'s by [`WorkerOptions::new`]).
@@ -102,9 +104,15 @@ impl WorkerOptions {
     /// `topology`'s work queue.
     #[must_use]
     pub fn new(config: &WorkerConfig, topology: &Topology) -> Self {
-        let ConnectionConfig { url, timeouts, tls } = config.amqp.connection();
+        let ConnectionConfig {
+            url,
+            other_urls,
+            timeouts,
+            tls,
+        } = config.amqp.connection();
         Self {
             url,
+            other_urls,
             timeouts,
             tls,
             queue: topology.work_queue.clone(),
@@ -123,6 +131,7 @@ impl WorkerOptions {
     pub fn connection(&self) -> ConnectionConfig {
         ConnectionConfig {
             url: self.url.clone(),
+            other_urls: self.other_urls.clone(),
             timeouts: self.timeouts,
             tls: self.tls.clone(),
         }

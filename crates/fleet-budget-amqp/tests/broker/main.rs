@@ -13,6 +13,7 @@ mod common;
 mod connection_watch;
 mod inspect;
 mod metrics;
+mod node_list;
 mod replay;
 mod replay_close;
 mod replay_frame;

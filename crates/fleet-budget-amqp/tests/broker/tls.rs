@@ -24,6 +24,7 @@ fn with_ca(ca: std::path::PathBuf) -> TlsFiles {
 fn broker(url: &str, tls: TlsFiles) -> ConnectionConfig {
     ConnectionConfig {
         url: url.to_owned(),
+        other_urls: Vec::new(),
         timeouts: Timeouts::DEFAULT,
         tls,
     }

@@ -1,0 +1,593 @@
+//! The broker game day (issue 25, items 1-3): `fleet-worker` processes configured with the
+//! node list of a private three-node RabbitMQ cluster (`[amqp] urls`), through a brownout of
+//! their dependency; during it the node that leads the work queue is stopped and restarted,
+//! then the node that leads the dead-letter queue (found again after the first restart); then
+//! a replay. Every job is accounted for: succeeded + dead-lettered-then-replayed + parked =
+//! submitted, lost 0; duplicate executions are counted and reported; a publish whose confirm
+//! did not come is published again (the producer's resends are counted), never taken as done.
+//!
+//! The nodes are stopped one at a time, each restarted before the next stops: a quorum queue
+//! of three members keeps a majority through one node down, and the test is of failover, not
+//! of a cluster that lost its majority (then nothing can be confirmed, by design).
+//!
+//! Sizes: by default a CI-sized run (few jobs; about two minutes on a quiet machine);
+//! `FLEET_BUDGET_BROKER_GAME_DAY=full` (as `scripts/game-day --cluster` sets) the full size.
+//! The accounting is printed as a table (and kept in `target/tmp/broker-game-day.md`). Where no
+//! RabbitMQ server scripts are installed the test says so and fails: the harness is the point.
+
+// A test: a failed step panics, and JSON lines are read with serde_json's forgiving indexing.
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+#[path = "game_day/fleet.rs"]
+#[allow(dead_code, reason = "the SIGKILL helpers serve tests/game_day.rs")]
+mod fleet;
+#[path = "game_day/rabbit_cluster.rs"]
+mod rabbit_cluster;
+#[path = "game_day/upstream.rs"]
+#[allow(dead_code, reason = "the attempt of a call serves tests/game_day.rs")]
+mod upstream;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fleet_budget::FleetBudget;
+use fleet_budget::testing::RedisServer;
+use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_amqp::{
+    ConnectionConfig, Publisher, ReplayOptions, Replayer, WorkerConfig, headers, queue_depths,
+};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+
+use self::fleet::{Launch, WorkerProcess};
+use self::rabbit_cluster::RabbitCluster;
+use self::upstream::{Upstream, now_ms};
+
+const SEARCH_TASK: &str = "index_document";
+const WINDOW_MS: u64 = 2000;
+const MAX_REPLAYS: u32 = 1;
+
+/// How big a run is.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    workers: usize,
+    /// Jobs published every half second while the faults last (and at least `min_jobs`).
+    burst: u64,
+    min_jobs: u64,
+    /// How long each stopped node stays down.
+    down: Duration,
+}
+
+impl Size {
+    fn of_env() -> (Self, &'static str) {
+        if std::env::var("FLEET_BUDGET_BROKER_GAME_DAY").is_ok_and(|v| v == "full") {
+            (
+                Self {
+                    workers: 4,
+                    burst: 12,
+                    min_jobs: 600,
+                    down: Duration::from_secs(8),
+                },
+                "full",
+            )
+        } else {
+            (
+                Self {
+                    workers: 3,
+                    burst: 3,
+                    min_jobs: 60,
+                    down: Duration::from_secs(3),
+                },
+                "CI",
+            )
+        }
+    }
+}
+
+fn config_toml(key_prefix: &str, amqp_prefix: &str, urls: &[String]) -> String {
+    let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+    format!(
+        r#"
+[redis]
+key_prefix = "{key_prefix}"
+timeout_ms = 100
+fallback = "local"
+
+[amqp]
+urls = [{urls}]
+prefix = "{amqp_prefix}"
+prefetch = 8
+retry_tiers_secs = [0.1, 0.25, 0.5, 1.0]
+max_replays = {MAX_REPLAYS}
+connect_timeout_ms = 5000
+operation_timeout_ms = 10000
+
+[defaults]
+window_secs = {window_secs}
+ratio = 0.1
+min_allowance = 2
+max_attempts = 3
+backoff_base_ms = 200
+backoff_cap_ms = 1000
+
+[dependencies.search]
+tasks = ["{SEARCH_TASK}"]
+"#,
+        urls = urls.join(", "),
+        window_secs = WINDOW_MS / 1000,
+    )
+}
+
+fn search_properties(id: &str) -> BasicProperties {
+    let mut t = lapin::types::FieldTable::default();
+    headers::set_str(&mut t, headers::TASK, SEARCH_TASK);
+    BasicProperties::default()
+        .with_message_id(ShortString::from(id))
+        .with_type(ShortString::from(SEARCH_TASK))
+        .with_delivery_mode(2)
+        .with_headers(t)
+}
+
+/// Publishes until confirmed, reconnecting (to whichever node answers) as often as needed.
+/// Returns the publishes that were not confirmed and so were sent again.
+async fn publish_surely(
+    to: &ConnectionConfig,
+    publisher: &mut Option<Publisher>,
+    exchange: &str,
+    id: &str,
+) -> u64 {
+    let mut resent = 0;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if publisher.is_none() {
+            *publisher = Publisher::connect(to).await.ok();
+        }
+        if let Some(p) = publisher.as_ref() {
+            match p
+                .publish(exchange, SEARCH_TASK, b"{}", search_properties(id))
+                .await
+            {
+                Ok(()) => return resent,
+                Err(_) => {
+                    resent += 1;
+                    *publisher = None;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "could not publish {id} to {exchange} for 3 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until no handler ran for `quiet` and the work queue has nothing ready.
+async fn wait_quiet(
+    to: &ConnectionConfig,
+    broker: &TestBroker,
+    workers: &[WorkerProcess],
+    quiet: Duration,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let last_run = workers
+            .iter()
+            .flat_map(|w| {
+                w.events()
+                    .into_iter()
+                    .rev()
+                    .find(|e| e["event"] == "run")
+                    .and_then(|e| e["ms"].as_u64())
+            })
+            .max()
+            .unwrap_or(0);
+        let idle =
+            now_ms().saturating_sub(last_run) >= u64::try_from(quiet.as_millis()).unwrap_or(0);
+        if idle
+            && let Ok(d) = queue_depths(to, &broker.topology).await
+            && d.work == 0
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// One node stop: which queue's leader it was, and what the cluster did.
+#[derive(Debug)]
+struct NodeStop {
+    queue: &'static str,
+    node: String,
+    new_leader: Option<String>,
+    down: Duration,
+    restart: Duration,
+}
+
+#[test]
+fn broker_game_day_on_a_three_node_cluster_loses_nothing() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(game_day());
+}
+
+#[allow(clippy::too_many_lines)]
+async fn game_day() {
+    let started = Instant::now();
+    let (size, size_name) = Size::of_env();
+    let mut cluster = RabbitCluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("a private three-node RabbitMQ cluster: {e}"));
+    let cluster_up = started.elapsed();
+    let run_id = unique_prefix("brokerday");
+    let key_prefix = run_id.replace('.', "-");
+    let urls = cluster.urls();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(&[SEARCH_TASK]).await;
+    let toml = config_toml(&key_prefix, &run_id, &urls);
+    let config = WorkerConfig::from_toml(&toml, "broker game day").expect("the configuration");
+    let to = config.amqp.connection();
+    let test_broker = TestBroker::with_settings(config.amqp.clone());
+    test_broker.migrate().await;
+    let topology = test_broker.topology.clone();
+
+    // Every quorum queue of the project has a member on each node.
+    let names: Vec<String> = cluster.nodes.iter().map(|n| n.node.clone()).collect();
+    for q in [&topology.work_queue, &topology.dead_queue] {
+        let mut members = cluster
+            .members_of(q)
+            .unwrap_or_else(|e| panic!("members of {q}: {e}"));
+        members.sort();
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(members, want, "{q} is not replicated on all three nodes");
+    }
+
+    let logs = std::env::temp_dir().join(format!("fleet-budget-{run_id}"));
+    std::fs::create_dir_all(&logs).expect("a folder for the workers' logs");
+    let config_path = logs.join("fleet.toml");
+    std::fs::write(&config_path, &toml).expect("write the configuration");
+    let launch = Launch {
+        config: config_path,
+        redis_url: redis.url(),
+        amqp_url: urls.join(","),
+        upstream: upstream.addr,
+        call_ms: 50,
+        logs: logs.clone(),
+    };
+    let mut workers: Vec<WorkerProcess> = (0..size.workers)
+        .map(|i| WorkerProcess::start(i, &launch))
+        .collect();
+    let ready = Instant::now() + Duration::from_secs(60);
+    while !workers.iter().all(WorkerProcess::connected) {
+        assert!(
+            Instant::now() < ready,
+            "the workers did not connect within 60 s (logs in {})",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The jobs, paced, in a task of their own while the faults happen: until the faults are
+    // over and at least `min_jobs`.
+    let faults_over = Arc::new(AtomicBool::new(false));
+    let submit = {
+        let (to, exchange, run_id, over) = (
+            to.clone(),
+            topology.work_exchange.clone(),
+            run_id.clone(),
+            Arc::clone(&faults_over),
+        );
+        tokio::spawn(async move {
+            let mut producer: Option<Publisher> = None;
+            let (mut resent, mut n) = (0, 0u64);
+            let began = Instant::now();
+            while n < size.min_jobs || !over.load(Ordering::Relaxed) {
+                let due = Duration::from_millis(n / size.burst * 500);
+                if let Some(wait) = due.checked_sub(began.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+                let id = format!("{run_id}-job-{n:05}");
+                resent += publish_surely(&to, &mut producer, &exchange, &id).await;
+                n += 1;
+            }
+            if let Some(p) = producer {
+                p.close().await;
+            }
+            (n, resent)
+        })
+    };
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    upstream.brownout(true);
+    let brownout_from = now_ms();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The node leading the work queue, then (found again: leadership moved) the node leading
+    // the dead-letter queue: each stopped while jobs and dead letters flow, then restarted.
+    let mut stops = Vec::new();
+    for (what, queue) in [
+        ("work queue", topology.work_queue.clone()),
+        ("dead-letter queue", topology.dead_queue.clone()),
+    ] {
+        let leader = cluster
+            .leader_of(&queue)
+            .unwrap_or_else(|e| panic!("the leader of the {what}: {e}"));
+        let node = cluster.nodes[leader].node.clone();
+        let stopped = Instant::now();
+        cluster.nodes[leader].stop();
+        tokio::time::sleep(size.down).await;
+        let new_leader = cluster
+            .leader_of(&queue)
+            .ok()
+            .map(|i| cluster.nodes[i].node.clone());
+        let down = stopped.elapsed();
+        let restarting = Instant::now();
+        cluster.nodes[leader]
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("restart {node}: {e}"));
+        stops.push(NodeStop {
+            queue: what,
+            node,
+            new_leader,
+            down,
+            restart: restarting.elapsed(),
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    faults_over.store(true, Ordering::Relaxed);
+    let (submitted, producer_resent) = submit.await.expect("the submitting task");
+    upstream.brownout(false);
+    let brownout_until = now_ms();
+
+    let mut unsettled = Vec::new();
+    if !wait_quiet(
+        &to,
+        &test_broker,
+        &workers,
+        Duration::from_millis(2500),
+        Duration::from_secs(120),
+    )
+    .await
+    {
+        unsettled.push("the fleet did not settle within 120 s after the faults".to_owned());
+    }
+
+    // Replay, as an operator would, until the dead-letter queue is empty.
+    let budget = FleetBudget::from_config(&{
+        let mut c = config.budget.clone();
+        c.set_redis_url(&redis.url()).expect("the Redis URL");
+        c
+    })
+    .await
+    .expect("the replay's budget");
+    let replayer = Replayer::new(to.clone(), topology.clone(), Some(budget));
+    let mut options = ReplayOptions::new(&config);
+    options.rate = Some(200.0);
+    options.idle_timeout = Duration::from_secs(2);
+    let mut replay_rounds = Vec::new();
+    for _ in 0..=MAX_REPLAYS + 2 {
+        if test_broker.depth(&topology.dead_queue).await == 0 {
+            break;
+        }
+        let report = replayer.run(&options, |_| {}).await.expect("replay");
+        replay_rounds.push((report.moved, report.parked));
+        if !wait_quiet(
+            &to,
+            &test_broker,
+            &workers,
+            Duration::from_millis(2500),
+            Duration::from_secs(60),
+        )
+        .await
+        {
+            unsettled.push(format!(
+                "the fleet did not settle within 60 s after replay round {}",
+                replay_rounds.len()
+            ));
+        }
+    }
+    for w in &mut workers {
+        w.stop();
+    }
+    // What is left, queue by queue (a retry tier empties into the work queue when its TTL
+    // ends: swept until two sweeps in a row find nothing).
+    let mut left: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut empty_sweeps = 0;
+    for _ in 0..10 {
+        let mut found = 0;
+        for q in topology.queues() {
+            let got = test_broker.drain(&q).await;
+            found += got.len();
+            left.entry(q.clone()).or_default().extend(
+                got.iter()
+                    .filter_map(|(p, _)| headers::message_id(p).map(str::to_owned)),
+            );
+        }
+        empty_sweeps = if found == 0 { empty_sweeps + 1 } else { 0 };
+        if empty_sweeps == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+
+    // The accounting, from what the dependency saw and what the queues hold.
+    let ids: Vec<String> = (0..submitted)
+        .map(|n| format!("{run_id}-job-{n:05}"))
+        .collect();
+    let calls = upstream.calls();
+    let mut ok_calls: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let mut all_calls = 0u64;
+    for c in &calls {
+        all_calls += 1;
+        if c.ok {
+            ok_calls.entry(c.id.as_str()).or_default().push(c.replays);
+        }
+    }
+    let parked = left
+        .get(&topology.parked_queue)
+        .cloned()
+        .unwrap_or_default();
+    let still_dead = left.get(&topology.dead_queue).cloned().unwrap_or_default();
+    let elsewhere: BTreeSet<String> = left
+        .iter()
+        .filter(|(q, _)| **q != topology.parked_queue && **q != topology.dead_queue)
+        .flat_map(|(_, v)| v.iter().cloned())
+        .collect();
+    let (mut first_try, mut replayed, mut parked_n, mut lost) = (0u64, 0u64, 0u64, Vec::new());
+    let (mut duplicates, mut waiting, mut dead) = (0u64, 0u64, 0u64);
+    for id in &ids {
+        if let Some(oks) = ok_calls.get(id.as_str()) {
+            duplicates += oks.len() as u64 - 1;
+            if oks.contains(&0) {
+                first_try += 1;
+            } else {
+                replayed += 1;
+            }
+        } else if parked.contains(id) {
+            parked_n += 1;
+        } else if still_dead.contains(id) {
+            dead += 1;
+        } else if elsewhere.contains(id) {
+            waiting += 1;
+        } else {
+            lost.push(id.clone());
+        }
+    }
+    let submitted_ids: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let stray: Vec<&str> = ok_calls
+        .keys()
+        .filter(|id| !submitted_ids.contains(**id))
+        .copied()
+        .collect();
+    let reconnects: u64 = workers
+        .iter()
+        .filter_map(|w| w.last_stats())
+        .map(|s| s["counts"]["connections"].as_u64().unwrap_or(0))
+        .sum();
+
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "## Broker game day ({size_name} size): {} workers, three-node RabbitMQ cluster\n",
+        size.workers
+    );
+    let _ = writeln!(table, "| | |\n|---|---|");
+    let row = |t: &mut String, k: &str, v: String| {
+        let _ = writeln!(t, "| {k} | {v} |");
+    };
+    row(
+        &mut table,
+        "cluster started and joined in",
+        format!("{:.1} s", cluster_up.as_secs_f64()),
+    );
+    row(
+        &mut table,
+        "brownout",
+        format!("{:.1} s", (brownout_until - brownout_from) as f64 / 1000.0),
+    );
+    for s in &stops {
+        row(
+            &mut table,
+            &format!("stopped the {} leader", s.queue),
+            format!(
+                "{} for {:.1} s (leader meanwhile: {}), restarted in {:.1} s",
+                s.node,
+                s.down.as_secs_f64(),
+                s.new_leader.as_deref().unwrap_or("unknown"),
+                s.restart.as_secs_f64()
+            ),
+        );
+    }
+    row(
+        &mut table,
+        "worker connections made (first + reconnects)",
+        reconnects.to_string(),
+    );
+    row(&mut table, "submitted", submitted.to_string());
+    row(
+        &mut table,
+        "succeeded (without a replay)",
+        first_try.to_string(),
+    );
+    row(
+        &mut table,
+        "dead-lettered, then replayed and succeeded",
+        replayed.to_string(),
+    );
+    row(&mut table, "parked", parked_n.to_string());
+    row(&mut table, "still dead-lettered", dead.to_string());
+    row(&mut table, "still waiting in a queue", waiting.to_string());
+    row(&mut table, "**lost**", lost.len().to_string());
+    row(
+        &mut table,
+        "duplicate successful executions",
+        duplicates.to_string(),
+    );
+    row(
+        &mut table,
+        "dependency calls (all attempts)",
+        all_calls.to_string(),
+    );
+    row(
+        &mut table,
+        "publishes not confirmed, published again",
+        producer_resent.to_string(),
+    );
+    row(
+        &mut table,
+        "replay rounds (moved, parked)",
+        format!("{replay_rounds:?}"),
+    );
+    row(
+        &mut table,
+        "wall time",
+        format!("{:.1} s", started.elapsed().as_secs_f64()),
+    );
+    println!("{table}");
+    let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("broker-game-day.md");
+    if std::fs::write(&kept, &table).is_ok() {
+        println!("broker game day: accounting kept in {}", kept.display());
+    }
+
+    assert!(unsettled.is_empty(), "{unsettled:?}\n{table}");
+    assert!(
+        lost.is_empty(),
+        "{} jobs lost (first: {:?}); logs in {}\n{table}",
+        lost.len(),
+        lost.first(),
+        logs.display()
+    );
+    assert!(
+        stray.is_empty(),
+        "executions of jobs never submitted: {stray:?}"
+    );
+    assert_eq!(dead, 0, "dead letters left after the replays\n{table}");
+    assert_eq!(
+        waiting, 0,
+        "jobs left waiting after the fleet settled\n{table}"
+    );
+    assert_eq!(
+        first_try + replayed + parked_n,
+        submitted,
+        "succeeded + replayed + parked = submitted\n{table}"
+    );
+    assert_eq!(stops.len(), 2);
+    let _ = std::fs::remove_dir_all(&logs);
+    drop(cluster);
+}
