@@ -6,10 +6,10 @@
 //! replays each run's dead-letter queue and accounts for every job:
 //! `succeeded + dead-lettered-then-replayed + parked = submitted`, `lost = 0`.
 //!
-//! Jobs go through RabbitMQ ([`rabbit`]: the library's `Worker`s and `Replayer` on a topology of
-//! the drill's own, as [`broker`] runs them for the scenarios too). When Redis does not answer,
+//! Jobs go through RabbitMQ (`rabbit`: the library's `Worker`s and `Replayer` on a topology of
+//! the drill's own, as `broker` runs them for the scenarios too). When Redis does not answer,
 //! the budget is kept in this process; when RabbitMQ does not answer, the queue is
-//! `fleet-budget-sim`'s in-memory one ([`memory`], jobs settled by the worker's own outcome
+//! `fleet-budget-sim`'s in-memory one (`memory`, jobs settled by the worker's own outcome
 //! mapping). [`Mode`] says which URL failed and which mode ran. The dependency, the queue and
 //! the tally are the models of `fleet-budget-sim`; this crate runs them on real time. The
 //! [`scenario`]s are the two other ways a dependency goes wrong.

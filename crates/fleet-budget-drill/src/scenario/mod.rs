@@ -2,11 +2,11 @@
 //! and with the mechanism made for it — every job accounted for after the replay, as the drill
 //! does.
 //!
-//! - [`slow`]: a dependency with a real concurrency cap fails slowly; its latency rises near
+//! - `slow`: a dependency with a real concurrency cap fails slowly; its latency rises near
 //!   the cap and callers time out. Without a budget, retries push the calls in flight past the
 //!   cap, queued calls time out, timeouts become retries; with the concurrency budget a retry
 //!   runs only on a free retry slot, or is dead-lettered at once and replayed later.
-//! - [`down`]: the dependency is down for a while. Without a breaker every job burns its
+//! - `down`: the dependency is down for a while. Without a breaker every job burns its
 //!   attempts and is dead-lettered; with the circuit breaker jobs wait in the delay tiers without
 //!   spending an attempt, probes find the recovery, and the backlog drains on its own.
 //!
