@@ -13,6 +13,8 @@ import redis
 
 from . import forks, scripts
 from .admission import AdmissionSteps
+from .deposits import DepositSteps
+from .health import PROBE_INTERVAL_MS, StoreHealth, error_kind  # noqa: F401  (their old home)
 from .concurrency import LeaseIds
 from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import DenyCache, batch_next, next_grant_ms
@@ -27,9 +29,6 @@ from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot
 
 log = logging.getLogger("fleet_budget")
-
-#: How often a dependency whose store calls failed is tried again (the Rust ``PROBE_INTERVAL``).
-PROBE_INTERVAL_MS = 200
 
 
 class InvalidTask(ValueError):
@@ -46,30 +45,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def error_kind(error: BaseException) -> str:
-    """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply, bad_key."""
-    if isinstance(error, (redis.exceptions.TimeoutError, GroupTimeout)):
-        return "timeout"
-    if isinstance(error, redis.exceptions.ConnectionError):
-        return "connection"
-    if isinstance(error, scripts.BadReply):
-        return "bad_reply"
-    if isinstance(error, redis.exceptions.ResponseError) and _is_key_refusal(str(error)):
-        return "bad_key"
-    return "server"
-
-
-#: How the scripts refuse a key written by someone else (the Rust ``key_refusal`` and
-#: ``refused_key``): ``fleet-budget: key <key> is not a budget hash ...`` and the like.
-_KEY_REFUSALS = (" is not a budget hash", " is not a breaker hash", " is not a lease set", " field ")
-
-
-def _is_key_refusal(text: str) -> bool:
-    rest = text.removeprefix("fleet-budget: ")
-    return rest != text and rest.startswith("key ") and any(m in rest for m in _KEY_REFUSALS)
-
-
-class FleetBudget(AdmissionSteps):
+class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
     """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown.
     ``admit``, ``finish`` and ``try_hedge`` (the concurrency budget and the circuit breaker) are
     in ``admission.py``."""
@@ -381,29 +357,6 @@ class FleetBudget(AdmissionSteps):
         self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 
-    def _take_pending(self) -> list[tuple[str, int, int]]:
-        """What :meth:`flush` sends: the pending deposits younger than their window."""
-        with self._pending_lock:
-            batch, self._pending = self._pending, {}
-        now = self._clock()
-        # Older than a window: dropped, never credited all at once to the current window.
-        return [(d, s, a) for d, (s, a, since) in batch.items() if now - since <= self.config.policy(d).window_ms]
-
-    @property
-    def in_fallback(self) -> bool:
-        with self._health_lock:
-            return bool(self._degraded)
-
-    def pending_deposits(self) -> int:
-        with self._pending_lock:
-            return sum(s + a for s, a, _ in self._pending.values())
-
-    def flush(self) -> None:
-        """Send the coalesced deposits now (one ``deposit.lua`` call per dependency)."""
-        for dependency, s, a in self._take_pending():
-            self._send_deposit(dependency, s, a)
-        self._set_pending_gauge()
-
     def close(self) -> int:
         """Stop the flusher, send what is pending, close the connection. Returns the deposits
         that could not be sent (0 when all were), and logs them: they are lost, the safe direction
@@ -416,116 +369,11 @@ class FleetBudget(AdmissionSteps):
         self._redis.close()
         return self._report_unsent()
 
-    def _report_unsent(self) -> int:
-        unsent = self.pending_deposits()
-        if unsent:
-            log.warning("fleet budget closed with %d deposits not sent (Redis did not take them); "
-                        "they are lost, which can only make the fleet's allowance smaller", unsent)
-        return unsent
-
     def __enter__(self) -> "FleetBudget":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # Deposits.
-
-    def _count(self, dependency: str, successes: int, first_attempts: int) -> bool:
-        """Counts deposits locally and, when coalescing, as pending; True: send them now."""
-        policy = self.config.policy(dependency)
-        self.local.deposit(dependency, policy, successes, first_attempts)
-        if self._flush_ms == 0 and self._should_try(dependency):
-            return True
-        with self._pending_lock:
-            entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
-            entry[0] += successes
-            entry[1] += first_attempts
-            total = sum(s + a for s, a, _ in self._pending.values())
-            if self._flusher_armed:
-                self._flusher_armed = False
-                self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
-                self._flusher.start()
-        self.metrics.deposits_pending.set(total)
-        if total >= self.config.redis.deposit_flush_count:
-            self._wake.set()
-        return False
-
-    def _send_deposit(self, dependency: str, successes: int, first_attempts: int) -> bool:
-        policy = self.config.policy(dependency)
-        try:
-            reply = self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                  args=scripts.deposit_args(policy, successes, first_attempts))
-            scripts.parse_reply("deposit", reply, policy)
-        except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._deposit_failed(dependency, successes, first_attempts, e)
-            return False
-        self._ok(dependency)
-        self._denials.forget(dependency)  # its deposits reached Redis: a denial kept may not stand
-        return True
-
-    def _deposit_failed(self, dependency: str, successes: int, first_attempts: int, e: BaseException) -> None:
-        self._failed(dependency, e)
-        if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
-            # Refused by a dead connection: kept for a later flush. A call past its deadline
-            # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").
-            with self._pending_lock:
-                entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
-                entry[0] += successes
-                entry[1] += first_attempts
-        else:
-            self._denials.forget(dependency)  # most likely counted all the same
-
-    def _set_pending_gauge(self) -> None:
-        self.metrics.deposits_pending.set(self.pending_deposits())
-
-    def _flush_loop(self) -> None:
-        while not self._closed.is_set():
-            self._wake.wait(self._flush_ms / 1000)
-            self._wake.clear()
-            if self._closed.is_set():
-                return
-            try:
-                self.flush()
-            except Exception:  # the flusher must outlive any one failure
-                log.exception("fleet budget: flushing deposits failed")
-
-    # Health: a dependency whose store call failed is decided by the fallback, and probed again
-    # once per PROBE_INTERVAL_MS.
-
-    def _should_try(self, dependency: str) -> bool:
-        with self._health_lock:
-            next_probe = self._degraded.get(dependency)
-            if next_probe is None:
-                return True
-            now = self._clock()
-            if now >= next_probe or next_probe > now + PROBE_INTERVAL_MS:
-                self._degraded[dependency] = now + PROBE_INTERVAL_MS
-                return True
-            return False
-
-    def _ok(self, dependency: str) -> None:
-        with self._health_lock:
-            if self._degraded.pop(dependency, None) is None:
-                return
-            left = len(self._degraded)
-        self.metrics.fallback_dependencies.set(left)
-        self.metrics.fallback_active.labels(dependency).set(0)
-        if left == 0:
-            log.info("fleet budget store answers again; leaving fallback")
-
-    def _failed(self, dependency: str, error: BaseException) -> None:
-        self.metrics.store_errors.labels(error_kind(error)).inc()
-        with self._health_lock:
-            new = dependency not in self._degraded
-            self._degraded[dependency] = self._clock() + PROBE_INTERVAL_MS
-            count = len(self._degraded)
-        if new:
-            self.metrics.fallback_dependencies.set(count)
-            self.metrics.fallback_active.labels(dependency).set(1)
-            if count == 1:
-                log.warning("fleet budget store failed for %s (%s); entering fallback %s",
-                            dependency, redact_url(str(error)), self.config.redis.fallback)
 
     def _dead_letter(self, dependency: str, reason: str, snapshot: Optional[BudgetSnapshot], source: str) -> DeadLetter:
         self.metrics.dead_letters.labels(dependency, reason).inc()

@@ -256,7 +256,7 @@ fn headers(cursor: &mut Bytes<'_>, note: &mut Vec<String>) -> Result<Vec<u8>, St
         let value_at = entries.at;
         match value(&mut entries, t, 2) {
             Ok(()) => {
-                kept.extend_from_slice(entries.data.get(entry_at..entries.at).unwrap_or_default())
+                kept.extend_from_slice(entries.data.get(entry_at..entries.at).unwrap_or_default());
             }
             Err(Problem::Deep(depth)) => {
                 note.push(format!(

@@ -1,7 +1,7 @@
 //! `status --watch`'s trend: per dependency, a bar per window of the last few, the retries
 //! granted against the allowance.
 
-use super::DependencyStatus;
+use super::view::DependencyStatus;
 
 /// Windows `--watch` keeps per dependency for its trend.
 const TREND_WINDOWS: usize = 12;
@@ -89,7 +89,7 @@ fn bar(p: TrendPoint) -> char {
 #[cfg(test)]
 mod tests {
     use super::{TREND_WINDOWS, Trend};
-    use crate::commands::status::DependencyStatus;
+    use crate::commands::status::view::DependencyStatus;
 
     fn row(
         dependency: &str,

@@ -14,11 +14,9 @@ use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use fleet_budget_sim::queue::{Job, MemoryQueue, Settle};
 use fleet_budget_sim::upstream::Upstream;
 
-use super::progress::{Progress, QueueGauge, Watched};
-use super::{
-    FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, amqp_settings, bad_input,
-    call, job_failure, submit_paced,
-};
+use crate::job::{bad_input, call, job_failure, submit_paced};
+use crate::progress::{Progress, QueueGauge, Watched, Watcher};
+use crate::{FirstPass, MAX_REPLAYS, ReplayTotals, RunReport, RunSettings, TASK, amqp_settings};
 
 /// How long an idle worker waits before looking at the queue again, at most.
 const POLL: Duration = Duration::from_millis(5);
@@ -50,7 +48,11 @@ struct Shared {
 }
 
 /// One run on the in-memory queue.
-pub(super) async fn run(s: &RunSettings, budget: &FleetBudget) -> RunReport {
+pub(crate) async fn run(
+    s: &RunSettings,
+    budget: &FleetBudget,
+    watcher: &Arc<dyn Watcher>,
+) -> RunReport {
     let started = Instant::now();
     let shared = Arc::new(Shared {
         queue: Arc::default(),
@@ -63,16 +65,19 @@ pub(super) async fn run(s: &RunSettings, budget: &FleetBudget) -> RunReport {
     });
     let jobs = s.jobs();
     let submitted = Arc::new(AtomicU64::new(0));
-    let progress = Progress::start(Watched {
-        label: s.label,
-        started,
-        upstream: Arc::clone(&shared.upstream),
-        queue: Arc::clone(&shared.queue) as Arc<dyn QueueGauge>,
-        outcomes: Arc::clone(&shared.outcomes),
-        budget: budget.clone(),
-        submitted: Arc::clone(&submitted),
-        jobs,
-    });
+    let progress = Progress::start(
+        Watched {
+            label: s.label,
+            started,
+            upstream: Arc::clone(&shared.upstream),
+            queue: Arc::clone(&shared.queue) as Arc<dyn QueueGauge>,
+            outcomes: Arc::clone(&shared.outcomes),
+            budget: budget.clone(),
+            submitted: Arc::clone(&submitted),
+            jobs,
+        },
+        watcher,
+    );
     let workers: Vec<_> = (0..s.workers)
         .map(|_| tokio::spawn(work(Arc::clone(&shared))))
         .collect();
@@ -83,7 +88,7 @@ pub(super) async fn run(s: &RunSettings, budget: &FleetBudget) -> RunReport {
         for id in ids {
             queue.submit(id, bad_input(id));
         }
-        Ok(())
+        Ok::<(), std::convert::Infallible>(())
     })
     .await;
     // Let the last retries finish (the longest backoff is 1 s per attempt).

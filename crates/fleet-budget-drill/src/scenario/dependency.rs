@@ -25,21 +25,21 @@ const MAX_SECONDS: usize = 3_600;
 
 /// What goes wrong with the dependency, and when (relative to the start of a run).
 #[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Trouble {
+pub struct Trouble {
     /// When it starts.
     #[serde(rename = "from_ms", serialize_with = "millis")]
-    pub(crate) from: Duration,
+    pub from: Duration,
     /// When it ends.
     #[serde(rename = "until_ms", serialize_with = "millis")]
-    pub(crate) until: Duration,
+    pub until: Duration,
     /// What it is.
-    pub(crate) kind: TroubleKind,
+    pub kind: TroubleKind,
 }
 
 /// How the dependency misbehaves during its trouble.
 #[derive(Debug, Clone, Copy, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum TroubleKind {
+pub enum TroubleKind {
     /// It works on every call as usual, then fails this many in every ten (a 503 after the
     /// full latency).
     FailsSlowly {
@@ -52,17 +52,17 @@ pub(crate) enum TroubleKind {
 
 /// The dependency's shape.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Profile {
+pub struct Profile {
     /// Calls it works on at once; more wait in its queue.
-    pub(crate) cap: usize,
+    pub cap: usize,
     /// Time it takes to serve a call when idle.
     #[serde(rename = "latency_ms", serialize_with = "millis")]
-    pub(crate) latency: Duration,
+    pub latency: Duration,
     /// How long a caller waits for an answer before giving up (a timeout is a failure).
     #[serde(rename = "timeout_ms", serialize_with = "millis")]
-    pub(crate) timeout: Duration,
+    pub timeout: Duration,
     /// Its trouble.
-    pub(crate) trouble: Trouble,
+    pub trouble: Trouble,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature

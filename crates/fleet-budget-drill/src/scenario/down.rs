@@ -15,7 +15,7 @@ use fleet_budget::breaker::BreakerPolicy;
 
 use super::dependency::{Profile, Trouble, TroubleKind};
 use super::{Scenario, Setup};
-use crate::commands::demo::DEPENDENCY;
+use crate::{DEPENDENCY, DrillError};
 
 /// Default length of each phase (healthy, down, recovered).
 const PHASE: Duration = Duration::from_secs(5);
@@ -70,7 +70,7 @@ pub(super) fn setup(phase: Option<Duration>, rate: Option<u32>) -> Setup {
     }
 }
 
-fn protect(c: &mut Config) -> anyhow::Result<()> {
+fn protect(c: &mut Config) -> Result<(), DrillError> {
     c.breakers.insert(
         fleet_budget::Dependency::new(DEPENDENCY)?,
         breaker().checked()?,

@@ -14,12 +14,11 @@ use fleet_budget_sim::accounting::JobOutcomes;
 use super::Setup;
 use super::dependency::{CallFailure, Dependency};
 use super::report::{FirstPass, RunFigures};
-use crate::commands::demo::broker::{
-    Depths, Workers, on_own_topology, parse_payload, publish_paced, replay_dead_letters,
-    wait_settled,
+use crate::broker::{
+    Depths, Workers, on_own_topology, publish_paced, replay_dead_letters, wait_settled,
 };
-use crate::commands::demo::{amqp_settings, dead_letters, malformed_document};
-use crate::output::thousands;
+use crate::job::{dead_letters, malformed_document, parse_payload};
+use crate::{DrillError, Watcher, amqp_settings};
 
 /// Which failure a failed call is, for the budget (and the breaker).
 fn failure(e: CallFailure) -> Failure {
@@ -45,7 +44,8 @@ pub(super) async fn run(
     config: &WorkerConfig,
     budget: &FleetBudget,
     prefix: &str,
-) -> anyhow::Result<RunFigures> {
+    watcher: &Arc<dyn Watcher>,
+) -> Result<RunFigures, DrillError> {
     let mut c = config.clone();
     c.amqp = amqp_settings(&config.amqp, prefix);
     c.amqp.prefetch = setup.prefetch;
@@ -53,7 +53,12 @@ pub(super) async fn run(
         &c,
         "budgetctl demo scenario",
         "scenario",
-        async |topology, depths| drive(setup, label, protected, &c, budget, topology, depths).await,
+        async |topology, depths| {
+            drive(
+                setup, label, protected, &c, budget, topology, depths, watcher,
+            )
+            .await
+        },
     )
     .await
 }
@@ -97,7 +102,35 @@ fn start_workers(
     )
 }
 
-/// Prints a progress line on stderr every second until `stop` is set.
+/// Where a scenario run stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScenarioProgress {
+    /// The run's name.
+    pub label: &'static str,
+    /// Since the run started.
+    pub elapsed: Duration,
+    /// Whether the dependency is in its trouble.
+    pub in_trouble: bool,
+    /// Calls queued or worked on, abandoned ones included.
+    pub in_flight: u64,
+    /// The most calls in flight at once so far.
+    pub peak_in_flight: u64,
+    /// Calls the dependency received.
+    pub calls: u64,
+    /// Calls whose caller gave up at the timeout.
+    pub timeouts: u64,
+    /// Jobs submitted so far.
+    pub submitted: u64,
+    /// Jobs to submit.
+    pub jobs: u64,
+    /// Jobs that succeeded.
+    pub succeeded: u64,
+    /// Dead-letter decisions so far.
+    pub dead_lettered: u64,
+}
+
+/// Hands the run's progress to `watcher` every second until `stop` is set.
 fn progress(
     label: &'static str,
     jobs: u64,
@@ -105,6 +138,7 @@ fn progress(
     budget: FleetBudget,
     submitted: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    watcher: Arc<dyn Watcher>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -112,23 +146,24 @@ fn progress(
         while !stop.load(Ordering::Acquire) {
             tick.tick().await;
             let d = &shared.dependency;
-            eprintln!(
-                "[{label}] {:>5.1}s {:<9} in flight {:>3} (peak {}) | calls {} | timeouts {} | submitted {}/{} | succeeded {} | dead-lettered {}",
-                d.elapsed().as_secs_f64(),
-                if d.in_trouble() { "TROUBLE" } else { "ok" },
-                d.in_flight(),
-                d.peak_in_flight(),
-                thousands(d.calls()),
-                thousands(d.timeouts()),
-                thousands(submitted.load(Ordering::Relaxed)),
-                thousands(jobs),
-                thousands(shared.outcomes.successes()),
-                thousands(dead_letters(budget.metrics()).values().sum()),
-            );
+            watcher.scenario(&ScenarioProgress {
+                label,
+                elapsed: d.elapsed(),
+                in_trouble: d.in_trouble(),
+                in_flight: d.in_flight(),
+                peak_in_flight: d.peak_in_flight(),
+                calls: d.calls(),
+                timeouts: d.timeouts(),
+                submitted: submitted.load(Ordering::Relaxed),
+                jobs,
+                succeeded: shared.outcomes.successes(),
+                dead_lettered: dead_letters(budget.metrics()).values().sum(),
+            });
         }
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     setup: &Setup,
     label: &'static str,
@@ -137,7 +172,8 @@ async fn drive(
     budget: &FleetBudget,
     topology: &Topology,
     depths: &Depths,
-) -> anyhow::Result<RunFigures> {
+    watcher: &Arc<dyn Watcher>,
+) -> Result<RunFigures, DrillError> {
     let shared = Arc::new(Shared {
         dependency: Arc::new(Dependency::new(setup.profile)),
         outcomes: Arc::default(),
@@ -153,6 +189,7 @@ async fn drive(
         budget.clone(),
         Arc::clone(&submitted),
         Arc::clone(&stop),
+        Arc::clone(watcher),
     );
     let workers = start_workers(setup, c, budget, topology, &shared);
 
@@ -166,7 +203,7 @@ async fn drive(
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    publish_paced(&c.amqp.url, topology, setup.rate, jobs, &submitted).await?;
+    publish_paced(c, topology, setup.rate, jobs, &submitted).await?;
 
     // The first pass: until nothing waits in the queues (held jobs wait in the tiers) and
     // every delivery is settled, bounded by the breaker's longest wait and the trouble.

@@ -15,17 +15,18 @@ use fleet_budget_amqp::{
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use futures::future::try_join_all;
 
-use super::{MAX_REPLAYS, ReplayTotals, TASK, bad_input, submit_paced};
+use crate::job::{payload, submit_paced};
+use crate::{DrillError, MAX_REPLAYS, ReplayTotals, TASK};
 
 /// Message counts of a run's queues, on a channel of their own.
 #[derive(Clone)]
-pub(super) struct Depths {
+pub(crate) struct Depths {
     channel: lapin::Channel,
     topology: Topology,
 }
 
 impl Depths {
-    pub(super) async fn read(&self) -> Result<QueueDepths, AmqpError> {
+    pub(crate) async fn read(&self) -> Result<QueueDepths, AmqpError> {
         QueueDepths::read(&self.channel, &self.topology).await
     }
 
@@ -35,14 +36,14 @@ impl Depths {
         Ok(self.read().await?.waiting())
     }
 
-    pub(super) async fn dead(&self) -> Result<u64, AmqpError> {
+    pub(crate) async fn dead(&self) -> Result<u64, AmqpError> {
         Ok(u64::from(
             queue_depth(&self.channel, &self.topology.dead_queue).await?,
         ))
     }
 
     /// Every one of `jobs` accounted for: `outcomes`, and what is left parked and dead-lettered.
-    pub(super) async fn tally(
+    pub(crate) async fn tally(
         &self,
         jobs: u64,
         outcomes: &JobOutcomes,
@@ -60,16 +61,15 @@ impl Depths {
 /// Runs `body` on a topology of the run's own, as `c.amqp` names it: migrated first, deleted
 /// afterwards whatever `body` returned. `name` names the connection that reads the queue depths;
 /// `run` (`drill`, `scenario`) the run in what is logged.
-pub(super) async fn on_own_topology<R>(
+pub(crate) async fn on_own_topology<R>(
     c: &WorkerConfig,
     name: &str,
     run: &str,
-    body: impl AsyncFnOnce(&Topology, &Depths) -> anyhow::Result<R>,
-) -> anyhow::Result<R> {
-    let url = &c.amqp.url;
-    fleet_budget_amqp::migrate(url, &c.amqp, &Migrations::embedded()?, false).await?;
+    body: impl AsyncFnOnce(&Topology, &Depths) -> Result<R, DrillError>,
+) -> Result<R, DrillError> {
+    fleet_budget_amqp::migrate(&c.amqp.url, &c.amqp, &Migrations::embedded()?, false).await?;
     let topology = Topology::new(&c.amqp);
-    let conn = fleet_budget_amqp::connect(url, name).await?;
+    let conn = fleet_budget_amqp::connect(c.amqp.connection(), name).await?;
     let depths = Depths {
         channel: conn.create_channel().await?,
         topology: topology.clone(),
@@ -83,14 +83,14 @@ pub(super) async fn on_own_topology<R>(
 }
 
 /// A run's library workers, each with a connection of its own.
-pub(super) struct Workers {
+pub(crate) struct Workers {
     handles: Vec<WorkerHandle>,
     joins: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Workers {
     /// Starts `n` workers named `name` on `topology`, each running `handler` on every job.
-    pub(super) fn start<H, F>(
+    pub(crate) fn start<H, F>(
         n: u32,
         name: &str,
         c: &WorkerConfig,
@@ -117,12 +117,12 @@ impl Workers {
         Self { handles, joins }
     }
 
-    pub(super) fn handles(&self) -> &[WorkerHandle] {
+    pub(crate) fn handles(&self) -> &[WorkerHandle] {
         &self.handles
     }
 
     /// Shuts every worker down and waits for it.
-    pub(super) async fn stop(self) {
+    pub(crate) async fn stop(self) {
         for h in &self.handles {
             h.shutdown();
         }
@@ -149,11 +149,11 @@ fn workers_settled(handles: &[WorkerHandle]) -> bool {
 }
 
 /// Waits until nothing is waiting or in flight for `quiet` in a row, at most `within`.
-pub(super) async fn wait_settled(
+pub(crate) async fn wait_settled(
     depths: &Depths,
     handles: &[WorkerHandle],
     within: Duration,
-) -> anyhow::Result<()> {
+) -> Result<(), DrillError> {
     let deadline = Instant::now() + within;
     let mut quiet_since: Option<Instant> = None;
     while Instant::now() < deadline {
@@ -169,26 +169,17 @@ pub(super) async fn wait_settled(
     Ok(())
 }
 
-fn payload(id: u64) -> Vec<u8> {
-    format!("{{\"document\":{id},\"malformed\":{}}}", bad_input(id)).into_bytes()
-}
-
-/// (id, bad input) of a demo payload; `None` for anything else (dead-lettered as non-retryable).
-pub(super) fn parse_payload(payload: &[u8]) -> Option<(u64, bool)> {
-    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    Some((v.get("document")?.as_u64()?, v.get("malformed")?.as_bool()?))
-}
-
-/// Publishes jobs `0..jobs` to `topology`'s work exchange at `rate` per second, evenly (see
+/// Publishes jobs `0..jobs` to `topology`'s work exchange on the broker of `c` at `rate` per
+/// second, evenly (see
 /// [`submit_paced`]); each batch's confirms are awaited together. `submitted` counts them.
-pub(super) async fn publish_paced(
-    url: &str,
+pub(crate) async fn publish_paced(
+    c: &WorkerConfig,
     topology: &Topology,
     rate: u32,
     jobs: u64,
     submitted: &AtomicU64,
-) -> anyhow::Result<()> {
-    let publisher = Publisher::connect(url).await?;
+) -> Result<(), DrillError> {
+    let publisher = Publisher::connect(c.amqp.connection()).await?;
     let publisher = &publisher;
     submit_paced(rate, jobs, submitted, async |ids| {
         let payloads: Vec<Vec<u8>> = ids.map(payload).collect();
@@ -198,7 +189,7 @@ pub(super) async fn publish_paced(
                 .map(|p| publisher.publish_job(&topology.work_exchange, TASK, TASK, p)),
         )
         .await?;
-        Ok(())
+        Ok::<(), DrillError>(())
     })
     .await?;
     publisher.close().await;
@@ -208,20 +199,20 @@ pub(super) async fn publish_paced(
 /// After recovery: the library replayer on the dead letters at `rate` per second, pass after
 /// pass until the dead-letter queue is empty (at most [`MAX_REPLAYS`] + 2 passes), waiting up
 /// to `settle_within` after each for the workers to settle what it moved.
-pub(super) async fn replay_dead_letters(
+pub(crate) async fn replay_dead_letters(
     c: &WorkerConfig,
     budget: &FleetBudget,
     depths: &Depths,
     workers: &Workers,
     rate: u32,
     settle_within: Duration,
-) -> anyhow::Result<ReplayTotals> {
+) -> Result<ReplayTotals, DrillError> {
     let mut options = ReplayOptions::new(c);
     options.rate = Some(f64::from(rate));
     options.max_replays = MAX_REPLAYS;
     options.idle_timeout = Duration::from_secs(2);
     let replayer = Replayer::new(
-        c.amqp.url.clone(),
+        c.amqp.connection(),
         depths.topology.clone(),
         Some(budget.clone()),
     );

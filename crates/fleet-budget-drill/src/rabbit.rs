@@ -11,12 +11,12 @@ use fleet_budget_amqp::{Job, Topology, WorkerConfig};
 use fleet_budget_sim::accounting::JobOutcomes;
 use fleet_budget_sim::upstream::Upstream;
 
-use super::broker::{
-    Depths, Workers, on_own_topology, parse_payload, publish_paced, replay_dead_letters,
-    wait_settled,
+use crate::broker::{
+    Depths, Workers, on_own_topology, publish_paced, replay_dead_letters, wait_settled,
 };
-use super::progress::{Progress, QueueGauge, Watched};
-use super::{FirstPass, RunReport, RunSettings, amqp_settings, call, dead_letters, job_failure};
+use crate::job::{call, dead_letters, job_failure, parse_payload};
+use crate::progress::{Progress, QueueGauge, Watched, Watcher};
+use crate::{DrillError, FirstPass, RunReport, RunSettings, amqp_settings};
 
 /// Queue depths, polled from the broker in the background.
 #[derive(Debug, Default)]
@@ -41,15 +41,16 @@ impl QueueGauge for RabbitGauge {
 }
 
 /// One run of the drill on RabbitMQ.
-pub(super) async fn run(
+pub(crate) async fn run(
     s: &RunSettings,
     config: &WorkerConfig,
     budget: &FleetBudget,
-) -> anyhow::Result<RunReport> {
+    watcher: &Arc<dyn Watcher>,
+) -> Result<RunReport, DrillError> {
     let mut c = config.clone();
     c.amqp = amqp_settings(&config.amqp, &s.key_prefix);
     on_own_topology(&c, "budgetctl demo", "drill", async |topology, depths| {
-        drill(s, &c, budget, topology, depths).await
+        drill(s, &c, budget, topology, depths, watcher).await
     })
     .await
 }
@@ -115,28 +116,32 @@ async fn drill(
     budget: &FleetBudget,
     topology: &Topology,
     depths: &Depths,
-) -> anyhow::Result<RunReport> {
+    watcher: &Arc<dyn Watcher>,
+) -> Result<RunReport, DrillError> {
     let started = Instant::now();
     let upstream = Arc::new(Upstream::new(s.schedule));
     let outcomes = Arc::new(JobOutcomes::default());
     let gauge = Arc::new(RabbitGauge::default());
     let jobs = s.jobs();
     let submitted = Arc::new(AtomicU64::new(0));
-    let progress = Progress::start(Watched {
-        label: s.label,
-        started,
-        upstream: Arc::clone(&upstream),
-        queue: Arc::clone(&gauge) as Arc<dyn QueueGauge>,
-        outcomes: Arc::clone(&outcomes),
-        budget: budget.clone(),
-        submitted: Arc::clone(&submitted),
-        jobs,
-    });
+    let progress = Progress::start(
+        Watched {
+            label: s.label,
+            started,
+            upstream: Arc::clone(&upstream),
+            queue: Arc::clone(&gauge) as Arc<dyn QueueGauge>,
+            outcomes: Arc::clone(&outcomes),
+            budget: budget.clone(),
+            submitted: Arc::clone(&submitted),
+            jobs,
+        },
+        watcher,
+    );
     let polling = Arc::new(AtomicBool::new(true));
     let poller = poll_depths(Arc::clone(&gauge), Arc::clone(&polling), depths.clone());
     let workers = start_workers(s, c, budget, topology, &upstream, &outcomes, started);
 
-    publish_paced(&c.amqp.url, topology, s.rate, jobs, &submitted).await?;
+    publish_paced(c, topology, s.rate, jobs, &submitted).await?;
 
     // First pass done: every job succeeded or was dead-lettered, and the queues are quiet.
     let metrics = budget.metrics();

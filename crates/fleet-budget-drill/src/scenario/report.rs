@@ -12,32 +12,25 @@ use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use serde::Serialize;
 
 use super::Setup;
-use super::dependency::{Dependency, Profile, TroubleKind};
-use crate::commands::demo::mode::Mode;
-use crate::commands::demo::report::{Rows, amplification, print_side_by_side};
-use crate::commands::demo::{DEPENDENCY, MAX_ATTEMPTS, ReplayTotals, dead_letters};
-
-/// The trouble's name, for people.
-pub(super) fn trouble_name(kind: &TroubleKind) -> String {
-    match kind {
-        TroubleKind::FailsSlowly { in_ten } => {
-            format!("{} calls in 10 fail after the full latency", in_ten)
-        }
-        TroubleKind::Down => "down: every call refused".to_owned(),
-    }
-}
+use super::dependency::{Dependency, Profile};
+use crate::job::dead_letters;
+use crate::report::amplification;
+use crate::{DEPENDENCY, MAX_ATTEMPTS, Mode, ReplayTotals};
 
 /// Breaker state changes made in a run.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
-pub(super) struct Transitions {
-    open: u64,
-    half_open: u64,
-    closed: u64,
+pub struct Transitions {
+    /// Times it opened.
+    pub open: u64,
+    /// Times it went half-open.
+    pub half_open: u64,
+    /// Times it closed.
+    pub closed: u64,
 }
 
 /// What a run measured by the end of its first pass, before the replay.
 #[derive(Debug)]
-pub(super) struct FirstPass {
+pub(crate) struct FirstPass {
     executions: u64,
     first_attempts: u64,
     successes: u64,
@@ -53,7 +46,7 @@ pub(super) struct FirstPass {
 }
 
 impl FirstPass {
-    pub(super) fn measure(
+    pub(crate) fn measure(
         dependency: &Dependency,
         budget: &FleetBudget,
         outcomes: &JobOutcomes,
@@ -83,55 +76,65 @@ impl FirstPass {
 
 /// The result of one run.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct RunFigures {
-    label: String,
+pub struct RunFigures {
+    /// The run's name.
+    pub label: String,
     /// Whether the run had the scenario's protection (the second run).
-    protected: bool,
-    jobs_submitted: u64,
+    pub protected: bool,
+    /// Jobs submitted.
+    pub jobs_submitted: u64,
     /// First executions of jobs, as the budget counted them.
-    first_attempts: u64,
+    pub first_attempts: u64,
     /// Calls the dependency received in the first pass (first attempts and retries).
-    executions: u64,
+    pub executions: u64,
     /// Executions per job submitted.
-    amplification: f64,
+    pub amplification: f64,
     /// Jobs that succeeded in the first pass.
-    successes: u64,
-    retries_granted: u64,
-    retries_denied: u64,
+    pub successes: u64,
+    /// Retries granted.
+    pub retries_granted: u64,
+    /// Retries denied.
+    pub retries_denied: u64,
     /// Executions that failed in the first pass (timeouts, 503s, refusals, bad input): attempts
     /// spent for nothing.
-    attempts_burned: u64,
+    pub attempts_burned: u64,
     /// The most calls the dependency had queued or worked on at once (its cap is the profile's).
-    peak_in_flight: u64,
+    pub peak_in_flight: u64,
     /// Calls whose caller gave up at the timeout.
-    timeouts: u64,
+    pub timeouts: u64,
     /// Calls refused while the dependency was down.
-    refused: u64,
+    pub refused: u64,
     /// Calls answered 503.
-    failed: u64,
+    pub failed: u64,
     /// Times a job was held in a delay tier without running (circuit open).
-    held: u64,
-    breaker_transitions: Transitions,
-    dead_lettered: BTreeMap<String, u64>,
-    dead_lettered_total: u64,
-    replayed: u64,
+    pub held: u64,
+    /// Breaker state changes in the run.
+    pub breaker_transitions: Transitions,
+    /// Dead-letter decisions by reason (the reasons seen).
+    pub dead_lettered: BTreeMap<String, u64>,
+    /// Dead-letter decisions.
+    pub dead_lettered_total: u64,
+    /// Dead letters the replay after recovery moved back.
+    pub replayed: u64,
     /// Executions during the replay.
-    replay_executions: u64,
-    parked: u64,
+    pub replay_executions: u64,
+    /// Jobs the replay parked (they came back again).
+    pub parked: u64,
     /// From the end of the trouble to the last job done (replay included).
-    drained_secs_after_recovery: f64,
-    accounting: Accounting,
+    pub drained_secs_after_recovery: f64,
+    /// Every job accounted for.
+    pub accounting: Accounting,
     /// The most calls in flight in each second of the run.
-    in_flight_per_second: Vec<u64>,
+    pub in_flight_per_second: Vec<u64>,
     /// Executions in each second of the run.
-    executions_per_second: Vec<u64>,
+    pub executions_per_second: Vec<u64>,
     /// Length of the first pass.
-    seconds: f64,
+    pub seconds: f64,
 }
 
 impl RunFigures {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub(crate) fn new(
         label: &str,
         protected: bool,
         jobs: u64,
@@ -174,21 +177,31 @@ impl RunFigures {
 
 /// A scenario's output.
 #[derive(Debug, Serialize)]
-pub(super) struct ScenarioReport {
-    scenario: &'static str,
-    mode: Mode,
-    jobs_per_sec: u32,
-    submit_secs: f64,
-    workers: u32,
-    prefetch: u16,
-    dependency: Profile,
-    max_attempts: u32,
-    protection: String,
-    runs: Vec<RunFigures>,
+pub struct ScenarioReport {
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// Where the budgets and the jobs were kept.
+    pub mode: Mode,
+    /// Jobs submitted per second.
+    pub jobs_per_sec: u32,
+    /// How long jobs were submitted.
+    pub submit_secs: f64,
+    /// Library workers.
+    pub workers: u32,
+    /// Jobs a worker handled at once.
+    pub prefetch: u16,
+    /// The dependency.
+    pub dependency: Profile,
+    /// Executions per job at most.
+    pub max_attempts: u32,
+    /// What protected the second run, for people.
+    pub protection: String,
+    /// The unprotected run, then the protected one.
+    pub runs: Vec<RunFigures>,
 }
 
 impl ScenarioReport {
-    pub(super) fn new(mode: Mode, setup: &Setup, runs: Vec<RunFigures>) -> Self {
+    pub(crate) fn new(mode: Mode, setup: &Setup, runs: Vec<RunFigures>) -> Self {
         Self {
             scenario: setup.scenario.as_str(),
             mode,
@@ -202,81 +215,4 @@ impl ScenarioReport {
             runs,
         }
     }
-}
-
-/// Prints the comparison of the two runs on stdout.
-pub(super) fn print_comparison(r: &ScenarioReport) {
-    let (Some(a), Some(b)) = (r.runs.first(), r.runs.get(1)) else {
-        return;
-    };
-    let p = &r.dependency;
-    outln!();
-    outln!(
-        "Scenario {}: {} jobs/s for {:.0}s on {} workers x {}; `{DEPENDENCY}` works on {} calls at once, latency {} ms (+25% at the cap), callers time out after {} ms",
-        r.scenario,
-        r.jobs_per_sec,
-        r.submit_secs,
-        r.workers,
-        r.prefetch,
-        p.cap,
-        p.latency.as_millis(),
-        p.timeout.as_millis()
-    );
-    outln!(
-        "trouble from {:.0}s to {:.0}s: {}",
-        p.trouble.from.as_secs_f64(),
-        p.trouble.until.as_secs_f64(),
-        trouble_name(&p.trouble.kind)
-    );
-    outln!("budget store: {}", r.mode.store_line());
-    outln!("queue:        {}", r.mode.queue_line());
-    outln!(
-        "both runs: no rate limit on retries, up to {} attempts per job; second run: {}",
-        r.max_attempts,
-        r.protection
-    );
-    print_side_by_side(
-        &rows(r.scenario, a, b),
-        24,
-        [
-            (a.label.as_str(), &a.accounting),
-            (b.label.as_str(), &b.accounting),
-        ],
-    );
-}
-
-fn rows(scenario: &str, a: &RunFigures, b: &RunFigures) -> Vec<Vec<String>> {
-    let mut rows = Rows::new([a.label.as_str(), b.label.as_str()], a, b);
-    rows.count("jobs submitted", |r| r.jobs_submitted);
-    rows.count("first attempts", |r| r.first_attempts);
-    rows.count("executions (calls)", |r| r.executions);
-    rows.text("amplification (calls/job)", |r| {
-        format!("{:.2}x", r.amplification)
-    });
-    rows.count("successes (before replay)", |r| r.successes);
-    rows.count("retries granted", |r| r.retries_granted);
-    rows.count("attempts burned (failed calls)", |r| r.attempts_burned);
-    if scenario == "slow" {
-        rows.count("peak calls in flight", |r| r.peak_in_flight);
-        rows.count("timeouts", |r| r.timeouts);
-        rows.count("503s", |r| r.failed);
-    } else {
-        rows.count("calls refused (down)", |r| r.refused);
-        rows.count("holds: jobs sent to wait (circuit open)", |r| r.held);
-        rows.text("breaker: opened / half-open / closed", |r| {
-            let t = r.breaker_transitions;
-            format!("{} / {} / {}", t.open, t.half_open, t.closed)
-        });
-    }
-    rows.count("dead-lettered", |r| r.dead_lettered_total);
-    rows.dead_letter_reasons(
-        |r| &r.dead_lettered,
-        |reason| a.dead_lettered.contains_key(reason) || b.dead_lettered.contains_key(reason),
-    );
-    rows.count("after recovery: replayed", |r| r.replayed);
-    rows.count("  parked (came back again)", |r| r.parked);
-    rows.text("all done, seconds after recovery", |r| {
-        format!("{:.1}", r.drained_secs_after_recovery)
-    });
-    rows.into_rows()
 }

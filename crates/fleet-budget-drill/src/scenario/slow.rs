@@ -16,7 +16,7 @@ use fleet_budget::concurrency::ConcurrencyPolicy;
 
 use super::dependency::{Profile, Trouble, TroubleKind};
 use super::{Scenario, Setup};
-use crate::commands::demo::DEPENDENCY;
+use crate::{DEPENDENCY, DrillError};
 
 /// The dependency's cap, and the primary calls in flight it is sized for.
 const CAP: u64 = 20;
@@ -65,7 +65,7 @@ fn retry_share() -> f64 {
     (CAP - PLANNED_PRIMARY) as f64 / PLANNED_PRIMARY as f64
 }
 
-fn protect(c: &mut Config) -> anyhow::Result<()> {
+fn protect(c: &mut Config) -> Result<(), DrillError> {
     let mut policy = ConcurrencyPolicy::derived(CAP, PLANNED_PRIMARY, MIN_RETRY_SLOTS)?;
     // Longer than any call of the scenario (a handler returns by the timeout).
     policy.lease = Duration::from_secs(10);

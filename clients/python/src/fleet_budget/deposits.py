@@ -1,0 +1,109 @@
+"""Deposits of :class:`fleet_budget.FleetBudget`: counted in the process, coalesced per dependency
+and sent by a flusher thread (one ``deposit.lua`` call per dependency), kept for a later flush when
+a dead connection refused them, dropped when older than their window (the Rust group commit and
+``flush``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import redis
+
+from . import scripts
+
+if TYPE_CHECKING:
+    from .budget import FleetBudget
+
+log = logging.getLogger("fleet_budget")
+
+
+class DepositSteps:
+    """The deposit side of :class:`fleet_budget.FleetBudget`."""
+
+    def pending_deposits(self: "FleetBudget") -> int:
+        with self._pending_lock:
+            return sum(s + a for s, a, _ in self._pending.values())
+
+    def flush(self: "FleetBudget") -> None:
+        """Send the coalesced deposits now (one ``deposit.lua`` call per dependency)."""
+        for dependency, s, a in self._take_pending():
+            self._send_deposit(dependency, s, a)
+        self._set_pending_gauge()
+
+    def _take_pending(self: "FleetBudget") -> list[tuple[str, int, int]]:
+        """What :meth:`flush` sends: the pending deposits younger than their window."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, {}
+        now = self._clock()
+        # Older than a window: dropped, never credited all at once to the current window.
+        return [(d, s, a) for d, (s, a, since) in batch.items() if now - since <= self.config.policy(d).window_ms]
+
+    def _report_unsent(self: "FleetBudget") -> int:
+        unsent = self.pending_deposits()
+        if unsent:
+            log.warning("fleet budget closed with %d deposits not sent (Redis did not take them); "
+                        "they are lost, which can only make the fleet's allowance smaller", unsent)
+        return unsent
+
+    # Deposits.
+
+    def _count(self: "FleetBudget", dependency: str, successes: int, first_attempts: int) -> bool:
+        """Counts deposits locally and, when coalescing, as pending; True: send them now."""
+        policy = self.config.policy(dependency)
+        self.local.deposit(dependency, policy, successes, first_attempts)
+        if self._flush_ms == 0 and self._should_try(dependency):
+            return True
+        with self._pending_lock:
+            entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
+            entry[0] += successes
+            entry[1] += first_attempts
+            total = sum(s + a for s, a, _ in self._pending.values())
+            if self._flusher_armed:
+                self._flusher_armed = False
+                self._flusher = threading.Thread(target=self._flush_loop, name="fleet-budget-flush", daemon=True)
+                self._flusher.start()
+        self.metrics.deposits_pending.set(total)
+        if total >= self.config.redis.deposit_flush_count:
+            self._wake.set()
+        return False
+
+    def _send_deposit(self: "FleetBudget", dependency: str, successes: int, first_attempts: int) -> bool:
+        policy = self.config.policy(dependency)
+        try:
+            reply = self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
+                                  args=scripts.deposit_args(policy, successes, first_attempts))
+            scripts.parse_reply("deposit", reply, policy)
+        except (redis.exceptions.RedisError, scripts.BadReply) as e:
+            self._deposit_failed(dependency, successes, first_attempts, e)
+            return False
+        self._ok(dependency)
+        self._denials.forget(dependency)  # its deposits reached Redis: a denial kept may not stand
+        return True
+
+    def _deposit_failed(self: "FleetBudget", dependency: str, successes: int, first_attempts: int, e: BaseException) -> None:
+        self._failed(dependency, e)
+        if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
+            # Refused by a dead connection: kept for a later flush. A call past its deadline
+            # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").
+            with self._pending_lock:
+                entry = self._pending.setdefault(dependency, [0, 0, self._clock()])
+                entry[0] += successes
+                entry[1] += first_attempts
+        else:
+            self._denials.forget(dependency)  # most likely counted all the same
+
+    def _set_pending_gauge(self: "FleetBudget") -> None:
+        self.metrics.deposits_pending.set(self.pending_deposits())
+
+    def _flush_loop(self: "FleetBudget") -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self._flush_ms / 1000)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self.flush()
+            except Exception:  # the flusher must outlive any one failure
+                log.exception("fleet budget: flushing deposits failed")
