@@ -16,6 +16,7 @@ mod metrics;
 mod replay;
 mod replay_close;
 mod replay_frame;
+mod replay_loop;
 mod replay_refused;
 mod tls;
 mod topology;
