@@ -78,10 +78,13 @@ impl Breakers {
     }
 }
 
-/// The loops of a run, one per dependency, and when each last said "go" (at what rate).
+/// When a loop last said "go", and at what rate (`None`: unpaced).
+type Fresh = Option<(Instant, Option<f64>)>;
+
+/// The loops of a run, one per dependency, and when each last said "go".
 #[derive(Default)]
 pub(super) struct Gates {
-    loops: HashMap<String, (Loop, Option<(Instant, Option<f64>)>)>,
+    loops: HashMap<String, (Loop, Fresh)>,
 }
 
 /// What waiting at the gate came to.

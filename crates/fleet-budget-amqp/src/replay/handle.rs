@@ -36,7 +36,9 @@ use crate::error::AmqpError;
 /// Whether a started replay moves anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayMode {
-    /// Count what a run would do ([`Replayer::dry_run`]); progress shows the messages read.
+    /// Count what a run would do ([`Replayer::dry_run`]); progress shows the messages read,
+    /// and at the end the prediction (`moved`: would move; `parked`: would park, looping or
+    /// malformed, or from the parked queue looping only; `failed`: would fail).
     DryRun,
     /// Move ([`Replayer::run`]).
     Run,
@@ -138,6 +140,7 @@ impl Replayer {
         let (progress_tx, progress) = watch::channel(ReplayProgress::default());
         let (cancel, cancelled) = watch::channel(false);
         let replayer = self.clone();
+        let from_parked = self.from_parked;
         let task = tokio::spawn(async move {
             let publish = |p: &ReplayProgress| {
                 progress_tx.send_replace(p.clone());
@@ -148,7 +151,20 @@ impl Replayer {
                         progress_tx.send_modify(|p| p.seen = seen);
                     })
                     .await
-                    .map(ReplayOutcome::DryRun),
+                    .map(|r| {
+                        // What it read, and its prediction as a run's counts.
+                        // From the parked queue, unreadable messages stay where they are.
+                        let (parked, skipped) = if from_parked {
+                            (r.would_park_looping, r.skipped + r.malformed)
+                        } else {
+                            (r.would_park_looping + r.malformed, r.skipped)
+                        };
+                        progress_tx.send_modify(|p| {
+                            (p.total, p.seen, p.moved) = (r.total, r.seen, r.would_move);
+                            (p.parked, p.skipped, p.failed) = (parked, skipped, r.would_fail);
+                        });
+                        ReplayOutcome::DryRun(r)
+                    }),
                 ReplayMode::Run => replayer
                     .run_until(&options, publish, Stop(Some(cancelled)))
                     .await

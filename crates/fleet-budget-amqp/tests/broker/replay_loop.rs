@@ -130,6 +130,7 @@ async fn replay_held_by_an_open_breaker_resumes_when_it_closes() {
         .unwrap();
     assert_eq!((report.moved, report.failed), (6, 0), "{report:?}");
     assert!(!report.held_breaker.is_zero(), "{report:?}");
+    assert_eq!(env.depth(&env.topology.work_queue).await, 6);
     let events = events.lock().unwrap();
     let first_held = events.iter().position(held_by_breaker).unwrap();
     let first_move = events.iter().position(|p| p.moved > 0).unwrap();
@@ -142,7 +143,6 @@ async fn replay_held_by_an_open_breaker_resumes_when_it_closes() {
         "nothing moves while the breaker is open"
     );
     assert!(events.last().unwrap().held.is_none());
-    assert_eq!(env.depth(&env.topology.work_queue).await, 6);
 }
 
 /// The dependency's failures rise while the replay runs (retries its budget grants, counted in
@@ -202,7 +202,7 @@ async fn replay_rate_falls_when_failures_rise_and_climbs_back() {
     let after: Vec<f64> = events[cut_at..].iter().filter_map(rate).collect();
     assert!(after.iter().any(|r| *r > cut_to), "climbs back: {after:?}");
     assert_eq!(
-        events.iter().filter_map(rate).last(),
+        events.iter().filter_map(rate).next_back(),
         Some(30.0),
         "back at the maximum by the end: {after:?}"
     );
@@ -277,4 +277,50 @@ async fn a_cancelled_replay_leaves_what_it_did_not_move() {
     assert_eq!((report.moved, report.parked, report.failed), (0, 0, 0));
     env.ready_again(&env.topology.dead_queue, 4).await;
     assert_eq!(env.depth(&env.topology.work_queue).await, 0);
+}
+
+/// The figure run of `docs/RELIABILITY.md` (not part of the suite: it prints, asserts only
+/// counts): the same replay of 150 jobs at 40/s, with the closed loop and with `--fixed-rate`,
+/// while the dependency fails for 2 s (20 failed retries every 100 ms, from the 10th move on).
+/// Prints the moves sent into the failing period, the cuts, the lowest rate and the wall time.
+/// `cargo test -p fleet-budget-amqp --test broker -- --ignored --nocapture replay_loop::figures`
+#[tokio::test]
+#[ignore = "a figure run for docs/RELIABILITY.md"]
+async fn figures_closed_loop_against_a_fixed_rate() {
+    for enabled in [true, false] {
+        let env = env_with_breaker("loop-figures", 30).await;
+        seed(&env, 150, "search", 0).await;
+        let budget = env.budget().await;
+        let dep = Dependency::new("search").unwrap();
+        let policy = budget.policy(&dep);
+        let mut options = ReplayOptions::new(&env.config);
+        options.rate = Some(40.0);
+        options.control.enabled = enabled;
+        let started = std::time::Instant::now();
+        let handle = replayer(&env).await.start(options, ReplayMode::Run);
+        let mut updates = handle.subscribe();
+        tokio::time::timeout(LONG, updates.wait_for(|p| p.moved >= 10))
+            .await
+            .unwrap()
+            .unwrap();
+        let before = handle.progress().moved;
+        let failing = std::time::Instant::now();
+        while failing.elapsed() < Duration::from_secs(2) {
+            for _ in 0..20 {
+                budget.withdraw(&dep, &policy).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let during = handle.progress().moved - before;
+        let Ok(ReplayOutcome::Run(report)) = handle.wait().await else {
+            panic!("a run's outcome")
+        };
+        assert_eq!(report.moved, 150);
+        println!(
+            "closed loop {enabled:5}: moved during the 2 s of failures {during:3}, cuts {}, lowest rate {:.2}/s, wall {:.1} s",
+            report.slowdowns,
+            report.lowest_rate.map_or(0.0, |r| r.per_sec()),
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
