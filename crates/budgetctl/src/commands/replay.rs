@@ -8,7 +8,7 @@ use fleet_budget::clock::now_ms;
 use fleet_budget::control::AuditEntry;
 use fleet_budget::printable::escape_text;
 use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
-use fleet_budget_amqp::replay::audit;
+use fleet_budget_amqp::replay::{Breakers, HoldReason, audit};
 use fleet_budget_amqp::{
     ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig, queue_depths,
 };
@@ -66,6 +66,10 @@ pub(crate) struct PaceArgs {
     /// Move at most this many messages.
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
+    /// Move at `--rate` throughout: not slowed when the dependency's failures rise or its
+    /// budget's headroom is small (an open breaker or an exhausted budget still hold the run).
+    #[arg(long)]
+    fixed_rate: bool,
 }
 
 impl PaceArgs {
@@ -73,6 +77,7 @@ impl PaceArgs {
     pub(crate) fn apply(&self, options: &mut ReplayOptions) {
         options.rate = Some(f64::from(self.rate));
         options.limit = self.limit;
+        options.control.enabled = !self.fixed_rate;
     }
 }
 
@@ -107,6 +112,12 @@ pub(crate) struct ReplayOutput {
     /// Of the messages left in the queue, those the broker did not yet count ready when the run
     /// returned (its depth reads that much short for a moment; nothing is lost).
     not_ready: u64,
+    /// Time held while the dependency's breaker was open (0 when it never was).
+    held_breaker_secs: f64,
+    /// Times the rate was cut because the dependency's failures or denials rose.
+    slowdowns: u64,
+    /// The lowest rate moves went at, messages per second (`null`: nothing moved).
+    lowest_rate: Option<f64>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -228,6 +239,9 @@ async fn replay_queue(
             malformed: r.malformed,
             paused_secs: 0.0,
             not_ready: 0,
+            held_breaker_secs: 0.0,
+            slowdowns: 0,
+            lowest_rate: None,
         };
         if !json {
             outln!(
@@ -256,32 +270,46 @@ async fn replay_queue(
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
-    // The budget lets the replayer pause while the dependency's budget is exhausted again.
+    // The budget lets the replayer pause while the dependency's budget is exhausted again, and
+    // slow down when its failures rise; the breakers hold it while one is open.
     let budget = FleetBudget::from_config(&config.budget).await?;
-    let replayer = replayer(Some(budget.clone()));
+    let breakers = Breakers::from_config(&config.budget)?;
+    let replayer = replayer(Some(budget.clone())).with_breakers(breakers);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_line = Instant::now();
+    let mut last_state = String::new();
     let report = replayer
         .run(options, |p: &ReplayProgress| {
-            let due = if terminal { Duration::from_millis(100) } else { Duration::from_secs(2) };
-            if last_line.elapsed() < due && p.seen < p.total {
+            let due = if terminal {
+                Duration::from_millis(100)
+            } else {
+                Duration::from_secs(2)
+            };
+            // A hold, a resume or a new rate is shown at once: nothing else prints while held.
+            let state = loop_state(p);
+            if last_line.elapsed() < due && p.seen < p.total && state == last_state {
                 return;
             }
             last_line = Instant::now();
-            let paused = p.paused_on.as_ref().map(|d| format!(" | PAUSED: budget of {d} exhausted")).unwrap_or_default();
             let line = format!(
-                "replay {:>5.1}s: read {}/{} | moved {} | parked {} | skipped {} | failed {}{paused}",
+                "replay {:>5.1}s: read {}/{} | moved {} | parked {} | skipped {} | failed {}{}",
                 started.elapsed().as_secs_f64(),
                 thousands(p.seen),
                 thousands(p.total),
                 thousands(p.moved),
                 thousands(p.parked),
                 thousands(p.skipped),
-                thousands(p.failed)
+                thousands(p.failed),
+                state,
             );
+            last_state = state;
             let mut err = std::io::stderr().lock();
-            let _ = if terminal { write!(err, "\r\x1b[2K{line}") } else { writeln!(err, "{line}") };
+            let _ = if terminal {
+                write!(err, "\r\x1b[2K{line}")
+            } else {
+                writeln!(err, "{line}")
+            };
             let _ = err.flush();
         })
         .await;
@@ -317,8 +345,35 @@ async fn replay_queue(
         malformed: r.malformed,
         paused_secs: r.paused.as_secs_f64(),
         not_ready: r.not_ready,
+        held_breaker_secs: r.held_breaker.as_secs_f64(),
+        slowdowns: r.slowdowns,
+        lowest_rate: r.lowest_rate.map(|r| r.per_sec()),
     };
     Ok((out, Some(entry)))
+}
+
+/// The closed loop's state for the progress line: held and why, else the rate and what slows
+/// it.
+fn loop_state(p: &ReplayProgress) -> String {
+    if let Some(held) = &p.held {
+        // A name from a message's headers: escaped, as everywhere it is printed.
+        let d = escape_text(&held.dependency);
+        return match held.reason {
+            HoldReason::BreakerOpen { .. } => format!(" | HELD: breaker of {d} open"),
+            // Later reasons (the enum grows): named by their wire name.
+            HoldReason::BudgetExhausted => format!(" | PAUSED: budget of {d} exhausted"),
+            ref other => format!(" | HELD: {d} ({})", other.as_str()),
+        };
+    }
+    match (p.rate, p.slowed) {
+        (Some(rate), Some(why)) => format!(
+            " | rate {:.1}/s, SLOWED ({})",
+            rate.per_sec(),
+            why.as_str().replace('_', " ")
+        ),
+        (Some(rate), None) => format!(" | rate {:.1}/s", rate.per_sec()),
+        (None, _) => String::new(),
+    }
 }
 
 /// Prints a replay's outcome (JSON or the table), records its audit entry, and turns copies
@@ -374,6 +429,22 @@ fn print_replay(out: &ReplayOutput, queue: &str) {
         outln!(
             "paused {:.1}s while the budget was exhausted",
             out.paused_secs
+        );
+    }
+    if out.held_breaker_secs > 0.0 {
+        outln!(
+            "held {:.1}s while the breaker was open",
+            out.held_breaker_secs
+        );
+    }
+    if out.slowdowns > 0 {
+        let lowest = out
+            .lowest_rate
+            .map(|r| format!("; lowest rate {r:.1}/s"))
+            .unwrap_or_default();
+        outln!(
+            "slowed {} times as the dependency's failures rose{lowest}",
+            thousands(out.slowdowns)
         );
     }
     if out.not_ready > 0 {

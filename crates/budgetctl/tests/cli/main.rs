@@ -22,6 +22,7 @@ mod plan;
 mod rabbitmq;
 mod redaction;
 mod redis;
+mod replay_loop;
 mod schemas;
 mod schemas_services;
 mod simulate;

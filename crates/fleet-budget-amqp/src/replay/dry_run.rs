@@ -43,6 +43,18 @@ impl Replayer {
     /// # Errors
     /// The broker cannot be reached or the queue does not exist.
     pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
+        self.dry_run_with(options, |_| {}).await
+    }
+
+    /// [`Replayer::dry_run`], calling `progress` with the messages read so far after each.
+    ///
+    /// # Errors
+    /// As [`Replayer::dry_run`].
+    pub async fn dry_run_with(
+        &self,
+        options: &ReplayOptions,
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<DryRunReport, AmqpError> {
         let options = &self.effective(options);
         let mut report = DryRunReport::default();
         let mut selection = Selection::new(options);
@@ -51,7 +63,10 @@ impl Replayer {
             limit: None,
             idle_timeout: options.idle_timeout,
         };
+        let mut read = 0;
         let inspection = inspect_queue(&self.connection, &self.source_queue, &look, |d| {
+            read += 1;
+            progress(read);
             let at = headers::get_u64(&headers::table(&d.properties), headers::DEAD_LETTERED_MS)
                 .ok()
                 .flatten();

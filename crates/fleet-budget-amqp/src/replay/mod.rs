@@ -49,14 +49,16 @@ use crate::topology::names::amqp_name;
 use crate::topology::{Topology, queue_depth_within};
 
 pub mod audit;
+pub mod control;
 mod copies;
 pub mod dry_run;
 mod end;
 mod exchanges;
+mod gate;
+pub mod handle;
 /// Looking at a queue without consuming it (a module of its own: the exporter looks too).
 pub use crate::inspect;
 mod pacer;
-mod pause;
 pub mod peek;
 pub mod purge;
 mod report;
@@ -65,11 +67,14 @@ mod scout;
 pub mod select;
 mod settle;
 
+pub use control::{HoldReason, RateControl, SlowReason};
 pub use dry_run::DryRunReport;
+pub use gate::Breakers;
+pub use handle::{ReplayHandle, ReplayMode, ReplayOutcome};
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
 pub use peek::{Peek, QueuedMessage, peek_queue};
 pub use purge::{PurgeReport, purge_queue};
-pub use report::{ReplayProgress, ReplayReport};
+pub use report::{Held, Rate, ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
 /// Replays dead-lettered messages (see the module documentation).
@@ -79,6 +84,8 @@ pub struct Replayer {
     connection: ConnectionConfig,
     topology: Topology,
     budget: Option<FleetBudget>,
+    /// The breakers the run is held by (`gate`).
+    breakers: Option<Breakers>,
     source_queue: String,
     /// Replaying the parked queue (see the module documentation).
     from_parked: bool,
@@ -87,7 +94,8 @@ pub struct Replayer {
 impl Replayer {
     /// A replayer of `topology`'s dead-letter queue on the broker of `to` (a
     /// [`ConnectionConfig`], or a bare URL). With a `budget`, it pauses while a dependency's
-    /// budget is exhausted.
+    /// budget is exhausted and its rate follows the dependency's failures
+    /// ([`ReplayOptions::control`]); [`Replayer::with_breakers`] adds its breakers.
     #[must_use]
     pub fn new(
         to: impl Into<ConnectionConfig>,
@@ -99,9 +107,18 @@ impl Replayer {
             connection: to.into(),
             topology,
             budget,
+            breakers: None,
             source_queue,
             from_parked: false,
         }
+    }
+
+    /// Holds moves while a dependency's breaker is open, and paces them by its probes while it
+    /// is half-open (see `control`).
+    #[must_use]
+    pub fn with_breakers(mut self, breakers: Option<Breakers>) -> Self {
+        self.breakers = breakers;
+        self
     }
 
     /// A replayer of `topology`'s parked queue: parked jobs go back to their original exchange

@@ -12,19 +12,38 @@ pub(super) struct Pacer {
 
 impl Pacer {
     pub(super) fn new(rate: Option<f64>) -> Self {
-        let interval = rate
-            .filter(|r| r.is_finite() && *r > 0.0)
-            .map(|r| Duration::from_secs_f64(1.0 / r));
         Self {
-            interval,
+            interval: Self::interval(rate),
             next: Instant::now(),
         }
+    }
+
+    fn interval(rate: Option<f64>) -> Option<Duration> {
+        rate.filter(|r| r.is_finite() && *r > 0.0)
+            .and_then(|r| Duration::try_from_secs_f64(1.0 / r).ok())
+    }
+
+    /// Moves on at `rate` from the next send (the closed loop changed it). A slower rate also
+    /// pushes back a send already scheduled at the faster one.
+    pub(super) fn set_rate(&mut self, rate: Option<f64>) {
+        let interval = Self::interval(rate);
+        if interval == self.interval {
+            return;
+        }
+        if let (Some(old), Some(new)) = (self.interval, interval)
+            && new > old
+        {
+            self.next += new - old;
+        }
+        self.interval = interval;
     }
 
     pub(super) fn reset(&mut self) {
         self.next = Instant::now();
     }
 
+    /// Waits for the next send's turn. Cancel-safe: dropped before its turn, the turn is not
+    /// spent.
     pub(super) async fn wait(&mut self) {
         let Some(interval) = self.interval else {
             return;

@@ -11,8 +11,6 @@
 //! the rate and to the budget; `end` stops the run (its last acks applied before the close, what
 //! it leaves in the queue ready again before it returns).
 
-use std::collections::HashMap;
-
 use futures::{FutureExt, StreamExt};
 use lapin::options::BasicQosOptions;
 use tokio::time::Instant;
@@ -21,8 +19,11 @@ use super::Replayer;
 use super::copies::{Confirm, InFlight, Kind, await_copy};
 use super::end::{stop_consuming, wait_until_ready};
 use super::exchanges::{Exchanges, Route, Target};
+use super::gate::Gates;
+use super::handle::Stop;
 use super::pacer::Pacer;
 // Also at their old path, `replay::run`.
+use super::report::Rate;
 pub use super::report::{ReplayProgress, ReplayReport};
 use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
@@ -39,11 +40,21 @@ impl Replayer {
     /// # Errors
     /// The broker cannot be reached, the queue does not exist, or the connection was lost
     /// (messages not yet acked stay in the dead-letter queue).
-    #[allow(clippy::too_many_lines)]
     pub async fn run(
         &self,
         options: &ReplayOptions,
+        progress: impl FnMut(&ReplayProgress) + Send,
+    ) -> Result<ReplayReport, AmqpError> {
+        self.run_until(options, progress, Stop::default()).await
+    }
+
+    /// [`Replayer::run`], stopping early when `stop` is requested (`handle`).
+    #[allow(clippy::too_many_lines)]
+    pub(super) async fn run_until(
+        &self,
+        options: &ReplayOptions,
         mut progress: impl FnMut(&ReplayProgress) + Send,
+        mut stop: Stop,
     ) -> Result<ReplayReport, AmqpError> {
         let options = &self.effective(options);
         let started = Instant::now();
@@ -62,6 +73,7 @@ impl Replayer {
         };
         let mut p = ReplayProgress {
             total,
+            rate: options.rate.and_then(Rate::new),
             ..ReplayProgress::default()
         };
         let mut report = ReplayReport {
@@ -92,12 +104,23 @@ impl Replayer {
         let mut settler = Settler::default();
         let mut inflight = InFlight::new();
         let mut exchanges = Exchanges::default();
-        let mut budgets: HashMap<String, Instant> = HashMap::new();
+        let mut gates = Gates::default();
         let mut lost = None;
         let mut ended_idle = false;
         let mut selection = Selection::new(options);
         while p.seen < total {
-            let d = match tokio::time::timeout(options.idle_timeout, consumer.next()).await {
+            if stop.is_requested() {
+                report.cancelled = true;
+                break;
+            }
+            let next = tokio::select! {
+                next = tokio::time::timeout(options.idle_timeout, consumer.next()) => next,
+                () = stop.requested() => {
+                    report.cancelled = true;
+                    break;
+                }
+            };
+            let d = match next {
                 // Idle: fewer messages came than were counted at the start (another consumer
                 // took some, which the end checks: see `ended_idle`), unless the channel is gone.
                 // lapin can leave the channel reporting itself connected after its connection
@@ -232,21 +255,28 @@ impl Replayer {
                             self.source_queue.clone(),
                             table.clone(),
                         )
+                    } else if !self
+                        .pace(
+                            &r.dependency,
+                            options,
+                            (&mut gates, &mut pacer),
+                            &mut report,
+                            &mut p,
+                            &mut progress,
+                            &mut stop,
+                        )
+                        .await
+                    {
+                        // Cancelled while it waited: back where it was, not moved.
+                        report.matched -= 1;
+                        p.skipped += 1;
+                        (
+                            Kind::Keep,
+                            String::new(),
+                            self.source_queue.clone(),
+                            table.clone(),
+                        )
                     } else {
-                        let paused = self
-                            .wait_for_budget(
-                                &r.dependency,
-                                options,
-                                &mut budgets,
-                                &mut p,
-                                &mut progress,
-                            )
-                            .await;
-                        if !paused.is_zero() {
-                            report.paused += paused;
-                            pacer.reset();
-                        }
-                        pacer.wait().await;
                         let mut moved = headers::replay_headers(&table, r.replays);
                         // A parked job goes back as a job, not as a parked message.
                         headers::fields::remove(&mut moved, headers::PARK_REASON);
@@ -427,12 +457,14 @@ impl Replayer {
         publisher.close().await;
         keeper.close().await;
         p.paused_on = None;
+        p.held = None;
         progress(&p);
         report.seen = p.seen;
         report.moved = p.moved;
         report.parked = p.parked;
         report.skipped = p.skipped;
         report.failed = p.failed;
+        report.slowdowns = p.slowdowns;
         report.elapsed = started.elapsed();
         if let Some(m) = self
             .budget
@@ -450,3 +482,44 @@ impl Replayer {
 
 /// Most deliveries a run holds unacked (its prefetch).
 const PREFETCH: u16 = 256;
+
+impl Replayer {
+    /// Holds a move of `dependency` at the gate (breaker, budget, rate) and then for its turn at
+    /// the rate decided; `false` when the run was cancelled meanwhile (do not move).
+    #[allow(clippy::too_many_arguments)]
+    async fn pace(
+        &self,
+        dependency: &str,
+        options: &ReplayOptions,
+        (gates, pacer): (&mut Gates, &mut Pacer),
+        report: &mut ReplayReport,
+        p: &mut ReplayProgress,
+        progress: &mut (impl FnMut(&ReplayProgress) + Send),
+        stop: &mut Stop,
+    ) -> bool {
+        let passed = self
+            .pass_gate(dependency, options, gates, p, progress, stop)
+            .await;
+        report.paused += passed.paused;
+        report.held_breaker += passed.held;
+        if passed.cancelled {
+            return false;
+        }
+        if !(passed.paused + passed.held).is_zero() {
+            pacer.reset();
+        }
+        pacer.set_rate(passed.rate);
+        let waited = tokio::select! {
+            () = pacer.wait() => true,
+            () = stop.requested() => false,
+        };
+        if waited && let Some(rate) = passed.rate.and_then(Rate::new) {
+            report.lowest_rate = Some(
+                report
+                    .lowest_rate
+                    .map_or(rate, |l| if rate < l { rate } else { l }),
+            );
+        }
+        waited
+    }
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use fleet_budget::DeadLetterReason;
 use lapin::message::Delivery;
 
+use super::control::RateControl;
 use crate::config::WorkerConfig;
 use crate::headers::{self, DeadLetterRecord};
 use crate::publish::SHORT_STRING_MAX;
@@ -80,6 +81,9 @@ pub struct ReplayOptions {
     /// Move at most this many messages; further matching ones are left in the dead-letter
     /// queue and counted as skipped (`None`: no limit).
     pub limit: Option<u64>,
+    /// How the rate follows the dependency's failures (the closed loop; `rate` is its
+    /// maximum).
+    pub control: RateControl,
 }
 
 impl ReplayOptions {
@@ -95,6 +99,7 @@ impl ReplayOptions {
             idle_timeout: Duration::from_secs(3),
             window: 256,
             limit: None,
+            control: RateControl::default(),
         }
     }
 }

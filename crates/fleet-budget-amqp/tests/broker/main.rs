@@ -17,6 +17,7 @@ mod node_list;
 mod replay;
 mod replay_close;
 mod replay_frame;
+mod replay_loop;
 mod replay_refused;
 mod tls;
 mod topology;
