@@ -21,246 +21,25 @@
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
 
 mod common;
+#[path = "mixed_fleet/processes.rs"]
+mod processes;
+#[path = "mixed_fleet/upstream.rs"]
+mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use fleet_budget::testing::RedisServer;
 use fleet_budget_amqp::testing::{TestBroker, amqp_url, unique_prefix};
 use fleet_budget_amqp::{AmqpSettings, headers};
 
-/// One call the dependency answered.
-#[derive(Debug, Clone)]
-struct Call {
-    id: String,
-    attempt: u32,
-    replays: u32,
-    ok: bool,
-}
-
-/// The dependency: `CALL <id> <task> <attempt> <replays> <pid>` → `OK` | `FAIL http_503`.
-struct Upstream {
-    addr: String,
-    failing: Arc<AtomicBool>,
-    calls: Arc<Mutex<Vec<Call>>>,
-}
-
-impl Upstream {
-    fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let failing = Arc::new(AtomicBool::new(false));
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let (f, c) = (failing.clone(), calls.clone());
-        // Lives as long as the test process: each connection is one line and one answer.
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let (f, c) = (f.clone(), c.clone());
-                std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut line = String::new();
-                    if BufReader::new(&stream).read_line(&mut line).is_err() {
-                        return;
-                    }
-                    let words: Vec<&str> = line.split_whitespace().collect();
-                    let [_, id, _, attempt, replays, _] = words[..] else {
-                        let _ = stream.write_all(b"REJECT bad_call\n");
-                        return;
-                    };
-                    let ok = !f.load(Ordering::SeqCst);
-                    c.lock().unwrap().push(Call {
-                        id: id.to_owned(),
-                        attempt: attempt.parse().unwrap_or(0),
-                        replays: replays.parse().unwrap_or(0),
-                        ok,
-                    });
-                    let answer: &[u8] = if ok { b"OK\n" } else { b"FAIL http_503\n" };
-                    let _ = stream.write_all(answer);
-                });
-            }
-        });
-        Self {
-            addr,
-            failing,
-            calls,
-        }
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    fn succeeded(&self, ids: &[String]) -> usize {
-        let calls = self.calls();
-        ids.iter()
-            .filter(|id| calls.iter().any(|c| c.ok && &c.id == *id))
-            .count()
-    }
-}
-
-/// A child process killed on drop; its output in a file, printed when the test fails.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &str, command: &mut Command, dir: &Path) -> Self {
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = command
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        Self {
-            name: name.to_owned(),
-            child,
-            log,
-        }
-    }
-
-    /// SIGTERM (a graceful stop for both kinds of worker), then SIGKILL after 20 s.
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-        if std::thread::panicking() {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: String = text
-                .chars()
-                .rev()
-                .take(6000)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            eprintln!("----- {} ({}) -----\n{tail}", self.name, self.log.display());
-        }
-    }
-}
-
-/// The Celery queue (declared by the Celery worker, not by the topology): deleted on drop, after
-/// the worker processes (declared before them), pass or fail.
-struct CeleryQueue {
-    name: String,
-}
-
-impl Drop for CeleryQueue {
-    fn drop(&mut self) {
-        let deleted = Command::new(python())
-            .args([
-                "-c",
-                "import sys, kombu\n\
-                 with kombu.Connection(sys.argv[2], connect_timeout=5) as c:\n    \
-                 c.default_channel.queue_delete(sys.argv[1])\n",
-            ])
-            .arg(&self.name)
-            .arg(amqp_url())
-            .status();
-        if !deleted.is_ok_and(|s| s.success()) {
-            eprintln!("test cleanup: could not delete {}", self.name);
-        }
-    }
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("FLEET_BUDGET_PYTHON").map_or_else(
-        || common::repo_root().join(".venv/bin/python"),
-        PathBuf::from,
-    )
-}
-
-fn budgetctl() -> PathBuf {
-    // Built by `cargo test --workspace` (scripts/test) beside this test's binary.
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is not built: run `cargo build -p budgetctl` (scripts/test builds the workspace)",
-        bin.display()
-    );
-    bin
-}
-
-fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ready() {
-        assert!(started.elapsed() < within, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Sends Celery tasks `search(i)` with the given task ids, from Python (Celery's own format).
-fn send_celery(env: &[(&str, String)], ids: &[String]) {
-    let script = "import sys, celery_fleet\n\
-                  for i, id in enumerate(sys.argv[1:]):\n    \
-                  celery_fleet.app.send_task('search', [i], task_id=id)\n\
-                  celery_fleet.budget.close()\n";
-    let status = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .args(ids)
-        .current_dir(common::repo_root().join("tests/python"))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .status()
-        .expect("run Python (scripts/test makes .venv)");
-    assert!(status.success(), "sending Celery tasks failed");
-}
-
-fn publish_rust(broker: &TestBroker, n: usize) -> Vec<String> {
-    common_block_on(async {
-        let publisher = broker.publisher().await;
-        let mut ids = Vec::new();
-        for _ in 0..n {
-            ids.push(
-                publisher
-                    .publish_job(&broker.topology.work_exchange, "index", "index", b"{}")
-                    .await
-                    .unwrap(),
-            );
-        }
-        publisher.close().await;
-        ids
-    })
-}
-
-fn common_block_on<F: Future>(f: F) -> F::Output {
-    fleet_budget_amqp::testing::block_on(f)
-}
-
-fn depth(broker: &TestBroker, queue: &str) -> u32 {
-    common_block_on(broker.depth(queue))
-}
+use self::processes::{
+    CeleryQueue, Proc, budgetctl, common_block_on, depth, publish_rust, python, send_celery,
+    wait_until,
+};
+use self::upstream::{Call, Upstream};
 
 #[test]
 #[allow(clippy::too_many_lines)]

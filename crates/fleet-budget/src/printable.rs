@@ -7,10 +7,13 @@
 //! override (U+202E) makes `pay\u{202E}lanoitan` read as something it is not, and a zero-width
 //! space hides inside `sea\u{200B}rch`. Each such character is shown as its code instead
 //! (`\u{202e}`), so the text stays readable and unambiguous; everything else is kept.
+//!
+//! The characters themselves ([`is_unsafe_char`], [`is_bidi_control`]) and how an error names
+//! one ([`CodePoint`]) live here too: the dependency names, the configuration's checks and the
+//! printing of hostile text all refuse or escape the same set.
 
 use std::borrow::Cow;
-
-use crate::dependency::is_unsafe_char;
+use std::fmt;
 
 /// `text` with every character [`is_unsafe_char`] names (control, bidirectional control,
 /// invisible) shown as `\u{…}`.
@@ -29,6 +32,81 @@ pub fn escape_text(text: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Whether `c` changes the direction of the text around it (U+061C, U+200E, U+200F,
+/// U+202A to U+202E, U+2066 to U+2069): a name holding one prints as something it is not.
+#[must_use]
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether `c` must not be part of a name (a dependency, a task in the configuration, the Redis
+/// key prefix): printed, it drives the terminal, breaks the line, or hides or reorders the text
+/// around it, so that `pay\u{202E}lanoitan` or `sea\u{200B}rch` reads as a name it is not. Such
+/// characters are:
+///
+/// - the control characters (U+0000 to U+001F, U+007F to U+009F);
+/// - the line and paragraph separators (U+2028, U+2029);
+/// - Unicode's default-ignorable code points (`Default_Ignorable_Code_Point`, unchanged since Unicode 14),
+///   which render as nothing: the bidirectional controls ([`is_bidi_control`]), the zero-width
+///   space, joiners and no-break space (U+200B to U+200D, U+2060, U+FEFF), the soft hyphen
+///   U+00AD, variation selectors, tags (U+E0000 to U+E0FFF), fillers and the code points
+///   reserved as default-ignorable.
+///
+/// The list is written out, not read from the Unicode tables of the language, so that the Python
+/// client (`fleet_budget.config._is_unsafe_char`) refuses exactly the same characters.
+#[must_use]
+pub fn is_unsafe_char(c: char) -> bool {
+    matches!(c,
+        '\u{0000}'..='\u{001F}'
+        | '\u{007F}'..='\u{009F}'
+        | '\u{00AD}'
+        | '\u{034F}'
+        | '\u{061C}'
+        | '\u{115F}'..='\u{1160}'
+        | '\u{17B4}'..='\u{17B5}'
+        | '\u{180B}'..='\u{180F}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{2028}'
+        | '\u{2029}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}'
+        | '\u{3164}'
+        | '\u{FE00}'..='\u{FE0F}'
+        | '\u{FEFF}'
+        | '\u{FFA0}'
+        | '\u{FFF0}'..='\u{FFF8}'
+        | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}'
+        | '\u{E0000}'..='\u{E0FFF}')
+}
+
+/// A character as an error message names it: its code point and, for one that does not show,
+/// what it is (`U+202E (a bidirectional control)`), so that the message itself cannot be
+/// garbled by the character it is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodePoint(pub char);
+
+impl fmt::Display for CodePoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        write!(f, "U+{:04X}", u32::from(c))?;
+        let what = if c.is_control() {
+            "a control character"
+        } else if is_bidi_control(c) {
+            "a bidirectional control"
+        } else if matches!(c, '\u{2028}' | '\u{2029}') {
+            "a line or paragraph separator"
+        } else if is_unsafe_char(c) {
+            "an invisible character"
+        } else if c.is_whitespace() {
+            "a space"
+        } else {
+            return write!(f, " `{c}`");
+        };
+        write!(f, " ({what})")
+    }
 }
 
 #[cfg(test)]
@@ -50,5 +128,54 @@ mod tests {
             escape_text("sea\u{200B}rch\u{FEFF}\u{E0041}"),
             "sea\\u{200b}rch\\u{feff}\\u{e0041}"
         );
+    }
+
+    /// What [`is_unsafe_char`] names, range by range, and that it covers the controls and the
+    /// bidirectional controls it is documented to.
+    #[test]
+    fn unsafe_characters_are_controls_separators_and_default_ignorables() {
+        let unsafe_ranges: Vec<(u32, u32)> = {
+            let mut ranges: Vec<(u32, u32)> = Vec::new();
+            for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+                if !is_unsafe_char(c) {
+                    continue;
+                }
+                let code = u32::from(c);
+                match ranges.last_mut() {
+                    Some((_, end)) if *end + 1 == code => *end = code,
+                    _ => ranges.push((code, code)),
+                }
+            }
+            ranges
+        };
+        assert_eq!(
+            unsafe_ranges,
+            [
+                (0x0, 0x1F),
+                (0x7F, 0x9F),
+                (0xAD, 0xAD),
+                (0x34F, 0x34F),
+                (0x61C, 0x61C),
+                (0x115F, 0x1160),
+                (0x17B4, 0x17B5),
+                (0x180B, 0x180F),
+                (0x200B, 0x200F),
+                (0x2028, 0x202E),
+                (0x2060, 0x206F),
+                (0x3164, 0x3164),
+                (0xFE00, 0xFE0F),
+                (0xFEFF, 0xFEFF),
+                (0xFFA0, 0xFFA0),
+                (0xFFF0, 0xFFF8),
+                (0x1BCA0, 0x1BCA3),
+                (0x1D173, 0x1D17A),
+                (0xE0000, 0xE0FFF),
+            ]
+        );
+        for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+            if c.is_control() || is_bidi_control(c) {
+                assert!(is_unsafe_char(c), "{:x}", u32::from(c));
+            }
+        }
     }
 }

@@ -1,4 +1,4 @@
-"""Group commit of withdrawals, as the Rust ``store/group_commit.rs`` does it: while a decision for
+"""Group commit of withdrawals, as the Rust ``store/redis/group_commit.rs`` does it: while a decision for
 a dependency is in flight from this process, the decisions that arrive for the same dependency wait
 for it, and then go together as one ``spend_many.lua`` call (at most ``max_batch``), whose answer
 to each is what that many ``spend.lua`` calls in a row at that instant would give

@@ -22,9 +22,11 @@
 //! `budgetctl status`.
 
 mod policy;
-mod store;
+mod verdict;
 
 pub use policy::{BreakerPolicy, BreakerPolicyError};
-pub use store::{
-    BREAKER_SCRIPT, Breaker, BreakerState, BreakerStatus, Decided, Verdict, status_on,
-};
+pub use verdict::{Breaker, BreakerState, BreakerStatus, Decided, Verdict, status_on};
+
+// The breaker's script, loaded where every script is (`store/redis/scripts.rs`); kept here, where
+// it was public before.
+pub use crate::store::BREAKER_SCRIPT;

@@ -1,23 +1,14 @@
-//! [`ConcurrencyBudget`]: taking and giving back slots, one atomic script call each.
+//! [`ConcurrencyBudget`]: taking and giving back slots, one atomic script call each (made by
+//! the store, `store/redis/leases.rs`); here what to ask and what the answer means.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use redis::Script;
 
 use super::policy::ConcurrencyPolicy;
 use crate::decision::DeadLetterReason;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::RedisStore;
-
-/// `lua/lease_acquire.lua`: take a slot.
-pub static LEASE_ACQUIRE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lease_acquire.lua")));
-/// `lua/lease_release.lua`: give a slot back.
-pub static LEASE_RELEASE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lease_release.lua")));
+use crate::store::{LeaseArgs, RedisStore, count_at};
 
 /// Which kind of call a slot is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,8 +118,7 @@ impl ConcurrencyBudget {
     /// The two lease sets of `dependency`: primary, retry.
     #[must_use]
     pub fn keys(&self, dependency: &Dependency) -> [String; 2] {
-        let base = self.store.key(dependency);
-        [format!("{base}:lp"), format!("{base}:lr")]
+        self.store.lease_keys(dependency)
     }
 
     /// Asks for one slot of `kind`: granted or refused at once, never waiting.
@@ -149,22 +139,16 @@ impl ConcurrencyBudget {
             self.stem,
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let [lp, lr] = self.keys(dependency);
-        let mut invocation = LEASE_ACQUIRE_SCRIPT.key(lp);
-        invocation
-            .key(lr)
-            .arg(kind.code())
-            .arg(&id)
-            .arg(u64::try_from(policy.lease.as_millis()).unwrap_or(u64::MAX))
-            .arg(policy.cap)
-            .arg(policy.max_retry_fraction.to_string())
-            .arg(policy.min_retry_slots)
-            .arg(if policy.primary_waits { "1" } else { "0" });
-        let reply = self
-            .store
-            .invoke("lease_acquire", invocation)
-            .await
-            .map_err(|e| refused_key(e, &self.keys(dependency)))?;
+        let args = LeaseArgs {
+            kind: kind.code(),
+            id: &id,
+            lease_ms: u64::try_from(policy.lease.as_millis()).unwrap_or(u64::MAX),
+            cap: policy.cap,
+            max_retry_fraction: policy.max_retry_fraction,
+            min_retry_slots: policy.min_retry_slots,
+            primary_waits: policy.primary_waits,
+        };
+        let reply = self.store.lease_acquire(dependency, &args).await?;
         let field = |i| count_at("lease_acquire", &reply, i);
         let (granted, refusal) = (field(0)?, field(1)?);
         let in_flight = InFlight {
@@ -215,62 +199,14 @@ impl ConcurrencyBudget {
     /// The store failed, passed its deadline, or answered out of contract. The slot then comes
     /// back when the lease expires.
     pub async fn release(&self, lease: &Lease) -> Result<InFlight, StoreError> {
-        let [lp, lr] = self.keys(&lease.dependency);
-        let mut invocation = LEASE_RELEASE_SCRIPT.key(lp);
-        invocation.key(lr).arg(&lease.id);
         let reply = self
             .store
-            .invoke("lease_release", invocation)
-            .await
-            .map_err(|e| refused_key(e, &self.keys(&lease.dependency)))?;
+            .lease_release(&lease.dependency, &lease.id)
+            .await?;
         let field = |i| count_at("lease_release", &reply, i);
         Ok(InFlight {
             primaries: field(1)?,
             retries: field(2)?,
         })
     }
-}
-
-/// The scripts' refusal of one of `keys` (`fleet-budget: key <key> is not a lease set: WRONGTYPE
-/// ...`: anyone with access to Redis can overwrite it with another type) as a
-/// [`StoreError::BadKey`] naming that key; any other error as it is.
-fn refused_key(e: StoreError, keys: &[String; 2]) -> StoreError {
-    let StoreError::Redis(redis_error) = &e else {
-        return e;
-    };
-    if redis_error.code() != Some("fleet-budget:") {
-        return e;
-    }
-    let Some(rest) = redis_error.detail().and_then(|d| d.strip_prefix("key ")) else {
-        return e;
-    };
-    for key in keys {
-        if let Some(detail) = rest
-            .strip_prefix(key.as_str())
-            .and_then(|d| d.strip_prefix(" is not a lease set"))
-        {
-            return StoreError::BadKey {
-                key: key.clone(),
-                detail: format!("is not a lease set{detail}"),
-            };
-        }
-    }
-    e
-}
-
-/// The non-negative integer at 0-based `index` of `script`'s reply.
-pub(crate) fn count_at(
-    script: &'static str,
-    reply: &[redis::Value],
-    index: usize,
-) -> Result<u64, StoreError> {
-    let detail = match reply.get(index) {
-        Some(redis::Value::Int(v)) => match u64::try_from(*v) {
-            Ok(v) => return Ok(v),
-            Err(_) => format!("field {} is negative: {v}", index + 1),
-        },
-        Some(_) => format!("field {} is not an integer", index + 1),
-        None => format!("field {} is missing", index + 1),
-    };
-    Err(StoreError::BadReply { script, detail })
 }

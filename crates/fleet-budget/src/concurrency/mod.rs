@@ -14,9 +14,8 @@
 mod lease;
 mod policy;
 
-pub(crate) use lease::count_at;
-pub use lease::{
-    Acquired, ConcurrencyBudget, InFlight, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, Lease,
-    LeaseKind, Refusal,
-};
+pub use lease::{Acquired, ConcurrencyBudget, InFlight, Lease, LeaseKind, Refusal};
+// The lease scripts, loaded where every script is (`store/redis/scripts.rs`); kept here, where
+// they were public before.
+pub use crate::store::{LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT};
 pub use policy::{ConcurrencyPolicy, ConcurrencyPolicyError, MAX_LEASE};

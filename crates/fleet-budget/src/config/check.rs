@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Problem;
-use crate::dependency::{CodePoint, is_unsafe_char, validate_name};
+use crate::dependency::Dependency;
+use crate::printable::{CodePoint, is_unsafe_char};
 use crate::redact::redact_url;
 use crate::tls::TlsFiles;
 
@@ -224,13 +225,13 @@ impl Checker {
         }
     }
 
-    /// Whether `name` is a valid dependency name (a problem says why not).
-    pub(super) fn dependency_name(&mut self, key: &str, name: &str) -> bool {
-        match validate_name(name) {
-            Ok(()) => true,
+    /// `name` as a dependency, when it is a valid dependency name (a problem says why not).
+    pub(super) fn dependency_name(&mut self, key: &str, name: &str) -> Option<Dependency> {
+        match Dependency::new(name) {
+            Ok(dependency) => Some(dependency),
             Err(e) => {
                 self.problem(key, quoted(name), format!("dependency name {e}"));
-                false
+                None
             }
         }
     }

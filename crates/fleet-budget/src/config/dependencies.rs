@@ -7,10 +7,9 @@ use serde::Deserialize;
 
 use super::check::{Checker, quoted, toml_key};
 use super::defaults::PolicyFields;
-use crate::dependency::{
-    CodePoint, DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks, is_unsafe_char,
-};
+use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
+use crate::printable::{CodePoint, is_unsafe_char};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,7 +132,7 @@ pub(super) fn resolve(
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (name, dep) in sections {
         let at = format!("dependencies.{}", toml_key(&name));
-        let valid = c.dependency_name(&at, &name);
+        let dependency = c.dependency_name(&at, &name);
         let policy = PolicyFields {
             window_secs: dep.window_secs,
             ratio: dep.ratio,
@@ -142,12 +141,9 @@ pub(super) fn resolve(
             mode: dep.mode,
         }
         .resolve(c, &at, defaults);
-        let Ok(dependency) = Dependency::new(&name) else {
+        let Some(dependency) = dependency else {
             continue;
         };
-        if !valid {
-            continue;
-        }
         policies.insert(dependency.clone(), policy);
         for (i, task) in dep.tasks.iter().enumerate() {
             let key = format!("{at}.tasks[{i}]");

@@ -34,7 +34,7 @@ pub(super) fn resolve(
         let at = format!("tasks.{}", toml_key(&task));
         if !map.is_mapped(&task) && matches!(map.unmapped(), UnmappedTasks::OwnBudget { .. }) {
             // An unmapped task is its own dependency, so its name must be a valid one.
-            c.dependency_name(&at, &task);
+            let _ = c.dependency_name(&at, &task);
         }
         let given = [
             t.class.is_some(),

@@ -8,7 +8,6 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::error::StoreError;
-use crate::keys::audit_key;
 use crate::store::RedisStore;
 
 /// How much of the trail Redis keeps.
@@ -92,35 +91,25 @@ impl AuditLog {
         store: &RedisStore,
         entry: &AuditEntry,
     ) -> Result<String, StoreError> {
-        let key = audit_key(store.prefix());
         let json =
             |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string).unwrap_or_default();
-        let mut xadd = redis::cmd("XADD");
-        // Exact trimming (no `~`): the trail grows at human speed, and an approximate trim keeps
-        // whole nodes of 100 entries, so a bound of 10 would keep 100.
-        xadd.arg(&key)
-            .arg("MAXLEN")
-            .arg(self.max_entries.max(1))
-            .arg("*")
-            .arg("actor")
-            .arg(&entry.actor)
-            .arg("action")
-            .arg(&entry.action)
-            .arg("dependency")
-            .arg(entry.dependency.as_deref().unwrap_or_default())
-            .arg("reason")
-            .arg(&entry.reason)
-            .arg("before")
-            .arg(json(&entry.before))
-            .arg("after")
-            .arg(json(&entry.after));
-        let id: String = store.query(&xadd).await?;
+        let (before, after) = (json(&entry.before), json(&entry.after));
+        let fields = [
+            ("actor", entry.actor.as_str()),
+            ("action", entry.action.as_str()),
+            (
+                "dependency",
+                entry.dependency.as_deref().unwrap_or_default(),
+            ),
+            ("reason", entry.reason.as_str()),
+            ("before", before.as_str()),
+            ("after", after.as_str()),
+        ];
+        let id = store.audit_append(self.max_entries.max(1), &fields).await?;
         let now_ms = id_ms(&id);
         let max_age = u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX);
         if now_ms > max_age {
-            let mut trim = redis::cmd("XTRIM");
-            trim.arg(&key).arg("MINID").arg(now_ms - max_age);
-            let _: u64 = store.query(&trim).await?;
+            store.audit_trim(now_ms - max_age).await?;
         }
         Ok(id)
     }
@@ -138,23 +127,18 @@ impl AuditLog {
         dependency: Option<&str>,
         limit: usize,
     ) -> Result<Vec<AuditEntry>, StoreError> {
-        let mut xrange = redis::cmd("XREVRANGE");
-        xrange
-            .arg(audit_key(store.prefix()))
-            .arg(until_ms.map_or_else(|| "+".to_owned(), |ms| ms.to_string()))
-            .arg(since_ms.map_or_else(|| "-".to_owned(), |ms| ms.to_string()))
-            .arg("COUNT")
-            // Without a dependency filter the newest `limit` are the answer; with one, read up
-            // to the whole (bounded) trail and filter.
-            .arg(match dependency {
-                None => u64::try_from(limit)
-                    .unwrap_or(u64::MAX)
-                    .clamp(1, self.max_entries.max(1)),
-                Some(_) => self.max_entries.max(1),
-            });
-        // Bytes, not text: anyone with access can add an entry, and one field that is not UTF-8
-        // must not make the whole trail unreadable (it is shown with U+FFFD instead).
-        let raw: Vec<RawEntry> = store.query(&xrange).await?;
+        let until = until_ms.map_or_else(|| "+".to_owned(), |ms| ms.to_string());
+        let since = since_ms.map_or_else(|| "-".to_owned(), |ms| ms.to_string());
+        // Without a dependency filter the newest `limit` are the answer; with one, read up to
+        // the whole (bounded) trail and filter.
+        let count = match dependency {
+            None => u64::try_from(limit)
+                .unwrap_or(u64::MAX)
+                .clamp(1, self.max_entries.max(1)),
+            Some(_) => self.max_entries.max(1),
+        };
+        // Bytes, not text: one field that is not UTF-8 is shown with U+FFFD.
+        let raw = store.audit_range(&until, &since, count).await?;
         let mut entries: Vec<AuditEntry> = raw
             .into_iter()
             .map(|(id, fields)| {
@@ -170,9 +154,6 @@ impl AuditLog {
         Ok(entries)
     }
 }
-
-/// A stream entry as Redis sends it: the id, and the field and value pairs, as bytes.
-type RawEntry = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// The ms part of a stream id.
 fn id_ms(id: &str) -> u64 {

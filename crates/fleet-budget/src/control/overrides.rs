@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::audit::{AuditEntry, AuditLog};
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::{OVERRIDE_SCRIPT, RedisStore};
+use crate::store::RedisStore;
 
 /// The longest override `lua/override.lua` takes: 366 days.
 pub const MAX_OVERRIDE_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -165,11 +165,9 @@ pub async fn read(
     store: &RedisStore,
     dependency: &Dependency,
 ) -> Result<(u64, Overrides), StoreError> {
-    let mut hmget = redis::cmd("HMGET");
-    hmget.arg(store.key(dependency)).arg(&FIELDS[..]);
-    let values: Vec<Value> = store.query(&hmget).await?;
-    let (secs, micros): (u64, u64) = store.query(&redis::cmd("TIME")).await?;
-    Ok((secs * 1000 + micros / 1000, Overrides::from_values(&values)))
+    let values = store.budget_fields(dependency, &FIELDS).await?;
+    let now_ms = store.server_time_ms().await?;
+    Ok((now_ms, Overrides::from_values(&values)))
 }
 
 /// Applies `action` to `dependency` as `actor` for `reason`, and records it in `audit`.
@@ -185,27 +183,31 @@ pub async fn apply(
     actor: &str,
     reason: &str,
 ) -> Result<Change, StoreError> {
-    let mut invocation = OVERRIDE_SCRIPT.key(store.key(dependency));
-    invocation.arg(action.as_str());
+    let mut args = vec![action.as_str().to_owned()];
     match action {
         OverrideAction::Freeze { duration } => {
-            invocation.arg(millis(duration)).arg(actor).arg(reason);
+            args.extend([
+                millis(duration).to_string(),
+                actor.to_owned(),
+                reason.to_owned(),
+            ]);
         }
         OverrideAction::Set {
             duration,
             ratio,
             min_allowance,
         } => {
-            invocation
-                .arg(millis(duration))
-                .arg(actor)
-                .arg(reason)
-                .arg(ratio.map(|r| r.to_string()).unwrap_or_default())
-                .arg(min_allowance.map(|m| m.to_string()).unwrap_or_default());
+            args.extend([
+                millis(duration).to_string(),
+                actor.to_owned(),
+                reason.to_owned(),
+                ratio.map(|r| r.to_string()).unwrap_or_default(),
+                min_allowance.map(|m| m.to_string()).unwrap_or_default(),
+            ]);
         }
         OverrideAction::Unfreeze | OverrideAction::Clear => {}
     }
-    let reply = store.invoke("override", invocation).await?;
+    let reply = store.run_override(dependency, &args).await?;
     let at_ms = match reply.first() {
         Some(Value::Int(ms)) => u64::try_from(*ms).unwrap_or_default(),
         other => {

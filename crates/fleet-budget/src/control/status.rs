@@ -8,8 +8,7 @@ use crate::allowance::BudgetSnapshot;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
-use crate::store::RedisStore;
-use crate::store::scripts::{int_at, text_at};
+use crate::store::{RedisStore, int_at, text_at};
 
 /// What `budgetctl status` shows for one dependency.
 #[derive(Debug, Clone, PartialEq, Serialize)]

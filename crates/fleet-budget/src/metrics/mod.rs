@@ -38,6 +38,8 @@
 mod calls;
 mod exporter;
 mod fleet;
+mod read;
+mod record;
 mod server;
 mod timed_store;
 
@@ -60,8 +62,6 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::allowance::BudgetSnapshot;
-use crate::decision::DeadLetterReason;
 use crate::dependency::Dependency;
 
 /// Upper bounds of the store-call duration buckets, in seconds: fine around the 50 ms default
@@ -315,207 +315,6 @@ impl Metrics {
         prometheus::TextEncoder::new()
             .encode_to_string(&families)
             .unwrap_or_default()
-    }
-
-    pub(crate) fn success(&self, d: &Dependency) {
-        self.successes.with_label_values(&[d.as_str()]).inc();
-    }
-
-    pub(crate) fn execution(&self, d: &Dependency, first: bool) {
-        self.executions.with_label_values(&[d.as_str()]).inc();
-        if first {
-            self.first_attempts.with_label_values(&[d.as_str()]).inc();
-        }
-    }
-
-    pub(crate) fn retry(&self, d: &Dependency, granted: bool) {
-        let c = if granted {
-            &self.retries_granted
-        } else {
-            &self.retries_denied
-        };
-        c.with_label_values(&[d.as_str()]).inc();
-    }
-
-    /// Counts a budget's answer to a retry request: granted or denied; a denial answered in
-    /// the process also as such. Its snapshot sets the gauges only when it is fresh: a denial
-    /// answered in the process repeats the one its call saw (and is no store call, so no
-    /// policy conflict either).
-    pub(crate) fn decided(
-        &self,
-        d: &Dependency,
-        withdrawal: &crate::store::Withdrawal,
-        source: crate::decision::BudgetSource,
-    ) {
-        self.retry(d, withdrawal.granted);
-        if source == crate::decision::BudgetSource::FleetCache {
-            self.retries_denied_in_process
-                .with_label_values(&[d.as_str()])
-                .inc();
-        } else {
-            self.snapshot(d, &withdrawal.snapshot);
-        }
-    }
-
-    pub(crate) fn dead_letter(&self, d: &Dependency, reason: DeadLetterReason) {
-        self.dead_letters
-            .with_label_values(&[d.as_str(), reason.as_str()])
-            .inc();
-    }
-
-    pub(crate) fn snapshot(&self, d: &Dependency, s: &BudgetSnapshot) {
-        if s.control.conflict {
-            self.policy_conflict(d);
-        }
-        self.allowance
-            .with_label_values(&[d.as_str()])
-            .set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
-        self.headroom
-            .with_label_values(&[d.as_str()])
-            .set(i64::try_from(s.remaining()).unwrap_or(i64::MAX));
-    }
-
-    /// Counts a call whose policy differed from the one in force, and logs the first per
-    /// dependency (a rolling deploy makes many; one line says it).
-    fn policy_conflict(&self, d: &Dependency) {
-        self.policy_conflicts.with_label_values(&[d.as_str()]).inc();
-        let first = {
-            let mut logged = self
-                .conflicts_logged
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            logged.len() < CONFLICT_LOG_LIMIT && logged.insert(d.clone())
-        };
-        if first {
-            tracing::warn!(
-                dependency = %d,
-                "this worker's budget policy differs from the one in force in Redis, which \
-                 decides instead (see `budgetctl status`); counted in \
-                 fleet_budget_policy_conflicts_total"
-            );
-        }
-    }
-
-    pub(crate) fn fallback(&self, d: &Dependency, active: bool) {
-        self.fallback_active
-            .with_label_values(&[d.as_str()])
-            .set(i64::from(active));
-    }
-
-    /// Makes `fleet_budget_fallback_active` show 0 for `d` before its first failure, so that
-    /// a dashboard and an alert see a series for every configured dependency.
-    pub(crate) fn healthy(&self, d: &Dependency) {
-        let _ = self.fallback_active.with_label_values(&[d.as_str()]);
-    }
-
-    pub(crate) fn store_call(&self, op: StoreOp, elapsed: std::time::Duration) {
-        self.store_call_duration
-            .with_label_values(&[op.as_str()])
-            .observe(elapsed.as_secs_f64());
-    }
-
-    pub(crate) fn store_error(&self, kind: &str) {
-        self.store_errors.with_label_values(&[kind]).inc();
-    }
-
-    pub(crate) fn fallback_dependencies(&self, n: u64) {
-        self.fallback_dependencies
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub(crate) fn fallback_decision(&self, mode: &str) {
-        self.fallback_decisions.with_label_values(&[mode]).inc();
-    }
-
-    pub(crate) fn pending(&self, n: u64) {
-        self.deposits_pending
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub(crate) fn in_flight(&self, d: &Dependency, n: crate::concurrency::InFlight) {
-        self.calls.in_flight(d, n);
-    }
-
-    pub(crate) fn hedge(&self, d: &Dependency, granted: bool) {
-        self.calls.hedge(d, granted);
-    }
-
-    pub(crate) fn breaker_transition(&self, d: &Dependency, to: &str) {
-        self.calls.breaker_transition(d, to);
-    }
-
-    pub(crate) fn breaker_state(&self, d: &Dependency, code: i64) {
-        self.calls.breaker_state(d, code);
-    }
-
-    /// Hedges of `dependency` asked for and `granted` (or refused).
-    #[must_use]
-    pub fn hedges(&self, dependency: &str, granted: bool) -> u64 {
-        self.calls.hedges(dependency, granted)
-    }
-
-    /// Breaker transitions of `dependency` into `to` (`open`, `half_open`, `closed`).
-    #[must_use]
-    pub fn breaker_transitions(&self, dependency: &str, to: &str) -> u64 {
-        self.calls.breaker_transitions(dependency, to)
-    }
-
-    /// Retries in flight over primaries in flight at the last lease call for `dependency`.
-    #[must_use]
-    pub fn retry_fraction(&self, dependency: &str) -> f64 {
-        self.calls.retry_fraction(dependency)
-    }
-
-    /// Calls in flight of `kind` (`primary`, `retry`) at the last lease call for `dependency`.
-    #[must_use]
-    pub fn calls_in_flight(&self, dependency: &str, kind: &str) -> i64 {
-        self.calls.calls_in_flight(dependency, kind)
-    }
-
-    /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
-    /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`,
-    /// `retries_denied_in_process`, `policy_conflicts`).
-    #[must_use]
-    pub fn counter(&self, name: &str, dependency: &str) -> u64 {
-        let c = match name {
-            "successes" => &self.successes,
-            "first_attempts" => &self.first_attempts,
-            "executions" => &self.executions,
-            "retries_granted" => &self.retries_granted,
-            "retries_denied" => &self.retries_denied,
-            "retries_denied_in_process" => &self.retries_denied_in_process,
-            "policy_conflicts" => &self.policy_conflicts,
-            _ => return 0,
-        };
-        c.with_label_values(&[dependency]).get()
-    }
-
-    /// Dead-letter decisions for `dependency` and `reason`.
-    #[must_use]
-    pub fn dead_letters(&self, dependency: &str, reason: DeadLetterReason) -> u64 {
-        self.dead_letters
-            .with_label_values(&[dependency, reason.as_str()])
-            .get()
-    }
-
-    /// Whether the fallback is deciding now for `dependency`.
-    #[must_use]
-    pub fn fallback_is_active(&self, dependency: &str) -> bool {
-        self.fallback_active.with_label_values(&[dependency]).get() == 1
-    }
-
-    /// Store calls of `op` observed so far.
-    #[must_use]
-    pub fn store_calls(&self, op: StoreOp) -> u64 {
-        self.store_call_duration
-            .with_label_values(&[op.as_str()])
-            .get_sample_count()
-    }
-
-    /// Store errors of `kind`.
-    #[must_use]
-    pub fn store_errors(&self, kind: &str) -> u64 {
-        self.store_errors.with_label_values(&[kind]).get()
     }
 }
 

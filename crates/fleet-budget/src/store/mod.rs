@@ -3,6 +3,10 @@
 //! [`RedisStore`] shares a budget across the fleet; [`LocalStore`] keeps it in this process (for
 //! single-process workers, the simulator, and the fallback while Redis is unreachable). Both
 //! implement the same arithmetic ([`crate::allowance`]).
+//!
+//! Every call the core crate makes to Redis is in `redis/`: the budget's, and those the
+//! concurrency budget, the breaker and the control plane ask it to make (one file per kind of
+//! call, the scripts loaded in one place: `redis/scripts.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,21 +16,17 @@ use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
 
-mod batch;
-mod discovery;
-mod group_commit;
 mod local;
 mod redis;
-pub(crate) mod scripts;
 
-pub use discovery::DiscoveryError;
-pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT, batch_answer};
 pub use local::{LocalBudget, LocalStore};
-pub use redis::{RedisStore, RedisTarget};
-pub use scripts::{
-    DEPOSIT_SCRIPT, OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT,
-    STATUS_SCRIPT, ScriptReply, parse_reply, parse_status, policy_args,
+pub use redis::{
+    BREAKER_SCRIPT, DEFAULT_MAX_BATCH, DEPOSIT_SCRIPT, DiscoveryError, GroupCommitStats,
+    LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, MAX_BATCH_LIMIT, OVERRIDE_SCRIPT, RedisStore,
+    RedisTarget, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply,
+    batch_answer, parse_reply, parse_status, policy_args,
 };
+pub(crate) use redis::{BreakerArgs, LeaseArgs, count_at, int_at, text_at};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

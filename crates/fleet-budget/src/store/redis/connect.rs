@@ -170,7 +170,7 @@ impl RedisStore {
 
     /// A client for another connection to `url` (a node of the target), with the store's TLS
     /// certificates.
-    pub(in crate::store) fn client_for(&self, url: &str) -> redis::RedisResult<Client> {
+    pub(super) fn client_for(&self, url: &str) -> redis::RedisResult<Client> {
         match &self.certificates {
             Some(certs) if is_tls_url(url) => Client::build_with_tls(url, certs.clone()),
             _ => Client::open(url),

@@ -1,35 +1,59 @@
-//! The fleet-wide store: the Lua scripts of `lua/` on Redis or Redis Cluster.
+//! The fleet-wide store, and every call the core crate makes to Redis: the Lua scripts of
+//! `lua/` on Redis or Redis Cluster, and the few plain commands tools need.
 //!
 //! One shared multiplexed connection per process (a
 //! [`ConnectionManager`](redis::aio::ConnectionManager), which reconnects by itself, or a cluster
 //! connection; `connect.rs` makes it), not a pool: a pool checkout costs a round trip per call
-//! (`docs/BENCHMARKS.md`). Scripts go through [`redis::Script`]: `EVALSHA`, and on `NOSCRIPT`
-//! (after a restart or `SCRIPT FLUSH`) `SCRIPT LOAD` and again.
+//! (`docs/BENCHMARKS.md`). One file per kind of call, each going through `call.rs` (the deadline):
+//!
+//! - `budget.rs`: the budget ([`BudgetStore`] for this store, `status.lua` for tools);
+//! - `spend.rs`: the spend scripts; `batch.rs` and `group_commit.rs` beside it, group commit of
+//!   the withdrawals they decide;
+//! - `leases.rs`: the concurrency budget's leases (`crate::concurrency` decides what to ask);
+//! - `breaker.rs`: the circuit breaker's script (`crate::breaker` reads its answers);
+//! - `overrides.rs`: operators' overrides and the audit stream (`crate::control`);
+//! - `discovery.rs`: which dependencies have a budget (`SCAN`);
+//! - `scripts.rs`: the one place scripts are loaded; `reply.rs`: decoding their replies.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
+use redis::TlsCertificates;
 use redis::cluster::ClusterClient;
-use redis::{Script, ScriptInvocation, TlsCertificates};
 use tokio::sync::OnceCell;
 
+mod batch;
+mod breaker;
+mod budget;
+mod call;
 mod connect;
+mod discovery;
+mod group_commit;
+mod leases;
+mod overrides;
+mod reply;
+mod scripts;
+mod spend;
 
+pub(crate) use breaker::BreakerArgs;
 pub use connect::RedisTarget;
 use connect::{Connecting, Connection};
-
-use super::group_commit::{DEFAULT_MAX_BATCH, GroupCommit, GroupCommitStats, batch_answer};
-use super::scripts::{
-    DEPOSIT_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, parse_reply,
-    parse_status, policy_args,
+pub use discovery::DiscoveryError;
+use group_commit::GroupCommit;
+pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT};
+pub(crate) use leases::LeaseArgs;
+pub use reply::{ScriptReply, parse_reply, parse_status};
+pub(crate) use reply::{count_at, int_at, text_at};
+pub use scripts::{
+    BREAKER_SCRIPT, DEPOSIT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, OVERRIDE_SCRIPT,
+    SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, policy_args,
 };
-use super::{BudgetStatus, BudgetStore, Deposits, StoreFuture, Withdrawal};
-use crate::allowance::BudgetSnapshot;
+pub use spend::batch_answer;
+
 use crate::config::RedisSettings;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::keys::budget_key;
-use crate::policy::BudgetPolicy;
 use crate::tls::TlsFiles;
 
 /// Budgets in Redis, shared by every process that uses the same server and key prefix.
@@ -112,7 +136,7 @@ impl RedisStore {
     }
 
     /// Sets group commit of withdrawals: `Some(max_batch)` (on by default, with
-    /// [`DEFAULT_MAX_BATCH`](super::DEFAULT_MAX_BATCH); clamped to 1..=10,000) or `None` for one
+    /// [`DEFAULT_MAX_BATCH`]; clamped to 1..=10,000) or `None` for one
     /// `spend.lua` call per decision. While a call is in flight on one server, the decisions
     /// that arrive, for any dependency, wait and then go together as one call (up to `max_batch`
     /// decisions: `spend_many.lua` for one dependency, `spend_batch.lua` for several); on Redis
@@ -153,70 +177,6 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// Decides `n` (1 to 10,000) withdrawals for `dependency` in one `spend_many.lua` call, as
-    /// `n` calls of `spend.lua` at that instant would, in order.
-    ///
-    /// # Errors
-    /// `n` out of range (an error reply), or the store failed or timed out.
-    pub async fn withdraw_many(
-        &self,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-        n: u64,
-    ) -> Result<Vec<Withdrawal>, StoreError> {
-        let ScriptReply {
-            granted,
-            snapshot,
-            next_grant_ms,
-            ..
-        } = self.run_many(&self.key(dependency), policy, n).await?;
-        let granted = u64::try_from(granted).map_err(|_| StoreError::BadReply {
-            script: "spend_many",
-            detail: format!("granted is {granted}"),
-        })?;
-        (0..n)
-            .map(|k| batch_answer(&snapshot, next_grant_ms, n, granted, k))
-            .collect()
-    }
-
-    /// One `spend_many.lua` call of `n` on `key`.
-    pub(super) async fn run_many(
-        &self,
-        key: &str,
-        policy: &BudgetPolicy,
-        n: u64,
-    ) -> Result<ScriptReply, StoreError> {
-        self.run_key(&SPEND_MANY_SCRIPT, "spend_many", key, policy, &[n])
-            .await
-    }
-
-    /// One `spend.lua` call on `key`.
-    pub(super) async fn spend_one(
-        &self,
-        key: &str,
-        policy: &BudgetPolicy,
-    ) -> Result<Withdrawal, StoreError> {
-        let ScriptReply {
-            granted,
-            snapshot,
-            next_grant_ms,
-            ..
-        } = self
-            .run_key(&SPEND_SCRIPT, "spend", key, policy, &[])
-            .await?;
-        match granted {
-            0 | 1 => Ok(Withdrawal {
-                granted: granted == 1,
-                snapshot,
-                next_grant_ms,
-            }),
-            other => Err(StoreError::BadReply {
-                script: "spend",
-                detail: format!("granted is {other}, expected 0 or 1"),
-            }),
-        }
-    }
-
     /// A store as `settings` describe it: target, key prefix, deadline and TLS files.
     ///
     /// # Errors
@@ -253,186 +213,5 @@ impl RedisStore {
     #[must_use]
     pub fn key(&self, dependency: &Dependency) -> String {
         budget_key(&self.prefix, dependency)
-    }
-
-    /// Runs `script` (called `name` in errors) on `dependency`'s key with the arguments of
-    /// `lua/README.md`: the window, the script's `own`, then the policy's; decodes the reply.
-    async fn run(
-        &self,
-        script: &Script,
-        name: &'static str,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-        own: &[u64],
-    ) -> Result<ScriptReply, StoreError> {
-        self.run_key(script, name, &self.key(dependency), policy, own)
-            .await
-    }
-
-    /// [`Self::run`] on `key`.
-    async fn run_key(
-        &self,
-        script: &Script,
-        name: &'static str,
-        key: &str,
-        policy: &BudgetPolicy,
-        own: &[u64],
-    ) -> Result<ScriptReply, StoreError> {
-        let mut invocation = script.key(key);
-        invocation.arg(policy.window_ms());
-        for arg in own {
-            invocation.arg(*arg);
-        }
-        for arg in policy_args(policy) {
-            invocation.arg(arg);
-        }
-        let reply = self.invoke(name, invocation).await?;
-        parse_reply(name, &reply, policy)
-    }
-
-    /// Runs one command within the store's deadline (for tools: overrides, the audit stream).
-    ///
-    /// # Errors
-    /// The call failed or passed its deadline.
-    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        let call = async {
-            let reply: T = match self.connection().await? {
-                Connection::Single(mut c) => cmd.query_async(&mut c).await?,
-                Connection::Cluster(mut c) => cmd.query_async(&mut c).await?,
-            };
-            Ok::<_, StoreError>(reply)
-        };
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-    }
-
-    /// Reads `dependency`'s budget with `status.lua` (no writes): the budget, the policy in force
-    /// and what the allowance uses, and the whole reply for the fields only tools read
-    /// ([`crate::control::fleet_status`]). `policy` only matters while the key has none.
-    ///
-    /// # Errors
-    /// Redis failed, passed the store's deadline, or sent a reply the script never sends.
-    pub async fn read_status(
-        &self,
-        dependency: &Dependency,
-        policy: &BudgetPolicy,
-    ) -> Result<(BudgetStatus, Vec<redis::Value>), StoreError> {
-        let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
-        invocation.arg(policy.window_ms());
-        for arg in policy_args(policy) {
-            invocation.arg(arg);
-        }
-        let reply = self.invoke("status", invocation).await?;
-        let status = parse_status(&reply, policy)?;
-        Ok((status, reply))
-    }
-
-    /// Runs `invocation` (its keys and arguments set) within the store's deadline.
-    ///
-    /// # Errors
-    /// The call failed or passed its deadline.
-    pub async fn invoke(
-        &self,
-        script: &'static str,
-        invocation: ScriptInvocation<'_>,
-    ) -> Result<Vec<redis::Value>, StoreError> {
-        let call = async {
-            let reply: Vec<redis::Value> = match self.connection().await? {
-                Connection::Single(mut c) => invocation.invoke_async(&mut c).await?,
-                Connection::Cluster(mut c) => invocation.invoke_async(&mut c).await?,
-            };
-            Ok::<_, StoreError>(reply)
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(reply) => reply.map_err(|e| match e {
-                StoreError::BadReply { detail, .. } => StoreError::BadReply { script, detail },
-                StoreError::Redis(e) => bad_key(&e).unwrap_or(StoreError::Redis(e)),
-                other => other,
-            }),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        }
-    }
-}
-
-/// The scripts' refusal of a key (`fleet-budget: key <key> ...`, lua/README.md) as a
-/// [`StoreError::BadKey`].
-fn bad_key(e: &redis::RedisError) -> Option<StoreError> {
-    if e.code() != Some("fleet-budget:") {
-        return None;
-    }
-    key_refusal(e.detail()?)
-}
-
-/// The text after `fleet-budget: ` of a script's refusal of a key, as a [`StoreError::BadKey`].
-pub(super) fn key_refusal(text: &str) -> Option<StoreError> {
-    let rest = text.strip_prefix("key ")?;
-    let at = [" is not a budget hash", " is not a breaker hash", " field "]
-        .iter()
-        .filter_map(|marker| rest.find(marker))
-        .min()?;
-    let (key, detail) = rest.split_at(at);
-    Some(StoreError::BadKey {
-        key: key.to_owned(),
-        detail: detail.trim_start().to_owned(),
-    })
-}
-
-impl BudgetStore for RedisStore {
-    fn deposit<'a>(
-        &'a self,
-        dependency: &'a Dependency,
-        policy: &'a BudgetPolicy,
-        deposits: Deposits,
-    ) -> StoreFuture<'a, BudgetSnapshot> {
-        Box::pin(async move {
-            let own = [deposits.successes, deposits.first_attempts];
-            let reply = self
-                .run(&DEPOSIT_SCRIPT, "deposit", dependency, policy, &own)
-                .await?;
-            Ok(reply.snapshot)
-        })
-    }
-
-    fn withdraw<'a>(
-        &'a self,
-        dependency: &'a Dependency,
-        policy: &'a BudgetPolicy,
-    ) -> StoreFuture<'a, Withdrawal> {
-        Box::pin(async move {
-            match &self.group {
-                Some(group) => self.withdraw_grouped(group, dependency, policy).await,
-                None => self.spend_one(&self.key(dependency), policy).await,
-            }
-        })
-    }
-
-    fn status<'a>(
-        &'a self,
-        dependency: &'a Dependency,
-        policy: &'a BudgetPolicy,
-    ) -> StoreFuture<'a, BudgetSnapshot> {
-        Box::pin(async move {
-            let (status, _) = self.read_status(dependency, policy).await?;
-            Ok(status.snapshot)
-        })
-    }
-
-    fn status_in_force<'a>(
-        &'a self,
-        dependency: &'a Dependency,
-        policy: &'a BudgetPolicy,
-    ) -> StoreFuture<'a, BudgetStatus> {
-        Box::pin(async move {
-            let (status, _) = self.read_status(dependency, policy).await?;
-            Ok(status)
-        })
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.target {
-            RedisTarget::Single(_) => "redis",
-            RedisTarget::Cluster(_) => "redis-cluster",
-        }
     }
 }

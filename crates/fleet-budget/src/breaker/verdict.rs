@@ -1,18 +1,12 @@
-//! [`Breaker`]: the breaker's decisions, one call of `lua/breaker.lua` each.
+//! [`Breaker`]: the breaker's decisions, one call of `lua/breaker.lua` each (made by the store,
+//! `store/redis/breaker.rs`); here what the answers mean.
 
-use std::sync::{Arc, LazyLock};
-
-use redis::Script;
+use std::sync::Arc;
 
 use super::policy::BreakerPolicy;
-use crate::concurrency::count_at;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::RedisStore;
-
-/// `lua/breaker.lua`: every decision of the breaker.
-pub static BREAKER_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/breaker.lua")));
+use crate::store::{BreakerArgs, RedisStore, count_at};
 
 /// A breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,7 +226,7 @@ impl Breaker {
 }
 
 fn key_on(store: &RedisStore, dependency: &Dependency) -> String {
-    format!("{}:cb", store.key(dependency))
+    store.breaker_key(dependency)
 }
 
 async fn call_on(
@@ -243,20 +237,16 @@ async fn call_on(
     extra: &[String],
 ) -> Result<Vec<redis::Value>, StoreError> {
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let mut invocation = BREAKER_SCRIPT.key(key_on(store, dependency));
-    invocation
-        .arg(op)
-        .arg(ms(policy.window))
-        .arg(policy.failure_ratio.to_string())
-        .arg(policy.min_volume)
-        .arg(ms(policy.open))
-        .arg(policy.half_open_probes)
-        .arg(policy.close_after)
-        .arg(ms(policy.probe_timeout));
-    for a in extra {
-        invocation.arg(a);
-    }
-    store.invoke("breaker", invocation).await
+    let args = BreakerArgs {
+        window_ms: ms(policy.window),
+        failure_ratio: policy.failure_ratio,
+        min_volume: policy.min_volume,
+        open_ms: ms(policy.open),
+        half_open_probes: policy.half_open_probes,
+        close_after: policy.close_after,
+        probe_timeout_ms: ms(policy.probe_timeout),
+    };
+    store.breaker_call(dependency, &args, op, extra).await
 }
 
 /// `dependency`'s breaker as `store` holds it (tools such as `budgetctl status`); writes

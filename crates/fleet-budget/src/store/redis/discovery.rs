@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::redis::{RedisStore, RedisTarget};
+use super::RedisStore;
+use super::connect::RedisTarget;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::keys::{budget_key_pattern, dependency_of_key};

@@ -1,49 +1,15 @@
-//! The scripts of `lua/` as Rust calls them: the script texts, the policy arguments every script
-//! takes (the caller's policy: which one is in force is the scripts' decision), and the reply
-//! they all give. The contract for other languages is `lua/README.md`.
+//! The scripts' replies as Rust reads them (`lua/README.md`, "Reply"): the budget scripts'
+//! shared reply, `status.lua`'s longer one, the fields of the others, and a script's refusal of
+//! a key. Pure decoding: nothing here calls Redis.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
-use super::BudgetStatus;
 use crate::allowance::{BudgetSnapshot, Control, WindowCounters};
 use crate::error::StoreError;
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
-
-/// `lua/spend.lua`: try to spend one retry.
-pub static SPEND_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/spend.lua")));
-/// `lua/spend_many.lua`: decide n retry requests together (group commit).
-pub static SPEND_MANY_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/spend_many.lua")));
-/// `lua/spend_batch.lua`: decide the requests of several budgets together (group commit on one
-/// server).
-pub static SPEND_BATCH_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/spend_batch.lua")));
-/// `lua/deposit.lua`: record deposits.
-pub static DEPOSIT_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/deposit.lua")));
-/// `lua/status.lua`: read a budget.
-pub static STATUS_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
-
-/// `lua/override.lua`: an operator's freeze or set override, or its removal.
-pub static OVERRIDE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/override.lua")));
-
-/// The arguments every script takes after its own, as `lua/README.md` lists them: the ratio,
-/// the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).
-#[must_use]
-pub fn policy_args(policy: &BudgetPolicy) -> [String; 4] {
-    [
-        policy.ratio.to_string(),
-        policy.min_allowance.to_string(),
-        policy.deposit.script_code().to_owned(),
-        policy.mode.as_str().to_owned(),
-    ]
-}
+use crate::store::BudgetStatus;
 
 /// A script's reply: `granted` (1, 0, or -1 when not a withdrawal), the budget under the policy
 /// in force (with [`crate::Control`]: conflict, freeze, set override), and that policy.
@@ -248,6 +214,47 @@ fn policy_in_force(reply: &[Value], window_ms: u64) -> Result<BudgetPolicy, Stri
         min_allowance,
         deposit,
         mode,
+    })
+}
+
+/// The non-negative integer at 0-based `index` of `script`'s reply (the lease and breaker
+/// scripts reply with counts only).
+pub(crate) fn count_at(
+    script: &'static str,
+    reply: &[Value],
+    index: usize,
+) -> Result<u64, StoreError> {
+    let detail = match reply.get(index) {
+        Some(Value::Int(v)) => match u64::try_from(*v) {
+            Ok(v) => return Ok(v),
+            Err(_) => format!("field {} is negative: {v}", index + 1),
+        },
+        Some(_) => format!("field {} is not an integer", index + 1),
+        None => format!("field {} is missing", index + 1),
+    };
+    Err(StoreError::BadReply { script, detail })
+}
+
+/// The scripts' refusal of a key (`fleet-budget: key <key> ...`, lua/README.md) as a
+/// [`StoreError::BadKey`].
+pub(super) fn bad_key(e: &redis::RedisError) -> Option<StoreError> {
+    if e.code() != Some("fleet-budget:") {
+        return None;
+    }
+    key_refusal(e.detail()?)
+}
+
+/// The text after `fleet-budget: ` of a script's refusal of a key, as a [`StoreError::BadKey`].
+pub(super) fn key_refusal(text: &str) -> Option<StoreError> {
+    let rest = text.strip_prefix("key ")?;
+    let at = [" is not a budget hash", " is not a breaker hash", " field "]
+        .iter()
+        .filter_map(|marker| rest.find(marker))
+        .min()?;
+    let (key, detail) = rest.split_at(at);
+    Some(StoreError::BadKey {
+        key: key.to_owned(),
+        detail: detail.trim_start().to_owned(),
     })
 }
 

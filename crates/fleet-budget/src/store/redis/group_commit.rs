@@ -29,7 +29,7 @@
 //!   counted it), and a caller woken to lead after its own deadline hands the batch on unsent;
 //! - a lead handed to a caller giving up is never lost: the batch goes to the next in line.
 //!
-//! `store/batch.rs` sends the batches.
+//! `batch.rs` leads and sends the batches; `spend.rs` makes the calls.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,10 +38,9 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::Withdrawal;
-use crate::allowance::BudgetSnapshot;
 use crate::error::StoreError;
 use crate::policy::BudgetPolicy;
+use crate::store::Withdrawal;
 
 /// The largest batch by default.
 pub const DEFAULT_MAX_BATCH: usize = 64;
@@ -271,59 +270,6 @@ pub(super) fn copy_error(error: &StoreError) -> StoreError {
             detail: detail.clone(),
         },
     }
-}
-
-/// Request `k` (0-based) of a batch of `n` that granted `granted`, from the snapshot after all
-/// `n` and the batch's `next_grant_ms`: what `spend.lua` would have answered it, called `n` times
-/// in a row at that instant. A grant before the last left room for the next (`Some(0)`); the
-/// last grant and every denial saw the retries as they are after the batch (denials do not move
-/// the estimate), so the batch's wait.
-///
-/// # Errors
-/// A reply whose counters cannot hold the batch it reports.
-pub fn batch_answer(
-    snapshot: &BudgetSnapshot,
-    next_grant_ms: Option<u64>,
-    n: u64,
-    granted: u64,
-    k: u64,
-) -> Result<Withdrawal, StoreError> {
-    let bad = |detail: String| StoreError::BadReply {
-        script: "spend_many",
-        detail,
-    };
-    let denied = n
-        .checked_sub(granted)
-        .ok_or_else(|| bad(format!("{granted} granted of {n}")))?;
-    let retries_before = snapshot
-        .current
-        .retries
-        .checked_sub(granted)
-        .ok_or_else(|| {
-            bad(format!(
-                "{granted} granted but retries are {}",
-                snapshot.current.retries
-            ))
-        })?;
-    let denied_before = snapshot.current.denied.checked_sub(denied).ok_or_else(|| {
-        bad(format!(
-            "{denied} denied but denials are {}",
-            snapshot.current.denied
-        ))
-    })?;
-    let mut answer = *snapshot;
-    let seen = k.saturating_add(1);
-    answer.current.retries = retries_before + seen.min(granted);
-    answer.current.denied = denied_before + seen.saturating_sub(granted).min(denied);
-    Ok(Withdrawal {
-        granted: k < granted,
-        snapshot: answer,
-        next_grant_ms: if seen < granted {
-            Some(0)
-        } else {
-            next_grant_ms
-        },
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,153 @@
+//! The budget calls of the Redis store: [`BudgetStore`] for [`RedisStore`] (deposit, withdraw,
+//! status), and the calls only Redis has: several withdrawals in one call, and `status.lua`'s
+//! whole reply for tools. A withdrawal goes to group commit (`batch.rs`) when it is on, else
+//! straight to `spend.lua` (`spend.rs`).
+
+use super::RedisStore;
+use super::connect::RedisTarget;
+use super::reply::{ScriptReply, parse_status};
+use super::scripts::{DEPOSIT_SCRIPT, STATUS_SCRIPT, policy_args};
+use super::spend::{Entry, batch_answer};
+use crate::allowance::BudgetSnapshot;
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::policy::BudgetPolicy;
+use crate::store::{BudgetStatus, BudgetStore, Deposits, StoreFuture, Withdrawal};
+
+impl RedisStore {
+    /// Decides `n` (1 to 10,000) withdrawals for `dependency` in one `spend_many.lua` call, as
+    /// `n` calls of `spend.lua` at that instant would, in order.
+    ///
+    /// # Errors
+    /// `n` out of range (an error reply), or the store failed or timed out.
+    pub async fn withdraw_many(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        n: u64,
+    ) -> Result<Vec<Withdrawal>, StoreError> {
+        let (granted, snapshot, next_grant_ms) = self
+            .spend_many_key(&self.key(dependency), policy, n)
+            .await?;
+        (0..n)
+            .map(|k| batch_answer(&snapshot, next_grant_ms, n, granted, k))
+            .collect()
+    }
+
+    /// Decides `n` (1 to 10,000) withdrawals of each budget in `requests` in one
+    /// `spend_batch.lua` call, as `n` calls of `spend.lua` of each budget, in order, at that
+    /// instant would: the answers per budget, or that budget's error (the others are decided).
+    /// On Redis Cluster every key must be in one slot.
+    ///
+    /// # Errors
+    /// No budget or more than 10,000, or the call failed or timed out (then none is answered).
+    pub async fn withdraw_batch(
+        &self,
+        requests: &[(&Dependency, &BudgetPolicy, u64)],
+    ) -> Result<Vec<Result<Vec<Withdrawal>, StoreError>>, StoreError> {
+        let keys: Vec<String> = requests.iter().map(|(d, _, _)| self.key(d)).collect();
+        let entries: Vec<Entry<'_>> = requests
+            .iter()
+            .zip(&keys)
+            .map(|((_, policy, n), key)| Entry { key, policy, n: *n })
+            .collect();
+        let replies = self.spend_batch(&entries).await?;
+        Ok(replies
+            .into_iter()
+            .zip(&entries)
+            .map(|(reply, entry)| {
+                let (granted, snapshot, next) = reply?;
+                (0..entry.n)
+                    .map(|k| batch_answer(&snapshot, next, entry.n, granted, k))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Reads `dependency`'s budget with `status.lua` (no writes): the budget, the policy in force
+    /// and what the allowance uses, and the whole reply for the fields only tools read
+    /// ([`crate::control::fleet_status`]). `policy` only matters while the key has none.
+    ///
+    /// # Errors
+    /// Redis failed, passed the store's deadline, or sent a reply the script never sends.
+    pub async fn read_status(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+    ) -> Result<(BudgetStatus, Vec<redis::Value>), StoreError> {
+        let mut invocation = STATUS_SCRIPT.key(self.key(dependency));
+        invocation.arg(policy.window_ms());
+        for arg in policy_args(policy) {
+            invocation.arg(arg);
+        }
+        let reply = self.invoke("status", invocation).await?;
+        let status = parse_status(&reply, policy)?;
+        Ok((status, reply))
+    }
+}
+
+impl BudgetStore for RedisStore {
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async move {
+            let own = [deposits.successes, deposits.first_attempts];
+            let ScriptReply { snapshot, .. } = self
+                .run_key(
+                    &DEPOSIT_SCRIPT,
+                    "deposit",
+                    &self.key(dependency),
+                    policy,
+                    &own,
+                )
+                .await?;
+            Ok(snapshot)
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal> {
+        Box::pin(async move {
+            let key = self.key(dependency);
+            match &self.group {
+                Some(group) => self.withdraw_grouped(group, key, policy).await,
+                None => self.spend_one(&key, policy).await,
+            }
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async move {
+            let (status, _) = self.read_status(dependency, policy).await?;
+            Ok(status.snapshot)
+        })
+    }
+
+    fn status_in_force<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetStatus> {
+        Box::pin(async move {
+            let (status, _) = self.read_status(dependency, policy).await?;
+            Ok(status)
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.target {
+            RedisTarget::Single(_) => "redis",
+            RedisTarget::Cluster(_) => "redis-cluster",
+        }
+    }
+}

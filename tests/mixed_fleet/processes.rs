@@ -1,0 +1,167 @@
+//! The mixed fleet's processes and messages: worker processes killed on drop (their logs shown
+//! on failure), the Celery queue deleted on drop, and publishing jobs from each language.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use fleet_budget_amqp::testing::{TestBroker, amqp_url};
+
+use crate::common;
+
+/// A child process killed on drop; its output in a file, printed when the test fails.
+pub(crate) struct Proc {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
+}
+
+impl Proc {
+    pub(crate) fn spawn(name: &str, command: &mut Command, dir: &Path) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Self {
+            name: name.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    /// SIGTERM (a graceful stop for both kinds of worker), then SIGKILL after 20 s.
+    pub(crate) fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(6000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            eprintln!("----- {} ({}) -----\n{tail}", self.name, self.log.display());
+        }
+    }
+}
+
+/// The Celery queue (declared by the Celery worker, not by the topology): deleted on drop, after
+/// the worker processes (declared before them), pass or fail.
+pub(crate) struct CeleryQueue {
+    pub(crate) name: String,
+}
+
+impl Drop for CeleryQueue {
+    fn drop(&mut self) {
+        let deleted = Command::new(python())
+            .args([
+                "-c",
+                "import sys, kombu\n\
+                 with kombu.Connection(sys.argv[2], connect_timeout=5) as c:\n    \
+                 c.default_channel.queue_delete(sys.argv[1])\n",
+            ])
+            .arg(&self.name)
+            .arg(amqp_url())
+            .status();
+        if !deleted.is_ok_and(|s| s.success()) {
+            eprintln!("test cleanup: could not delete {}", self.name);
+        }
+    }
+}
+
+pub(crate) fn python() -> PathBuf {
+    std::env::var_os("FLEET_BUDGET_PYTHON").map_or_else(
+        || common::repo_root().join(".venv/bin/python"),
+        PathBuf::from,
+    )
+}
+
+pub(crate) fn budgetctl() -> PathBuf {
+    // Built by `cargo test --workspace` (scripts/test) beside this test's binary.
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is not built: run `cargo build -p budgetctl` (scripts/test builds the workspace)",
+        bin.display()
+    );
+    bin
+}
+
+pub(crate) fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends Celery tasks `search(i)` with the given task ids, from Python (Celery's own format).
+pub(crate) fn send_celery(env: &[(&str, String)], ids: &[String]) {
+    let script = "import sys, celery_fleet\n\
+                  for i, id in enumerate(sys.argv[1:]):\n    \
+                  celery_fleet.app.send_task('search', [i], task_id=id)\n\
+                  celery_fleet.budget.close()\n";
+    let status = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .args(ids)
+        .current_dir(common::repo_root().join("tests/python"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .status()
+        .expect("run Python (scripts/test makes .venv)");
+    assert!(status.success(), "sending Celery tasks failed");
+}
+
+pub(crate) fn publish_rust(broker: &TestBroker, n: usize) -> Vec<String> {
+    common_block_on(async {
+        let publisher = broker.publisher().await;
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            ids.push(
+                publisher
+                    .publish_job(&broker.topology.work_exchange, "index", "index", b"{}")
+                    .await
+                    .unwrap(),
+            );
+        }
+        publisher.close().await;
+        ids
+    })
+}
+
+pub(crate) fn common_block_on<F: Future>(f: F) -> F::Output {
+    fleet_budget_amqp::testing::block_on(f)
+}
+
+pub(crate) fn depth(broker: &TestBroker, queue: &str) -> u32 {
+    common_block_on(broker.depth(queue))
+}
