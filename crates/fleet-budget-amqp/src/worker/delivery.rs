@@ -1,7 +1,9 @@
 //! One delivery, from its headers to its counts: read the headers and the task, hold a retry
 //! that is not due yet, ask the budget whether the job may run, run the handler, map a failure
 //! to an [`Outcome`] through the budget's decision, hand the outcome to the [`Settler`], and
-//! count how it ended, in one place ([`Deliveries::count`]).
+//! count how it ended, in one place ([`Deliveries::count`]). The task is mapped to its
+//! dependency once per delivery ([`FleetBudget::route`]); every budget call of the delivery
+//! speaks of that [`Route`].
 //!
 //! The steps are those of the module documentation of [`super`]; the consume loop
 //! (`super::consume`) spawns [`process`] once per delivery.
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_budget::printable::escape_text;
-use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Failure, FleetBudget};
+use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Error, Failure, FleetBudget, Route};
 use futures::FutureExt;
 use lapin::message::Delivery;
 
@@ -42,19 +44,26 @@ where
     let table = headers::without_broker_headers(&headers::table(&delivery.properties));
     let parsed = JobHeaders::parse(&table);
     let task = task_of(&delivery, parsed.as_ref().ok());
+    let route = d.budget.route(&task);
     let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &d.settler.queue);
     let outcome = match &parsed {
         Err(e) => {
             job.now_ms = headers::now_ms();
-            Outcome::malformed_headers(&job, e, dependency_name(&d.budget, &task))
+            Outcome::malformed_headers(&job, e, dependency_name(&route))
         }
-        Ok(h) => match not_due(&d, &mut job, h) {
+        Ok(h) => match not_due(&d, &mut job, h, &route) {
             Some(outcome) => outcome,
-            None => d.run(&delivery, &mut job, h).await,
+            None => match &route {
+                Ok(route) => d.run(&delivery, &mut job, h, route).await,
+                Err(e) => {
+                    job.now_ms = headers::now_ms();
+                    Outcome::invalid_task(&job, e)
+                }
+            },
         },
     };
     let settled = d.settler.carry_out(&delivery, &table, outcome).await;
-    d.count(&task, settled).await;
+    d.count(route.as_ref().ok(), &task, settled).await;
 }
 
 /// The task of a delivery: the AMQP `type` property, else [`headers::TASK`], else the routing
@@ -70,24 +79,33 @@ fn task_of(delivery: &Delivery, known: Option<&JobHeaders>) -> String {
         .unwrap_or_else(|| delivery.routing_key.as_str().to_owned())
 }
 
-/// The name of the dependency `task` spends, for an outcome decided without the budget (a
+/// The name of the dependency the task spends, for an outcome decided without the budget (a
 /// malformed header, a wait past `max_delay`); `None` when the task maps to none.
-fn dependency_name(budget: &FleetBudget, task: &str) -> Option<String> {
-    budget.dependency(task).ok().map(|d| d.as_str().to_owned())
+fn dependency_name(route: &Result<Route, Error>) -> Option<String> {
+    route.as_ref().ok().map(|r| r.dependency().as_str().to_owned())
 }
 
 /// A delivery not due yet (a retry between hops of its delay): it waits in the next tier,
 /// unless it asks to wait longer than its task's `max_delay`: then it is dead-lettered, not
 /// held. `None` when it is due.
-fn not_due<H>(d: &Deliveries<H>, job: &mut JobContext, h: &JobHeaders) -> Option<Outcome> {
+fn not_due<H>(
+    d: &Deliveries<H>,
+    job: &mut JobContext,
+    h: &JobHeaders,
+    route: &Result<Route, Error>,
+) -> Option<Outcome> {
     let not_before = h.not_before_ms?;
     let now = headers::now_ms();
-    let ceiling = d.budget.ceiling(&job.task);
+    // A task that maps to no dependency still has a ceiling (the defaults, or its own).
+    let ceiling = match route {
+        Ok(route) => *route.ceiling(),
+        Err(_) => d.budget.ceiling(&job.task),
+    };
     if ceiling.allows_wait(Duration::from_millis(not_before.saturating_sub(now))) {
         return Outcome::wait(&d.settler.topology, now, not_before);
     }
     job.now_ms = now;
-    let dependency = dependency_name(&d.budget, &job.task);
+    let dependency = dependency_name(route);
     Some(Outcome::not_before_too_far(
         job,
         not_before,
@@ -99,20 +117,22 @@ fn not_due<H>(d: &Deliveries<H>, job: &mut JobContext, h: &JobHeaders) -> Option
 impl<H> Deliveries<H> {
     /// A due job with readable headers: admitted by the budget, run, its call finished, and a
     /// failure decided.
-    async fn run<F>(&self, delivery: &Delivery, job: &mut JobContext, h: &JobHeaders) -> Outcome
+    async fn run<F>(
+        &self,
+        delivery: &Delivery,
+        job: &mut JobContext,
+        h: &JobHeaders,
+        route: &Route,
+    ) -> Outcome
     where
         H: Fn(Job) -> F,
         F: Future<Output = Result<(), Failure>>,
     {
-        let call = match self.admit(job, h).await {
+        let call = match self.admit(job, h, route).await {
             Ok(call) => call,
             Err(outcome) => return outcome,
         };
-        if let Err(e) = self.budget.on_attempt(&job.task, h.attempt).await {
-            self.budget.finish(call, CallOutcome::Inconclusive).await;
-            job.now_ms = headers::now_ms();
-            return Outcome::invalid_task(job, &e);
-        }
+        self.budget.on_attempt_routed(route, h.attempt).await;
         match run_handler(&*self.handler, delivery, &job.task, h).await {
             Ok(()) => {
                 self.budget.finish(call, CallOutcome::Succeeded).await;
@@ -131,35 +151,36 @@ impl<H> Deliveries<H> {
                     CallOutcome::Inconclusive
                 };
                 self.budget.finish(call, ended).await;
-                self.decide(job, &failure).await
+                self.decide(job, &failure, route).await
             }
         }
     }
 
-    /// Asks the budget whether the job may run now ([`FleetBudget::admit`]): the call to give
-    /// back when it may, else the outcome (held in a tier, or dead-lettered) with the time set.
+    /// Asks the budget whether the job may run now ([`FleetBudget::admit`]): the
+    /// call to give back when it may, else the outcome (held in a tier, or dead-lettered) with
+    /// the time set.
     async fn admit(
         &self,
         job: &mut JobContext,
         h: &JobHeaders,
+        route: &Route,
     ) -> Result<fleet_budget::Call, Outcome> {
         let now = headers::now_ms();
         let held_since = held_since(h.held_since_ms, now);
         let held_for = held_since.map(|since| Duration::from_millis(now - since));
-        let admission = self.budget.admit(&job.task, h.attempt, held_for).await;
+        let admission = self.budget.admit_routed(route, h.attempt, held_for).await;
         job.now_ms = now;
         let topology = &self.settler.topology;
         match admission {
-            Err(e) => Err(Outcome::invalid_task(job, &e)),
-            Ok(Admission::Run(call)) => Ok(call),
-            Ok(Admission::Wait(hold)) => Err(Outcome::hold(
+            Admission::Run(call) => Ok(call),
+            Admission::Wait(hold) => Err(Outcome::hold(
                 topology,
                 job,
                 hold.as_str(),
                 hold.pause(),
                 held_since,
             )),
-            Ok(Admission::DeadLetter(decision)) => {
+            Admission::DeadLetter(decision) => {
                 let reason = decision
                     .dead_letter_reason()
                     .map_or("refused", DeadLetterReason::as_str);
@@ -175,14 +196,14 @@ impl<H> Deliveries<H> {
     /// Asks the budget about `failure` and maps its decision to an outcome. The time since the
     /// job's first failure (zero when this is the first) holds a task with a recovery window to
     /// it.
-    async fn decide(&self, job: &mut JobContext, failure: &Failure) -> Outcome {
+    async fn decide(&self, job: &mut JobContext, failure: &Failure, route: &Route) -> Outcome {
         let failed_ms = headers::now_ms();
         let since_first_failure = Duration::from_millis(
             failed_ms.saturating_sub(job.first_failure_ms.unwrap_or(failed_ms)),
         );
         let decision = self
             .budget
-            .on_failure_since(&job.task, job.attempt, failure, Some(since_first_failure))
+            .on_failure_routed(route, job.attempt, failure, Some(since_first_failure))
             .await;
         job.now_ms = headers::now_ms();
         match decision {
@@ -192,9 +213,9 @@ impl<H> Deliveries<H> {
     }
 
     /// Counts how the delivery of `task` ended: the worker's counters ([`super::WorkerCounts`]),
-    /// the AMQP metrics, and a success reported to the budget. The one place an outcome is
-    /// counted.
-    async fn count(&self, task: &str, settled: Settled) {
+    /// the AMQP metrics, and a success reported to the budget (through the delivery's `route`;
+    /// a task that maps to none never ran). The one place an outcome is counted.
+    async fn count(&self, route: Option<&Route>, task: &str, settled: Settled) {
         let s = &self.stats;
         let ended = match settled {
             Settled::Acked(ended) => {
@@ -230,11 +251,12 @@ impl<H> Deliveries<H> {
                     m.dead_letter_published(reason);
                 }
             }
-            Ended::Succeeded => {
-                if let Err(e) = self.budget.on_success(task).await {
-                    tracing::warn!(error = %escape_text(&e.to_string()), task = %escape_text(task), "success not counted");
+            Ended::Succeeded => match route {
+                Some(route) => self.budget.on_success_routed(route).await,
+                None => {
+                    tracing::warn!(task = %escape_text(task), "success not counted: the task maps to no dependency");
                 }
-            }
+            },
             Ended::Retried | Ended::WaitedAgain | Ended::Held | Ended::Parked => {}
         }
     }

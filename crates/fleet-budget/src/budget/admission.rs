@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::FleetBudget;
+use super::{FleetBudget, Route};
 use crate::breaker::{BreakerPolicy, Decided, Verdict};
 use crate::concurrency::{Lease, LeaseKind};
 use crate::decision::{BudgetSource, DeadLetterReason, Decision};
@@ -161,19 +161,40 @@ impl FleetBudget {
         attempt: u32,
         held_for: Option<Duration>,
     ) -> Result<Admission, Error> {
-        let dependency = self.dependency(task)?;
+        Ok(self
+            .admit_dependency(self.dependency(task)?, attempt, held_for)
+            .await)
+    }
+
+    /// [`FleetBudget::admit`] for a task already mapped ([`FleetBudget::route`]).
+    pub async fn admit_routed(
+        &self,
+        route: &Route,
+        attempt: u32,
+        held_for: Option<Duration>,
+    ) -> Admission {
+        self.admit_dependency(route.dependency().clone(), attempt, held_for)
+            .await
+    }
+
+    async fn admit_dependency(
+        &self,
+        dependency: Dependency,
+        attempt: u32,
+        held_for: Option<Duration>,
+    ) -> Admission {
         let mut call = Call::unjudged(dependency);
         if let Some(held) = self.judge(&mut call, held_for).await {
-            return Ok(held);
+            return held;
         }
         let inner = &self.inner;
         let dependency = call.dependency.clone();
         let (Some(policy), Some(leases)) = (inner.concurrency.get(&dependency), &inner.leases)
         else {
-            return Ok(Admission::Run(call));
+            return Admission::Run(call);
         };
         if !inner.health.should_try(&dependency) {
-            return Ok(Admission::Run(call));
+            return Admission::Run(call);
         }
         let kind = if attempt <= 1 {
             LeaseKind::Primary
@@ -186,31 +207,29 @@ impl FleetBudget {
             Ok(acquired) => acquired,
             Err(e) => {
                 tracing::debug!(error = %e, dependency = %dependency, "no lease; the call runs uncounted");
-                return Ok(Admission::Run(call));
+                return Admission::Run(call);
             }
         };
         inner.metrics.in_flight(&dependency, acquired.in_flight);
         let refusal = match acquired.lease {
             Ok(lease) => {
                 call.lease = Some(lease);
-                return Ok(Admission::Run(call));
+                return Admission::Run(call);
             }
             Err(refusal) => refusal,
         };
         // Not run: a probe it was is given back for another call to make.
         self.finish(call, CallOutcome::Inconclusive).await;
-        Ok(
-            if kind == LeaseKind::Primary && held_for.unwrap_or_default() < policy.max_wait {
-                Admission::Wait(Hold::PrimaryAtCap)
-            } else {
-                Admission::DeadLetter(self.dead_letter(
-                    dependency,
-                    refusal.dead_letter_reason(),
-                    None,
-                    BudgetSource::Fleet,
-                ))
-            },
-        )
+        if kind == LeaseKind::Primary && held_for.unwrap_or_default() < policy.max_wait {
+            Admission::Wait(Hold::PrimaryAtCap)
+        } else {
+            Admission::DeadLetter(self.dead_letter(
+                dependency,
+                refusal.dead_letter_reason(),
+                None,
+                BudgetSource::Fleet,
+            ))
+        }
     }
 
     /// Asks `call`'s dependency's breaker, if it has one: `None` to go on (`call` marked as

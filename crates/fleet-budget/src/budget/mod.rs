@@ -23,12 +23,14 @@ mod admission;
 mod builder;
 pub mod coalesce;
 mod deny_cache;
+mod failure;
 mod fanout;
 pub mod health;
+mod route;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -41,13 +43,14 @@ use self::deny_cache::{DenyCache, Lookup};
 pub use self::fanout::FanOut;
 use self::health::Health;
 pub use self::health::PROBE_INTERVAL;
+pub use self::route::Route;
 use crate::allowance::BudgetSnapshot;
 use crate::breaker::{Breaker, BreakerPolicy};
 use crate::ceiling::{Ceilings, TaskCeiling};
 use crate::clock::Clock;
 use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy};
 use crate::config::{Config, FallbackMode};
-use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
+use crate::decision::{BudgetSource, DeadLetterReason, Decision};
 use crate::dependency::{Dependency, DependencyMap, OwnBudgets, Unresolved};
 use crate::error::{Error, StoreError};
 use crate::metrics::Metrics;
@@ -206,7 +209,16 @@ impl FleetBudget {
     /// # Errors
     /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
     pub async fn on_attempt(&self, task: &str, attempt: u32) -> Result<(), Error> {
-        let dependency = self.dependency(task)?;
+        self.attempted(self.dependency(task)?, attempt).await;
+        Ok(())
+    }
+
+    /// [`FleetBudget::on_attempt`] for a task already mapped ([`FleetBudget::route`]).
+    pub async fn on_attempt_routed(&self, route: &Route, attempt: u32) {
+        self.attempted(route.dependency().clone(), attempt).await;
+    }
+
+    async fn attempted(&self, dependency: Dependency, attempt: u32) {
         let first = attempt <= 1;
         self.inner.metrics.execution(&dependency, first);
         if first {
@@ -219,7 +231,6 @@ impl FleetBudget {
             )
             .await;
         }
-        Ok(())
     }
 
     /// Reports a successful job: one deposit under `deposit = "success"`.
@@ -227,7 +238,16 @@ impl FleetBudget {
     /// # Errors
     /// See [`FleetBudget::dependency`]; store failures are not errors (deposits are retried).
     pub async fn on_success(&self, task: &str) -> Result<(), Error> {
-        let dependency = self.dependency(task)?;
+        self.succeeded(self.dependency(task)?).await;
+        Ok(())
+    }
+
+    /// [`FleetBudget::on_success`] for a task already mapped ([`FleetBudget::route`]).
+    pub async fn on_success_routed(&self, route: &Route) {
+        self.succeeded(route.dependency().clone()).await;
+    }
+
+    async fn succeeded(&self, dependency: Dependency) {
         self.inner.metrics.success(&dependency);
         self.deposit(
             dependency,
@@ -237,111 +257,6 @@ impl FleetBudget {
             },
         )
         .await;
-        Ok(())
-    }
-
-    /// Decides what to do with a failed execution, in the order of the contract:
-    /// non-retryable → dead-letter; `attempt >= max_attempts` → dead-letter; a `Retry-After`
-    /// longer than the task's `max_delay` → dead-letter `delay_exceeded`; ask the
-    /// dependency's budget for one retry (denied → dead-letter `budget_exhausted`); granted →
-    /// delay with backoff and jitter, at least any `Retry-After`.
-    ///
-    /// `attempt` is the number of the execution that failed (1 for the first). The budget asked
-    /// is that of the task's dependency, or of the one the failure names
-    /// ([`Failure::in_dependency`], a job calling several). A task with a
-    /// recovery window is held to its derived count here; a caller that knows when the job
-    /// first failed calls [`FleetBudget::on_failure_since`] to hold it to its window.
-    ///
-    /// # Errors
-    /// See [`FleetBudget::dependency`]. A failing store is not an error: the fallback decides.
-    pub async fn on_failure(
-        &self,
-        task: &str,
-        attempt: u32,
-        failure: &Failure,
-    ) -> Result<Decision, Error> {
-        self.on_failure_since(task, attempt, failure, None).await
-    }
-
-    /// [`FleetBudget::on_failure`] for a job that first failed `since_first_failure` ago (zero
-    /// when this failure is its first): a task with a recovery window retries until the window
-    /// has passed, its last delay fitted to end at it (`ceiling::window`). `None` is
-    /// [`FleetBudget::on_failure`].
-    ///
-    /// # Errors
-    /// See [`FleetBudget::dependency`].
-    pub async fn on_failure_since(
-        &self,
-        task: &str,
-        attempt: u32,
-        failure: &Failure,
-        since_first_failure: Option<Duration>,
-    ) -> Result<Decision, Error> {
-        let dependency = match &failure.dependency {
-            None => self.dependency(task)?,
-            Some(failed) => self.named_dependency(failed)?,
-        };
-        let attempt = attempt.max(1);
-        if !failure.is_retryable() {
-            return Ok(self.dead_letter(
-                dependency,
-                DeadLetterReason::NonRetryable,
-                None,
-                BudgetSource::NotConsulted,
-            ));
-        }
-        let ceiling = self.ceiling(task);
-        if ceiling.exhausted(attempt, since_first_failure) {
-            return Ok(self.dead_letter(
-                dependency,
-                DeadLetterReason::AttemptsExhausted,
-                None,
-                BudgetSource::NotConsulted,
-            ));
-        }
-        // A wait the dependency asks for past `max_delay` is refused before any budget is
-        // spent: honouring it would hold the job for longer than anyone agreed to wait.
-        if let Some(after) = failure.retry_after_hint()
-            && !ceiling.allows_wait(after)
-        {
-            return Ok(self.dead_letter(
-                dependency,
-                DeadLetterReason::DelayExceeded,
-                None,
-                BudgetSource::NotConsulted,
-            ));
-        }
-        let policy = self.policy(&dependency);
-        let (withdrawal, source) = self.withdraw(&dependency, &policy).await;
-        self.inner.metrics.decided(&dependency, &withdrawal, source);
-        if !withdrawal.granted {
-            let reason = if withdrawal.snapshot.control.frozen {
-                DeadLetterReason::BudgetFrozen
-            } else {
-                DeadLetterReason::BudgetExhausted
-            };
-            return Ok(self.dead_letter(dependency, reason, Some(withdrawal.snapshot), source));
-        }
-        let delay = {
-            let mut rng = self
-                .inner
-                .rng
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            ceiling.delay(
-                attempt,
-                since_first_failure,
-                failure.retry_after_hint(),
-                &mut *rng,
-            )
-        };
-        Ok(Decision::Retry {
-            dependency,
-            delay,
-            next_attempt: attempt.saturating_add(1),
-            snapshot: withdrawal.snapshot,
-            source,
-        })
     }
 
     /// Asks `dependency`'s budget for one retry directly (no ceiling, no backoff). A denial of
