@@ -32,6 +32,9 @@ pub(crate) const HEADER_VALUE_MAX: usize = 2_000;
 /// Headers kept of one message.
 const HEADERS_MAX: usize = 64;
 
+/// A message's properties and headers as text: (name, value).
+pub(crate) type HeaderList = Vec<(String, String)>;
+
 /// Which queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Which {
@@ -103,7 +106,7 @@ pub(crate) struct Sample {
     pub(crate) took: Duration,
     pub(crate) messages: Vec<Sampled>,
     /// Headers of some messages, by message id.
-    pub(crate) headers: HashMap<String, Vec<(String, String)>>,
+    pub(crate) headers: HashMap<String, HeaderList>,
     /// Why the last read failed, if it did (the sample is then the one before).
     pub(crate) error: Option<String>,
 }
@@ -156,7 +159,7 @@ impl Sample {
     }
 
     /// One message by id, with its headers if they were kept.
-    pub(crate) fn message(&self, id: &str) -> Option<(&Sampled, Option<&Vec<(String, String)>>)> {
+    pub(crate) fn message(&self, id: &str) -> Option<(&Sampled, Option<&HeaderList>)> {
         self.messages
             .iter()
             .find(|s| s.message.message_id.as_deref() == Some(id))
@@ -214,7 +217,7 @@ pub(crate) async fn read_sample(
 }
 
 /// A message's properties and headers as text (redacted; escaped where shown).
-fn header_list(d: &Delivery) -> Vec<(String, String)> {
+fn header_list(d: &Delivery) -> HeaderList {
     let p = &d.properties;
     let mut out = Vec::new();
     let mut put = |k: String, v: String| {

@@ -131,11 +131,11 @@ pub(crate) struct App {
 
 impl App {
     pub(crate) fn sample(&self, which: Which) -> Sample {
-        let samples = lock(&self.samples);
-        match which {
-            Which::Dead => samples[0].clone(),
-            Which::Parked => samples[1].clone(),
-        }
+        let i = match which {
+            Which::Dead => 0,
+            Which::Parked => 1,
+        };
+        lock(&self.samples).get(i).cloned().unwrap_or_default()
     }
 }
 
@@ -268,7 +268,7 @@ async fn keep_history(app: Arc<App>) {
         match read {
             Ok(Ok(overview)) => lock(&app.history).record(&overview),
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "console: reading the budgets for the history failed")
+                tracing::warn!(error = %e, "console: reading the budgets for the history failed");
             }
             Err(_) => tracing::warn!("console: reading the budgets for the history timed out"),
         }

@@ -9,7 +9,7 @@ use fleet_budget::printable::escape_text;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
-use crate::dead_letters::{Group, HEADERS_PER_GROUP, Sample, Sampled, Which};
+use crate::dead_letters::{Group, HEADERS_PER_GROUP, HeaderList, Sample, Sampled, Which};
 use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point};
 use crate::replay::{JobState, Prediction, Purged};
 use crate::routes::FilterForm;
@@ -70,6 +70,7 @@ fn age(ms: Option<u64>) -> String {
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // each page hands its body over; none keeps it
 fn layout(title: &str, visitor: Option<&Visitor>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
@@ -477,7 +478,7 @@ pub(crate) fn message(
     v: &Visitor,
     which: Which,
     s: &Sampled,
-    headers: Option<&Vec<(String, String)>>,
+    headers: Option<&HeaderList>,
 ) -> Markup {
     let id = t(s.message.message_id.as_deref().unwrap_or("-"));
     layout(

@@ -3,6 +3,13 @@
 //! operator sees and does, checked in the browser.
 //!
 //! Set `FLEET_BUDGET_CONSOLE_SCREENSHOTS=docs` to save the pages as `docs/console-*.png`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 mod webdriver;
 

@@ -287,19 +287,19 @@ impl Browser {
                 )
                 .await;
             let mut text = String::new();
-            if let Some(first) = found.as_array().and_then(|a| a.first()) {
-                if let Some(e) = first
-                    .as_object()
-                    .and_then(|o| o.values().next())
-                    .and_then(Value::as_str)
-                {
-                    text = self
-                        .cmd("GET", &format!("/element/{e}/text"), None)
-                        .await
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                }
+            let first = found
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(Value::as_object)
+                .and_then(|o| o.values().next())
+                .and_then(Value::as_str);
+            if let Some(e) = first {
+                text = self
+                    .cmd("GET", &format!("/element/{e}/text"), None)
+                    .await
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
             }
             if ok(&text) {
                 return text;
