@@ -141,6 +141,19 @@ impl Drop for Driver {
 }
 
 async fn call(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Value {
+    match try_call(addr, method, path, body).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A WebDriver command: its value, or the error the driver answered.
+async fn try_call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, String> {
     let bytes = body.map(|b| b.to_string().into_bytes());
     let (status, _, reply) = http(
         addr,
@@ -156,8 +169,11 @@ async fn call(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Val
             String::from_utf8_lossy(&reply)
         )
     });
-    assert!(status == 200, "{method} {path}: HTTP {status}: {v}");
-    v["value"].clone()
+    if status == 200 {
+        Ok(v["value"].clone())
+    } else {
+        Err(format!("{method} {path}: HTTP {status}: {v}"))
+    }
 }
 
 /// One browser session.
@@ -181,29 +197,39 @@ impl Browser {
         self.cmd("POST", "/url", Some(json!({ "url": url }))).await;
     }
 
-    /// The element `css` selects (fails if none).
+    /// The element `css` selects, waiting (bounded) until the page has one: a click that
+    /// posts a form returns before the next page is there.
     pub(crate) async fn find(&self, css: &str) -> String {
-        let v = self
-            .cmd(
-                "POST",
-                "/element",
-                Some(json!({"using": "css selector", "value": css})),
-            )
-            .await;
-        v.as_object()
-            .and_then(|o| o.values().next())
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("no element {css}: {v}"))
-            .to_owned()
+        let started = Instant::now();
+        loop {
+            let found = self
+                .cmd(
+                    "POST",
+                    "/elements",
+                    Some(json!({"using": "css selector", "value": css})),
+                )
+                .await;
+            let first = found
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(Value::as_object)
+                .and_then(|o| o.values().next())
+                .and_then(Value::as_str);
+            if let Some(e) = first {
+                return e.to_owned();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(45),
+                "no element {css}; page: {}",
+                self.source().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
+    /// The text of the element `css` selects, once there is one with text.
     pub(crate) async fn text(&self, css: &str) -> String {
-        let e = self.find(css).await;
-        self.cmd("GET", &format!("/element/{e}/text"), None)
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        self.until_text(css, None, |t| !t.is_empty()).await
     }
 
     pub(crate) async fn type_into(&self, css: &str, text: &str) {
@@ -294,12 +320,11 @@ impl Browser {
                 .and_then(|o| o.values().next())
                 .and_then(Value::as_str);
             if let Some(e) = first {
-                text = self
-                    .cmd("GET", &format!("/element/{e}/text"), None)
-                    .await
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
+                // A live page replaces its rows: an element may go stale between the two calls.
+                let path = format!("/session/{}/element/{e}/text", self.session);
+                if let Ok(v) = try_call(&self.addr, "GET", &path, None).await {
+                    v.as_str().unwrap_or_default().clone_into(&mut text);
+                }
             }
             if ok(&text) {
                 return text;
