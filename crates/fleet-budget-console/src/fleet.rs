@@ -302,7 +302,7 @@ async fn read_one(
     }
     if let Some(policy) = config.concurrency.get(dependency) {
         // The lease sets hold a lease per call in flight, scored by when it expires: those
-        // not yet expired are in flight (`concurrency/lease.rs`).
+        // not yet expired are in flight (`crates/fleet-budget/src/concurrency/lease.rs`).
         let base = store.key(dependency);
         let mut in_flight = 0;
         for set in [format!("{base}:lp"), format!("{base}:lr")] {

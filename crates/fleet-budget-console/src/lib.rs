@@ -18,7 +18,7 @@
 //! - `pages` and `routes`: the HTML (maud: templates are Rust, every value escaped unless
 //!   marked otherwise, and nothing here marks one) and the HTTP routes (axum's HTTP/1 server).
 //!   Every response carries a Content-Security-Policy without inline scripts; the one script is
-//!   vendored in the crate (`static/console.js`, no build step) and writes text only
+//!   vendored in the crate (`crates/fleet-budget-console/static/console.js`, no build step) and writes text only
 //!   (`textContent`), never HTML.
 //!
 //! `budgetctl console` starts it; [`start`] embeds it.

@@ -554,7 +554,16 @@ async fn dry_run_action(
     }
     let rate = f.rate()?;
     let limit = f.limit()?;
-    let guard = app.queue_work.lock().await;
+    // One reader or mover of the queues at a time: a replay or a sample under way is waited
+    // for, within the upstream deadline.
+    let guard = tokio::time::timeout(app.settings.upstream_timeout, app.queue_work.lock())
+        .await
+        .map_err(|_| {
+            refused(
+                StatusCode::CONFLICT,
+                "a replay, purge or sample of the queue is under way: try again when it ends",
+            )
+        })?;
     let prediction = within(
         &app,
         "RabbitMQ",
