@@ -6,7 +6,13 @@
 //! (defaults 1000 and 100000) with `BUDGETCTL` naming the binary to compare with (default
 //! `target/debug/budgetctl`). Uses a Redis of its own and a topology of its own on the shared
 //! RabbitMQ (deleted at the end).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
