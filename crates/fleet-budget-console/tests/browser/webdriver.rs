@@ -2,6 +2,7 @@
 //! `chromedriver`: the few commands the browser tests need, no dependency beyond tokio and
 //! serde_json. Missing `chromedriver` or `chromium` fails the test (scripts/check installs them).
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -85,8 +86,11 @@ pub(crate) struct Driver {
 impl Driver {
     pub(crate) async fn start() -> Self {
         let port = fleet_budget::testing::free_port();
+        // A process group of its own: Drop ends the driver and every browser it started,
+        // even when a test fails before it quits its session.
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -135,6 +139,10 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("--")
+            .arg(format!("-{}", self.child.id()))
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
