@@ -7,9 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
-    demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs, migrate::MigrateArgs,
-    parked::ParkedCommand, plan::PlanArgs, replay::ReplayArgs, simulate::SimulateCommand,
-    status::StatusArgs,
+    console::ConsoleArgs, demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs,
+    migrate::MigrateArgs, parked::ParkedCommand, plan::PlanArgs, replay::ReplayArgs,
+    simulate::SimulateCommand, status::StatusArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
@@ -94,6 +94,9 @@ pub(crate) enum Command {
     /// Serve the whole fleet on /metrics for Prometheus: every dependency's budget (Redis) and
     /// the dead-letter and parked queues (RabbitMQ), one scrape target.
     Exporter(ExporterArgs),
+    /// The incident console in the browser: budgets, breakers, dead letters, overrides and
+    /// replay, behind operator and viewer tokens (binds 127.0.0.1:8089 by default).
+    Console(ConsoleArgs),
     /// Dead-letter queue commands: counts, and messages one by one.
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -150,6 +153,7 @@ mod tests {
             &["parked", "replay"],
             &["parked", "purge"],
             &["migrate"],
+            &["console"],
             &["config", "check"],
         ] {
             let text = help(path);

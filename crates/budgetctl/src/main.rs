@@ -25,7 +25,8 @@ use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{
-    audit, bench, budget, demo, dlq, exporter, migrate, parked, plan, replay, simulate, status,
+    audit, bench, budget, console, demo, dlq, exporter, migrate, parked, plan, replay, simulate,
+    status,
 };
 use crate::exit::UsageError;
 
@@ -91,6 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Audit(args) => with_config(global, async |c| audit::run(&c.budget, &args).await),
         Command::Exporter(args) => with_config(global, async |c| exporter::run(c, &args).await),
+        Command::Console(args) => with_config(global, async |c| console::run(c, &args).await),
         Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
     }
 }

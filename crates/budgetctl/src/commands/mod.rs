@@ -5,6 +5,7 @@ pub(crate) mod audit;
 pub(crate) mod bench;
 pub(crate) mod budget;
 pub(crate) mod config;
+pub(crate) mod console;
 pub(crate) mod demo;
 pub(crate) mod dlq;
 pub(crate) mod exporter;

@@ -1,0 +1,408 @@
+//! The console in a real headless Chromium (Debian's `chromium` through `chromedriver`), on a
+//! Redis of the test's own and the shared RabbitMQ (a topology of the test's own): what an
+//! operator sees and does, checked in the browser.
+//!
+//! Set `FLEET_BUDGET_CONSOLE_SCREENSHOTS=docs` to save the pages as `docs/console-*.png`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod webdriver;
+
+use std::time::Duration;
+
+use fleet_budget::control::{AuditLog, fleet_status};
+use fleet_budget::store::{RedisStore, RedisTarget};
+use fleet_budget::testing::RedisServer;
+use fleet_budget::{DeadLetterReason, Dependency, Failure, FleetBudget};
+use fleet_budget_amqp::WorkerConfig;
+use fleet_budget_amqp::headers::DeadLetterRecord;
+use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_console::{ConsoleSettings, RunningConsole, Token, Viewers};
+use serde_json::Value;
+
+use crate::webdriver::{Browser, Driver, http};
+
+const OPERATOR: &str = "operator-token-0123456789";
+const VIEWER: &str = "viewer-token-0123456789";
+
+struct Fleet {
+    _redis: RedisServer,
+    broker: TestBroker,
+    config: WorkerConfig,
+}
+
+fn fleet(name: &str) -> Fleet {
+    let redis = RedisServer::start();
+    let broker = TestBroker::new(name);
+    let toml = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 2000\n\
+         [dependencies.search]\ntasks = [\"index\"]\nratio = 0.1\nmin_allowance = 2\n\
+         [dependencies.mail]\ntasks = [\"send\"]\n\
+         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\n",
+        redis.url(),
+        unique_prefix("fbc"),
+        broker.url,
+        broker.settings.prefix
+    );
+    let config = WorkerConfig::from_toml(&toml, "browser test")
+        .unwrap_or_else(|e| panic!("the test's configuration: {e}"));
+    Fleet {
+        _redis: redis,
+        broker,
+        config,
+    }
+}
+
+async fn console(config: &WorkerConfig) -> RunningConsole {
+    let operators = Token::parse_list(&format!("ann:{OPERATOR}"), "operator", "test")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let viewers = Token::parse_list(&format!("vic:{VIEWER}"), "viewer", "test")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut settings = ConsoleSettings::new(config.clone(), operators, Viewers::Tokens(viewers));
+    settings.bind = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
+    settings.dead_letter_refresh = Duration::from_secs(1);
+    settings.history_every = Duration::from_secs(1);
+    settings.actions_per_minute = 1_000;
+    fleet_budget_console::start(settings)
+        .await
+        .unwrap_or_else(|e| panic!("the console: {e}"))
+}
+
+fn store(config: &WorkerConfig) -> RedisStore {
+    let r = &config.budget.redis;
+    RedisStore::new_with_tls(
+        RedisTarget::from_settings(r),
+        &r.key_prefix,
+        Duration::from_secs(2),
+        &r.tls,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn login(b: &Browser, base: &str, token: &str) {
+    b.goto(&format!("{base}/login")).await;
+    b.type_into("#login input[name=token]", token).await;
+    b.click("#login button").await;
+    b.until_text("header .who", None, |t| {
+        t.contains("Log out") || t.contains("(")
+    })
+    .await;
+}
+
+/// POSTs a form from the page with `fetch` (the session cookie goes along, as a forged form's
+/// would); returns the HTTP status.
+async fn post_from_page(b: &Browser, path: &str, body: &str) -> u64 {
+    let script = format!(
+        "const done = arguments[arguments.length - 1];\
+         fetch({path:?}, {{method: 'POST', credentials: 'same-origin', redirect: 'manual', \
+           headers: {{'Content-Type': 'application/x-www-form-urlencoded'}}, body: {body:?}}})\
+         .then(r => done(r.status)).catch(e => done(String(e)));"
+    );
+    b.run_async(&script)
+        .await
+        .as_u64()
+        .unwrap_or_else(|| panic!("fetch {path} failed"))
+}
+
+async fn freeze_of(config: &WorkerConfig) -> Option<String> {
+    let search = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
+    let status = fleet_status(&store(config), &search, &config.budget.policy(&search))
+        .await
+        .unwrap_or_else(|e| panic!("status: {e}"));
+    status
+        .overrides
+        .freeze
+        .map(|f| format!("{} ({})", f.actor, f.reason))
+}
+
+/// Overview shows the brownout as it happens (the page refreshes itself); a freeze made on the
+/// page is what `budgetctl status` reads (the same library read) and is in the audit with the
+/// token's label; a change without the operator's session or without the CSRF token is refused
+/// and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audited() {
+    let f = fleet("console-freeze");
+    let c = console(&f.config).await;
+    let base = format!("http://{}", c.addr());
+    let driver = Driver::start().await;
+    let b = driver.browser().await;
+
+    // Reads need a login.
+    b.goto(&format!("{base}/")).await;
+    b.find("#login").await;
+    login(&b, &base, OPERATOR).await;
+    b.goto(&format!("{base}/")).await;
+
+    // search browns out while the page is open: most retries are denied.
+    let budget = FleetBudget::from_config(&f.config.budget)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let failure = Failure::retryable("search returned 503").with_class("http_503");
+    for _ in 0..30 {
+        budget
+            .on_attempt("index", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = budget
+            .on_failure("index", 1, &failure)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    budget.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    let alert = b
+        .until_text("#overview tbody tr:first-child", None, |t| {
+            t.contains("DENYING")
+        })
+        .await;
+    assert!(alert.starts_with("search"), "{alert}");
+    b.screenshot("overview").await;
+
+    // Freeze from the dependency's page.
+    b.goto(&format!("{base}/dependency/search")).await;
+    b.type_into(
+        "#freeze-form input[name=reason]",
+        "INC-7 search browning out",
+    )
+    .await;
+    b.click("#freeze-form button").await;
+    let shown = b
+        .until_text("#overrides", None, |t| t.contains("FROZEN"))
+        .await;
+    assert!(shown.contains("by ann"), "{shown}");
+    assert_eq!(
+        freeze_of(&f.config).await.as_deref(),
+        Some("ann (INC-7 search browning out)")
+    );
+    let trail = AuditLog::default()
+        .read(&store(&f.config), None, None, Some("search"), 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let last = trail.last().unwrap_or_else(|| panic!("no audit entry"));
+    assert_eq!(
+        (last.action.as_str(), last.actor.as_str()),
+        ("freeze", "ann")
+    );
+    assert!(
+        !format!("{trail:?}").contains(OPERATOR),
+        "the token is never recorded"
+    );
+    b.screenshot("dependency").await;
+
+    // The operator's session without the CSRF token, or with a wrong one: refused.
+    let path = "/dependency/search/override";
+    assert_eq!(
+        post_from_page(&b, path, "action=unfreeze&reason=x").await,
+        403
+    );
+    assert_eq!(
+        post_from_page(&b, path, "action=unfreeze&reason=x&csrf=0000").await,
+        403
+    );
+    // A viewer's session with its own CSRF token: refused.
+    b.click("header form button").await;
+    login(&b, &base, VIEWER).await;
+    b.goto(&format!("{base}/dependency/search")).await;
+    assert!(
+        !b.source().await.contains("freeze-form"),
+        "a viewer sees no form"
+    );
+    let csrf = b
+        .run("return document.querySelector('header input[name=csrf]').value")
+        .await;
+    let body = format!(
+        "action=unfreeze&reason=x&csrf={}",
+        csrf.as_str().unwrap_or_default()
+    );
+    assert_eq!(post_from_page(&b, path, &body).await, 403);
+    // No session at all (a script elsewhere), and a form posted from another site.
+    let addr = c.addr().to_string();
+    let form = b"action=unfreeze&reason=x";
+    let (status, _, _) = http(
+        &addr,
+        "POST",
+        path,
+        &[],
+        Some(("application/x-www-form-urlencoded", form)),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _, _) = http(
+        &addr,
+        "POST",
+        path,
+        &[("Origin", "http://evil.example")],
+        Some(("application/x-www-form-urlencoded", form)),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // Nothing changed.
+    assert_eq!(
+        freeze_of(&f.config).await.as_deref(),
+        Some("ann (INC-7 search browning out)")
+    );
+    let after = AuditLog::default()
+        .read(&store(&f.config), None, None, Some("search"), 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        after.len(),
+        trail.len(),
+        "a refused change leaves no audit entry"
+    );
+
+    // Every response carries the policy that forbids inline scripts.
+    let (_, head, _) = http(&addr, "GET", "/login", &[], None).await;
+    assert!(
+        head.contains("script-src 'self'") && head.contains("frame-ancestors 'none'"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-content-type-options: nosniff"),
+        "{head}"
+    );
+    b.quit().await;
+    c.stop().await;
+}
+
+/// Dead letters grouped in the browser; hostile header text renders as text and runs no
+/// script; a group's dry run predicts exactly what its replay then moves; a purge asks for its
+/// own confirmation and is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_text() {
+    let f = fleet("console-dlq");
+    f.broker.migrate().await;
+    let now = fleet_budget::clock::now_ms();
+    let publisher = f.broker.publisher().await;
+    f.broker
+        .seed_dead_letters(
+            &publisher,
+            5,
+            "search",
+            DeadLetterReason::BudgetExhausted,
+            0,
+            now - 60_000,
+        )
+        .await;
+    let hostile = DeadLetterRecord {
+        task: "<script>window.__pwned=1</script>".to_owned(),
+        error_class: "pay\u{202E}lanoitan".to_owned(),
+        error: "\"><img src=x onerror=\"window.__pwned=2\">".to_owned(),
+        ..f.broker
+            .dead_letter_record("mail", DeadLetterReason::NonRetryable, now - 30_000)
+    };
+    let hostile_id = f
+        .broker
+        .publish_dead_letter(&publisher, &hostile, b"{}")
+        .await;
+    publisher.close().await;
+
+    let c = console(&f.config).await;
+    let base = format!("http://{}", c.addr());
+    let driver = Driver::start().await;
+    let b = driver.browser().await;
+    login(&b, &base, OPERATOR).await;
+
+    let dlq = format!("{base}/dead-letters");
+    b.until_text("#groups tbody", Some(&dlq), |t| {
+        t.contains("search") && t.contains("mail")
+    })
+    .await;
+    let first = b.text("#groups tbody tr:first-child").await;
+    assert!(
+        first.starts_with("search budget_exhausted http_503 5"),
+        "{first}"
+    );
+    let pwned = "return window.__pwned === undefined";
+    assert_eq!(b.run(pwned).await, Value::Bool(true));
+    let text = b.text("#groups").await;
+    assert!(
+        text.contains("pay\\u{202e}lanoitan"),
+        "U+202E shown by code point: {text}"
+    );
+    b.screenshot("dead-letters").await;
+
+    // The hostile group's messages and the message's headers: text, no script.
+    b.click("#groups tbody tr:nth-child(2) td:nth-child(3) a")
+        .await;
+    let messages = b.text("#messages").await;
+    assert!(
+        messages.contains("<script>window.__pwned=1</script>"),
+        "{messages}"
+    );
+    assert!(messages.contains("onerror="), "{messages}");
+    assert_eq!(b.run(pwned).await, Value::Bool(true));
+    b.screenshot("group").await;
+    b.goto(&format!("{base}/dead-letters/message?id={hostile_id}"))
+        .await;
+    let headers = b.text("#headers").await;
+    assert!(
+        headers.contains("<script>window.__pwned=1</script>"),
+        "{headers}"
+    );
+    assert!(headers.contains("\\u{202e}"), "{headers}");
+    assert!(!headers.contains('\u{202E}'), "{headers}");
+    assert_eq!(b.run(pwned).await, Value::Bool(true));
+    assert_eq!(
+        b.run("return document.querySelectorAll('main script, main img').length")
+            .await,
+        Value::from(0)
+    );
+    b.screenshot("message").await;
+
+    // Replay the search group: the dry run's prediction, then the run.
+    b.goto(&dlq).await;
+    b.click("#groups tbody tr:first-child form.replay button")
+        .await;
+    let moved = b.text("#p-moved").await;
+    assert_eq!(moved, "5");
+    assert_eq!(b.text("#p-skipped").await, "1");
+    b.screenshot("dry-run").await;
+    b.type_into("#confirm-replay input[name=note]", "INC-7 search is back")
+        .await;
+    b.click("#confirm-replay button").await;
+    b.until_text("#j-state", None, |t| t == "done" || t == "failed")
+        .await;
+    assert_eq!(
+        b.text("#j-moved").await,
+        moved,
+        "the replay moves what its dry run predicted"
+    );
+    assert_eq!(b.text("#j-error").await, "-");
+    b.screenshot("replay").await;
+    assert_eq!(f.broker.depth(&f.broker.topology.work_queue).await, 5);
+
+    // Purge the hostile group: a confirmation first, then the word.
+    b.until_text("#groups tbody", Some(&dlq), |t| !t.contains("search"))
+        .await;
+    b.click("#groups tbody tr:first-child form.purge button")
+        .await;
+    assert_eq!(b.text("#purge-count").await, "1");
+    b.type_into("#confirm-purge input[name=confirm]", "purge")
+        .await;
+    b.type_into("#confirm-purge input[name=note]", "poison, not a job")
+        .await;
+    b.click("#confirm-purge button").await;
+    let purged = b.text("#purged").await;
+    assert!(purged.starts_with("1 messages removed"), "{purged}");
+    assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 0);
+
+    let trail = AuditLog::default()
+        .read(&store(&f.config), None, None, None, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let actions: Vec<(&str, &str)> = trail
+        .iter()
+        .map(|e| (e.action.as_str(), e.actor.as_str()))
+        .collect();
+    assert_eq!(actions, [("replay", "ann"), ("dlq_purge", "ann")]);
+    b.goto(&format!("{base}/audit")).await;
+    b.screenshot("audit").await;
+    b.quit().await;
+    c.stop().await;
+}
