@@ -25,7 +25,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use fleet_budget::redact::redact_url;
@@ -36,6 +36,8 @@ use lapin::types::{LongString, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, Event};
 
 use crate::error::AmqpError;
+
+mod process_wide;
 
 /// How long each network step may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,32 +355,6 @@ fn is_channel_error(e: &lapin::Error) -> bool {
     )
 }
 
-static TLS: RwLock<TlsFiles> = RwLock::new(TlsFiles {
-    ca_file: None,
-    cert_file: None,
-    key_file: None,
-});
-
-/// Sets the certificate files of every later `amqps://` connection of this process that is not
-/// given its own (a bare URL: [`ConnectionConfig::new`]).
-#[deprecated(
-    since = "0.2.0",
-    note = "the files travel with the connection: `ConnectionConfig::tls` (`AmqpSettings::connection`)"
-)]
-pub fn set_tls(files: TlsFiles) {
-    *TLS.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = files;
-}
-
-/// The certificate files a bare URL gets.
-#[deprecated(since = "0.2.0", note = "read `ConnectionConfig::tls`")]
-#[must_use]
-pub fn tls_files() -> TlsFiles {
-    TLS.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone()
-}
-
 /// Where the next [`connect`] of this process starts in a node list: random at first, so that a
 /// fleet's processes spread over a cluster; the node after the last one connected to after.
 static NEXT_NODE: LazyLock<AtomicUsize> =
@@ -494,87 +470,11 @@ async fn connect_node(
     }
 }
 
-/// The deadlines and files of the deprecated process-wide setters: what a connection not given
-/// its own gets ([`ConnectionConfig::new`], [`ConnectionWatch::new`]); the defaults unless a
-/// program still calls [`set_timeouts`] or [`set_tls`]. Goes with them in 0.3.0.
-pub(crate) fn process_wide() -> (Timeouts, TlsFiles) {
-    let timeouts = *TIMEOUTS
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let tls = TLS
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    (timeouts, tls)
-}
-
-static TIMEOUTS: RwLock<Timeouts> = RwLock::new(Timeouts::DEFAULT);
-
-/// Sets the deadlines of every later network step of this process that is not given its own.
-#[deprecated(
-    since = "0.2.0",
-    note = "the deadlines travel with the connection: `ConnectionConfig::timeouts` (`AmqpSettings::connection`)"
-)]
-pub fn set_timeouts(timeouts: Timeouts) {
-    *TIMEOUTS
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = timeouts;
-}
-
-/// The deadlines a step not given its own gets.
-#[deprecated(since = "0.2.0", note = "read `ConnectionConfig::timeouts`")]
-#[must_use]
-pub fn timeouts() -> Timeouts {
-    process_wide().0
-}
-
-/// Runs one broker step within the deadline of the deprecated [`set_timeouts`].
-///
-/// # Errors
-/// As [`Timeouts::within`].
-#[deprecated(
-    since = "0.2.0",
-    note = "use `Timeouts::within` with the connection's deadlines"
-)]
-pub async fn within<T>(
-    step: impl Into<String>,
-    future: impl Future<Output = Result<T, lapin::Error>>,
-) -> Result<T, AmqpError> {
-    process_wide().0.within(step, future).await
-}
-
-/// Runs one broker step within the deadline of the deprecated [`set_timeouts`].
-///
-/// # Errors
-/// As [`Timeouts::deadline`].
-#[deprecated(
-    since = "0.2.0",
-    note = "use `Timeouts::deadline` with the connection's deadlines"
-)]
-pub async fn deadline<T>(
-    step: impl Into<String>,
-    future: impl Future<Output = T>,
-) -> Result<T, AmqpError> {
-    process_wide().0.deadline(step, future).await
-}
-
-/// Closes `ch` within the deadline of the deprecated [`set_timeouts`].
-#[deprecated(
-    since = "0.2.0",
-    note = "use `Timeouts::close_channel` with the connection's deadlines"
-)]
-pub async fn close_channel(ch: &Channel, reason: &str) {
-    process_wide().0.close_channel(ch, reason).await;
-}
-
-/// Closes `conn` within the deadline of the deprecated [`set_timeouts`].
-#[deprecated(
-    since = "0.2.0",
-    note = "use `Timeouts::close_connection` with the connection's deadlines"
-)]
-pub async fn close_connection(conn: &Connection, reason: &str) {
-    process_wide().0.close_connection(conn, reason).await;
-}
+#[allow(deprecated)]
+pub use self::process_wide::{
+    close_channel, close_connection, deadline, set_timeouts, set_tls, timeouts, tls_files, within,
+};
+pub(crate) use self::process_wide::process_wide;
 
 #[cfg(test)]
 mod tests {
