@@ -37,6 +37,8 @@ struct Fleet {
     _redis: RedisServer,
     broker: TestBroker,
     config: WorkerConfig,
+    /// The configuration's text, for the `budgetctl` binary.
+    toml: String,
 }
 
 fn fleet(name: &str) -> Fleet {
@@ -63,6 +65,7 @@ fn fleet_with(name: &str, more: &str) -> Fleet {
         _redis: redis,
         broker,
         config,
+        toml,
     }
 }
 
@@ -117,6 +120,64 @@ async fn post_from_page(b: &Browser, path: &str, body: &str) -> u64 {
         .unwrap_or_else(|| panic!("fetch {path} failed"))
 }
 
+/// The `budgetctl` binary of this build: beside this test's executable (`target/debug/deps/..`
+/// → `target/debug/budgetctl`). `scripts/test` builds every target of the workspace before it
+/// runs a test; alone, build it first (`cargo build -p budgetctl`).
+fn budgetctl() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's executable: {e}"));
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
+        .unwrap_or_else(|| panic!("no target directory above {}", exe.display()));
+    assert!(
+        bin.is_file(),
+        "{} is not built: this test runs the real `budgetctl status --json`; build it with \
+         `cargo build -p budgetctl` (scripts/test builds every target before the tests)",
+        bin.display()
+    );
+    bin
+}
+
+/// What the real `budgetctl status --dependency search --json` says of search's freeze:
+/// `actor (reason)`, or `None`.
+async fn status_freeze(f: &Fleet) -> Option<String> {
+    let file = std::env::temp_dir().join(format!("{}.toml", unique_prefix("fbc-status")));
+    std::fs::write(&file, &f.toml).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let (bin, path) = (budgetctl(), file.clone());
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(&path)
+            .args(["status", "--dependency", "search", "--json"])
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap_or_else(|_| panic!("budgetctl status did not end within 60 s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("budgetctl status: {e}"));
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "budgetctl status: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("budgetctl status --json: {e}"));
+    let row = &json["dependencies"][0];
+    assert_eq!(row["dependency"], "search", "{json}");
+    let freeze = &row["overrides"]["freeze"];
+    (!freeze.is_null()).then(|| {
+        format!(
+            "{} ({})",
+            freeze["actor"].as_str().unwrap_or_default(),
+            freeze["reason"].as_str().unwrap_or_default()
+        )
+    })
+}
+
 async fn freeze_of(config: &WorkerConfig) -> Option<String> {
     let search = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
     let status = fleet_status(&store(config), &search, &config.budget.policy(&search))
@@ -129,7 +190,7 @@ async fn freeze_of(config: &WorkerConfig) -> Option<String> {
 }
 
 /// Overview shows the brownout as it happens (the page refreshes itself); a freeze made on the
-/// page is what `budgetctl status` reads (the same library read) and is in the audit with the
+/// page is what the `budgetctl status --json` binary shows, and is in the audit with the
 /// token's label; a change without the operator's session or without the CSRF token is refused
 /// and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +231,8 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
     assert!(alert.starts_with("search"), "{alert}");
     b.screenshot("overview").await;
 
-    // Freeze from the dependency's page.
+    // Freeze from the dependency's page (none before it, as `budgetctl status` shows).
+    assert_eq!(status_freeze(&f).await, None);
     b.goto(&format!("{base}/dependency/search")).await;
     b.type_into(
         "#freeze-form input[name=reason]",
@@ -185,6 +247,11 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
     assert_eq!(
         freeze_of(&f.config).await.as_deref(),
         Some("ann (INC-7 search browning out)")
+    );
+    assert_eq!(
+        status_freeze(&f).await.as_deref(),
+        Some("ann (INC-7 search browning out)"),
+        "`budgetctl status --json` shows the freeze made on the page"
     );
     let trail = AuditLog::default()
         .read(&store(&f.config), None, None, Some("search"), 10)
