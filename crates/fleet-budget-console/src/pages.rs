@@ -584,7 +584,12 @@ pub(crate) fn held_text(j: &JobState) -> String {
 
 /// The rate moves go at now, and what holds it down, in words.
 pub(crate) fn rate_text(j: &JobState) -> String {
+    if j.held.is_some() {
+        // The last rate decided is not what a held run moves at.
+        return "0/s (held)".to_owned();
+    }
     let now = match j.rate_now {
+        Some(r) if j.done => format!("last {r:.1}/s"),
         Some(r) => format!("{r:.1}/s"),
         None => "-".to_owned(),
     };
