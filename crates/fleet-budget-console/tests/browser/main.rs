@@ -632,6 +632,11 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
     open_breaker(&f.config).await;
     b.click("#confirm-replay button").await;
     b.until_text("#j-state", None, |t| t == "held").await;
+    // Without the CSRF token the cancel is refused and the run stays held.
+    let page = b.run("return location.pathname").await;
+    let cancel = format!("{}/cancel", page.as_str().unwrap_or_default());
+    assert_eq!(post_from_page(&b, &cancel, "").await, 403);
+    assert_eq!(progress_now(&b).await.0, "held");
     b.click("#cancel-replay button").await;
     b.until_text("#j-state", None, |t| t == "cancelled" || t == "failed")
         .await;
