@@ -2,8 +2,9 @@
 //! run with its progress, and the purge of a group. Kept in one file so that a change of the
 //! library's API (a progress and cancel handle) changes this file only.
 //!
-//! A run happens in a task of its own; the page polls its [`Job`] (bounded: the last
-//! [`JOBS_KEPT`] runs are kept). Each run and purge is recorded in the audit trail with the
+//! A run is the library's started replay (`Replayer::start`, with the configured breakers):
+//! a task of the console follows its progress into a [`Job`] that the page polls (bounded:
+//! the last [`JOBS_KEPT`] runs are kept), and passes on a cancel asked on the page. Each run and purge is recorded in the audit trail with the
 //! operator's label, the filter and the queue depths before and after, as `budgetctl replay`
 //! records it.
 
@@ -12,15 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleet_budget::FleetBudget;
-use fleet_budget::control::AuditLog;
+use fleet_budget::control::{AuditEntry, AuditLog};
 use fleet_budget::store::RedisStore;
-use fleet_budget_amqp::replay::audit;
 use fleet_budget_amqp::replay::purge::purge_queue;
+use fleet_budget_amqp::replay::{Breakers, HoldReason, Rate, ReplayMode, ReplayOutcome, audit};
 use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
     queue_depths,
 };
 use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use crate::access::lock;
 
@@ -71,6 +74,9 @@ pub(crate) struct JobState {
     pub(crate) id: String,
     pub(crate) actor: String,
     pub(crate) selected: String,
+    /// The dependency the run replays.
+    pub(crate) dependency: Option<String>,
+    /// The most the run moves per second (the form's rate).
     pub(crate) rate: f64,
     pub(crate) total: u64,
     pub(crate) seen: u64,
@@ -78,24 +84,86 @@ pub(crate) struct JobState {
     pub(crate) parked: u64,
     pub(crate) skipped: u64,
     pub(crate) failed: u64,
-    /// The dependency whose budget the run waits for, while it waits.
+    /// The dependency whose budget or breaker the run waits for, while it waits.
     pub(crate) paused_on: Option<String>,
+    /// Why it waits (`budget_exhausted`, `breaker_open`), while it waits.
+    pub(crate) held: Option<String>,
+    /// While held by an open breaker: the server time (Unix ms) its open period ends.
+    pub(crate) held_until_ms: Option<u64>,
+    /// The rate moves go at now (messages/s; `None`: nothing decided yet).
+    pub(crate) rate_now: Option<f64>,
+    /// What holds the rate below the most (`failures`, `budget_pace`, `probe_pace`).
+    pub(crate) slowed: Option<String>,
+    /// Times the rate was cut after the dependency's failures or denials rose.
+    pub(crate) slowdowns: u64,
+    /// Someone asked to cancel the run (who, with a session of an operator).
+    pub(crate) cancel_requested_by: Option<String>,
+    /// The run ended cancelled.
+    pub(crate) cancelled: bool,
     pub(crate) elapsed_secs: f64,
     pub(crate) done: bool,
     pub(crate) error: Option<String>,
 }
 
-/// A run's shared state.
-pub(crate) type Job = Arc<Mutex<JobState>>;
+impl JobState {
+    /// The run's state in a word, for its page: `held`, `running`, `cancelling`, `cancelled`,
+    /// `done` or `failed`.
+    pub(crate) fn state(&self) -> &'static str {
+        match (self.done, &self.error, self.cancelled) {
+            (true, Some(_), _) => "failed",
+            (true, None, true) => "cancelled",
+            (true, None, false) => "done",
+            (false, ..) if self.cancel_requested_by.is_some() => "cancelling",
+            (false, ..) if self.held.is_some() => "held",
+            (false, ..) => "running",
+        }
+    }
+
+    fn follow(&mut self, p: &ReplayProgress) {
+        self.total = p.total;
+        self.seen = p.seen;
+        self.moved = p.moved;
+        self.parked = p.parked;
+        self.skipped = p.skipped;
+        self.failed = p.failed;
+        self.paused_on.clone_from(&p.paused_on);
+        self.held = p.held.as_ref().map(|h| h.reason.as_str().to_owned());
+        self.held_until_ms = p.held.as_ref().and_then(|h| match h.reason {
+            HoldReason::BreakerOpen { until_ms } => Some(until_ms),
+            _ => None,
+        });
+        self.rate_now = p.rate.map(Rate::per_sec);
+        self.slowed = p.slowed.map(|s| s.as_str().to_owned());
+        self.slowdowns = p.slowdowns;
+    }
+}
+
+/// A run: its state, and how to ask it to stop.
+#[derive(Debug)]
+pub(crate) struct Job {
+    state: Mutex<JobState>,
+    cancel: watch::Sender<bool>,
+}
+
+/// What asking a run to stop came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cancel {
+    /// Asked; the run stops at its next step (its page shows it).
+    Asked,
+    /// The run had ended already.
+    Ended,
+    /// No such run (or it is no longer kept).
+    Unknown,
+}
 
 /// The runs of this console, newest last.
 #[derive(Debug, Default)]
 pub(crate) struct Jobs {
-    jobs: Mutex<VecDeque<Job>>,
+    jobs: Mutex<VecDeque<Arc<Job>>>,
 }
 
 impl Jobs {
-    fn add(&self, job: Job) {
+    fn add(&self, job: Arc<Job>) {
         let mut jobs = lock(&self.jobs);
         jobs.push_back(job);
         while jobs.len() > JOBS_KEPT {
@@ -103,19 +171,40 @@ impl Jobs {
         }
     }
 
-    pub(crate) fn get(&self, id: &str) -> Option<JobState> {
+    fn find(&self, id: &str) -> Option<Arc<Job>> {
         lock(&self.jobs)
             .iter()
-            .map(|j| lock(j).clone())
-            .find(|j| j.id == id)
+            .find(|j| lock(&j.state).id == id)
+            .cloned()
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<JobState> {
+        self.find(id).map(|j| lock(&j.state).clone())
     }
 
     pub(crate) fn all(&self) -> Vec<JobState> {
         lock(&self.jobs)
             .iter()
             .rev()
-            .map(|j| lock(j).clone())
+            .map(|j| lock(&j.state).clone())
             .collect()
+    }
+
+    /// Asks run `id` to stop, on behalf of `actor`. The run puts back what it has not moved
+    /// (see `fleet_budget_amqp::replay::handle`).
+    pub(crate) fn cancel(&self, id: &str, actor: &str) -> (Cancel, Option<JobState>) {
+        let Some(job) = self.find(id) else {
+            return (Cancel::Unknown, None);
+        };
+        let mut state = lock(&job.state);
+        if state.done {
+            return (Cancel::Ended, Some(state.clone()));
+        }
+        if state.cancel_requested_by.is_none() {
+            state.cancel_requested_by = Some(actor.to_owned());
+        }
+        job.cancel.send_replace(true);
+        (Cancel::Asked, Some(state.clone()))
     }
 }
 
@@ -128,8 +217,10 @@ pub(crate) struct RunContext {
     pub(crate) done: Arc<tokio::sync::Notify>,
 }
 
-/// Starts a replay of the dead-letter queue with `filter` at `rate` messages/s (at most
-/// `limit`), paced by the live budget as `budgetctl replay` is; returns its id at once.
+/// Starts a replay of the dead-letter queue with `filter` at `rate` messages/s at most (at
+/// most `limit` messages) and returns its id at once. As `budgetctl replay`, the run is paced
+/// by the live budget, held while the dependency's budget is exhausted or its breaker open,
+/// and slowed when its failures or denials rise (the replay library's closed loop).
 pub(crate) fn start(
     jobs: &Jobs,
     cx: RunContext,
@@ -140,20 +231,34 @@ pub(crate) fn start(
     note: String,
 ) -> String {
     let id = crate::access::random_hex();
-    let job: Job = Arc::new(Mutex::new(JobState {
-        id: id.clone(),
-        actor: actor.clone(),
-        selected: audit::describe(&filter),
-        rate,
-        ..JobState::default()
-    }));
+    let (cancel, cancelled) = watch::channel(false);
+    let job = Arc::new(Job {
+        state: Mutex::new(JobState {
+            id: id.clone(),
+            actor: actor.clone(),
+            selected: audit::describe(&filter),
+            dependency: filter.dependency.clone(),
+            rate,
+            ..JobState::default()
+        }),
+        cancel,
+    });
     jobs.add(job.clone());
     tokio::spawn(async move {
         let started = Instant::now();
-        let result = run(&cx, &job, filter, rate, limit, &actor, &note, started).await;
-        let mut state = lock(&job);
+        let run = Run {
+            cx: &cx,
+            job: &job,
+            actor: &actor,
+            note: &note,
+            started,
+        };
+        let result = run.run(filter, rate, limit, cancelled).await;
+        let mut state = lock(&job.state);
         state.done = true;
         state.paused_on = None;
+        state.held = None;
+        state.held_until_ms = None;
         state.elapsed_secs = started.elapsed().as_secs_f64();
         if let Err(e) = result {
             state.error = Some(fleet_budget::redact::redact_text(&e));
@@ -164,77 +269,152 @@ pub(crate) fn start(
     id
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    cx: &RunContext,
-    job: &Job,
-    filter: ReplayFilter,
-    rate: f64,
-    limit: Option<u64>,
-    actor: &str,
-    note: &str,
+/// One run of [`start`], in its task.
+struct Run<'a> {
+    cx: &'a RunContext,
+    job: &'a Job,
+    actor: &'a str,
+    note: &'a str,
     started: Instant,
-) -> Result<(), String> {
-    let _queue = cx.queue_work.lock().await;
-    let config = &cx.config;
-    let topology = Topology::new(&config.amqp);
-    let before = queue_depths(config.amqp.connection(), &topology)
-        .await
-        .map_err(|e| e.to_string())?;
-    let budget = FleetBudget::from_config(&config.budget)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut options = ReplayOptions::new(config);
-    options.filter = filter;
-    options.rate = Some(rate);
-    options.limit = limit;
-    let replayer = Replayer::new(
-        config.amqp.connection(),
-        topology.clone(),
-        Some(budget.clone()),
-    );
-    let report = replayer
-        .run(&options, |p: &ReplayProgress| {
-            let mut s = lock(job);
-            s.total = p.total;
-            s.seen = p.seen;
-            s.moved = p.moved;
-            s.parked = p.parked;
-            s.skipped = p.skipped;
-            s.failed = p.failed;
-            s.paused_on.clone_from(&p.paused_on);
-            s.elapsed_secs = started.elapsed().as_secs_f64();
-        })
-        .await;
-    let _ = budget.shutdown().await;
-    let r = report.map_err(|e| e.to_string())?;
-    {
-        let mut s = lock(job);
-        s.total = r.total;
-        s.seen = r.seen;
-        s.moved = r.moved;
-        s.parked = r.parked;
-        s.skipped = r.skipped;
-        s.failed = r.failed;
+}
+
+impl Run<'_> {
+    async fn run(
+        &self,
+        filter: ReplayFilter,
+        rate: f64,
+        limit: Option<u64>,
+        mut cancelled: watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        let _queue = self.cx.queue_work.lock().await;
+        let config = &self.cx.config;
+        let topology = Topology::new(&config.amqp);
+        let before = queue_depths(config.amqp.connection(), &topology)
+            .await
+            .map_err(|e| e.to_string())?;
+        let budget = FleetBudget::from_config(&config.budget)
+            .await
+            .map_err(|e| e.to_string())?;
+        let breakers = Breakers::from_config(&config.budget).map_err(|e| e.to_string())?;
+        let mut options = ReplayOptions::new(config);
+        options.filter = filter;
+        options.rate = Some(rate);
+        options.limit = limit;
+        let handle = Replayer::new(
+            config.amqp.connection(),
+            topology.clone(),
+            Some(budget.clone()),
+        )
+        .with_breakers(breakers)
+        .start(options.clone(), ReplayMode::Run);
+        // Follow the run until its progress sender is gone (the run ended); pass on a cancel.
+        let mut updates = handle.subscribe();
+        let mut asked = false;
+        loop {
+            tokio::select! {
+                changed = updates.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let p = updates.borrow_and_update().clone();
+                    let mut s = lock(&self.job.state);
+                    s.follow(&p);
+                    s.elapsed_secs = self.started.elapsed().as_secs_f64();
+                }
+                asked_now = cancelled.wait_for(|c| *c), if !asked => {
+                    asked = true;
+                    if asked_now.is_ok() {
+                        handle.cancel();
+                    }
+                }
+            }
+        }
+        let outcome = handle.wait().await;
+        let _ = budget.shutdown().await;
+        let r = match outcome.map_err(|e| e.to_string())? {
+            ReplayOutcome::Run(r) => r,
+            ReplayOutcome::DryRun(_) => {
+                return Err("the replay library returned a dry run's outcome for a run".to_owned());
+            }
+        };
+        {
+            let mut s = lock(&self.job.state);
+            s.total = r.total;
+            s.seen = r.seen;
+            s.moved = r.moved;
+            s.parked = r.parked;
+            s.skipped = r.skipped;
+            s.failed = r.failed;
+            s.slowdowns = r.slowdowns;
+            s.cancelled = r.cancelled;
+        }
+        let after = queue_depths(config.amqp.connection(), &topology)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut entry = audit::replay_entry(
+            self.actor,
+            audit::REPLAY,
+            &options.filter,
+            self.note,
+            &before,
+            &after,
+            &r,
+        );
+        // The closed loop's part in the run, and who stopped it, beside its counts.
+        let cancelled_by = lock(&self.job.state).cancel_requested_by.clone();
+        if let Some(Value::Object(after)) = &mut entry.after {
+            after.insert(
+                "held_breaker_secs".to_owned(),
+                json!(r.held_breaker.as_secs_f64()),
+            );
+            after.insert("paused_secs".to_owned(), json!(r.paused.as_secs_f64()));
+            after.insert("slowdowns".to_owned(), json!(r.slowdowns));
+            after.insert(
+                "lowest_rate".to_owned(),
+                json!(r.lowest_rate.map(Rate::per_sec)),
+            );
+            after.insert("cancelled".to_owned(), json!(r.cancelled));
+            if r.cancelled {
+                after.insert("cancelled_by".to_owned(), json!(cancelled_by));
+            }
+        }
+        self.cx
+            .audit
+            .record(&self.cx.store, &entry)
+            .await
+            .map_err(|e| format!("the replay ran, but its audit entry was not recorded: {e}"))?;
+        Ok(())
     }
-    let after = queue_depths(config.amqp.connection(), &topology)
-        .await
-        .map_err(|e| e.to_string())?;
-    let entry = audit::replay_entry(
+}
+
+/// Records in the audit trail that `actor` asked run `job` to stop (action `replay_cancel`):
+/// who stopped a replay is on the trail even when the run's own entry comes later.
+///
+/// # Errors
+/// Redis failed.
+pub(crate) async fn audit_cancel(
+    cx: &RunContext,
+    job: &JobState,
+    actor: &str,
+) -> Result<(), String> {
+    let entry = AuditEntry::new(
         actor,
-        audit::REPLAY,
-        &options.filter,
-        note,
-        &before,
-        &after,
-        &r,
+        CANCEL,
+        job.dependency.as_deref(),
+        &format!(
+            "cancelled the replay {} ({}) started by {}",
+            job.id, job.selected, job.actor
+        ),
     );
     cx.audit
         .record(&cx.store, &entry)
         .await
-        .map_err(|e| format!("the replay ran, but its audit entry was not recorded: {e}"))?;
-    Ok(())
+        .map(|_| ())
+        .map_err(|e| format!("the cancel's audit entry was not recorded (nothing cancelled): {e}"))
 }
+
+/// The audit action of a cancel asked on the replay page.
+pub(crate) const CANCEL: &str = "replay_cancel";
 
 /// What a purge removed.
 #[derive(Debug, Clone, Copy, Serialize)]

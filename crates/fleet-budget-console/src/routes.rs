@@ -52,6 +52,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/replay/start", post(replay_action))
         .route("/replays", get(replays_page))
         .route("/replay/{id}", get(replay_page))
+        .route("/replay/{id}/cancel", post(cancel_action))
         .route("/api/replay/{id}", get(replay_json))
         .route("/audit", get(audit_page))
         .route("/login", get(login_page).post(login_action))
@@ -640,6 +641,42 @@ async fn purge_action(
     Ok(pages::purged(&visitor, which, &purged).into_response())
 }
 
+/// A cancel from a replay's page: only the CSRF token.
+#[derive(Debug, Deserialize)]
+struct CancelForm {
+    csrf: Option<String>,
+}
+
+/// Cancels a running replay: recorded in the audit trail first (who, which run), then asked of
+/// the run, which puts back what it has not moved and records its own entry, marked cancelled.
+async fn cancel_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CancelForm>,
+) -> Page {
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    let job = app
+        .jobs
+        .get(&id)
+        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
+    if job.done {
+        return Err(refused(
+            StatusCode::CONFLICT,
+            "the replay has ended already",
+        ));
+    }
+    let cx = run_context(&app);
+    within(&app, "Redis", replay::audit_cancel(&cx, &job, &actor)).await?;
+    match app.jobs.cancel(&id, &actor) {
+        (replay::Cancel::Unknown, _) => Err(refused(StatusCode::NOT_FOUND, "no such replay")),
+        // Ended between the look and the ask: the trail says it was asked, the page how it ended.
+        (replay::Cancel::Asked | replay::Cancel::Ended, _) => {
+            Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+        }
+    }
+}
+
 async fn replays_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
     let visitor = reader(&app, &h, true)?;
     Ok(pages::replays(&visitor, &app.jobs.all()).into_response())
@@ -660,7 +697,14 @@ async fn replay_json(State(app): State<Arc<App>>, h: HeaderMap, Path(id): Path<S
         .jobs
         .get(&id)
         .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
-    Ok(Json(job).into_response())
+    // The run's fields, and the words its page shows for them (one wording, the server's).
+    let mut body = serde_json::to_value(&job).unwrap_or_default();
+    if let Some(o) = body.as_object_mut() {
+        o.insert("state".to_owned(), job.state().into());
+        o.insert("held_text".to_owned(), pages::held_text(&job).into());
+        o.insert("rate_text".to_owned(), pages::rate_text(&job).into());
+    }
+    Ok(Json(body).into_response())
 }
 
 async fn audit_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {

@@ -81,9 +81,16 @@
       set("j-parked", String(j.parked));
       set("j-skipped", String(j.skipped));
       set("j-failed", String(j.failed));
-      set("j-paused", j.paused_on === null ? "-" : j.paused_on);
-      set("j-state", j.done ? (j.error ? "failed" : "done") : "running");
+      set("j-state", j.state);
+      set("j-held", j.held_text);
+      set("j-rate", j.rate_text);
+      set("j-slowdowns", String(j.slowdowns));
+      set("j-cancelled-by", j.cancel_requested_by === null ? "-" : j.cancel_requested_by);
       set("j-error", j.error === null ? "-" : j.error);
+      if (j.done) {
+        var cancel = document.getElementById("cancel-replay");
+        if (cancel) { cancel.parentNode.removeChild(cancel); }
+      }
       return !j.done;
     });
   }

@@ -15,6 +15,9 @@ mod webdriver;
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use fleet_budget::breaker::{Breaker, BreakerState, Verdict};
 use fleet_budget::control::{AuditLog, fleet_status};
 use fleet_budget::store::{RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
@@ -34,16 +37,23 @@ struct Fleet {
     _redis: RedisServer,
     broker: TestBroker,
     config: WorkerConfig,
+    /// The configuration's text, for the `budgetctl` binary.
+    toml: String,
 }
 
 fn fleet(name: &str) -> Fleet {
+    fleet_with(name, "")
+}
+
+/// A fleet whose configuration ends with `more` (TOML).
+fn fleet_with(name: &str, more: &str) -> Fleet {
     let redis = RedisServer::start();
     let broker = TestBroker::new(name);
     let toml = format!(
         "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 2000\n\
          [dependencies.search]\ntasks = [\"index\"]\nratio = 0.1\nmin_allowance = 2\n\
          [dependencies.mail]\ntasks = [\"send\"]\n\
-         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\n",
+         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\n{more}",
         redis.url(),
         unique_prefix("fbc"),
         broker.url,
@@ -55,6 +65,7 @@ fn fleet(name: &str) -> Fleet {
         _redis: redis,
         broker,
         config,
+        toml,
     }
 }
 
@@ -109,6 +120,64 @@ async fn post_from_page(b: &Browser, path: &str, body: &str) -> u64 {
         .unwrap_or_else(|| panic!("fetch {path} failed"))
 }
 
+/// The `budgetctl` binary of this build: beside this test's executable (`target/debug/deps/..`
+/// → `target/debug/budgetctl`). `scripts/test` builds every target of the workspace before it
+/// runs a test; alone, build it first (`cargo build -p budgetctl`).
+fn budgetctl() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's executable: {e}"));
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
+        .unwrap_or_else(|| panic!("no target directory above {}", exe.display()));
+    assert!(
+        bin.is_file(),
+        "{} is not built: this test runs the real `budgetctl status --json`; build it with \
+         `cargo build -p budgetctl` (scripts/test builds every target before the tests)",
+        bin.display()
+    );
+    bin
+}
+
+/// What the real `budgetctl status --dependency search --json` says of search's freeze:
+/// `actor (reason)`, or `None`.
+async fn status_freeze(f: &Fleet) -> Option<String> {
+    let file = std::env::temp_dir().join(format!("{}.toml", unique_prefix("fbc-status")));
+    std::fs::write(&file, &f.toml).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let (bin, path) = (budgetctl(), file.clone());
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(&path)
+            .args(["status", "--dependency", "search", "--json"])
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap_or_else(|_| panic!("budgetctl status did not end within 60 s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("budgetctl status: {e}"));
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "budgetctl status: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("budgetctl status --json: {e}"));
+    let row = &json["dependencies"][0];
+    assert_eq!(row["dependency"], "search", "{json}");
+    let freeze = &row["overrides"]["freeze"];
+    (!freeze.is_null()).then(|| {
+        format!(
+            "{} ({})",
+            freeze["actor"].as_str().unwrap_or_default(),
+            freeze["reason"].as_str().unwrap_or_default()
+        )
+    })
+}
+
 async fn freeze_of(config: &WorkerConfig) -> Option<String> {
     let search = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
     let status = fleet_status(&store(config), &search, &config.budget.policy(&search))
@@ -121,7 +190,7 @@ async fn freeze_of(config: &WorkerConfig) -> Option<String> {
 }
 
 /// Overview shows the brownout as it happens (the page refreshes itself); a freeze made on the
-/// page is what `budgetctl status` reads (the same library read) and is in the audit with the
+/// page is what the `budgetctl status --json` binary shows, and is in the audit with the
 /// token's label; a change without the operator's session or without the CSRF token is refused
 /// and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +231,8 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
     assert!(alert.starts_with("search"), "{alert}");
     b.screenshot("overview").await;
 
-    // Freeze from the dependency's page.
+    // Freeze from the dependency's page (none before it, as `budgetctl status` shows).
+    assert_eq!(status_freeze(&f).await, None);
     b.goto(&format!("{base}/dependency/search")).await;
     b.type_into(
         "#freeze-form input[name=reason]",
@@ -177,6 +247,11 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
     assert_eq!(
         freeze_of(&f.config).await.as_deref(),
         Some("ann (INC-7 search browning out)")
+    );
+    assert_eq!(
+        status_freeze(&f).await.as_deref(),
+        Some("ann (INC-7 search browning out)"),
+        "`budgetctl status --json` shows the freeze made on the page"
     );
     let trail = AuditLog::default()
         .read(&store(&f.config), None, None, Some("search"), 10)
@@ -403,6 +478,209 @@ async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_t
     assert_eq!(actions, [("replay", "ann"), ("dlq_purge", "ann")]);
     b.goto(&format!("{base}/audit")).await;
     b.screenshot("audit").await;
+    b.quit().await;
+    c.stop().await;
+}
+
+/// `search`'s breaker: opens on one failure, open 10 s (long enough for the page to show the
+/// hold on a busy machine; the test waits it out), closed by one probe's success.
+const BREAKER: &str = "[dependencies.search.breaker]\nfailure_ratio = 0.5\nmin_volume = 1\n\
+                       open_secs = 10\nhalf_open_probes = 1\nclose_after = 1\n";
+
+/// `search`'s breaker as the workers share it: the core crate's `Breaker` on the fleet's Redis.
+fn breaker(config: &WorkerConfig) -> (Breaker, fleet_budget::breaker::BreakerPolicy, Dependency) {
+    let dep = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
+    let policy = config.budget.breakers[&dep];
+    (Breaker::new(Arc::new(store(config))), policy, dep)
+}
+
+/// Opens `search`'s breaker the way workers do: calls' failures reported to it (after a probe
+/// closed it, its window still counts that success: a few failures outweigh it).
+async fn open_breaker(config: &WorkerConfig) {
+    let (breaker, policy, dep) = breaker(config);
+    for _ in 0..50 {
+        let d = breaker
+            .record(&dep, &policy, false, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if d.state == BreakerState::Open {
+            return;
+        }
+    }
+    panic!("50 failures did not open the breaker");
+}
+
+/// Closes `search`'s breaker once its open period ends: the first call half-opens it and is the
+/// probe, whose success closes it (as a worker's probe would).
+async fn close_breaker(config: &WorkerConfig) {
+    let (breaker, policy, dep) = breaker(config);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let admitted = breaker
+            .admit(&dep, &policy)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Verdict::Probe { generation } = admitted.verdict {
+            let d = breaker
+                .record(&dep, &policy, true, Some(generation))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(d.state, BreakerState::Closed, "{d:?}");
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker never half-opened"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The replay page's state, hold and moved count, read at one instant.
+async fn progress_now(b: &Browser) -> (String, String, String) {
+    let v = b
+        .run(
+            "const t = id => document.getElementById(id).textContent;\
+             return [t('j-state'), t('j-held'), t('j-moved')];",
+        )
+        .await;
+    let at = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
+    (at(0), at(1), at(2))
+}
+
+/// From the dead-letter page: the search group's replay, its dry run, the note; returns once
+/// the confirm button is on the page (not clicked).
+async fn prepare_search_replay(b: &Browser, base: &str, count: usize, note: &str) {
+    let dlq = format!("{base}/dead-letters");
+    let want = format!("search budget_exhausted http_503 {count}");
+    b.until_text("#groups tbody tr:first-child", Some(&dlq), |t| {
+        t.starts_with(&want)
+    })
+    .await;
+    b.click("#groups tbody tr:first-child form.replay button")
+        .await;
+    assert_eq!(b.text("#p-moved").await, count.to_string());
+    b.type_into("#confirm-replay input[name=note]", note).await;
+}
+
+/// A replay started on the page while the dependency's breaker is open is held (the page says
+/// so, and nothing moves); once the breaker closes it resumes and moves every message. A replay
+/// held again is cancelled from the page: it moves nothing, leaves its messages in the queue,
+/// and who cancelled it is in the audit trail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_cancelled() {
+    let f = fleet_with("console-held", BREAKER);
+    f.broker.migrate().await;
+    let now = fleet_budget::clock::now_ms();
+    let seed = |n: usize| {
+        let broker = &f.broker;
+        async move {
+            let publisher = broker.publisher().await;
+            broker
+                .seed_dead_letters(
+                    &publisher,
+                    n,
+                    "search",
+                    DeadLetterReason::BudgetExhausted,
+                    0,
+                    now - 60_000,
+                )
+                .await;
+            publisher.close().await;
+        }
+    };
+    seed(4).await;
+    let c = console(&f.config).await;
+    let base = format!("http://{}", c.addr());
+    let driver = Driver::start().await;
+    let b = driver.browser().await;
+    login(&b, &base, OPERATOR).await;
+
+    // Started while the breaker is open: held, nothing moves.
+    prepare_search_replay(&b, &base, 4, "INC-9 search recovering").await;
+    open_breaker(&f.config).await;
+    b.click("#confirm-replay button").await;
+    b.until_text("#j-state", None, |t| t == "held").await;
+    let (state, held, moved) = progress_now(&b).await;
+    assert_eq!(
+        (state.as_str(), held.as_str(), moved.as_str()),
+        ("held", "held: the breaker of search is open", "0")
+    );
+    assert_eq!(f.broker.depth(&f.broker.topology.work_queue).await, 0);
+    b.screenshot("replay-held").await;
+
+    // The breaker closes: the replay resumes and moves every message.
+    close_breaker(&f.config).await;
+    b.until_text("#j-state", None, |t| t == "done" || t == "failed")
+        .await;
+    let (state, held, moved) = progress_now(&b).await;
+    assert_eq!(
+        (state.as_str(), held.as_str(), moved.as_str()),
+        ("done", "-", "4")
+    );
+    assert_eq!(b.text("#j-error").await, "-");
+    assert_eq!(f.broker.depth(&f.broker.topology.work_queue).await, 4);
+    assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 0);
+    assert!(
+        !b.source().await.contains("cancel-replay"),
+        "an ended replay has no Cancel button"
+    );
+
+    // Held again, then cancelled from the page: nothing moves, the messages stay.
+    seed(3).await;
+    prepare_search_replay(&b, &base, 3, "INC-9 second try").await;
+    open_breaker(&f.config).await;
+    b.click("#confirm-replay button").await;
+    b.until_text("#j-state", None, |t| t == "held").await;
+    // Without the CSRF token the cancel is refused and the run stays held.
+    let page = b.run("return location.pathname").await;
+    let cancel = format!("{}/cancel", page.as_str().unwrap_or_default());
+    assert_eq!(post_from_page(&b, &cancel, "").await, 403);
+    assert_eq!(progress_now(&b).await.0, "held");
+    b.click("#cancel-replay button").await;
+    b.until_text("#j-state", None, |t| t == "cancelled" || t == "failed")
+        .await;
+    let (state, _, moved) = progress_now(&b).await;
+    assert_eq!((state.as_str(), moved.as_str()), ("cancelled", "0"));
+    assert_eq!(b.text("#j-cancelled-by").await, "ann");
+    assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 3);
+    assert_eq!(f.broker.depth(&f.broker.topology.work_queue).await, 4);
+
+    let trail = AuditLog::default()
+        .read(&store(&f.config), None, None, Some("search"), 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let actions: Vec<(&str, &str)> = trail
+        .iter()
+        .map(|e| (e.action.as_str(), e.actor.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("replay", "ann"),
+            ("replay_cancel", "ann"),
+            ("replay", "ann")
+        ]
+    );
+    let first = trail[0]
+        .after
+        .as_ref()
+        .unwrap_or_else(|| panic!("{trail:?}"));
+    assert_eq!(first["moved"], 4);
+    assert_eq!(first["cancelled"], false);
+    assert!(
+        first["held_breaker_secs"].as_f64().unwrap_or(0.0) > 0.0,
+        "{first}"
+    );
+    let last = trail[2]
+        .after
+        .as_ref()
+        .unwrap_or_else(|| panic!("{trail:?}"));
+    assert_eq!(
+        (last["moved"].clone(), last["cancelled"].clone()),
+        (0.into(), true.into())
+    );
+    assert_eq!(last["cancelled_by"], "ann");
     b.quit().await;
     c.stop().await;
 }

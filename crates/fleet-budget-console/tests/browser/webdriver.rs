@@ -287,7 +287,7 @@ impl Browser {
     }
 
     /// Saves a PNG of the page to `$FLEET_BUDGET_CONSOLE_SCREENSHOTS/console-<name>.png`
-    /// when that variable is set (how `docs/console-*.png` are made).
+    /// (relative to the workspace) when that variable is set (how `docs/console-*.png` are made).
     pub(crate) async fn screenshot(&self, name: &str) {
         let Some(dir) = std::env::var_os("FLEET_BUDGET_CONSOLE_SCREENSHOTS") else {
             return;
@@ -297,7 +297,12 @@ impl Browser {
         let png = base64::engine::general_purpose::STANDARD
             .decode(v.as_str().unwrap_or_default())
             .unwrap_or_else(|e| panic!("screenshot: {e}"));
-        let path = std::path::Path::new(&dir).join(format!("console-{name}.png"));
+        // A relative directory is the workspace's (`=docs`), not the crate's, where cargo runs
+        // the test.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(dir)
+            .join(format!("console-{name}.png"));
         std::fs::write(&path, png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
 
