@@ -300,16 +300,17 @@ async fn killing_redis_while_deciding_falls_back_within_the_deadline_and_restart
         !budget.in_fallback() && !budget.metrics().fallback_is_active("search"),
         "left the fallback"
     );
-    assert_eq!(
-        logs.count("entering fallback"),
-        1,
-        "one line entering, not one per call:\n{}",
-        logs.text()
-    );
-    assert_eq!(
-        logs.count("leaving fallback"),
-        1,
-        "one line leaving:\n{}",
+    // One line per episode, not one per call: the outage is one episode. On a loaded machine a
+    // store that is alive can also miss the 50 ms deadline before the kill (a deposit or a
+    // decision starved of CPU); that is an episode of its own, entered and left, and logged as
+    // such (seen in CI: a deposit timed out 100 ms before the kill, the next call answered).
+    // Hundreds of calls went to the fallback; a line per call would show here.
+    let entering = logs.count("entering fallback");
+    let leaving = logs.count("leaving fallback");
+    assert!(
+        (1..=3).contains(&entering) && entering == leaving,
+        "one line entering and one leaving per episode, not one per call \
+         ({entering} entering, {leaving} leaving, {fallback_decisions} decisions in the fallback):\n{}",
         logs.text()
     );
 
@@ -365,7 +366,10 @@ async fn client_pause_and_debug_sleep_fire_the_deadline() {
     };
     let (d, took) = loop {
         let (d, took) = decide(&budget).await;
-        if source(&d) != BudgetSource::Fleet {
+        // The fleet's answer, or its denial kept in the process (`redis.deny_cache_ms`: on a
+        // loaded machine the loop can spend the allowance before the sleep starts, and the
+        // cached denial answers without a call): neither met the sleeping server.
+        if !matches!(source(&d), BudgetSource::Fleet | BudgetSource::FleetCache) {
             break (d, took);
         }
         assert!(
