@@ -26,7 +26,6 @@ pub(crate) use dependency::*;
 pub(crate) use overview::*;
 pub(crate) use replay::*;
 
-
 /// Text from outside, with unsafe characters by code point (maud escapes the HTML).
 pub(crate) fn t(s: &str) -> String {
     escape_text(s).into_owned()

@@ -290,4 +290,3 @@ pub(super) async fn cancel_action(
         }
     }
 }
-

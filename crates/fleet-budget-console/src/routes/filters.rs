@@ -2,7 +2,6 @@
 
 use super::*;
 
-
 /// The CLI's filters (`--dependency`, `--reason`, `--task`, `--since`, `--until`,
 /// `--error-contains`), as a query or a form.
 #[derive(Debug, Default, Clone, Deserialize)]

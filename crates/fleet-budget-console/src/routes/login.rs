@@ -65,7 +65,11 @@ pub(super) async fn login_action(
     }
 }
 
-pub(super) async fn logout_action(State(app): State<Arc<App>>, h: HeaderMap, Form(f): Form<CsrfForm>) -> Page {
+pub(super) async fn logout_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Page {
     let visitor = reader(&app, &h, false)?;
     if visitor.csrf.as_deref() != f.csrf.as_deref() || visitor.csrf.is_none() {
         return Err(denied(&Denied::Csrf, false));
@@ -76,4 +80,3 @@ pub(super) async fn logout_action(State(app): State<Arc<App>>, h: HeaderMap, For
     let cookie = format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response())
 }
-

@@ -33,8 +33,8 @@ use crate::dead_letters::Which;
 use crate::pages;
 use crate::replay::{self, RunContext};
 
-pub(crate) use filters::FilterForm;
 use actions::*;
+pub(crate) use filters::FilterForm;
 use login::*;
 use reads::*;
 use security::*;
@@ -150,4 +150,3 @@ fn bad(why: &str) -> Response {
 fn some(v: Option<&String>) -> Option<&str> {
     v.map(|s| s.trim()).filter(|s| !s.is_empty())
 }
-

@@ -113,7 +113,11 @@ pub(super) async fn replays_page(State(app): State<Arc<App>>, h: HeaderMap) -> P
     Ok(pages::replays(&visitor, &app.jobs.all()).into_response())
 }
 
-pub(super) async fn replay_page(State(app): State<Arc<App>>, h: HeaderMap, Path(id): Path<String>) -> Page {
+pub(super) async fn replay_page(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+) -> Page {
     let visitor = reader(&app, &h, true)?;
     let job = app
         .jobs
@@ -122,7 +126,11 @@ pub(super) async fn replay_page(State(app): State<Arc<App>>, h: HeaderMap, Path(
     Ok(pages::replay(&visitor, &job).into_response())
 }
 
-pub(super) async fn replay_json(State(app): State<Arc<App>>, h: HeaderMap, Path(id): Path<String>) -> Page {
+pub(super) async fn replay_json(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+) -> Page {
     reader(&app, &h, false)?;
     let job = app
         .jobs
@@ -148,4 +156,3 @@ pub(super) async fn audit_page(State(app): State<Arc<App>>, h: HeaderMap) -> Pag
     .await?;
     Ok(pages::audit(&visitor, &trail).into_response())
 }
-
