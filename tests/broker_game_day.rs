@@ -1,3 +1,4 @@
+// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (node by node).
 //! The broker game day (issue 25, items 1-3): `fleet-worker` processes configured with the
 //! node list of a private three-node RabbitMQ cluster (`[amqp] urls`), through a brownout of
 //! their dependency; during it the node that leads the work queue is stopped and restarted,

@@ -1,3 +1,4 @@
+// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (faults in order).
 //! The game day (issue 9, item 8): several `fleet-worker` processes against real Redis and
 //! RabbitMQ during a brownout of their dependency, and in one run every fault the contract has
 //! to survive — a worker SIGKILLed mid-batch, Redis killed and restarted empty, every broker

@@ -1,3 +1,4 @@
+// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (storm, failover, accounting).
 //! Issue 25, item 4: the Redis failover game day. A Redis Cluster of three masters, each with one
 //! replica; a retry storm against it (a brownout: every execution fails, so retries are asked
 //! for continually); during the storm the master serving some of the dependencies is SIGKILLed

@@ -1,3 +1,4 @@
+// Over ~500 lines on purpose: the game day's one ledger, every job accounted and every bound checked in one pass.
 //! The game day's accounting, job by job, from what the dependency saw (every call is logged in
 //! the test process, so a SIGKILLed worker hides nothing), what the workers printed, the dead
 //! letters read before each replay, and what the queues hold at the end; then the bounds of

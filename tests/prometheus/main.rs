@@ -1,3 +1,4 @@
+// Over ~500 lines on purpose: one drill, a single scenario read top to bottom (brownout, alerts, dashboard).
 //! The alert rules and the dashboard against a real Prometheus (Debian's `prometheus`), scraping
 //! a worker and the fleet exporter during a brownout drill.
 //!

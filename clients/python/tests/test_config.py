@@ -269,7 +269,7 @@ def test_urls_the_redis_client_cannot_use_are_refused_as_rust_refuses_them():
 
 @pytest.mark.parametrize("escape, code", [("\\u202e", "U+202E"), ("\\u200b", "U+200B"), ("\\u00a0", "U+00A0")])
 def test_an_amqp_prefix_that_would_print_as_another_is_refused_as_rust_refuses_it(escape, code):
-    # The Rust WorkerConfig's rule and text (crates/fleet-budget-amqp/src/config.rs): the prefix
+    # The Rust WorkerConfig's rule and text (crates/fleet-budget-amqp/src/config/mod.rs): the prefix
     # starts every queue and exchange name the tools print.
     with pytest.raises(ConfigError) as e:
         Config.from_toml(f'[amqp]\nprefix = "fl{escape}eet"\n')

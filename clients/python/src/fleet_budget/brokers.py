@@ -1,4 +1,4 @@
-"""The broker's nodes, as the Rust worker reads them (``crates/fleet-budget-amqp/src/config.rs``):
+"""The broker's nodes, as the Rust worker reads them (``crates/fleet-budget-amqp/src/config/nodes.rs``):
 ``[amqp] url`` (one broker) or ``[amqp] urls`` (a cluster's nodes), never both;
 ``FLEET_BUDGET_AMQP_URL`` or ``FLEET_BUDGET_AMQP_URLS`` (comma-separated) over either, never both.
 Each URL is checked as the Rust ``check_url`` checks it, and every problem shows it with its

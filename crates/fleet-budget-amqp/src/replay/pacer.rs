@@ -1,8 +1,15 @@
-//! The pace of a replay run: sends spaced `1 / rate` apart.
+//! The pace of a replay run: sends spaced `1 / rate` apart, each move first held at the gate
+//! (breaker, budget, rate).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::Replayer;
+use super::gate::Gates;
+use super::handle::Stop;
+use super::report::{Rate, ReplayProgress, ReplayReport};
+use super::select::ReplayOptions;
 
 /// Spaces sends `1 / rate` apart on a fixed schedule (late sends catch up, up to one second).
 pub(super) struct Pacer {
@@ -55,5 +62,46 @@ impl Pacer {
             self.next = now;
         }
         self.next += interval;
+    }
+}
+
+impl Replayer {
+    /// Holds a move of `dependency` at the gate (breaker, budget, rate) and then for its turn at
+    /// the rate decided; `false` when the run was cancelled meanwhile (do not move).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn pace(
+        &self,
+        dependency: &str,
+        options: &ReplayOptions,
+        (gates, pacer): (&mut Gates, &mut Pacer),
+        report: &mut ReplayReport,
+        p: &mut ReplayProgress,
+        progress: &mut (impl FnMut(&ReplayProgress) + Send),
+        stop: &mut Stop,
+    ) -> bool {
+        let passed = self
+            .pass_gate(dependency, options, gates, p, progress, stop)
+            .await;
+        report.paused += passed.paused;
+        report.held_breaker += passed.held;
+        if passed.cancelled {
+            return false;
+        }
+        if !(passed.paused + passed.held).is_zero() {
+            pacer.reset();
+        }
+        pacer.set_rate(passed.rate);
+        let waited = tokio::select! {
+            () = pacer.wait() => true,
+            () = stop.requested() => false,
+        };
+        if waited && let Some(rate) = passed.rate.and_then(Rate::new) {
+            report.lowest_rate = Some(
+                report
+                    .lowest_rate
+                    .map_or(rate, |l| if rate < l { rate } else { l }),
+            );
+        }
+        waited
     }
 }

@@ -11,183 +11,21 @@
     missing_docs
 )]
 
+mod breaker;
+mod fleet;
 mod webdriver;
 
-use std::time::Duration;
-
-use std::sync::Arc;
-
-use fleet_budget::breaker::{Breaker, BreakerState, Verdict};
-use fleet_budget::control::{AuditLog, fleet_status};
-use fleet_budget::store::{RedisStore, RedisTarget};
-use fleet_budget::testing::RedisServer;
-use fleet_budget::{DeadLetterReason, Dependency, Failure, FleetBudget};
-use fleet_budget_amqp::WorkerConfig;
+use fleet_budget::control::AuditLog;
+use fleet_budget::{DeadLetterReason, Failure, FleetBudget};
 use fleet_budget_amqp::headers::DeadLetterRecord;
-use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
-use fleet_budget_console::{ConsoleSettings, RunningConsole, Token, Viewers};
 use serde_json::Value;
 
-use crate::webdriver::{Browser, Driver, http};
+use crate::breaker::*;
+use crate::fleet::*;
+use crate::webdriver::{Driver, http};
 
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
-
-struct Fleet {
-    _redis: RedisServer,
-    broker: TestBroker,
-    config: WorkerConfig,
-    /// The configuration's text, for the `budgetctl` binary.
-    toml: String,
-}
-
-fn fleet(name: &str) -> Fleet {
-    fleet_with(name, "")
-}
-
-/// A fleet whose configuration ends with `more` (TOML).
-fn fleet_with(name: &str, more: &str) -> Fleet {
-    let redis = RedisServer::start();
-    let broker = TestBroker::new(name);
-    let toml = format!(
-        "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 2000\n\
-         [dependencies.search]\ntasks = [\"index\"]\nratio = 0.1\nmin_allowance = 2\n\
-         [dependencies.mail]\ntasks = [\"send\"]\n\
-         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\n{more}",
-        redis.url(),
-        unique_prefix("fbc"),
-        broker.url,
-        broker.settings.prefix
-    );
-    let config = WorkerConfig::from_toml(&toml, "browser test")
-        .unwrap_or_else(|e| panic!("the test's configuration: {e}"));
-    Fleet {
-        _redis: redis,
-        broker,
-        config,
-        toml,
-    }
-}
-
-async fn console(config: &WorkerConfig) -> RunningConsole {
-    let operators = Token::parse_list(&format!("ann:{OPERATOR}"), "operator", "test")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let viewers = Token::parse_list(&format!("vic:{VIEWER}"), "viewer", "test")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut settings = ConsoleSettings::new(config.clone(), operators, Viewers::Tokens(viewers));
-    settings.bind = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
-    settings.dead_letter_refresh = Duration::from_secs(1);
-    settings.history_every = Duration::from_secs(1);
-    settings.actions_per_minute = 1_000;
-    fleet_budget_console::start(settings)
-        .await
-        .unwrap_or_else(|e| panic!("the console: {e}"))
-}
-
-fn store(config: &WorkerConfig) -> RedisStore {
-    let r = &config.budget.redis;
-    RedisStore::new_with_tls(
-        RedisTarget::from_settings(r),
-        &r.key_prefix,
-        Duration::from_secs(2),
-        &r.tls,
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn login(b: &Browser, base: &str, token: &str) {
-    b.goto(&format!("{base}/login")).await;
-    b.type_into("#login input[name=token]", token).await;
-    b.click("#login button").await;
-    b.until_text("header .who", None, |t| {
-        t.contains("Log out") || t.contains("(")
-    })
-    .await;
-}
-
-/// POSTs a form from the page with `fetch` (the session cookie goes along, as a forged form's
-/// would); returns the HTTP status.
-async fn post_from_page(b: &Browser, path: &str, body: &str) -> u64 {
-    let script = format!(
-        "const done = arguments[arguments.length - 1];\
-         fetch({path:?}, {{method: 'POST', credentials: 'same-origin', redirect: 'manual', \
-           headers: {{'Content-Type': 'application/x-www-form-urlencoded'}}, body: {body:?}}})\
-         .then(r => done(r.status)).catch(e => done(String(e)));"
-    );
-    b.run_async(&script)
-        .await
-        .as_u64()
-        .unwrap_or_else(|| panic!("fetch {path} failed"))
-}
-
-/// The `budgetctl` binary of this build: beside this test's executable (`target/debug/deps/..`
-/// → `target/debug/budgetctl`). `scripts/test` builds every target of the workspace before it
-/// runs a test; alone, build it first (`cargo build -p budgetctl`).
-fn budgetctl() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's executable: {e}"));
-    let bin = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
-        .unwrap_or_else(|| panic!("no target directory above {}", exe.display()));
-    assert!(
-        bin.is_file(),
-        "{} is not built: this test runs the real `budgetctl status --json`; build it with \
-         `cargo build -p budgetctl` (scripts/test builds every target before the tests)",
-        bin.display()
-    );
-    bin
-}
-
-/// What the real `budgetctl status --dependency search --json` says of search's freeze:
-/// `actor (reason)`, or `None`.
-async fn status_freeze(f: &Fleet) -> Option<String> {
-    let file = std::env::temp_dir().join(format!("{}.toml", unique_prefix("fbc-status")));
-    std::fs::write(&file, &f.toml).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let (bin, path) = (budgetctl(), file.clone());
-    let run = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(&bin)
-            .arg("--config")
-            .arg(&path)
-            .args(["status", "--dependency", "search", "--json"])
-            .output()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .unwrap_or_else(|_| panic!("budgetctl status did not end within 60 s"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("budgetctl status: {e}"));
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "budgetctl status: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("budgetctl status --json: {e}"));
-    let row = &json["dependencies"][0];
-    assert_eq!(row["dependency"], "search", "{json}");
-    let freeze = &row["overrides"]["freeze"];
-    (!freeze.is_null()).then(|| {
-        format!(
-            "{} ({})",
-            freeze["actor"].as_str().unwrap_or_default(),
-            freeze["reason"].as_str().unwrap_or_default()
-        )
-    })
-}
-
-async fn freeze_of(config: &WorkerConfig) -> Option<String> {
-    let search = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
-    let status = fleet_status(&store(config), &search, &config.budget.policy(&search))
-        .await
-        .unwrap_or_else(|e| panic!("status: {e}"));
-    status
-        .overrides
-        .freeze
-        .map(|f| format!("{} ({})", f.actor, f.reason))
-}
 
 /// Overview shows the brownout as it happens (the page refreshes itself); a freeze made on the
 /// page is what the `budgetctl status --json` binary shows, and is in the audit with the
@@ -480,87 +318,6 @@ async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_t
     b.screenshot("audit").await;
     b.quit().await;
     c.stop().await;
-}
-
-/// `search`'s breaker: opens on one failure, open 10 s (long enough for the page to show the
-/// hold on a busy machine; the test waits it out), closed by one probe's success.
-const BREAKER: &str = "[dependencies.search.breaker]\nfailure_ratio = 0.5\nmin_volume = 1\n\
-                       open_secs = 10\nhalf_open_probes = 1\nclose_after = 1\n";
-
-/// `search`'s breaker as the workers share it: the core crate's `Breaker` on the fleet's Redis.
-fn breaker(config: &WorkerConfig) -> (Breaker, fleet_budget::breaker::BreakerPolicy, Dependency) {
-    let dep = Dependency::new("search").unwrap_or_else(|e| panic!("{e}"));
-    let policy = config.budget.breakers[&dep];
-    (Breaker::new(Arc::new(store(config))), policy, dep)
-}
-
-/// Opens `search`'s breaker the way workers do: calls' failures reported to it (after a probe
-/// closed it, its window still counts that success: a few failures outweigh it).
-async fn open_breaker(config: &WorkerConfig) {
-    let (breaker, policy, dep) = breaker(config);
-    for _ in 0..50 {
-        let d = breaker
-            .record(&dep, &policy, false, None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        if d.state == BreakerState::Open {
-            return;
-        }
-    }
-    panic!("50 failures did not open the breaker");
-}
-
-/// Closes `search`'s breaker once its open period ends: the first call half-opens it and is the
-/// probe, whose success closes it (as a worker's probe would).
-async fn close_breaker(config: &WorkerConfig) {
-    let (breaker, policy, dep) = breaker(config);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let admitted = breaker
-            .admit(&dep, &policy)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        if let Verdict::Probe { generation } = admitted.verdict {
-            let d = breaker
-                .record(&dep, &policy, true, Some(generation))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(d.state, BreakerState::Closed, "{d:?}");
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the breaker never half-opened"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The replay page's state, hold and moved count, read at one instant.
-async fn progress_now(b: &Browser) -> (String, String, String) {
-    let v = b
-        .run(
-            "const t = id => document.getElementById(id).textContent;\
-             return [t('j-state'), t('j-held'), t('j-moved')];",
-        )
-        .await;
-    let at = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
-    (at(0), at(1), at(2))
-}
-
-/// From the dead-letter page: the search group's replay, its dry run, the note; returns once
-/// the confirm button is on the page (not clicked).
-async fn prepare_search_replay(b: &Browser, base: &str, count: usize, note: &str) {
-    let dlq = format!("{base}/dead-letters");
-    let want = format!("search budget_exhausted http_503 {count}");
-    b.until_text("#groups tbody tr:first-child", Some(&dlq), |t| {
-        t.starts_with(&want)
-    })
-    .await;
-    b.click("#groups tbody tr:first-child form.replay button")
-        .await;
-    assert_eq!(b.text("#p-moved").await, count.to_string());
-    b.type_into("#confirm-replay input[name=note]", note).await;
 }
 
 /// A replay started on the page while the dependency's breaker is open is held (the page says

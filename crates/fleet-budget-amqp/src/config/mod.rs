@@ -15,6 +15,13 @@ use serde::Deserialize;
 
 use crate::connection::{ConnectionConfig, Timeouts};
 
+mod nodes;
+#[cfg(test)]
+mod tests;
+
+use nodes::checked_nodes;
+pub(crate) use nodes::shown;
+
 /// Environment variable that overrides `amqp.url` (and `amqp.urls`).
 pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
 /// Environment variable that overrides `amqp.urls` (and `amqp.url`): the nodes of a cluster,
@@ -239,48 +246,6 @@ impl WorkerConfig {
             }
         }
     }
-
-    /// Applies `FLEET_BUDGET_REDIS_URL`, `FLEET_BUDGET_AMQP_URL` (or `FLEET_BUDGET_AMQP_URLS`,
-    /// the nodes of a cluster separated by commas) and the CA files
-    /// (`FLEET_BUDGET_REDIS_CA_FILE`, `FLEET_BUDGET_AMQP_CA_FILE`) as found by `lookup` (an empty
-    /// value is no override). Each URL is checked as the file's is.
-    ///
-    /// # Errors
-    /// A URL of the environment is not a Redis or AMQP URL (the problem names the variable,
-    /// password redacted), or both AMQP variables are set; nothing changes then.
-    pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
-        let amqp_url = lookup(ENV_AMQP_URL).filter(|u| !u.is_empty());
-        let amqp_urls = lookup(ENV_AMQP_URLS).filter(|u| !u.is_empty());
-        let nodes = match (&amqp_url, &amqp_urls) {
-            (Some(_), Some(_)) => {
-                return Err(Problem::new(
-                    ENV_AMQP_URLS,
-                    format!("{ENV_AMQP_URL} and {ENV_AMQP_URLS}"),
-                    format!(
-                        "set one of {ENV_AMQP_URL} (one broker) or {ENV_AMQP_URLS} (a cluster's nodes, comma-separated), not both"
-                    ),
-                ));
-            }
-            (Some(url), None) => {
-                check_url(ENV_AMQP_URL, url, &AMQP_SCHEMES)?;
-                Some((url.clone(), Vec::new()))
-            }
-            (None, Some(urls)) => {
-                let urls: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
-                Some(checked_nodes(ENV_AMQP_URLS, &urls)?)
-            }
-            (None, None) => None,
-        };
-        self.budget.apply_env(&lookup)?;
-        if let Some((url, others)) = nodes {
-            self.amqp.url = url;
-            self.amqp.other_urls = others;
-        }
-        if let Some(file) = lookup(ENV_AMQP_CA_FILE).filter(|f| !f.is_empty()) {
-            self.amqp.tls.ca_file = Some(file.into());
-        }
-        Ok(())
-    }
 }
 
 /// A file as this crate reads it: `[amqp]` only (no `deny_unknown_fields` here, the other
@@ -389,40 +354,6 @@ impl RawAmqp {
     }
 }
 
-/// The nodes `urls` as the first and the others, each checked as `amqp.url` is; `key` names
-/// the list in a problem, `key[i]` one of its URLs.
-fn checked_nodes(key: &str, urls: &[String]) -> Result<(String, Vec<String>), Problem> {
-    if urls.len() > MAX_BROKER_URLS {
-        return Err(Problem::new(
-            key,
-            format!("{} URLs", urls.len()),
-            format!("must list at most {MAX_BROKER_URLS} broker nodes"),
-        ));
-    }
-    for (i, url) in urls.iter().enumerate() {
-        let at = format!("{key}[{i}]");
-        check_url(&at, url, &AMQP_SCHEMES)?;
-        if urls.iter().take(i).any(|earlier| earlier == url) {
-            return Err(Problem::new(
-                &at,
-                fleet_budget::redact::redact_url(url),
-                "lists the same node twice",
-            ));
-        }
-    }
-    match urls.split_first() {
-        Some((url, others)) => Ok((url.clone(), others.to_vec())),
-        None => Err(Problem::new(key, "[]", "must list at least one broker URL")),
-    }
-}
-
-/// URLs as errors and logs show them: passwords redacted, separated by commas.
-pub(crate) fn shown<'a>(urls: impl Iterator<Item = &'a str>) -> String {
-    urls.map(fleet_budget::redact::redact_url)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Most tiers accepted: each is an exchange and a queue on the broker.
 pub const MAX_RETRY_TIERS: usize = 32;
 
@@ -465,215 +396,5 @@ fn retry_tiers(c: &mut Checker, tiers: &[f64]) -> Option<Vec<Duration>> {
         None
     } else {
         Some(ok)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn problems(text: &str) -> Vec<Problem> {
-        match WorkerConfig::from_toml(text, "test.toml") {
-            Err(ConfigError::Invalid { problems, .. }) => problems,
-            other => panic!("expected invalid values, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn both_sections_from_one_file() {
-        let c = WorkerConfig::from_toml(
-            "[amqp]\nprefix = \"shop\"\nprefetch = 4\nretry_tiers_secs = [0.5, 2]\n[dependencies.search]\ntasks = [\"index\"]\n",
-            "t",
-        )
-        .unwrap();
-        assert_eq!(c.amqp.prefix, "shop");
-        assert_eq!(c.amqp.prefetch, 4);
-        assert_eq!(
-            c.amqp.retry_tiers,
-            [Duration::from_millis(500), Duration::from_secs(2)]
-        );
-        assert_eq!(c.budget.map.resolve("index").unwrap().as_str(), "search");
-        let d = WorkerConfig::from_toml("", "t").unwrap();
-        assert_eq!(d.amqp, AmqpSettings::default());
-    }
-
-    #[test]
-    fn a_prefix_that_would_print_as_another_is_refused_by_code_point() {
-        // A right-to-left override, a zero-width space, a no-break space: each would make the
-        // queue names the tools print read as something they are not.
-        for (prefix, named) in [
-            ("fleet\u{202e}", "U+202E"),
-            ("fl\u{200b}eet", "U+200B"),
-            ("fleet\u{a0}x", "U+00A0"),
-        ] {
-            let p = problems(&format!("[amqp]\nprefix = \"{prefix}\"\n"));
-            assert_eq!(p.len(), 1, "{p:?}");
-            assert_eq!(p[0].key, "amqp.prefix");
-            assert!(p[0].allowed.contains(named), "{}", p[0]);
-            assert!(!p[0].to_string().contains(prefix), "printed raw: {}", p[0]);
-        }
-    }
-
-    #[test]
-    fn problems_of_every_section_are_reported_together() {
-        let p = problems(
-            "[amqp]\nprefetch = 0\nprefix = \"amq.x\"\nretry_tiers_secs = [5, 1]\n[defaults]\nratio = -1.0\n",
-        );
-        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(
-            keys,
-            [
-                "defaults.ratio",
-                "amqp.prefix",
-                "amqp.prefetch",
-                "amqp.retry_tiers_secs"
-            ]
-        );
-        let p = problems(
-            "[amqp]\nretry_tiers_secs = [-1, \"nan\"]\n"
-                .replace("\"nan\"", "nan")
-                .as_str(),
-        );
-        assert_eq!(p.len(), 3, "{p:?}");
-        assert_eq!(p[2].allowed, "must list at least one delay");
-        let many: Vec<String> = (1..=33).map(|i| i.to_string()).collect();
-        let p = problems(&format!(
-            "[amqp]\nretry_tiers_secs = [{}]\n",
-            many.join(", ")
-        ));
-        assert_eq!(p[0].allowed, "must list at most 32 delays");
-    }
-
-    #[test]
-    fn a_file_that_does_not_parse_says_so_before_any_value_problem() {
-        for text in [
-            "[amqp]\nprefecth = 3\n[defaults]\nratio = -1.0\n",
-            "[amqp]\nprefetch = 0\n[defaults]\nratoi = 1.0\n",
-            "[amqp]\nprefetch = \"many\"\n",
-            "[amqp\n",
-        ] {
-            let e = WorkerConfig::from_toml(text, "t").unwrap_err();
-            assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {e}");
-            assert!(e.to_string().contains("line "), "{e}");
-        }
-        let e = WorkerConfig::from_toml("[amqp]\nprefecth = 3\n", "t").unwrap_err();
-        assert!(e.to_string().contains("prefetch"), "{e}");
-    }
-
-    #[test]
-    fn bad_amqp_urls_are_named_with_passwords_redacted() {
-        let p = problems("[amqp]\nurl = \"http://u:hunter2@h\"\n");
-        assert_eq!(p[0].key, "amqp.url");
-        assert!(!p[0].value.contains("hunter2"), "{}", p[0]);
-        let mut settings = AmqpSettings::default();
-        let p = settings.set_url("redis://u:hunter2@h").unwrap_err();
-        assert!(!p.to_string().contains("hunter2"), "{p}");
-        assert_eq!(settings.url, AmqpSettings::default().url);
-        let p = settings
-            .set_url("amqps://u:hunter2@h/v#insecure")
-            .unwrap_err();
-        assert!(p.allowed.contains("#fragment"), "{p}");
-        assert!(!p.to_string().contains("hunter2"), "{p}");
-        assert_eq!(settings.url, AmqpSettings::default().url);
-        settings.set_url("amqps://h/v").unwrap();
-        assert_eq!(settings.url, "amqps://h/v");
-        settings.set_url("amqp://h/v").unwrap();
-        assert!(settings.tls_problem().is_none());
-        settings.tls.ca_file = Some("ca.pem".into());
-        let p = settings.tls_problem().expect("files for a plaintext URL");
-        assert!(p.to_string().contains("not be encrypted"), "{p}");
-        settings.set_url("amqps://h/v").unwrap();
-        assert!(settings.tls_problem().is_none());
-    }
-
-    #[test]
-    fn environment_overrides_urls() {
-        let mut c = WorkerConfig::from_toml("[redis]\nurl = \"redis://file:6379\"\n", "t").unwrap();
-        c.apply_env(|k| match k {
-            fleet_budget::config::ENV_REDIS_URL => Some("redis://env:1".to_owned()),
-            ENV_AMQP_URL => Some("amqp://u:secret@env:5672/%2f".to_owned()),
-            _ => None,
-        })
-        .unwrap();
-        assert_eq!(c.budget.redis.url, "redis://env:1");
-        assert_eq!(c.amqp.url, "amqp://u:secret@env:5672/%2f");
-    }
-
-    #[test]
-    fn a_cluster_is_a_list_of_nodes_checked_each_with_passwords_redacted() {
-        let c = WorkerConfig::from_toml(
-            "[amqp]\nurls = [\"amqp://u:p@n1:5672\", \"amqp://u:p@n2:5673\"]\n",
-            "t",
-        )
-        .unwrap();
-        assert_eq!(c.amqp.url, "amqp://u:p@n1:5672");
-        assert_eq!(c.amqp.other_urls, ["amqp://u:p@n2:5673"]);
-        let to = c.amqp.connection();
-        assert_eq!(to.urls().count(), 2);
-        assert!(!format!("{to:?}").contains(":p@"), "{to:?}");
-        assert!(!c.amqp.shown_urls().contains(":p@"));
-
-        let p = problems("[amqp]\nurl = \"amqp://a\"\nurls = [\"amqp://b\"]\n");
-        assert_eq!(p.len(), 1, "{p:?}");
-        assert_eq!(p[0].key, "amqp.urls");
-        assert!(p[0].allowed.contains("not both"), "{}", p[0]);
-        let p = problems("[amqp]\nurls = []\n");
-        assert_eq!(p[0].key, "amqp.urls");
-        let p = problems("[amqp]\nurls = [\"amqp://a\", \"http://u:secret@b\"]\n");
-        assert_eq!(p[0].key, "amqp.urls[1]");
-        assert!(!p[0].to_string().contains("secret"), "{}", p[0]);
-        let p = problems("[amqp]\nurls = [\"amqp://a\", \"amqp://a\"]\n");
-        assert_eq!(p[0].key, "amqp.urls[1]");
-        let many: Vec<String> = (0..=MAX_BROKER_URLS)
-            .map(|i| format!("\"amqp://n{i}\""))
-            .collect();
-        let p = problems(&format!("[amqp]\nurls = [{}]\n", many.join(",")));
-        assert_eq!(p[0].key, "amqp.urls");
-
-        // A failover must not drop the encryption.
-        let c =
-            WorkerConfig::from_toml("[amqp]\nurls = [\"amqps://a\", \"amqp://b\"]\n", "t").unwrap();
-        assert_eq!(
-            c.amqp.tls_problem().map(|p| p.key),
-            Some("amqp.urls".to_owned())
-        );
-    }
-
-    #[test]
-    fn the_environment_names_one_broker_or_a_cluster_never_both() {
-        let env = |url: Option<&'static str>, urls: Option<&'static str>| {
-            move |k: &str| match k {
-                ENV_AMQP_URL => url.map(str::to_owned),
-                ENV_AMQP_URLS => urls.map(str::to_owned),
-                _ => None,
-            }
-        };
-        let mut c =
-            WorkerConfig::from_toml("[amqp]\nurls = [\"amqp://a\", \"amqp://b\"]\n", "t").unwrap();
-        c.apply_env(env(None, Some("amqp://x, amqp://u:secret@y")))
-            .unwrap();
-        assert_eq!(
-            c.amqp.urls().collect::<Vec<_>>(),
-            ["amqp://x", "amqp://u:secret@y"]
-        );
-        c.apply_env(env(Some("amqp://z"), None)).unwrap();
-        assert_eq!(c.amqp.urls().collect::<Vec<_>>(), ["amqp://z"]);
-        let p = c
-            .apply_env(env(Some("amqp://z"), Some("amqp://x")))
-            .unwrap_err();
-        assert_eq!(p.key, ENV_AMQP_URLS);
-        let p = c
-            .apply_env(env(None, Some("amqp://x,,amqp://u:secret@y")))
-            .unwrap_err();
-        assert_eq!(p.key, "FLEET_BUDGET_AMQP_URLS[1]");
-        let p = c
-            .apply_env(env(None, Some("amqp://x,redis://u:secret@y")))
-            .unwrap_err();
-        assert!(!p.to_string().contains("secret"), "{p}");
-        assert_eq!(
-            c.amqp.urls().collect::<Vec<_>>(),
-            ["amqp://z"],
-            "unchanged after a problem"
-        );
     }
 }

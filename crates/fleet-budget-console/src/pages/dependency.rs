@@ -1,0 +1,121 @@
+//! One dependency's page: its figures, their history as a chart, its overrides and its audit
+//! trail.
+
+use super::*;
+
+/// A small chart of the history: retries granted (line) against the allowance (dashed), and
+/// denials (bars), drawn by the server as SVG.
+pub(super) fn chart(points: &[Point]) -> Markup {
+    const W: f64 = 600.0;
+    const H: f64 = 120.0;
+    if points.len() < 2 {
+        return html! { p.note { "The chart needs two readings; the console reads every few seconds." } };
+    }
+    let top = points
+        .iter()
+        .map(|p| p.allowance.max(p.spent).max(p.denied))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    #[allow(clippy::cast_precision_loss)]
+    let (x, y) = (
+        |i: usize| i as f64 * W / (points.len() - 1) as f64,
+        |v: u64| H - v as f64 * (H - 4.0) / top as f64,
+    );
+    let line = |f: fn(&Point) -> u64| -> String {
+        points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{:.1},{:.1}", x(i), y(f(p))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let span_secs = points
+        .last()
+        .map_or(0, |l| l.at_ms)
+        .saturating_sub(points.first().map_or(0, |f| f.at_ms))
+        / 1000;
+    html! {
+        svg.chart viewBox={ "0 0 " (W) " " (H) } width="600" height="120" role="img" aria-label="retries granted against the allowance" {
+            @for (i, p) in points.iter().enumerate() {
+                @if p.denied > 0 {
+                    rect.denied x=(format!("{:.1}", x(i) - 2.0)) y=(format!("{:.1}", y(p.denied))) width="4" height=(format!("{:.1}", H - y(p.denied))) {}
+                }
+            }
+            polyline.allowance points=(line(|p| p.allowance)) {}
+            polyline.spent points=(line(|p| p.spent)) {}
+        }
+        p.note { "Last " (points.len()) " readings (up to " (HISTORY_POINTS) ", " (span_secs) " s): "
+            span.spent-key { "retries granted" } ", " span.allowance-key { "allowance" } ", "
+            span.denied-key { "denials" } "; scale 0 to " (top) "." }
+    }
+}
+
+/// One dependency's page.
+pub(crate) fn dependency(
+    v: &Visitor,
+    dep: &Dependency,
+    ov: &Overview,
+    history: &[Point],
+    trail: &[AuditEntry],
+) -> Markup {
+    let name = t(dep.as_str());
+    layout(
+        &name,
+        Some(v),
+        html! {
+            @if let Some(r) = ov.dependencies.first() {
+                table.facts {
+                    tr { th { "alert" } td #alert { (r.alert) } }
+                    tr { th { "allowance / spent / remaining" } td { (r.allowance) " / " (r.spent) " / " (r.remaining) } }
+                    tr { th { "denied in the window" } td { (r.denied) " (" (format!("{:.2}", r.denials_per_sec)) "/s)" } }
+                    tr { th { "amplification" } td { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) } }
+                    tr { th { "policy in force" } td { (r.policy) } }
+                    tr { th { "conflict" } td { (r.conflict.clone().unwrap_or_else(|| "none".to_owned())) } }
+                    tr { th { "overrides" } td #overrides { (overrides_cell(r)) @if r.frozen.is_none() && r.set.is_none() { "none" } } }
+                    tr { th { "breaker" } td { (breaker_cell(r)) @if let Some(b) = &r.breaker { ", opened " (b.times_opened) " times" } } }
+                    tr { th { "in flight / cap" } td { (r.concurrency.map_or_else(|| "no concurrency budget".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) } }
+                }
+                h2 { "Recent history" }
+                (chart(history))
+                h3 { "The two windows Redis holds" }
+                table {
+                    thead { tr { th { "window" } th { "retries granted" } th { "denied" } th { "first attempts" } } }
+                    tbody {
+                        tr { td { "previous" } @for n in r.windows[0] { td.num { (n) } } }
+                        tr { td { "current" } @for n in r.windows[1] { td.num { (n) } } }
+                    }
+                }
+            } @else {
+                p { "No budget key for this dependency yet." }
+            }
+            @if is_operator(v) {
+                h2 { "Overrides" }
+                form.action #freeze-form method="post" action={ "/dependency/" (path_segment(dep.as_str())) "/override" } {
+                    (csrf_input(v))
+                    input type="hidden" name="action" value="freeze";
+                    label { "Freeze for (minutes) " input type="number" name="minutes" min="1" value="30" required; }
+                    label { " because " input type="text" name="reason" maxlength="1000" required; }
+                    button type="submit" { "Freeze retries" }
+                }
+                form.action #set-form method="post" action={ "/dependency/" (path_segment(dep.as_str())) "/override" } {
+                    (csrf_input(v))
+                    input type="hidden" name="action" value="set";
+                    label { "Ratio " input type="text" name="ratio" size="5"; }
+                    label { " floor " input type="number" name="min_allowance" min="0"; }
+                    label { " for (minutes) " input type="number" name="minutes" min="1" value="30" required; }
+                    label { " because " input type="text" name="reason" maxlength="1000" required; }
+                    button type="submit" { "Set" }
+                }
+                form.action #unfreeze-form method="post" action={ "/dependency/" (path_segment(dep.as_str())) "/override" } {
+                    (csrf_input(v))
+                    select name="action" { option value="unfreeze" { "Unfreeze" } option value="clear" { "Clear every override" } }
+                    label { " because " input type="text" name="reason" maxlength="1000" required; }
+                    button type="submit" { "Apply" }
+                }
+            }
+            h2 { "Audit trail of " (name) }
+            (audit_table(trail))
+        },
+    )
+}

@@ -1,0 +1,85 @@
+//! The replays: one run's page and the list, and the words both show for a run's state.
+
+use super::*;
+
+/// Why a run waits, in words (`-` when it does not).
+pub(crate) fn held_text(j: &JobState) -> String {
+    let dependency = t(j.paused_on.as_deref().unwrap_or("its dependency"));
+    match j.held.as_deref() {
+        None => "-".to_owned(),
+        Some("breaker_open") => format!("held: the breaker of {dependency} is open"),
+        Some("budget_exhausted") => format!("held: the budget of {dependency} is exhausted"),
+        Some(other) => format!("held: {dependency} ({other})"),
+    }
+}
+
+/// The rate moves go at now, and what holds it down, in words.
+pub(crate) fn rate_text(j: &JobState) -> String {
+    if j.held.is_some() {
+        // The last rate decided is not what a held run moves at.
+        return "0/s (held)".to_owned();
+    }
+    let now = match j.rate_now {
+        Some(r) if j.done => format!("last {r:.1}/s"),
+        Some(r) => format!("{r:.1}/s"),
+        None => "-".to_owned(),
+    };
+    match j.slowed.as_deref() {
+        Some("failures") => format!("{now}, slowed: the dependency's failures rose"),
+        Some("budget_pace") => format!("{now}, slowed: the budget's headroom is small"),
+        Some("probe_pace") => format!("{now}, slowed: the half-open breaker's probes"),
+        Some(other) => format!("{now}, slowed ({other})"),
+        None => now,
+    }
+}
+
+pub(super) fn job_table(j: &JobState) -> Markup {
+    html! {
+        table #progress data-source={ "/api/replay/" (j.id) } {
+            tr { th { "selected" } td { (t(&j.selected)) } }
+            tr { th { "by" } td { (t(&j.actor)) } }
+            tr { th { "state" } td #j-state { (j.state()) } }
+            tr { th { "held" } td #j-held { (held_text(j)) } }
+            tr { th { "rate now" } td #j-rate { (rate_text(j)) } }
+            tr { th { "rate at most" } td { (j.rate) " messages/s" } }
+            tr { th { "rate cuts" } td #j-slowdowns { (j.slowdowns) } }
+            tr { th { "read" } td #j-seen { (j.seen) " of " (j.total) } }
+            tr { th { "moved" } td #j-moved { (j.moved) } }
+            tr { th { "parked" } td #j-parked { (j.parked) } }
+            tr { th { "skipped" } td #j-skipped { (j.skipped) } }
+            tr { th { "failed" } td #j-failed { (j.failed) } }
+            tr { th { "cancelled by" } td #j-cancelled-by { (t(j.cancel_requested_by.as_deref().unwrap_or("-"))) } }
+            tr { th { "error" } td #j-error { (t(j.error.as_deref().unwrap_or("-"))) } }
+        }
+    }
+}
+
+/// A replay's progress; an operator may cancel it while it runs.
+pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
+    layout(
+        "Replay",
+        Some(v),
+        html! {
+            (job_table(j))
+            @if is_operator(v) && !j.done {
+                form.inline #cancel-replay method="post" action={ "/replay/" (j.id) "/cancel" } {
+                    (csrf_input(v))
+                    button type="submit" { "Cancel" }
+                }
+            }
+            p.note { "The replay is paced by the live budget: held while its dependency's breaker is open or its budget exhausted, slowed when the replayed jobs fail again, climbing back when they stop. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
+        },
+    )
+}
+
+/// The replays of this console.
+pub(crate) fn replays(v: &Visitor, jobs: &[JobState]) -> Markup {
+    layout(
+        "Replays",
+        Some(v),
+        html! {
+            @if jobs.is_empty() { p { "No replay since the console started." } }
+            ul { @for j in jobs { li { a href={ "/replay/" (j.id) } { (t(&j.selected)) } " by " (t(&j.actor)) ": moved " (j.moved) ", " (j.state()) } } }
+        },
+    )
+}

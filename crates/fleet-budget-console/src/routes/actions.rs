@@ -1,0 +1,292 @@
+//! The changes an operator makes: overrides, a sample refresh, a replay's dry run and start, a
+//! purge, a cancel.
+
+use super::*;
+
+/// An override from the page.
+#[derive(Debug, Deserialize)]
+pub(super) struct OverrideForm {
+    csrf: Option<String>,
+    action: String,
+    #[serde(default)]
+    minutes: Option<String>,
+    #[serde(default)]
+    ratio: Option<String>,
+    #[serde(default)]
+    min_allowance: Option<String>,
+    #[serde(default)]
+    reason: String,
+}
+
+pub(super) async fn override_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Path(name): Path<String>,
+    Form(form): Form<OverrideForm>,
+) -> Page {
+    let actor = changer(&app, &h, form.csrf.as_deref())?;
+    let dep = dependency(&name)?;
+    let reason = form.reason.trim();
+    if reason.is_empty() {
+        return Err(bad("say why: the reason goes into the audit trail"));
+    }
+    let duration = || -> Result<Duration, Response> {
+        let minutes: f64 = some(form.minutes.as_ref())
+            .ok_or_else(|| bad("say for how long (minutes)"))?
+            .parse()
+            .map_err(|_| bad("the duration is a number of minutes"))?;
+        let d = Duration::try_from_secs_f64(minutes * 60.0)
+            .map_err(|_| bad("the duration is a positive number of minutes"))?;
+        if d.is_zero() || d > MAX_OVERRIDE_DURATION {
+            return Err(bad("an override lasts more than 0 and at most 366 days"));
+        }
+        Ok(d)
+    };
+    let action = match form.action.as_str() {
+        "freeze" => OverrideAction::Freeze {
+            duration: duration()?,
+        },
+        "unfreeze" => OverrideAction::Unfreeze,
+        "clear" => OverrideAction::Clear,
+        "set" => {
+            let ratio = match some(form.ratio.as_ref()) {
+                Some(r) => Some(
+                    r.parse::<f64>()
+                        .ok()
+                        .filter(|r| r.is_finite() && *r >= 0.0)
+                        .ok_or_else(|| bad("the ratio is a number ≥ 0"))?,
+                ),
+                None => None,
+            };
+            let min_allowance = match some(form.min_allowance.as_ref()) {
+                Some(m) => Some(
+                    m.parse::<u64>()
+                        .map_err(|_| bad("the floor is a whole number ≥ 0"))?,
+                ),
+                None => None,
+            };
+            if ratio.is_none() && min_allowance.is_none() {
+                return Err(bad("a set override replaces the ratio, the floor, or both"));
+            }
+            OverrideAction::Set {
+                duration: duration()?,
+                ratio,
+                min_allowance,
+            }
+        }
+        _ => return Err(bad("the action is freeze, unfreeze, set or clear")),
+    };
+    within(
+        &app,
+        "Redis",
+        overrides::apply(&app.store, &app.audit, &dep, action, &actor, reason),
+    )
+    .await?;
+    Ok(Redirect::to(&format!(
+        "/dependency/{}",
+        pages::path_segment(dep.as_str())
+    ))
+    .into_response())
+}
+#[derive(Debug, Deserialize)]
+pub(super) struct CsrfForm {
+    pub(super) csrf: Option<String>,
+}
+
+pub(super) async fn refresh_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Page {
+    changer(&app, &h, f.csrf.as_deref())?;
+    app.refresh_now.notify_one();
+    Ok(Redirect::to("/dead-letters").into_response())
+}
+
+fn run_context(app: &App) -> RunContext {
+    RunContext {
+        config: app.settings.config.clone(),
+        store: app.store.clone(),
+        audit: app.audit,
+        queue_work: app.queue_work.clone(),
+        done: app.refresh_now.clone(),
+    }
+}
+
+/// A replay's or purge's form: the filter, and how.
+#[derive(Debug, Deserialize)]
+pub(super) struct ActionForm {
+    csrf: Option<String>,
+    #[serde(flatten)]
+    filter: FilterForm,
+    #[serde(default)]
+    rate: Option<String>,
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    note: String,
+    #[serde(default)]
+    confirm: Option<String>,
+}
+
+impl ActionForm {
+    fn rate(&self) -> Result<f64, Response> {
+        match some(self.rate.as_ref()) {
+            None => Ok(50.0),
+            Some(r) => r
+                .parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite() && *r >= 1.0 && *r <= 1_000_000.0)
+                .ok_or_else(|| bad("the rate is 1 to 1,000,000 messages per second")),
+        }
+    }
+
+    fn limit(&self) -> Result<Option<u64>, Response> {
+        match some(self.limit.as_ref()) {
+            None => Ok(None),
+            Some(l) => l
+                .parse::<u64>()
+                .ok()
+                .filter(|l| *l >= 1)
+                .map(Some)
+                .ok_or_else(|| bad("the limit is a whole number ≥ 1")),
+        }
+    }
+}
+
+pub(super) async fn dry_run_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Page {
+    let visitor = reader(&app, &h, false)?;
+    changer(&app, &h, f.csrf.as_deref())?;
+    let filter = f.filter.filter()?;
+    if filter.dependency.is_none() {
+        return Err(bad(
+            "a replay names its dependency (as `budgetctl replay --dependency`)",
+        ));
+    }
+    let rate = f.rate()?;
+    let limit = f.limit()?;
+    // One reader or mover of the queues at a time: a replay or a sample under way is waited
+    // for, within the upstream deadline.
+    let guard = tokio::time::timeout(app.settings.upstream_timeout, app.queue_work.lock())
+        .await
+        .map_err(|_| {
+            refused(
+                StatusCode::CONFLICT,
+                "a replay, purge or sample of the queue is under way: try again when it ends",
+            )
+        })?;
+    let prediction = within(
+        &app,
+        "RabbitMQ",
+        replay::dry_run(&app.settings.config, &filter, limit),
+    )
+    .await;
+    drop(guard);
+    let prediction = prediction?;
+    Ok(pages::dry_run(&visitor, &f.filter, &prediction, rate, limit, &f.note).into_response())
+}
+
+pub(super) async fn replay_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Page {
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    let filter = f.filter.filter()?;
+    if filter.dependency.is_none() {
+        return Err(bad("a replay names its dependency"));
+    }
+    if f.confirm.as_deref() != Some("replay") {
+        return Err(bad("confirm the replay on its dry run's page"));
+    }
+    let note = f.note.trim();
+    if note.is_empty() {
+        return Err(bad("say why: the note goes into the audit trail"));
+    }
+    let id = replay::start(
+        &app.jobs,
+        run_context(&app),
+        filter,
+        f.rate()?,
+        f.limit()?,
+        actor,
+        note.to_owned(),
+    );
+    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+}
+
+pub(super) async fn purge_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Page {
+    let visitor = reader(&app, &h, false)?;
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    let filter = f.filter.filter()?;
+    let which = f.filter.which();
+    if filter.dependency.is_none() || filter.reason.is_none() {
+        return Err(bad("a purge names a group: its dependency and reason"));
+    }
+    let note = f.note.trim();
+    if f.confirm.as_deref() != Some("purge") || note.is_empty() {
+        // The confirmation: what would go, from the sample, and a form that needs the word.
+        let sample = app.sample(which);
+        let count = sample
+            .messages
+            .iter()
+            .filter(|s| s.message.selected_by(&filter))
+            .count();
+        return Ok(
+            pages::purge_confirm(&visitor, which, &f.filter, count as u64, &sample).into_response(),
+        );
+    }
+    let cx = run_context(&app);
+    let purged = within(
+        &app,
+        "RabbitMQ",
+        replay::purge(&cx, which == Which::Parked, &filter, &actor, note),
+    )
+    .await?;
+    app.refresh_now.notify_one();
+    Ok(pages::purged(&visitor, which, &purged).into_response())
+}
+
+/// A cancel from a replay's page: only the CSRF token.
+#[derive(Debug, Deserialize)]
+pub(super) struct CancelForm {
+    csrf: Option<String>,
+}
+
+/// Cancels a running replay: recorded in the audit trail first (who, which run), then asked of
+/// the run, which puts back what it has not moved and records its own entry, marked cancelled.
+pub(super) async fn cancel_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CancelForm>,
+) -> Page {
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    let job = app
+        .jobs
+        .get(&id)
+        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
+    if job.done {
+        return Err(refused(
+            StatusCode::CONFLICT,
+            "the replay has ended already",
+        ));
+    }
+    let cx = run_context(&app);
+    within(&app, "Redis", replay::audit_cancel(&cx, &job, &actor)).await?;
+    match app.jobs.cancel(&id, &actor) {
+        (replay::Cancel::Unknown, _) => Err(refused(StatusCode::NOT_FOUND, "no such replay")),
+        // Ended between the look and the ask: the trail says it was asked, the page how it ended.
+        (replay::Cancel::Asked | replay::Cancel::Ended, _) => {
+            Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+        }
+    }
+}
