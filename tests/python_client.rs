@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: one contract, two languages; docs/semantics.md cites these tests by
+// name, and submodules would rename them.
 //! The Python client (`clients/python`) and the Rust library decide alike: the same random
 //! sequence of attempts, successes and failures is run by both against one private
 //! redis-server, each under its own key prefix (a fresh pair per sequence, so each starts from

@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: one cluster started once per test, its tests named in docs/RELIABILITY.md;
+// submodules would rename them.
 //! The Redis store on a 3-master Redis Cluster started by the test harness (issue 3, item 1):
 //! the same scripts and API as on one node, dependencies spread over every master, atomic under
 //! concurrency from several connections, and a `MOVED` after resharding a live budget's slot.

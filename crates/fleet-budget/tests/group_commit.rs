@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: one mechanism's tests against one private server, named in
+// docs/BENCHMARKS.md and docs/semantics.md; submodules would rename them.
 //! Group commit of withdrawals against a private `redis-server`: batches decide exactly what
 //! one call per decision would, a batch cut by the deadline is counted once (never lost from
 //! Redis's count, never sent again), the lane goes on after it, and a batch is led by the caller

@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: one hostile-input review of the lease scripts, a case a test, named in
+// docs/RELIABILITY.md; submodules would rename them.
 //! The concurrency leases (`lua/lease_acquire.lua`, `lua/lease_release.lua`) against lease sets
 //! that anyone with access to Redis can write, on a private redis-server: a key of another type,
 //! leases that never end (`+inf`, `1e300`) or ended long ago (negative, `-inf`), fractional

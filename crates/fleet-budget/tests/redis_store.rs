@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: the Redis store's tests on private servers, named in docs/semantics.md;
+// submodules would rename them.
 //! The Redis store against real, private `redis-server` processes (never the shared 6379).
 #![allow(
     clippy::unwrap_used,

@@ -1,3 +1,5 @@
+// Over ~500 lines on purpose: the replayer's behaviours against one broker, named by path in
+// docs/semantics.md and docs/RELIABILITY.md; submodules would rename them.
 //! The replayer against the real RabbitMQ: pacing, the bound, pausing on an exhausted budget,
 //! loop protection, malformed messages, the dry run, and filters.
 

@@ -54,7 +54,7 @@ impl FleetBudget {
             Some(failed) => self.named_dependency(failed)?,
         };
         Ok(self
-            .decide(dependency, &self.ceiling(task), attempt, failure, since_first_failure)
+            .decide(dependency, &self.inner.ceilings.for_task(task), attempt, failure, since_first_failure)
             .await)
     }
 

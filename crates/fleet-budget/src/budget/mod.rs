@@ -51,7 +51,7 @@ use crate::clock::Clock;
 use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy};
 use crate::config::{Config, FallbackMode};
 use crate::decision::{BudgetSource, DeadLetterReason, Decision};
-use crate::dependency::{Dependency, DependencyMap, OwnBudgets, Unresolved};
+use crate::dependency::{Dependency, DependencyMap, OwnBudgets};
 use crate::error::{Error, StoreError};
 use crate::metrics::Metrics;
 use crate::policy::BudgetPolicy;
@@ -117,54 +117,6 @@ impl FleetBudget {
     #[must_use]
     pub fn local(config: &Config) -> Self {
         Self::builder(config).build()
-    }
-
-    /// The dependency whose budget `task` spends: its mapping, else what `[unmapped_tasks]`
-    /// says (its own budget while fewer than the cap have one, else the shared `unmapped`
-    /// budget; a named dependency's; or a refusal).
-    ///
-    /// # Errors
-    /// An unmapped task that is refused ([`Error::UnmappedTask`]), or that is to be its own
-    /// dependency and whose name cannot be a dependency name ([`Error::InvalidTask`]).
-    pub fn dependency(&self, task: &str) -> Result<Dependency, Error> {
-        self.inner
-            .map
-            .resolve_admitting(task, &self.inner.own_budgets)
-            .map_err(|e| match e {
-                Unresolved::InvalidName(source) => Error::InvalidTask {
-                    task: task.to_owned(),
-                    source,
-                },
-                Unresolved::Rejected => Error::UnmappedTask {
-                    task: task.to_owned(),
-                },
-            })
-    }
-
-    /// The dependency whose budget a failure naming `name` spends
-    /// ([`Failure::in_dependency`], a branch of a [`FanOut`]): `name` when a
-    /// section configures it (or a mapping, the shared dependency or `unmapped` is that name),
-    /// else what `[unmapped_tasks]` says, with the same cap and the same admitted names as
-    /// unmapped tasks: a name chosen by a handler (often read from the message) makes no more
-    /// budgets or metric label values than an unmapped task name does.
-    ///
-    /// # Errors
-    /// An unknown name that is refused ([`Error::UnmappedDependency`]), or that is to be its
-    /// own dependency and cannot be a dependency name ([`Error::InvalidDependency`]).
-    pub fn named_dependency(&self, name: &str) -> Result<Dependency, Error> {
-        let policies = &self.inner.policies;
-        self.inner
-            .map
-            .resolve_named_admitting(name, |d| policies.contains_key(d), &self.inner.own_budgets)
-            .map_err(|e| match e {
-                Unresolved::InvalidName(source) => Error::InvalidDependency {
-                    dependency: name.to_owned(),
-                    source,
-                },
-                Unresolved::Rejected => Error::UnmappedDependency {
-                    dependency: name.to_owned(),
-                },
-            })
     }
 
     /// The policy of `dependency`.
