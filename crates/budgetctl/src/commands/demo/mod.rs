@@ -3,7 +3,7 @@
 //! The drill is the `fleet-budget-drill` library: this command parses its arguments, checks
 //! which services answer, calls the drill or the scenario, and prints — the plan and the notes
 //! on stderr before, the live progress on stderr ([`watch`]), the comparison or the JSON on
-//! stdout after ([`print`]).
+//! stdout after ([`print`](mod@print)).
 
 mod print;
 mod watch;

@@ -1,7 +1,7 @@
 //! `budgetctl status`: live per-dependency budget state, read from Redis.
 //!
-//! [`args`] parses, [`collect`] reads Redis into the figures of [`view`] (with the alerts and
-//! the [`breaker`] line), [`render`] draws them for people, [`trend`] keeps `--watch`'s
+//! [`args`] parses, [`collect`](mod@collect) reads Redis into the figures of [`view`] (with the alerts and
+//! the [`breaker`] line), [`render`](mod@render) draws them for people, [`trend`] keeps `--watch`'s
 //! sparkline; this file runs the loop.
 
 mod args;
