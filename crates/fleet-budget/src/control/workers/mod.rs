@@ -190,12 +190,7 @@ pub(crate) fn entry(now: u64, id: &[u8], score: &str, report: &Report) -> Worker
             }
         }
     }
-    let seen = score
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        // Saturates: a score past u64 is far ahead of the clock, and marked so below.
-        .map(|s| s as u64);
+    let seen = score_ms(score);
     match seen {
         None => problems.push(format!("last seen {:?} is not a time", text(score))),
         Some(seen) if seen > now.saturating_add(AHEAD_TOLERANCE_MS) => {
@@ -218,6 +213,19 @@ pub(crate) fn entry(now: u64, id: &[u8], score: &str, report: &Report) -> Worker
         e.unreadable = Some(problems.join("; "));
     }
     e
+}
+
+/// A last-seen score as ms: an integer as the script writes it, or any finite number at or
+/// above 0 (rounded down; one past `u64` saturates, and is then far ahead of the clock).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked just before
+fn score_ms(score: &str) -> Option<u64> {
+    score.parse::<u64>().ok().or_else(|| {
+        score
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(|s| s as u64)
+    })
 }
 
 /// The fields of a report, each taken only when it has the type a worker writes.
