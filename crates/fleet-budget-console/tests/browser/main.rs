@@ -70,26 +70,7 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
 
     // A worker whose Redis user may not touch search's key decides search from its fallback,
     // and says so in the worker registry: the overview counts it for search, not for mail.
-    let prefix = f.config.budget.redis.key_prefix.clone();
-    let _: String = f._redis.cmd(&[
-        "ACL",
-        "SETUSER",
-        "cut-off",
-        "on",
-        ">pw",
-        "resetkeys",
-        &format!("~{prefix}:v1:workers:*"),
-        "+@all",
-    ]);
-    let mut cut_off = f.config.budget.clone();
-    cut_off.redis.url = cut_off
-        .redis
-        .url
-        .replacen("redis://", "redis://cut-off:pw@", 1);
-    cut_off.redis.heartbeat = std::time::Duration::from_millis(200);
-    let worker = FleetBudget::from_config(&cut_off)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let worker = cut_off_from_budgets(&f).await;
     let _ = worker
         .on_failure("index", 1, &failure)
         .await

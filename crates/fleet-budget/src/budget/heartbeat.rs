@@ -15,7 +15,7 @@
 //! The report (JSON, version 1; at most [`MAX_REPORT_BYTES`], the script's bound):
 //!
 //! ```json
-//! {"v":1,"id":"web-1-4242-9f3a","host":"web-1","pid":4242,"lang":"rust","version":"0.1.0",
+//! {"v":1,"id":"web-1-4242-9f3a","host":"web-1","pid":4242,"lang":"rust","version":"0.2.0",
 //!  "started_ms":1764950000000,"interval_ms":5000,
 //!  "fallback":[{"dependency":"search","for_ms":1200}],"fallback_more":0}
 //! ```
