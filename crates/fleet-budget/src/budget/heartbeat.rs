@@ -190,7 +190,8 @@ pub(super) async fn heartbeat(inner: Weak<Inner>, registry: Arc<Registry>) {
 }
 
 /// This host's name, from `/proc/sys/kernel/hostname` or `$HOSTNAME`, with whitespace and the
-/// characters the printable rules refuse left out, at most [`MAX_HOST_BYTES`] bytes.
+/// characters the printable rules refuse left out, at most 160 bytes (a worker id, with the pid and
+/// suffix, stays within [`MAX_WORKER_ID_BYTES`]).
 #[must_use]
 pub fn host_name() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
