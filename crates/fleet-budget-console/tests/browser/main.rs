@@ -102,6 +102,7 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
             && listed.contains("search ("),
         "{listed}"
     );
+    b.screenshot("workers").await;
     worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
     b.goto(&format!("{base}/")).await;
 
