@@ -118,10 +118,8 @@ impl FleetBudgetBuilder {
     #[must_use]
     pub fn build(self) -> FleetBudget {
         let c = self.config;
-        let coalesce = self.fleet.is_some()
-            && !c.redis.deposit_flush.is_zero()
-            && tokio::runtime::Handle::try_current().is_ok();
         let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        let coalesce = self.fleet.is_some() && !c.redis.deposit_flush.is_zero() && in_runtime;
         let registry = self
             .registry
             .filter(|_| in_runtime && !c.redis.heartbeat.is_zero())
