@@ -114,9 +114,95 @@ fn the_library_loads_the_shipped_scripts() {
             &*fleet_budget::concurrency::LEASE_RELEASE_SCRIPT,
         ),
         ("breaker", &*fleet_budget::breaker::BREAKER_SCRIPT),
+        ("heartbeat", &*fleet_budget::store::HEARTBEAT_SCRIPT),
     ] {
         let loaded: String =
             server.cmd(&["SCRIPT", "LOAD", &common::read(&format!("lua/{name}.lua"))]);
         assert_eq!(loaded, script.get_hash(), "lua/{name}.lua");
     }
+}
+
+/// `lua/heartbeat.lua` as `lua/README.md` ("Worker registry") describes it: each bad argument
+/// refused by name and nothing written; a key of another type refused by name; a beat replies
+/// the server's time and the entries pruned, a leave the entries removed.
+#[test]
+fn the_heartbeat_script_keeps_its_contract() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let text = common::read("lua/heartbeat.lua");
+    let (hash, seen) = ("fb:v1:workers:{workers}", "fb:v1:workers:{workers}:seen");
+    let run = |c: &mut redis::Connection, keys: [&str; 2], args: &[&str]| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&text).arg(2).arg(keys[0]).arg(keys[1]);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query::<Vec<i64>>(c).map_err(|e| e.to_string())
+    };
+    let long_id = "i".repeat(201);
+    let big = "r".repeat(4097);
+    for (args, named) in [
+        (&["bump", "w", "{}", "60000"][..], "ARGV[1] action"),
+        (&[][..], "ARGV[1] action"),
+        (&["beat", "", "{}", "60000"][..], "ARGV[2] worker id"),
+        (
+            &["beat", long_id.as_str(), "{}", "60000"][..],
+            "ARGV[2] worker id",
+        ),
+        (&["leave"][..], "ARGV[2] worker id"),
+        (&["beat", "w", "", "60000"][..], "ARGV[3] report"),
+        (&["beat", "w", big.as_str(), "60000"][..], "ARGV[3] report"),
+        (&["beat", "w", "{}"][..], "ARGV[4] retention_ms"),
+        (&["beat", "w", "{}", "999"][..], "ARGV[4] retention_ms"),
+        (&["beat", "w", "{}", "1000.5"][..], "ARGV[4] retention_ms"),
+        (
+            &["beat", "w", "{}", "604800001"][..],
+            "ARGV[4] retention_ms",
+        ),
+        (&["beat", "w", "{}", "nan"][..], "ARGV[4] retention_ms"),
+    ] {
+        let e = run(&mut c, [hash, seen], args).unwrap_err();
+        // The client shows the first word of an error reply apart: `"fleet-budget:": ARGV[1] ...`.
+        assert!(
+            e.contains("fleet-budget") && e.contains(named),
+            "{args:?}: {e}"
+        );
+    }
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty(), "a refused call writes nothing: {keys:?}");
+
+    let before: Vec<String> = server.cmd(&["TIME"]);
+    let reply = run(&mut c, [hash, seen], &["beat", "w1", "{\"v\":1}", "60000"]).unwrap();
+    assert_eq!(reply.len(), 2);
+    assert!(
+        reply[0] >= before[0].parse::<i64>().unwrap() * 1000,
+        "{reply:?}"
+    );
+    assert_eq!(reply[1], 0, "nothing to prune");
+    let report: String = server.cmd(&["HGET", hash, "w1"]);
+    assert_eq!(report, "{\"v\":1}");
+    let score: String = server.cmd(&["ZSCORE", seen, "w1"]);
+    assert_eq!(
+        score,
+        reply[0].to_string(),
+        "last seen is the server's time"
+    );
+    for key in [hash, seen] {
+        let ttl: i64 = server.cmd(&["PTTL", key]);
+        assert!(ttl > 59_000 && ttl <= 60_000, "{key}: {ttl}");
+    }
+    assert_eq!(run(&mut c, [hash, seen], &["leave", "w1"]).unwrap()[1], 1);
+    assert_eq!(run(&mut c, [hash, seen], &["leave", "w1"]).unwrap()[1], 0);
+
+    let _: () = server.cmd(&["SET", "fb:v1:workers:{workers}:other", "x"]);
+    let e = run(
+        &mut c,
+        [hash, "fb:v1:workers:{workers}:other"],
+        &["beat", "w", "{}", "60000"],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("key fb:v1:workers:{workers}:other is not the worker registry (string)"),
+        "{e}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The fleet overview: every dependency's budget, overrides, breaker and concurrency, read
 //! from Redis through the library's public reads (the same `status.lua` reply `budgetctl status`
-//! prints), sorted worst first; and a short history per dependency for its page.
+//! prints), sorted worst first, with the workers in fallback per dependency from the worker
+//! registry (`fleet_budget::control::workers`); and a short history per dependency for its page.
 //!
 //! Why the history is the console's own: Redis holds two windows of counters per dependency
 //! (the current one and the previous), which is what the allowance needs and no more. The
@@ -12,7 +13,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use fleet_budget::breaker::{BreakerState, status_on};
-use fleet_budget::control::{FleetStatus, Overrides, fleet_status};
+use fleet_budget::control::{FleetStatus, FleetWorkers, Overrides, fleet_status, fleet_workers};
 use fleet_budget::printable::escape_text;
 use fleet_budget::store::RedisStore;
 use fleet_budget::{Config, Dependency, StoreError, WindowCounters};
@@ -44,8 +45,9 @@ pub(crate) struct DependencyRow {
     pub(crate) set: Option<OverrideView>,
     pub(crate) breaker: Option<BreakerView>,
     pub(crate) concurrency: Option<ConcurrencyView>,
-    /// Not reported to Redis: each worker exports `fleet_budget_fallback_active` on its own
-    /// `/metrics`; shown as such, never guessed.
+    /// Workers whose fresh report (the worker registry) says they decide this dependency from
+    /// their fallback; `None` when the registry could not be read. Silent workers are not
+    /// counted: they may be cut off from Redis, or stopped ([`WorkersLine`]).
     pub(crate) workers_in_fallback: Option<u64>,
     pub(crate) alert: &'static str,
     /// 0 (fine) to 5 (frozen); the overview sorts by it, then by denials per second.
@@ -90,6 +92,24 @@ pub(crate) struct Unusable {
     pub(crate) error: String,
 }
 
+/// The worker registry in one line: the fleet as its workers report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct WorkersLine {
+    /// Fresh, readable reports.
+    pub(crate) reporting: u64,
+    /// Of those, the workers deciding some dependency from their fallback.
+    pub(crate) in_fallback: u64,
+    /// Entries not refreshed for three beats: stopped, or cut off from Redis (and then in
+    /// fallback for everything, unable to say so).
+    pub(crate) silent: u64,
+    /// Entries that are no worker's report (written by hand, another version).
+    pub(crate) unreadable: u64,
+    /// Ids in the registry.
+    pub(crate) total: u64,
+    /// Whether more than [`WORKERS_READ`] entries were there (the counts are of those read).
+    pub(crate) truncated: bool,
+}
+
 /// The whole overview.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Overview {
@@ -97,6 +117,40 @@ pub(crate) struct Overview {
     pub(crate) key_prefix: String,
     pub(crate) dependencies: Vec<DependencyRow>,
     pub(crate) unusable: Vec<Unusable>,
+    /// The worker registry, when it could be read.
+    pub(crate) workers: Option<WorkersLine>,
+    /// Why it could not (redacted, escaped).
+    pub(crate) workers_error: Option<String>,
+}
+
+/// Registry entries the console reads at most (freshest first).
+pub(crate) const WORKERS_READ: u64 = 10_000;
+
+impl WorkersLine {
+    pub(crate) fn of(read: &FleetWorkers) -> Self {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Self {
+            reporting: count(read.reporting()),
+            in_fallback: count(read.in_fallback()),
+            silent: count(read.silent()),
+            unreadable: count(
+                read.workers
+                    .iter()
+                    .filter(|w| w.unreadable.is_some())
+                    .count(),
+            ),
+            total: read.total,
+            truncated: read.truncated,
+        }
+    }
+}
+
+/// The registry, or why it cannot be read (a Redis user without its commands, a key of
+/// another type): the overview shows the budgets either way.
+pub(crate) async fn workers(store: &RedisStore) -> Result<FleetWorkers, String> {
+    fleet_workers(store, WORKERS_READ)
+        .await
+        .map_err(|e| shown(&fleet_budget::redact::redact_text(&e.to_string())))
 }
 
 fn shown(s: &str) -> String {
@@ -247,6 +301,17 @@ pub(crate) async fn overview(
             Err((_, e)) => return Err(e),
         }
     }
+    let (workers, workers_error) = match workers(store).await {
+        Ok(read) => {
+            let by_dependency = read.in_fallback_by_dependency();
+            for r in &mut rows {
+                r.workers_in_fallback =
+                    Some(by_dependency.get(&r.dependency).copied().unwrap_or(0));
+            }
+            (Some(WorkersLine::of(&read)), None)
+        }
+        Err(e) => (None, Some(e)),
+    };
     rows.sort_by(|a, b| {
         b.severity
             .cmp(&a.severity)
@@ -258,6 +323,8 @@ pub(crate) async fn overview(
         key_prefix: store.prefix().to_owned(),
         dependencies: rows,
         unusable,
+        workers,
+        workers_error,
     })
 }
 

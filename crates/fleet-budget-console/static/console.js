@@ -44,9 +44,23 @@
     tr.appendChild(text("td", r.amplification === null ? "-" : num(r.amplification, 2) + "x", "num"));
     tr.appendChild(text("td", breaker(r.breaker)));
     tr.appendChild(text("td", r.concurrency ? r.concurrency.in_flight + "/" + r.concurrency.cap : "-", "num"));
+    tr.appendChild(text("td", r.workers_in_fallback === null ? "-" : String(r.workers_in_fallback), "num fallback"));
     tr.appendChild(text("td", overrides(r)));
     tr.appendChild(text("td", r.alert, "alert"));
     return tr;
+  }
+
+  // The same sentence as pages/overview.rs `workers_line`.
+  function workersLine(data) {
+    var w = data.workers;
+    if (!w) {
+      return data.workers_error ? "Worker registry unreadable: " + data.workers_error + "." : "Worker registry not read.";
+    }
+    var line = w.reporting + " workers reporting, " + w.in_fallback + " in fallback, " + w.silent +
+      " silent: a silent worker may be cut off from Redis and deciding from its fallback, or stopped.";
+    if (w.unreadable > 0) { line += " " + w.unreadable + " registry entries unreadable."; }
+    if (w.truncated) { line += " Counted over the 10000 seen last of " + w.total + " entries."; }
+    return line;
   }
 
   function poll(url, every, apply) {
@@ -68,6 +82,8 @@
       var body = document.createElement("tbody");
       data.dependencies.forEach(function (r) { body.appendChild(overviewRow(r)); });
       table.replaceChild(body, table.tBodies[0]);
+      var workers = document.getElementById("workers-line");
+      if (workers) { workers.textContent = workersLine(data); }
       var note = document.getElementById("refreshed");
       if (note) { note.textContent = "last read " + new Date().toLocaleTimeString(); }
     });

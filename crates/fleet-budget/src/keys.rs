@@ -3,6 +3,10 @@
 //! One hash per dependency: `<prefix>:v1:{<dependency>}`. The braces make the dependency the
 //! Redis Cluster hash tag, so every key of a dependency lives in one slot and ACL key patterns
 //! such as `~fb:v1:*` cover them all.
+//!
+//! The worker registry (`lua/heartbeat.lua`) is two keys beside them, `<prefix>:v1:workers:{workers}`
+//! and `<prefix>:v1:workers:{workers}:seen`: after `v1:` comes `w`, never `{`, so neither can be a
+//! budget key nor match [`budget_key_pattern`], and the tag `workers` puts both in one slot.
 
 use crate::dependency::Dependency;
 
@@ -19,6 +23,20 @@ pub fn budget_key(prefix: &str, dependency: &Dependency) -> String {
 #[must_use]
 pub fn audit_key(prefix: &str) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:audit")
+}
+
+/// The worker registry's hash under `prefix`: worker id → its report (JSON, see
+/// `crate::budget::heartbeat`).
+#[must_use]
+pub fn workers_key(prefix: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:workers:{{workers}}")
+}
+
+/// The worker registry's sorted set under `prefix`: worker id → when it last reported (server
+/// ms), so that readers list the freshest first and a beat prunes the oldest.
+#[must_use]
+pub fn workers_seen_key(prefix: &str) -> String {
+    format!("{}:seen", workers_key(prefix))
 }
 
 /// The glob matching every budget key under `prefix`, for `SCAN`. The prefix is matched as
@@ -64,5 +82,53 @@ mod tests {
     fn the_scan_pattern_matches_the_prefix_as_written() {
         assert_eq!(budget_key_pattern("fb"), "fb:v1:{*}");
         assert_eq!(budget_key_pattern(r"t[7]*?\"), r"t\[7\]\*\?\\:v1:{*}");
+    }
+
+    /// The registry's keys are never a dependency's, are not found by the budget `SCAN`, and
+    /// share one Redis Cluster slot (a script takes both).
+    #[test]
+    fn the_worker_registry_keys_are_no_budget_keys_and_share_a_slot() {
+        let (hash, seen) = (workers_key("fb"), workers_seen_key("fb"));
+        assert_eq!(hash, "fb:v1:workers:{workers}");
+        assert_eq!(seen, "fb:v1:workers:{workers}:seen");
+        for key in [&hash, &seen] {
+            assert_eq!(dependency_of_key("fb", key), None, "{key}");
+            assert!(!glob_matches(&budget_key_pattern("fb"), key), "{key}");
+        }
+        assert!(glob_matches(&budget_key_pattern("fb"), "fb:v1:{workers}"));
+        assert_eq!(hash_tag(&hash), "workers");
+        assert_eq!(hash_tag(&seen), "workers");
+        // No dependency can be named so that its key is a registry key: a name holds no brace.
+        assert!(Dependency::new("workers}:seen").is_err());
+    }
+
+    /// Redis's hash tag: the text between the first `{` and the next `}`, when not empty.
+    fn hash_tag(key: &str) -> &str {
+        key.find('{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                rest.find('}')
+                    .filter(|&n| n > 0)
+                    .map(|close| &rest[..close])
+            })
+            .unwrap_or(key)
+    }
+
+    /// Redis's `SCAN MATCH` glob for the patterns [`budget_key_pattern`] makes: `*`, and `\`
+    /// escapes (no `?` or classes in an unescaped prefix here).
+    fn glob_matches(pattern: &str, text: &str) -> bool {
+        fn go(p: &[char], t: &[char]) -> bool {
+            match p.split_first() {
+                None => t.is_empty(),
+                Some(('*', rest)) => (0..=t.len()).any(|i| go(rest, &t[i..])),
+                Some(('\\', rest)) => match (rest.split_first(), t.split_first()) {
+                    (Some((c, rest)), Some((d, t))) => c == d && go(rest, t),
+                    _ => false,
+                },
+                Some((c, rest)) => t.split_first().is_some_and(|(d, t)| c == d && go(rest, t)),
+            }
+        }
+        let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+        go(&p, &t)
     }
 }

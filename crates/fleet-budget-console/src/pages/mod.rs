@@ -8,6 +8,7 @@ mod dead_letters;
 mod dependency;
 mod overview;
 mod replay;
+mod workers;
 
 use fleet_budget::Dependency;
 use fleet_budget::control::AuditEntry;
@@ -16,7 +17,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
 use crate::dead_letters::{Group, HEADERS_PER_GROUP, HeaderList, Sample, Sampled, Which};
-use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point};
+use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
 use crate::replay::{JobState, Prediction, Purged};
 use crate::routes::FilterForm;
 
@@ -25,6 +26,7 @@ pub(crate) use dead_letters::*;
 pub(crate) use dependency::*;
 pub(crate) use overview::*;
 pub(crate) use replay::*;
+pub(crate) use workers::*;
 
 /// Text from outside, with unsafe characters by code point (maud escapes the HTML).
 pub(crate) fn t(s: &str) -> String {
@@ -102,6 +104,7 @@ fn layout(title: &str, visitor: Option<&Visitor>, body: Markup) -> Markup {
                         a href="/dead-letters" { "Dead letters" }
                         a href="/dead-letters?queue=parked" { "Parked" }
                         a href="/replays" { "Replays" }
+                        a href="/workers" { "Workers" }
                         a href="/audit" { "Audit" }
                         span.who {
                             @match visitor {

@@ -37,10 +37,37 @@ pub(super) fn overview_rows(ov: &Overview) -> Markup {
                 td.num { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) }
                 td { (breaker_cell(r)) }
                 td.num { (r.concurrency.map_or_else(|| "-".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) }
+                td.num.fallback { (r.workers_in_fallback.map_or_else(|| "-".to_owned(), |n| n.to_string())) }
                 td { (overrides_cell(r)) }
                 td.alert { (r.alert) }
             }
         }
+    }
+}
+
+/// The fleet as its workers report it (the worker registry), in one sentence; the console's
+/// script writes the same sentence from `/api/overview`.
+pub(crate) fn workers_line(ov: &Overview) -> String {
+    match (&ov.workers, &ov.workers_error) {
+        (Some(w), _) => {
+            let mut line = format!(
+                "{} workers reporting, {} in fallback, {} silent: a silent worker may be cut off \
+                 from Redis and deciding from its fallback, or stopped.",
+                w.reporting, w.in_fallback, w.silent
+            );
+            if w.unreadable > 0 {
+                line.push_str(&format!(" {} registry entries unreadable.", w.unreadable));
+            }
+            if w.truncated {
+                line.push_str(&format!(
+                    " Counted over the {WORKERS_READ} seen last of {} entries.",
+                    w.total
+                ));
+            }
+            line
+        }
+        (None, Some(e)) => format!("Worker registry unreadable: {e}."),
+        (None, None) => "Worker registry not read.".to_owned(),
     }
 }
 
@@ -52,11 +79,12 @@ pub(crate) fn overview(v: &Visitor, ov: &Overview) -> Markup {
         html! {
             p { "Every dependency under key prefix " code { (ov.key_prefix) } ", worst first. Refreshed every 2 s; "
                 span #refreshed { "read when the page loaded" } "." }
+            p { span #workers-line { (workers_line(ov)) } " " a href="/workers" { "Workers" } }
             table #overview data-source="/api/overview" {
                 thead { tr {
                     th { "dependency" } th { "allowance" } th { "spent" } th { "remaining" }
                     th { "denials/s" } th { "amplification" } th { "breaker" } th { "in flight/cap" }
-                    th { "overrides" } th { "alert" }
+                    th { "workers in fallback" } th { "overrides" } th { "alert" }
                 } }
                 tbody { (overview_rows(ov)) }
             }
@@ -64,8 +92,6 @@ pub(crate) fn overview(v: &Visitor, ov: &Overview) -> Markup {
                 h2 { "Unusable keys" }
                 ul { @for u in &ov.unusable { li { (u.dependency) ": " (u.error) } } }
             }
-            p.note { "Workers in fallback are not reported to Redis: each worker exports "
-                code { "fleet_budget_fallback_active" } " on its own /metrics." }
         },
     )
 }

@@ -56,6 +56,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/replay/{id}", get(replay_page))
         .route("/replay/{id}/cancel", post(cancel_action))
         .route("/api/replay/{id}", get(replay_json))
+        .route("/workers", get(workers_page))
+        .route("/api/workers", get(workers_json))
         .route("/audit", get(audit_page))
         .route("/login", get(login_page).post(login_action))
         .route("/logout", post(logout_action))

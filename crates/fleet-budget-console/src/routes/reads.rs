@@ -1,5 +1,5 @@
 //! The pages and JSON a viewer reads: the overview, one dependency, the dead letters, the
-//! replays and the audit trail.
+//! replays, the worker registry and the audit trail.
 
 use super::*;
 
@@ -155,4 +155,16 @@ pub(super) async fn audit_page(State(app): State<Arc<App>>, h: HeaderMap) -> Pag
     )
     .await?;
     Ok(pages::audit(&visitor, &trail).into_response())
+}
+
+pub(super) async fn workers_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
+    let visitor = reader(&app, &h, true)?;
+    let read = within(&app, "Redis", crate::fleet::workers(&app.store)).await?;
+    Ok(pages::workers(&visitor, &read).into_response())
+}
+
+pub(super) async fn workers_json(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
+    reader(&app, &h, false)?;
+    let read = within(&app, "Redis", crate::fleet::workers(&app.store)).await?;
+    Ok(Json(read).into_response())
 }

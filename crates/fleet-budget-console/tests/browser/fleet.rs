@@ -52,6 +52,31 @@ pub(crate) fn fleet_with(name: &str, more: &str) -> Fleet {
     }
 }
 
+/// A worker whose Redis user may write the worker registry and nothing else: every budget it
+/// asks fails for it (NOPERM), so it decides from its fallback, and reports so every 200 ms.
+pub(crate) async fn cut_off_from_budgets(f: &Fleet) -> FleetBudget {
+    let prefix = f.config.budget.redis.key_prefix.clone();
+    let _: String = f._redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "cut-off",
+        "on",
+        ">pw",
+        "resetkeys",
+        &format!("~{prefix}:v1:workers:*"),
+        "+@all",
+    ]);
+    let mut config = f.config.budget.clone();
+    config.redis.url = config
+        .redis
+        .url
+        .replacen("redis://", "redis://cut-off:pw@", 1);
+    config.redis.heartbeat = Duration::from_millis(200);
+    FleetBudget::from_config(&config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 pub(crate) async fn console(config: &WorkerConfig) -> RunningConsole {
     let operators = Token::parse_list(&format!("ann:{OPERATOR}"), "operator", "test")
         .unwrap_or_else(|e| panic!("{e}"));

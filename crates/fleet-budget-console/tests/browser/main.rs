@@ -67,7 +67,44 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
         })
         .await;
     assert!(alert.starts_with("search"), "{alert}");
+
+    // A worker whose Redis user may not touch search's key decides search from its fallback,
+    // and says so in the worker registry: the overview counts it for search, not for mail.
+    let worker = cut_off_from_budgets(&f).await;
+    let _ = worker
+        .on_failure("index", 1, &failure)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(worker.in_fallback());
+    let cell = b
+        .until_text("#overview tbody tr:first-child td.fallback", None, |t| {
+            t == "1"
+        })
+        .await;
+    assert_eq!(cell, "1");
+    let line = b
+        .until_text("#workers-line", None, |t| {
+            t.starts_with("1 workers reporting, 1 in fallback, 0 silent")
+        })
+        .await;
+    assert!(line.contains("cut off from Redis"), "{line}");
+    assert_eq!(
+        b.text("#overview tbody tr:nth-child(2) td.fallback").await,
+        "0",
+        "mail is decided by Redis"
+    );
     b.screenshot("overview").await;
+    b.goto(&format!("{base}/workers")).await;
+    let listed = b.text("#workers tbody").await;
+    assert!(
+        listed.contains(worker.worker_id().unwrap_or_default())
+            && listed.contains("in fallback")
+            && listed.contains("search ("),
+        "{listed}"
+    );
+    b.screenshot("workers").await;
+    worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    b.goto(&format!("{base}/")).await;
 
     // Freeze from the dependency's page (none before it, as `budgetctl status` shows).
     assert_eq!(status_freeze(&f).await, None);

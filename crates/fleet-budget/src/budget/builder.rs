@@ -12,13 +12,14 @@ use tokio::sync::Notify;
 use super::coalesce::{self, PendingDeposits};
 use super::deny_cache::DenyCache;
 use super::health::Health;
+use super::heartbeat::{self, Registry};
 use super::{FleetBudget, Inner};
 use crate::breaker::Breaker;
 use crate::clock::{Clock, CoarseClock};
 use crate::concurrency::ConcurrencyBudget;
 use crate::config::Config;
 use crate::metrics::{Metrics, TimedStore};
-use crate::store::{BudgetStore, LocalStore};
+use crate::store::{BudgetStore, LocalStore, RedisStore};
 
 /// Builds a [`FleetBudget`] from parts (tests, the simulator, custom stores).
 #[derive(Debug)]
@@ -31,6 +32,8 @@ pub struct FleetBudgetBuilder {
     clock: Option<Arc<dyn Clock>>,
     metrics: Option<Metrics>,
     seed: Option<u64>,
+    registry: Option<Arc<RedisStore>>,
+    worker_id: Option<String>,
 }
 
 impl FleetBudgetBuilder {
@@ -82,6 +85,25 @@ impl FleetBudgetBuilder {
         self
     }
 
+    /// Reports this worker in the worker registry of `store` every `redis.heartbeat_ms` (0:
+    /// never): which dependencies it decides from its fallback, for the console
+    /// ([`heartbeat`](super::heartbeat)). [`FleetBudget::from_config`] gives its fleet store.
+    #[must_use]
+    pub fn worker_registry(mut self, store: Arc<RedisStore>) -> Self {
+        self.registry = Some(store);
+        self
+    }
+
+    /// The id this worker reports under (default `{host}-{pid}-{4 random hex}`): whitespace
+    /// and the characters the printable rules refuse are left out, and it is cut at 200 bytes;
+    /// an id with nothing left keeps the default. Unique in the fleet, or two workers share
+    /// one entry.
+    #[must_use]
+    pub fn worker_id(mut self, id: &str) -> Self {
+        self.worker_id = heartbeat::worker_id(id);
+        self
+    }
+
     /// Seeds the backoff jitter (deterministic tests and simulations).
     #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
@@ -91,13 +113,17 @@ impl FleetBudgetBuilder {
 
     /// Builds the budget. Inside a Tokio runtime, with a fleet store and a non-zero
     /// `redis.deposit_flush`, a background task flushes coalesced deposits; otherwise every
-    /// deposit is recorded with its own store call.
+    /// deposit is recorded with its own store call. Inside a Tokio runtime, with a worker
+    /// registry and a non-zero `redis.heartbeat_ms`, another reports the worker there.
     #[must_use]
     pub fn build(self) -> FleetBudget {
         let c = self.config;
-        let coalesce = self.fleet.is_some()
-            && !c.redis.deposit_flush.is_zero()
-            && tokio::runtime::Handle::try_current().is_ok();
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        let coalesce = self.fleet.is_some() && !c.redis.deposit_flush.is_zero() && in_runtime;
+        let registry = self
+            .registry
+            .filter(|_| in_runtime && !c.redis.heartbeat.is_zero())
+            .map(|store| Arc::new(Registry::new(store, self.worker_id, c.redis.heartbeat)));
         let clock = match (self.clock, &self.local) {
             (Some(clock), _) => clock,
             (None, Some(local)) => local.clock().clone(),
@@ -144,12 +170,16 @@ impl FleetBudgetBuilder {
                 || SmallRng::from_rng(&mut rand::rng()),
                 SmallRng::seed_from_u64,
             )),
+            registry: registry.clone(),
         });
         if coalesce {
             tokio::spawn(coalesce::flusher(
                 Arc::downgrade(&inner),
                 inner.flush_interval,
             ));
+        }
+        if let Some(registry) = registry {
+            tokio::spawn(heartbeat::heartbeat(Arc::downgrade(&inner), registry));
         }
         FleetBudget { inner }
     }
@@ -168,6 +198,8 @@ impl FleetBudget {
             clock: None,
             metrics: None,
             seed: None,
+            registry: None,
+            worker_id: None,
         }
     }
 }

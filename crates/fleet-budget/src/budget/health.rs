@@ -10,6 +10,7 @@
 //! or out of the fallback.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -40,8 +41,17 @@ pub(super) struct Health {
     clock: Arc<dyn Clock>,
     /// Dependencies in fallback; read without the lock on the hot path.
     degraded_count: AtomicU64,
-    /// Degraded dependencies → when the store may next be probed for them (clock ms).
-    degraded: Mutex<HashMap<Dependency, u64>>,
+    /// Degraded dependencies → their episode.
+    degraded: Mutex<HashMap<Dependency, Episode>>,
+}
+
+/// One dependency's time in the fallback.
+#[derive(Debug, Clone, Copy)]
+struct Episode {
+    /// When the store may next be probed for it (clock ms).
+    next_probe: u64,
+    /// When it went into the fallback (clock ms): the worker registry reports for how long.
+    since: u64,
 }
 
 impl Health {
@@ -68,7 +78,7 @@ impl Health {
         let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
         match degraded.get_mut(dependency) {
             None => true,
-            Some(next_probe)
+            Some(Episode { next_probe, .. })
                 if now >= *next_probe || *next_probe > now.saturating_add(PROBE_INTERVAL_MS) =>
             {
                 *next_probe = now.saturating_add(PROBE_INTERVAL_MS);
@@ -76,6 +86,23 @@ impl Health {
             }
             Some(_) => false,
         }
+    }
+
+    /// The dependencies in the fallback now, each with how long it has been (clock ms; 0 when
+    /// the clock went back since), in name order: what the worker registry reports.
+    pub(super) fn episodes(&self) -> Vec<(Dependency, u64)> {
+        if !self.any_degraded() {
+            return Vec::new();
+        }
+        let now = self.clock.now_ms();
+        let degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut episodes: Vec<(Dependency, u64)> = degraded
+            .iter()
+            .map(|(d, e)| (d.clone(), now.saturating_sub(e.since)))
+            .collect();
+        drop(degraded);
+        episodes.sort_by(|a, b| a.0.cmp(&b.0));
+        episodes
     }
 
     fn ok(&self, dependency: &Dependency, metrics: &Metrics) {
@@ -103,9 +130,23 @@ impl Health {
         mode: FallbackMode,
     ) {
         metrics.store_error(error.kind_label());
-        let next_probe = self.clock.now_ms().saturating_add(PROBE_INTERVAL_MS);
+        let now = self.clock.now_ms();
+        let next_probe = now.saturating_add(PROBE_INTERVAL_MS);
         let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
-        if degraded.insert(dependency.clone(), next_probe).is_none() {
+        let began = match degraded.entry(dependency.clone()) {
+            Entry::Occupied(mut episode) => {
+                episode.get_mut().next_probe = next_probe;
+                false
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(Episode {
+                    next_probe,
+                    since: now,
+                });
+                true
+            }
+        };
+        if began {
             let now_degraded = degraded.len() as u64;
             self.degraded_count.store(now_degraded, Ordering::Release);
             metrics.fallback_dependencies(now_degraded);
@@ -192,6 +233,22 @@ mod tests {
         health.ok(&d, &metrics);
         assert!(!health.any_degraded() && !metrics.fallback_is_active("search"));
         assert!(health.should_try(&d) && health.should_try(&d));
+    }
+
+    /// The registry reports for how long: from the first failure of the episode, not the last.
+    #[test]
+    fn an_episode_is_timed_from_its_first_failure() {
+        let clock = ManualClock::new(1_000_000);
+        let (health, d, metrics) = degraded(&clock);
+        clock.advance(Duration::from_millis(700));
+        let e = StoreError::Timeout(Duration::from_millis(50));
+        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        clock.advance(Duration::from_millis(300));
+        assert_eq!(health.episodes(), vec![(d.clone(), 1000)]);
+        health.ok(&d, &metrics);
+        assert!(health.episodes().is_empty());
+        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        assert_eq!(health.episodes(), vec![(d, 0)], "a new episode");
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //! - [`coalesce`]: deposits counted in the process and flushed in batches, and what a failed
 //!   flush keeps or drops;
 //! - [`health`]: whether the fleet store answers per dependency, the probe interval, the
-//!   fallback that decides meanwhile, and the one place a store result is recorded.
+//!   fallback that decides meanwhile, and the one place a store result is recorded;
+//! - [`heartbeat`]: this worker's report in the worker registry (which dependencies it
+//!   decides from its fallback), for tools; never part of a decision.
 //!
 //! All time (probe intervals, the age of pending deposits, the local store's windows) comes from
 //! one [`Clock`], injectable with [`FleetBudgetBuilder::clock`] so that tests move it instead of
@@ -26,6 +28,7 @@ mod deny_cache;
 mod failure;
 mod fanout;
 pub mod health;
+pub mod heartbeat;
 mod route;
 
 use std::collections::BTreeMap;
@@ -95,6 +98,8 @@ struct Inner {
     flusher_running: AtomicBool,
     metrics: Metrics,
     rng: Mutex<SmallRng>,
+    /// The worker registry's writer, when the budget reports (`redis.heartbeat_ms`).
+    registry: Option<Arc<heartbeat::Registry>>,
 }
 
 impl FleetBudget {
@@ -108,6 +113,7 @@ impl FleetBudget {
         let store = Arc::new(RedisStore::from_settings(&config.redis)?);
         Ok(Self::builder(config)
             .fleet_store(store.clone())
+            .worker_registry(store.clone())
             .leases(ConcurrencyBudget::new(store.clone()))
             .breakers(Breaker::new(store))
             .build())
@@ -153,6 +159,21 @@ impl FleetBudget {
     #[must_use]
     pub fn in_fallback(&self) -> bool {
         self.inner.health.any_degraded()
+    }
+
+    /// This worker's id in the worker registry, when it reports there (a fleet store given
+    /// with [`FleetBudgetBuilder::worker_registry`], `redis.heartbeat_ms` not 0, built inside a
+    /// Tokio runtime).
+    #[must_use]
+    pub fn worker_id(&self) -> Option<&str> {
+        self.inner.registry.as_ref().map(|r| r.id.as_str())
+    }
+
+    /// The dependencies whose decisions come from the fallback now, each with how long it has
+    /// been (ms of the budget's clock), in name order: what the worker registry reports.
+    #[must_use]
+    pub fn fallback_dependencies(&self) -> Vec<(Dependency, u64)> {
+        self.inner.health.episodes()
     }
 
     /// Reports the start of an execution. `attempt` is 1 for the first execution. First
@@ -273,14 +294,20 @@ impl FleetBudget {
         self.inner.flush_pending(true).await
     }
 
-    /// Flushes deposits and stops the background flusher. Call before the process exits.
+    /// Flushes deposits, stops the background flusher, and takes this worker out of the
+    /// worker registry (its heartbeat ends). Call before the process exits.
     ///
     /// # Errors
-    /// The final flush failed (the deposits are lost with the process).
+    /// The final flush failed (the deposits are lost with the process). A registry that cannot
+    /// be left is not an error: the entry turns silent, then is pruned.
     pub async fn shutdown(&self) -> Result<(), StoreError> {
         self.inner.flusher_running.store(false, Ordering::Release);
         self.inner.flush_now.notify_one();
-        self.flush().await
+        let flushed = self.flush().await;
+        if let Some(registry) = &self.inner.registry {
+            registry.leave().await;
+        }
+        flushed
     }
 
     /// Deposits counted locally and not yet sent to the fleet store.

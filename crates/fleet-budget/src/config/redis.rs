@@ -50,6 +50,16 @@ pub(super) fn check_redis_url(key: &str, url: &str, schemes: &[&str]) -> Result<
 /// wait to be flushed (`redis.deposit_flush_ms`), the lag the allowance already has.
 const DEFAULT_DENY_CACHE_MS: u64 = 100;
 
+/// `redis.heartbeat_ms` by default: a console that reads every 2 s sees a worker's fallback
+/// within one beat, at one small script call per worker every 5 s.
+const DEFAULT_HEARTBEAT_MS: u64 = 5000;
+/// The shortest `redis.heartbeat_ms` (other than 0, off): faster beats cost Redis calls and
+/// show nothing a person would act on sooner.
+pub(crate) const MIN_HEARTBEAT_MS: u64 = 100;
+/// The longest `redis.heartbeat_ms`: a worker is silent after three missed beats, and a
+/// registry that takes a quarter of an hour to notice is no use in an incident.
+pub(crate) const MAX_HEARTBEAT_MS: u64 = 300_000;
+
 /// What to do when the fleet store (Redis) cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,6 +111,10 @@ pub struct RedisSettings {
     /// `true`). `false` for a URL that is a proxy spreading keys over several servers, where a
     /// script's keys must live on one; on Redis Cluster batches are per dependency anyway.
     pub batch_across_dependencies: bool,
+    /// How often the worker writes its report to the worker registry (default 5 s; 0 turns the
+    /// registry off): which dependencies it decides from its fallback, for the console. See
+    /// `budget/heartbeat.rs`.
+    pub heartbeat: Duration,
     /// Certificate files for `rediss://` (`redis.tls_ca_file`, `tls_cert_file`,
     /// `tls_key_file`; the CA file also from `FLEET_BUDGET_REDIS_CA_FILE`).
     pub tls: TlsFiles,
@@ -118,6 +132,7 @@ impl Default for RedisSettings {
             deposit_flush_count: 1000,
             deny_cache: Duration::from_millis(DEFAULT_DENY_CACHE_MS),
             batch_across_dependencies: true,
+            heartbeat: Duration::from_millis(DEFAULT_HEARTBEAT_MS),
             tls: TlsFiles::default(),
         }
     }
@@ -135,6 +150,7 @@ pub(super) struct RawRedis {
     deposit_flush_count: Option<i64>,
     deny_cache_ms: Option<i64>,
     batch_across_dependencies: Option<bool>,
+    heartbeat_ms: Option<i64>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
@@ -189,6 +205,7 @@ impl RawRedis {
         redis.deny_cache =
             Duration::from_millis(u64::try_from(deny).unwrap_or(DEFAULT_DENY_CACHE_MS));
         redis.batch_across_dependencies = self.batch_across_dependencies.unwrap_or(true);
+        redis.heartbeat = Duration::from_millis(heartbeat_ms(c, self.heartbeat_ms));
         redis.tls = c.tls_files(
             "redis",
             self.tls_ca_file,
@@ -196,6 +213,26 @@ impl RawRedis {
             self.tls_key_file,
         );
         redis
+    }
+}
+
+/// `redis.heartbeat_ms`: 0 (off) or [`MIN_HEARTBEAT_MS`] to [`MAX_HEARTBEAT_MS`]; a bad value
+/// is recorded in `c` and the default kept.
+fn heartbeat_ms(c: &mut Checker, raw: Option<i64>) -> u64 {
+    let Some(ms) = raw else {
+        return DEFAULT_HEARTBEAT_MS;
+    };
+    match u64::try_from(ms) {
+        Ok(0) => 0,
+        Ok(ms) if (MIN_HEARTBEAT_MS..=MAX_HEARTBEAT_MS).contains(&ms) => ms,
+        _ => {
+            c.problem(
+                "redis.heartbeat_ms",
+                ms,
+                format!("must be 0 (off) or from {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS}"),
+            );
+            DEFAULT_HEARTBEAT_MS
+        }
     }
 }
 
@@ -289,6 +326,29 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_heartbeat_is_on_by_default_off_at_0_and_bounded() {
+        use crate::Config;
+        use std::time::Duration;
+        assert_eq!(
+            Config::default().redis.heartbeat,
+            Duration::from_millis(5000)
+        );
+        let c = Config::from_toml("[redis]\nheartbeat_ms = 0\n", "t").unwrap();
+        assert!(c.redis.heartbeat.is_zero());
+        let c = Config::from_toml("[redis]\nheartbeat_ms = 100\n", "t").unwrap();
+        assert_eq!(c.redis.heartbeat, Duration::from_millis(100));
+        for bad in ["-1", "1", "99", "300001", "\"5s\"", "1.5"] {
+            let e = Config::from_toml(&format!("[redis]\nheartbeat_ms = {bad}\n"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("heartbeat_ms"), "{bad}: {e}");
+        }
+        let p = problems("[redis]\nheartbeat_ms = 50\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].allowed.contains("0 (off) or from 100"), "{}", p[0]);
     }
 
     #[test]

@@ -8,13 +8,17 @@
 //!   differ from the caller's), conflicts, overrides;
 //! - [`overrides`]: freeze / set / unfreeze / clear, written by `lua/override.lua` into the
 //!   budget hash, where every script reads them, each with its own expiry;
+//! - [`workers`]: the worker registry: which workers report, which decide from their
+//!   fallback, which went silent;
 //! - [`audit`]: a bounded Redis stream of every override, replay, purge and migration, with
 //!   who, why, and before/after.
 
 pub mod audit;
 pub mod overrides;
 pub mod status;
+pub mod workers;
 
 pub use audit::{AuditEntry, AuditLog};
 pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
 pub use status::{FleetStatus, fleet_status};
+pub use workers::{FallbackEntry, FleetWorkers, WorkerEntry, fleet_workers};

@@ -22,11 +22,11 @@ mod redis;
 pub use local::{LocalBudget, LocalStore};
 pub use redis::{
     BREAKER_SCRIPT, DEFAULT_MAX_BATCH, DEPOSIT_SCRIPT, DiscoveryError, GroupCommitStats,
-    LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, MAX_BATCH_LIMIT, OVERRIDE_SCRIPT, RedisStore,
-    RedisTarget, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply,
-    batch_answer, parse_reply, parse_status, policy_args,
+    HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, MAX_BATCH_LIMIT, OVERRIDE_SCRIPT,
+    RedisStore, RedisTarget, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
+    ScriptReply, batch_answer, parse_reply, parse_status, policy_args,
 };
-pub(crate) use redis::{BreakerArgs, LeaseArgs, count_at, int_at, text_at};
+pub(crate) use redis::{BreakerArgs, LeaseArgs, Report, count_at, int_at, text_at};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

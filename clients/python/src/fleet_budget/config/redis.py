@@ -1,5 +1,5 @@
 """``[redis]``: where the fleet store is and how to reach it (URL or cluster seeds, deadline, key
-prefix, fallback, deposit batching, deny cache, TLS files), with the URL checks the Rust library
+prefix, fallback, deposit batching, deny cache, heartbeat, TLS files), with the URL checks the Rust library
 makes, and ``FLEET_BUDGET_REDIS_URL`` / ``FLEET_BUDGET_REDIS_CA_FILE`` read over the file."""
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ ENV_REDIS_CA_FILE = "FLEET_BUDGET_REDIS_CA_FILE"
 REDIS_SCHEMES = ("redis", "rediss", "redis+unix", "unix")
 
 
+#: ``redis.heartbeat_ms``: 0 (off) or from the first to the second, as in the Rust library
+#: (``crates/fleet-budget/src/config/redis.rs``).
+MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 100, 300_000
+
+
 #: Redis Cluster seed nodes (``redis.cluster_urls``): no TLS in this client's cluster mode yet,
 #: so ``rediss://`` seeds are refused by name rather than connected in plaintext.
 CLUSTER_SCHEMES = ("redis",)
@@ -38,6 +43,9 @@ class RedisSettings:
     deposit_flush_count: int = 1000
     #: A denial of the fleet store stands in the process at most this long (0: off; deny_cache.py).
     deny_cache_ms: int = 100
+    #: How often a worker writes its report to the worker registry (0: off). Read and checked
+    #: as the Rust library does; this client writes no report yet.
+    heartbeat_ms: int = 5000
     #: Redis Cluster seed nodes, instead of ``url`` when not empty.
     cluster_urls: list[str] = field(default_factory=list)
     # rediss:// certificate files, as the Rust library reads them: a CA file instead of the
@@ -71,7 +79,7 @@ def read_redis(c: _Checker, value: Any) -> RedisSettings:
     settings = RedisSettings()
     r = _table(c, "redis", value)
     _unknown(c, "redis", r, ("url", "cluster_urls", "timeout_ms", "key_prefix", "fallback",
-                             "deposit_flush_ms", "deposit_flush_count", "deny_cache_ms", "batch_across_dependencies",
+                             "deposit_flush_ms", "deposit_flush_count", "deny_cache_ms", "batch_across_dependencies", "heartbeat_ms",
                              "tls_ca_file", "tls_cert_file", "tls_key_file"))
     if "url" in r:
         url = r["url"]
@@ -101,6 +109,15 @@ def read_redis(c: _Checker, value: Any) -> RedisSettings:
     settings.deposit_flush_count = c.int_in(
         "redis.deposit_flush_count", r.get("deposit_flush_count"), 1, 1_000_000_000, 1000)
     settings.deny_cache_ms = c.int_in("redis.deny_cache_ms", r.get("deny_cache_ms"), 0, 10_000, 100)
+    heartbeat = r.get("heartbeat_ms")
+    if heartbeat is not None:
+        if isinstance(heartbeat, bool) or not isinstance(heartbeat, int):
+            raise _wrong_type("redis.heartbeat_ms", heartbeat, "an integer")
+        if heartbeat == 0 or MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
+            settings.heartbeat_ms = heartbeat
+        else:
+            c.problem("redis.heartbeat_ms", heartbeat,
+                      f"must be 0 (off) or from {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS}")
     # Read for the Rust client's group commit across dependencies; this client sends one
     # dependency per call, so the key is only checked here.
     if "batch_across_dependencies" in r and not isinstance(r["batch_across_dependencies"], bool):

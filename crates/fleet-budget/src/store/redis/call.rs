@@ -27,6 +27,27 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
+    /// Runs the commands of `pipe` in one round trip within the store's deadline (their keys
+    /// must share a slot on Redis Cluster).
+    ///
+    /// # Errors
+    /// The call failed or passed its deadline.
+    pub(crate) async fn query_pipeline<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        let call = async {
+            let reply: T = match self.connection().await? {
+                Connection::Single(mut c) => pipe.query_async(&mut c).await?,
+                Connection::Cluster(mut c) => pipe.query_async(&mut c).await?,
+            };
+            Ok::<_, StoreError>(reply)
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
     /// Runs `invocation` (its keys and arguments set) within the store's deadline.
     ///
     /// # Errors

@@ -13,6 +13,7 @@
 //! - `breaker.rs`: the circuit breaker's script (`crate::breaker` reads its answers);
 //! - `overrides.rs`: operators' overrides and the audit stream (`crate::control`);
 //! - `discovery.rs`: which dependencies have a budget (`SCAN`);
+//! - `workers.rs`: the worker registry (`heartbeat.lua`, and the reads of `crate::control`);
 //! - `scripts.rs`: the one place scripts are loaded; `reply.rs`: decoding their replies.
 
 use std::sync::Mutex;
@@ -34,6 +35,7 @@ mod overrides;
 mod reply;
 mod scripts;
 mod spend;
+mod workers;
 
 pub(crate) use breaker::BreakerArgs;
 pub use connect::RedisTarget;
@@ -45,10 +47,12 @@ pub(crate) use leases::LeaseArgs;
 pub use reply::{ScriptReply, parse_reply, parse_status};
 pub(crate) use reply::{count_at, int_at, text_at};
 pub use scripts::{
-    BREAKER_SCRIPT, DEPOSIT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, OVERRIDE_SCRIPT,
-    SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, policy_args,
+    BREAKER_SCRIPT, DEPOSIT_SCRIPT, HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT,
+    OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
+    policy_args,
 };
 pub use spend::batch_answer;
+pub(crate) use workers::Report;
 
 use crate::config::RedisSettings;
 use crate::dependency::Dependency;

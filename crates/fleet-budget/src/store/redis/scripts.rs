@@ -1,4 +1,4 @@
-//! The one place the scripts of `lua/` are loaded: all nine, as [`redis::Script`]s (`EVALSHA`,
+//! The one place the scripts of `lua/` are loaded: all ten, as [`redis::Script`]s (`EVALSHA`,
 //! and on `NOSCRIPT` after a restart or `SCRIPT FLUSH`, `SCRIPT LOAD` and again), and the
 //! policy arguments the budget scripts take. The texts are the crate's `lua/*.lua`, copies of
 //! the repository's `lua/` (`lua/README.md` is the contract for other languages).
@@ -37,6 +37,10 @@ pub static LEASE_RELEASE_SCRIPT: LazyLock<Script> =
 /// `lua/breaker.lua`: every decision of the circuit breaker.
 pub static BREAKER_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/breaker.lua")));
+
+/// `lua/heartbeat.lua`: a worker's entry in the worker registry, or its removal.
+pub static HEARTBEAT_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/heartbeat.lua")));
 
 /// The arguments every budget script takes after its own, as `lua/README.md` lists them: the
 /// ratio, the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).

@@ -1,0 +1,81 @@
+//! The worker registry as a page: every worker that reports (or did), its fallback
+//! dependencies with for how long, and which went silent.
+
+use fleet_budget::control::{FleetWorkers, WorkerEntry};
+
+use super::*;
+
+fn duration(ms: u64) -> String {
+    let secs = ms / 1000;
+    if secs >= 3600 {
+        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}.{}s", secs, ms % 1000 / 100)
+    }
+}
+
+fn state(w: &WorkerEntry) -> &'static str {
+    if w.unreadable.is_some() {
+        "unreadable"
+    } else if w.silent {
+        "silent"
+    } else if w.in_fallback() {
+        "in fallback"
+    } else {
+        "reporting"
+    }
+}
+
+fn fallback_cell(w: &WorkerEntry) -> Markup {
+    html! {
+        @if w.fallback.is_empty() && w.fallback_more == 0 { "-" }
+        @for (i, f) in w.fallback.iter().enumerate() {
+            @if i > 0 { ", " }
+            (f.dependency) " (" (duration(f.for_ms)) ")"
+        }
+        @if w.fallback_more > 0 { " +" (w.fallback_more) " more" }
+    }
+}
+
+/// The worker registry. Every text in it was escaped by the library when read
+/// (`fleet_budget::control::workers`); maud escapes the HTML.
+pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
+    let opt = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let text = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
+    layout(
+        "Workers",
+        Some(v),
+        html! {
+            p { (read.reporting()) " workers reporting, " (read.in_fallback()) " in fallback, "
+                (read.silent()) " silent, of " (read.total) " entries in the worker registry"
+                @if read.truncated { " (the " (read.workers.len()) " seen last are listed)" } "." }
+            p.note { "A worker reports every few seconds which dependencies it decides from its "
+                "fallback (Redis failed for them). A silent worker has not reported for three of its "
+                "intervals: it stopped, or it is cut off from Redis and decides everything from its "
+                "fallback, which it cannot report; its own " code { "fleet_budget_fallback_active" }
+                " metric says which." }
+            table #workers data-source="/api/workers" {
+                thead { tr {
+                    th { "worker" } th { "state" } th { "host" } th { "pid" } th { "lang" }
+                    th { "version" } th { "last seen" } th { "fallback (for how long)" }
+                } }
+                tbody {
+                    @for w in &read.workers {
+                        tr data-state=(state(w)) {
+                            td { (w.id) }
+                            td { (state(w)) @if let Some(why) = &w.unreadable { br; small { (why) } } }
+                            td { (text(&w.host)) }
+                            td.num { (opt(w.pid)) }
+                            td { (text(&w.lang)) }
+                            td { (text(&w.version)) }
+                            td { (w.age_ms.map_or_else(|| "-".to_owned(), |a| format!("{} ago", duration(a)))) }
+                            td.fallback { (fallback_cell(w)) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
