@@ -113,11 +113,15 @@ def test_a_child_that_exits_sends_what_it_counted(redis_url):
     global _budget
     b = _budget = budget(redis_url, flush_ms=10_000)
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(3) as pool:
+    # Each child's first job waits at the barrier until all three children have one: without it,
+    # on a loaded machine one child could take all 30 jobs before the others start, and the test
+    # would not see several children each send their own deposits.
+    barrier = ctx.Barrier(3)
+    with ctx.Pool(3, initializer=_meet_at, initargs=(barrier,)) as pool:
         pids = set(pool.map(_one_job, range(30), chunksize=1))
         pool.close()
         pool.join()
-    assert len(pids) > 1 and os.getpid() not in pids
+    assert len(pids) == 3 and os.getpid() not in pids
     process = ctx.Process(target=_one_job, args=(0,))
     process.start()
     process.join(CHILD_TIMEOUT)
@@ -127,10 +131,21 @@ def test_a_child_that_exits_sends_what_it_counted(redis_url):
 
 
 _budget: FleetBudget
+#: Set in a pool child by ``_meet_at``: the barrier its first job waits at (None elsewhere).
+_barrier = None
+
+
+def _meet_at(barrier) -> None:
+    global _barrier
+    _barrier = barrier
 
 
 def _one_job(_: int) -> int:
     """A job in a ``multiprocessing`` child, on the budget it inherited from the test."""
+    global _barrier
+    if _barrier is not None:
+        barrier, _barrier = _barrier, None
+        barrier.wait(timeout=CHILD_TIMEOUT)
     _budget.on_attempt("index_document", 1)
     _budget.on_success("index_document")
     return os.getpid()
