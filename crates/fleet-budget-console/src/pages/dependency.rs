@@ -75,6 +75,10 @@ pub(crate) fn dependency(
                     tr { th { "overrides" } td #overrides { (overrides_cell(r)) @if r.frozen.is_none() && r.set.is_none() { "none" } } }
                     tr { th { "breaker" } td { (breaker_cell(r)) @if let Some(b) = &r.breaker { ", opened " (b.times_opened) " times" } } }
                     tr { th { "in flight / cap" } td { (r.concurrency.map_or_else(|| "no concurrency budget".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) } }
+                    tr { th { "workers in fallback" } td #workers-in-fallback {
+                        (r.workers_in_fallback.map_or_else(|| "unknown (the worker registry could not be read)".to_owned(), |n| n.to_string()))
+                        " (" a href="/workers" { "every worker" } ")"
+                    } }
                 }
                 h2 { "Recent history" }
                 (chart(history))

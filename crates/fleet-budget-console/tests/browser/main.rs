@@ -103,6 +103,9 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
         "{listed}"
     );
     b.screenshot("workers").await;
+    b.goto(&format!("{base}/dependency/search")).await;
+    let cell = b.text("#workers-in-fallback").await;
+    assert!(cell.starts_with("1 (every worker)"), "{cell}");
     worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
     b.goto(&format!("{base}/")).await;
 
