@@ -470,11 +470,11 @@ async fn connect_node(
     }
 }
 
+pub(crate) use self::process_wide::process_wide;
 #[allow(deprecated)]
 pub use self::process_wide::{
     close_channel, close_connection, deadline, set_timeouts, set_tls, timeouts, tls_files, within,
 };
-pub(crate) use self::process_wide::process_wide;
 
 #[cfg(test)]
 mod tests {

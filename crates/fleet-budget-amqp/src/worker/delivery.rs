@@ -82,7 +82,10 @@ fn task_of(delivery: &Delivery, known: Option<&JobHeaders>) -> String {
 /// The name of the dependency the task spends, for an outcome decided without the budget (a
 /// malformed header, a wait past `max_delay`); `None` when the task maps to none.
 fn dependency_name(route: &Result<Route, Error>) -> Option<String> {
-    route.as_ref().ok().map(|r| r.dependency().as_str().to_owned())
+    route
+        .as_ref()
+        .ok()
+        .map(|r| r.dependency().as_str().to_owned())
 }
 
 /// A delivery not due yet (a retry between hops of its delay): it waits in the next tier,

@@ -80,7 +80,9 @@ async fn read_nested(depth: usize) -> Vec<String> {
     let (work, dead) = (&env.topology.work_queue, &env.topology.dead_queue);
     let plain = long(&[]);
     publish_raw(&env.url, work, "at-the-bound", &nested_table(BOUND - 1)).await;
+    let started = std::time::Instant::now();
     publish_raw(&env.url, work, "too-deep", &nested_table(depth)).await;
+    let broker_cost = started.elapsed();
     publish_raw(&env.url, work, "behind", &plain).await;
     publish_raw(&env.url, dead, "too-deep", &nested_table(depth)).await;
     publish_raw(&env.url, dead, "behind", &plain).await;
@@ -96,7 +98,7 @@ async fn read_nested(depth: usize) -> Vec<String> {
             "--ignored",
             "--nocapture",
         ])
-        .env(CHILD_CONFIG, &env.toml)
+        .env(CHILD_CONFIG, child_config(&env.toml, broker_cost))
         .output();
     let out = tokio::time::timeout(LONG * 3, child)
         .await
@@ -122,6 +124,29 @@ async fn read_nested(depth: usize) -> Vec<String> {
     })
     .await;
     reports
+}
+
+/// The test's configuration for the child, with a broker deadline that allows for what the
+/// broker spends on one deep message.
+///
+/// RabbitMQ 3.10's own handling of a nested table grows faster than its depth: a confirmed
+/// publish of the message 18,000 levels deep took 1.8 s on this machine against 45 ms for a plain
+/// one, and a `basic.get` of it 2 s against 2 ms at 200 levels (strace of the test: the broker's
+/// answer comes late, the frame guard's own work is a few milliseconds). On a loaded machine
+/// that passed the fixed 10 s deadline now and then, and the test failed though nothing hung.
+/// So each broker step of the child may take ten times what the broker took to confirm the
+/// deep message in this run, and never less than 10 s: a hang still fails the test.
+fn child_config(toml: &str, broker_cost: std::time::Duration) -> String {
+    const FIXED: &str = "operation_timeout_ms = 10000";
+    assert!(
+        toml.contains(FIXED),
+        "the test's configuration sets {FIXED}"
+    );
+    let deadline_ms = (broker_cost * 10).as_millis().max(10_000);
+    eprintln!(
+        "the broker confirmed the deep message in {broker_cost:?}: deadline {deadline_ms} ms"
+    );
+    toml.replace(FIXED, &format!("operation_timeout_ms = {deadline_ms}"))
 }
 
 /// What the readers of a message nested `depth` deep report through the frame guard:
