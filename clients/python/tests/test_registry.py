@@ -193,3 +193,33 @@ def test_the_report_keeps_to_the_script_bounds_whatever_is_in_fallback():
     assert registry.sanitize(" a\u202eb\u200bc\n", 200) == "abc"
     assert len(registry.sanitize("é" * 150, 200).encode()) == 200
     assert registry.retention_ms(5000) == 600_000 and registry.retention_ms(300_000) == 6_000_000
+
+
+def test_failed_beats_are_logged_once_per_run_of_failures_and_decide_nothing(redis_url, caplog):
+    """A Redis user refused the registry (NOPERM, counted in Redis's ACL LOG): the beats fail,
+    logged at debug once for the run; decisions are made from Redis all along (a failed beat is no
+    store failure). Allowed again, the entry lands; refused again, a second run, a second line."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="fleet_budget")
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "w", "on", ">pw", "resetkeys", "~fb:v1:{*", "+@all")
+
+    def refused_beats() -> int:
+        return sum(int(e["count"]) for e in admin.acl_log() if e.get("object") == REPORTS)
+
+    def failure_lines() -> int:
+        return sum("worker registry heartbeat" in r.getMessage() for r in caplog.records)
+
+    b = FleetBudget(config(), redis_url=redis_url.replace("redis://", "redis://w:pw@"))
+    wait_until(lambda: refused_beats() >= 3, "three refused beats")
+    assert failure_lines() == 1, "one line for the run"
+    assert b.on_failure("find", 1, Failure.retryable("503")).source == "fleet" and not b.in_fallback
+    admin.execute_command("ACL", "SETUSER", "w", "~fb:v1:*")
+    wait_until(lambda: b.worker_id in reports(redis_url), "the entry once allowed")
+    admin.execute_command("ACL", "SETUSER", "w", "resetkeys", "~fb:v1:{*")
+    before = refused_beats()
+    wait_until(lambda: refused_beats() >= before + 3, "three more refused beats")
+    assert failure_lines() == 2, "a second run, a second line"
+    assert b.fallback_dependencies() == []
+    b.close()
