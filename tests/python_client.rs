@@ -1071,3 +1071,95 @@ async fn rust_and_python_share_one_cap_and_one_breaker() {
     assert!(child.wait().unwrap().success(), "the Python driver failed");
     rust.shutdown().await.unwrap();
 }
+
+/// A Python worker: reports to the worker registry, decides `find` once (its Redis user may not
+/// touch `search`'s budget: the fallback decides), prints its worker id and its package's
+/// version, and closes (leaving the registry) when told to.
+const REGISTRY_DRIVER: &str = r#"
+import json, sys
+from importlib import metadata
+from fleet_budget import Config, Failure, FleetBudget
+budget = FleetBudget(Config.from_toml(sys.argv[1]))
+decision = budget.on_failure("find", 1, Failure.retryable("503"))
+assert decision.source == "local_fallback", decision
+print(json.dumps([budget.worker_id, metadata.version("fleet-budget")]), flush=True)
+sys.stdin.readline()
+budget.close()
+"#;
+
+/// The worker registry across languages: the Rust reader (`control::fleet_workers`, which the
+/// console uses) reads a Python worker's report as a Rust worker's, and sees the dependency it
+/// decides from its fallback; the Python worker's `close()` takes it out.
+#[tokio::test]
+async fn rust_reads_a_python_workers_report_and_its_fallback() {
+    use fleet_budget::control::fleet_workers;
+    use fleet_budget::testing::eventually;
+
+    let server = RedisServer::start();
+    let _: String = server.cmd(&[
+        "ACL",
+        "SETUSER",
+        "w",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~fb:v1:workers:*",
+        "+@all",
+    ]);
+    let url = server.url().replacen("redis://", "redis://w:pw@", 1);
+    let text = format!(
+        "[redis]\nurl = \"{url}\"\nheartbeat_ms = 100\ntimeout_ms = 2000\ndeposit_flush_ms = 0\n\
+         [dependencies.search]\ntasks = [\"find\"]\n[dependencies.mail]\ntasks = [\"send\"]\n"
+    );
+    let mut child = Command::new(python())
+        .args(["-c", REGISTRY_DRIVER, &text])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    from_py.read_line(&mut line).unwrap();
+    let (id, version): (String, String) = serde_json::from_str(&line).expect("the driver's id");
+    let store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fb",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let find = async |id: &str| {
+        let read = fleet_workers(&store, 1000).await.unwrap();
+        read.workers.into_iter().find(|w| w.id == id)
+    };
+    eventually(
+        "the Python worker reports search in fallback",
+        Duration::from_secs(10),
+        async || find(&id).await.is_some_and(|w| w.in_fallback()),
+    )
+    .await;
+    let w = find(&id).await.unwrap();
+    assert!(w.is_fresh() && w.unreadable.is_none(), "{w:?}");
+    assert_eq!(w.lang.as_deref(), Some("python"));
+    assert_eq!(w.version.as_deref(), Some(version.as_str()));
+    assert_eq!(w.pid, Some(u64::from(child.id())));
+    assert_eq!(w.interval_ms, Some(100));
+    assert!(w.started_ms.is_some() && w.host.is_some(), "{w:?}");
+    assert_eq!(
+        w.fallback
+            .iter()
+            .map(|f| f.dependency.as_str())
+            .collect::<Vec<_>>(),
+        ["search"],
+        "mail was never asked: {w:?}"
+    );
+    assert_eq!(w.fallback_more, 0);
+    let read = fleet_workers(&store, 1000).await.unwrap();
+    assert_eq!((read.reporting(), read.in_fallback()), (1, 1));
+    assert_eq!(read.in_fallback_by_dependency().get("search"), Some(&1));
+
+    writeln!(to_py, "close").unwrap();
+    assert!(child.wait().unwrap().success(), "the Python driver failed");
+    assert_eq!(find(&id).await, None, "close() leaves the registry");
+}

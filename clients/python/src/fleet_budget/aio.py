@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any, Optional
 
 import redis
 import redis.asyncio
 
 from . import budget as _sync
-from . import scripts
+from . import registry, scripts
 from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
 from .config import Config
@@ -33,9 +34,11 @@ class FleetBudget(_sync.FleetBudget):
     async def admit(self, task: str, attempt: int,  # type: ignore[override]
                     held_for: Optional[float] = None) -> Admission:
         """:meth:`fleet_budget.FleetBudget.admit`: the same steps, each store call awaited."""
+        self._ensure_heartbeat()
         return await drive_async(self._admit_steps(task, attempt, held_for))
 
     async def try_hedge(self, task: str) -> Optional[Call]:  # type: ignore[override]
+        self._ensure_heartbeat()
         return await drive_async(self._hedge_steps(task))
 
     async def finish(self, call: Call, outcome: str) -> None:  # type: ignore[override]
@@ -57,16 +60,37 @@ class FleetBudget(_sync.FleetBudget):
     def _start_flusher(self) -> None:
         self._task: Optional[asyncio.Task[None]] = None  # started by the first deposit, in its loop
 
+    def _start_heartbeat(self) -> None:
+        """The worker registry's writer as an asyncio task: started now when the budget is made
+        in a running loop, else by its first call (or ``async with``), in that loop."""
+        self._beats: Optional[asyncio.Task[None]] = None
+        interval = self.config.redis.heartbeat_ms
+        if interval > 0:
+            self._registry = registry.AsyncRegistry(self._heartbeat, self.config.redis.key_prefix, interval)
+            self._ensure_heartbeat()
+
+    def _ensure_heartbeat(self) -> None:
+        reg = self._registry
+        if self._beats is not None or not isinstance(reg, registry.AsyncRegistry) or reg.left:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: the first call starts it
+        self._beats = loop.create_task(registry.run_async(weakref.ref(self), reg))
+
     @classmethod
     def from_config(cls, path: str, **kwargs: Any) -> "FleetBudget":
         return cls(Config.from_path(path), **kwargs)
 
     async def on_attempt(self, task: str, attempt: int) -> None:  # type: ignore[override]
+        self._ensure_heartbeat()
         dependency = self._attempt(task, attempt)
         if dependency is not None:
             await self._deposit_async(dependency, 0, 1)
 
     async def on_success(self, task: str) -> None:  # type: ignore[override]
+        self._ensure_heartbeat()
         await self._deposit_async(self._success(task), 1, 0)
 
     async def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:  # type: ignore[override]
@@ -74,6 +98,7 @@ class FleetBudget(_sync.FleetBudget):
 
     async def on_failure_since(self, task: str, attempt: int, failure: Failure,  # type: ignore[override]
                                since_first_failure: Optional[float]) -> Decision:
+        self._ensure_heartbeat()
         dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
@@ -101,6 +126,7 @@ class FleetBudget(_sync.FleetBudget):
         return self._fallback(dependency)
 
     async def status(self, dependency: str) -> tuple[BudgetSnapshot, str]:  # type: ignore[override]
+        self._ensure_heartbeat()
         policy = self.config.policy(dependency)
         try:
             reply = await self._status(keys=scripts.keys(self.config.redis.key_prefix, dependency),
@@ -128,10 +154,20 @@ class FleetBudget(_sync.FleetBudget):
             except asyncio.CancelledError:
                 pass
         await self.flush()
+        reg, beats = self._registry, self._beats
+        if isinstance(reg, registry.AsyncRegistry):
+            await reg.leave_async()  # waits for a beat in flight: none lands after the leave
+        if beats is not None:
+            beats.cancel()
+            try:
+                await beats
+            except asyncio.CancelledError:
+                pass
         await self._redis.aclose()
         return self._report_unsent()
 
     async def __aenter__(self) -> "FleetBudget":
+        self._ensure_heartbeat()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -7,11 +7,12 @@ import logging
 import random
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import redis
 
-from . import forks, scripts
+from . import forks, registry, scripts
 from .admission import AdmissionSteps
 from .deposits import DepositSteps
 from .health import PROBE_INTERVAL_MS, StoreHealth, error_kind  # noqa: F401  (their old home)
@@ -100,6 +101,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._lease_ids = LeaseIds()
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
+        # When each dependency's fallback episode started (clock ms), for the worker registry.
+        self._fallback_since: dict[str, int] = {}
         # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].
         self._pending: dict[str, list[int]] = {}
         self._pending_lock = threading.Lock()
@@ -110,6 +113,9 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._flusher_armed = False
         if self._flush_ms > 0:
             self._start_flusher()
+        # The worker registry (redis.heartbeat_ms; registry.py): this worker's report.
+        self._registry: Optional[registry.Registry] = None
+        self._start_heartbeat()
         forks.register(self)
         forks.flush_at_exit(self)
 
@@ -126,12 +132,30 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
         self._lease_release = client.register_script(scripts.text("lease_release"))
         self._breaker = client.register_script(scripts.text("breaker"))
+        # The worker registry's writes (never part of a decision, never timed).
+        self._heartbeat = client.register_script(scripts.text("heartbeat"))
 
     def _start_flusher(self) -> None:
         """Arms the flusher: its thread starts with the first deposit counted (in a forked child
         too, where the parent's thread does not exist; a Celery prefork parent, which runs no task,
         has none)."""
         self._flusher_armed = True
+
+    def _start_heartbeat(self) -> None:
+        """This worker's entry in the worker registry, written by a thread of its own every
+        ``redis.heartbeat_ms`` (none when 0); the thread holds the budget weakly."""
+        interval = self.config.redis.heartbeat_ms
+        if interval <= 0:
+            return
+        self._registry = registry.Registry(self._heartbeat, self.config.redis.key_prefix, interval)
+        threading.Thread(target=registry.run, args=(weakref.ref(self), self._registry),
+                         name="fleet-budget-heartbeat", daemon=True).start()
+
+    @property
+    def worker_id(self) -> Optional[str]:
+        """This worker's id in the worker registry (``{host}-{pid}-{4 hex}``, a new one in a forked
+        child), or None when it does not report (``redis.heartbeat_ms = 0``)."""
+        return self._registry.id if self._registry is not None else None
 
     def _after_fork_in_child(self) -> None:
         """In a forked child, this budget starts again as a new process's (forks.py says why):
@@ -142,7 +166,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         closed = self._closed.is_set()
         self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
         self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
-        self._pending, self._degraded = {}, {}
+        self._pending, self._degraded, self._fallback_since = {}, {}, {}
         # Children of one parent would otherwise draw the same jitter, and retry together.
         self._rng = random.Random()
         self.local = LocalStore(self._clock)
@@ -164,15 +188,25 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._connect(client)  # the parent's client is dropped unclosed: its sockets are the parent's
         self._wake, self._closed = threading.Event(), threading.Event()
         self._flusher, self._flusher_armed = None, False
+        # A new worker: the parent's entry (and its lock, perhaps held at the fork) is the parent's.
+        self._registry = None
         if closed:
             self._closed.set()
-        elif self._flush_ms > 0:
-            self._start_flusher()
+        else:
+            if self._flush_ms > 0:
+                self._start_flusher()
+            self._start_heartbeat()
 
     def _before_exit(self) -> None:
-        """The process ends (forks.py): pending deposits are sent, unless closed already."""
+        """The process ends (forks.py): pending deposits are sent, unless closed already, and the
+        worker leaves the registry (gone, rather than silent)."""
         if not self._closed.is_set() and self.pending_deposits():
             self.flush()
+        self._leave_registry()
+
+    def _leave_registry(self) -> None:
+        if self._registry is not None and not isinstance(self._registry, registry.AsyncRegistry):
+            self._registry.leave()
 
     def _series_for_configured(self) -> None:
         # A series for every configured dependency before its first failure, as in Rust.
@@ -358,14 +392,15 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         return snapshot, "fleet"
 
     def close(self) -> int:
-        """Stop the flusher, send what is pending, close the connection. Returns the deposits
-        that could not be sent (0 when all were), and logs them: they are lost, the safe direction
-        (the Rust ``shutdown`` returns the error)."""
+        """Stop the flusher, send what is pending, leave the worker registry, close the connection.
+        Returns the deposits that could not be sent (0 when all were), and logs them: they are
+        lost, the safe direction (the Rust ``shutdown`` returns the error)."""
         self._closed.set()
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join(timeout=5)
         self.flush()
+        self._leave_registry()
         self._redis.close()
         return self._report_unsent()
 

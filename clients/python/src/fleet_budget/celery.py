@@ -27,7 +27,9 @@ with the attempt counter back at 1 and ``fb-replays`` counted.
 
 Every pool works (prefork, the default, with or without ``--max-tasks-per-child``; threads;
 solo): a prefork child sends its own deposits within ``redis.deposit_flush_ms`` and before it
-exits, and has its own Redis and broker connections and metrics (``fleet_budget.forks``).
+exits, and has its own Redis and broker connections and metrics (``fleet_budget.forks``). In the
+worker registry each prefork child is a worker of its own; the main process leaves it once the pool
+is up (it runs no task).
 
 ``acks_late`` is on (the copy is confirmed before the original is acked) and ``max_retries`` is
 off (the budget's ceilings decide). Messages that never reach a task (a body Celery cannot decode,
@@ -49,7 +51,7 @@ from celery.exceptions import Retry as CeleryRetry
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.serialization import dumps
 
-from . import forks
+from . import forks, registry
 from . import headers as h
 from .budget import FleetBudget, InvalidTask, UnmappedTask
 from .admission import FAILED, INCONCLUSIVE, SUCCEEDED, Hold
@@ -77,6 +79,19 @@ def _flush_before_the_child_exits(**_: Any) -> None:
 
 
 signals.worker_process_shutdown.connect(_flush_before_the_child_exits, weak=False)
+
+
+def _prefork_parent_leaves_the_registry(sender: Any = None, **_: Any) -> None:
+    """A prefork worker's main process runs no task: once its pool is up (``worker_ready``), its
+    budgets leave the worker registry, and the pool shows one worker per child (each child
+    reports under its own id from the fork on: ``fleet_budget.registry``). Other pools run their
+    tasks in the main process, which stays in the registry."""
+    pool = getattr(sender, "pool", None)
+    if pool is not None and type(pool).__module__ == "celery.concurrency.prefork":
+        registry.leave_all()
+
+
+signals.worker_ready.connect(_prefork_parent_leaves_the_registry, weak=False)
 
 
 def held_since_ms(header: Optional[int], now_ms: int) -> Optional[int]:

@@ -53,6 +53,15 @@ class StoreHealth:
         with self._health_lock:
             return bool(self._degraded)
 
+    def fallback_dependencies(self: "FleetBudget") -> list[tuple[str, int]]:
+        """The dependencies whose decisions come from the fallback now, each with how long it has
+        been (ms of the budget's clock; 0 when the clock went back since), in name order: what the
+        worker registry reports (the Rust ``fallback_dependencies``)."""
+        with self._health_lock:
+            since = dict(self._fallback_since)
+        now = self._clock()
+        return [(dependency, max(0, now - start)) for dependency, start in sorted(since.items())]
+
     # Health: a dependency whose store call failed is decided by the fallback, and probed again
     # once per PROBE_INTERVAL_MS.
 
@@ -71,6 +80,7 @@ class StoreHealth:
         with self._health_lock:
             if self._degraded.pop(dependency, None) is None:
                 return
+            self._fallback_since.pop(dependency, None)
             left = len(self._degraded)
         self.metrics.fallback_dependencies.set(left)
         self.metrics.fallback_active.labels(dependency).set(0)
@@ -81,7 +91,10 @@ class StoreHealth:
         self.metrics.store_errors.labels(error_kind(error)).inc()
         with self._health_lock:
             new = dependency not in self._degraded
-            self._degraded[dependency] = self._clock() + PROBE_INTERVAL_MS
+            now = self._clock()
+            self._degraded[dependency] = now + PROBE_INTERVAL_MS
+            if new:  # the episode starts: what the worker registry reports its length from
+                self._fallback_since[dependency] = now
             count = len(self._degraded)
         if new:
             self.metrics.fallback_dependencies.set(count)

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot, Control, WindowCounters
 
-NAMES = ("spend", "spend_many", "spend_batch", "deposit", "status", "lease_acquire", "lease_release", "breaker")
+NAMES = ("spend", "spend_many", "spend_batch", "deposit", "status", "lease_acquire", "lease_release", "breaker",
+         "heartbeat")
 
 
 class BadReply(Exception):
@@ -139,3 +140,20 @@ def _policy_in_force(script: str, reply: Sequence[Any], window_ms: int) -> Budge
 def keys(prefix: str, dependency: str) -> Sequence[str]:
     """KEYS for a dependency's budget: ``<prefix>:v1:{<dependency>}`` (lua/README.md)."""
     return [f"{prefix}:v1:{{{dependency}}}"]
+
+
+def workers_keys(prefix: str) -> Sequence[str]:
+    """KEYS of ``heartbeat.lua``: the worker registry's hash and sorted set (lua/README.md,
+    "Worker registry"), one slot by the tag ``{workers}``."""
+    reports = f"{prefix}:v1:workers:{{workers}}"
+    return [reports, f"{reports}:seen"]
+
+
+def beat_args(worker_id: str, report: str, retention_ms: int) -> list[str]:
+    """``heartbeat.lua`` beat: the action, the worker id, the report (JSON), the retention."""
+    return ["beat", worker_id, report, str(retention_ms)]
+
+
+def leave_args(worker_id: str) -> list[str]:
+    """``heartbeat.lua`` leave: the action and the worker id."""
+    return ["leave", worker_id]

@@ -44,7 +44,7 @@ class RedisSettings:
     #: A denial of the fleet store stands in the process at most this long (0: off; deny_cache.py).
     deny_cache_ms: int = 100
     #: How often a worker writes its report to the worker registry (0: off). Read and checked
-    #: as the Rust library does; this client writes no report yet.
+    #: as the Rust library does; 0 sends none (registry.py).
     heartbeat_ms: int = 5000
     #: Redis Cluster seed nodes, instead of ``url`` when not empty.
     cluster_urls: list[str] = field(default_factory=list)
