@@ -25,6 +25,7 @@
 
 pub mod access;
 mod dead_letters;
+mod filters;
 mod fleet;
 mod pages;
 mod replay;

@@ -20,7 +20,6 @@ mod nodes;
 mod tests;
 
 use nodes::checked_nodes;
-pub(crate) use nodes::shown;
 
 /// Environment variable that overrides `amqp.url` (and `amqp.urls`).
 pub const ENV_AMQP_URL: &str = "FLEET_BUDGET_AMQP_URL";
@@ -136,7 +135,7 @@ impl AmqpSettings {
     /// Every node, passwords redacted, separated by commas: how errors and logs name the broker.
     #[must_use]
     pub fn shown_urls(&self) -> String {
-        shown(self.urls())
+        crate::connection::shown(self.urls())
     }
 
     /// The problem of certificate files set (`amqp.tls_*`) for a URL that is not `amqps://`:

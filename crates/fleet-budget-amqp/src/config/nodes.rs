@@ -77,10 +77,3 @@ pub(super) fn checked_nodes(key: &str, urls: &[String]) -> Result<(String, Vec<S
         None => Err(Problem::new(key, "[]", "must list at least one broker URL")),
     }
 }
-
-/// URLs as errors and logs show them: passwords redacted, separated by commas.
-pub(crate) fn shown<'a>(urls: impl Iterator<Item = &'a str>) -> String {
-    urls.map(fleet_budget::redact::redact_url)
-        .collect::<Vec<_>>()
-        .join(", ")
-}

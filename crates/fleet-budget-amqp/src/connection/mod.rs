@@ -177,8 +177,17 @@ impl ConnectionConfig {
     /// Every node, passwords redacted, separated by commas.
     #[must_use]
     pub fn shown_urls(&self) -> String {
-        crate::config::shown(self.urls())
+        shown(self.urls())
     }
+}
+
+/// URLs as errors and logs show them: passwords redacted, separated by commas. Here rather than
+/// in `config` (which shows its node list with it too): a connection needs nothing of the
+/// configuration's parsing.
+pub(crate) fn shown<'a>(urls: impl Iterator<Item = &'a str>) -> String {
+    urls.map(fleet_budget::redact::redact_url)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A bare URL, as the functions that connect took before 0.2.0: [`ConnectionConfig::new`].

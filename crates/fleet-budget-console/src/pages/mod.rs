@@ -17,9 +17,9 @@ use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
 use crate::dead_letters::{Group, HEADERS_PER_GROUP, HeaderList, Sample, Sampled, Which};
+use crate::filters::FilterForm;
 use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
 use crate::replay::{JobState, Prediction, Purged};
-use crate::routes::FilterForm;
 
 pub(crate) use audit::*;
 pub(crate) use dead_letters::*;

@@ -161,7 +161,7 @@ pub(super) async fn dry_run_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter()?;
+    let filter = f.filter.filter().map_err(|e| bad(&e))?;
     if filter.dependency.is_none() {
         return Err(bad(
             "a replay names its dependency (as `budgetctl replay --dependency`)",
@@ -196,7 +196,7 @@ pub(super) async fn replay_action(
     Form(f): Form<ActionForm>,
 ) -> Page {
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter()?;
+    let filter = f.filter.filter().map_err(|e| bad(&e))?;
     if filter.dependency.is_none() {
         return Err(bad("a replay names its dependency"));
     }
@@ -226,7 +226,7 @@ pub(super) async fn purge_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter()?;
+    let filter = f.filter.filter().map_err(|e| bad(&e))?;
     let which = f.filter.which();
     if filter.dependency.is_none() || filter.reason.is_none() {
         return Err(bad("a purge names a group: its dependency and reason"));

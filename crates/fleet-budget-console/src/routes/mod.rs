@@ -7,7 +7,6 @@
 #![allow(clippy::result_large_err)]
 
 mod actions;
-mod filters;
 mod login;
 mod reads;
 mod security;
@@ -21,20 +20,19 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Redirect, Response};
 use axum::routing::{get, post};
+use fleet_budget::Dependency;
 use fleet_budget::control::OverrideAction;
 use fleet_budget::control::overrides::{self, MAX_OVERRIDE_DURATION};
-use fleet_budget::{DeadLetterReason, Dependency};
-use fleet_budget_amqp::ReplayFilter;
 use serde::Deserialize;
 
 use crate::App;
 use crate::access::{Denied, LOGIN_COOKIE, SESSION_COOKIE, Visitor, cookie, lock, random_hex};
 use crate::dead_letters::Which;
+use crate::filters::{FilterForm, some};
 use crate::pages;
 use crate::replay::{self, RunContext};
 
 use actions::*;
-pub(crate) use filters::FilterForm;
 use login::*;
 use reads::*;
 use security::*;
@@ -147,8 +145,4 @@ fn dependency(name: &str) -> Result<Dependency, Response> {
 }
 fn bad(why: &str) -> Response {
     refused(StatusCode::BAD_REQUEST, why)
-}
-
-fn some(v: Option<&String>) -> Option<&str> {
-    v.map(|s| s.trim()).filter(|s| !s.is_empty())
 }

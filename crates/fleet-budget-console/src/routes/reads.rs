@@ -55,7 +55,7 @@ pub(super) async fn dead_letters_page(
     Query(q): Query<FilterForm>,
 ) -> Page {
     let visitor = reader(&app, &h, true)?;
-    let filter = q.filter()?;
+    let filter = q.filter().map_err(|e| bad(&e))?;
     let which = q.which();
     let sample = app.sample(which);
     let groups = sample.groups(&filter);
@@ -76,7 +76,7 @@ pub(super) async fn group_page(
     Query(q): Query<FilterForm>,
 ) -> Page {
     let visitor = reader(&app, &h, true)?;
-    let filter = q.filter()?;
+    let filter = q.filter().map_err(|e| bad(&e))?;
     let which = q.which();
     let sample = app.sample(which);
     let class = q.error_class.clone().unwrap_or_default();

@@ -1,6 +1,12 @@
-//! The dead-letter filters, read from a query or a form as the CLI reads its flags.
+//! The dead-letter filters, read from a query or a form as the CLI reads its flags. Beside
+//! the routes and the pages rather than in either: the routes read a filter from a request, the
+//! pages draw its form, and neither imports the other for it.
 
-use super::*;
+use fleet_budget::DeadLetterReason;
+use fleet_budget_amqp::ReplayFilter;
+use serde::Deserialize;
+
+use crate::dead_letters::Which;
 
 /// The CLI's filters (`--dependency`, `--reason`, `--task`, `--since`, `--until`,
 /// `--error-contains`), as a query or a form.
@@ -29,18 +35,18 @@ impl FilterForm {
         Which::parse(self.queue.as_deref())
     }
 
-    /// The library's filter; a bad value is said.
-    pub(crate) fn filter(&self) -> Result<ReplayFilter, Response> {
+    /// The library's filter; a bad value is said (the routes answer 400 with it).
+    pub(crate) fn filter(&self) -> Result<ReplayFilter, String> {
         let now = fleet_budget::clock::now_ms();
         let time = |v: Option<&String>, flag: &str| match some(v) {
             Some(t) => parse_time(t, now)
                 .map(Some)
-                .map_err(|e| bad(&format!("{flag}: {e}"))),
+                .map_err(|e| format!("{flag}: {e}")),
             None => Ok(None),
         };
         let reason = match some(self.reason.as_ref()) {
             Some(r) => Some(DeadLetterReason::parse(r).ok_or_else(|| {
-                bad("the reason is budget_exhausted, budget_frozen, attempts_exhausted or non_retryable (or another the library names)")
+                "the reason is budget_exhausted, budget_frozen, attempts_exhausted or non_retryable (or another the library names)".to_owned()
             })?),
             None => None,
         };
@@ -54,6 +60,11 @@ impl FilterForm {
             error_contains: some(self.error_contains.as_ref()).map(str::to_owned),
         })
     }
+}
+
+/// A form's field as given, trimmed; `None` when empty.
+pub(crate) fn some(v: Option<&String>) -> Option<&str> {
+    v.map(|s| s.trim()).filter(|s| !s.is_empty())
 }
 
 /// Unix seconds, an RFC 3339 time, or an age (`30m`, `1h30m`, `1d`): Unix ms (as the CLI's
