@@ -1,4 +1,3 @@
-// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (node by node).
 //! The broker game day (issue 25, items 1-3): `fleet-worker` processes configured with the
 //! node list of a private three-node RabbitMQ cluster (`[amqp] urls`), through a brownout of
 //! their dependency; during it the node that leads the work queue is stopped and restarted,
@@ -52,8 +51,7 @@ use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use fleet_budget_amqp::{WorkerConfig, headers};
 
 use self::day::{
-    SEARCH_TASK, config_toml, fleet_folder, replay_until_empty, settle, start_workers,
-    submit_paced, sweep,
+    Recovery, SEARCH_TASK, config_toml, fleet_folder, start_workers, submit_paced, sweep,
 };
 use self::fleet::Launch;
 use self::rabbit_cluster::RabbitCluster;
@@ -217,32 +215,18 @@ async fn game_day() {
     upstream.brownout(false);
     let brownout_until = now_ms();
 
-    let mut unsettled = Vec::new();
-    let within = Duration::from_secs(120);
-    settle(
-        &to,
-        &test_broker,
-        &workers,
-        within,
-        "the faults",
-        &mut unsettled,
-    )
-    .await;
-
+    let mut recovery = Recovery::new(&to, &test_broker, &workers);
+    recovery
+        .settle(Duration::from_secs(120), "the faults")
+        .await;
     // Replay, as an operator would, until the dead-letter queue is empty.
-    let replay_rounds: Vec<_> = replay_until_empty(
-        &to,
-        &test_broker,
-        &config,
-        &redis.url(),
-        &workers,
-        &mut unsettled,
-        async || None,
-    )
-    .await
-    .iter()
-    .map(|r| (r.moved, r.parked))
-    .collect();
+    let replay_rounds: Vec<_> = recovery
+        .replay_until_empty(&config, &redis.url(), async || None)
+        .await
+        .iter()
+        .map(|r| (r.moved, r.parked))
+        .collect();
+    let unsettled = recovery.unsettled;
     for w in &mut workers {
         w.stop();
     }

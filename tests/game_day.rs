@@ -1,4 +1,3 @@
-// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (faults in order).
 //! The game day (issue 9, item 8): several `fleet-worker` processes against real Redis and
 //! RabbitMQ during a brownout of their dependency, and in one run every fault the contract has
 //! to survive — a worker SIGKILLed mid-batch, Redis killed and restarted empty, every broker
@@ -55,8 +54,8 @@ use fleet_budget_amqp::{
 
 use self::accounting::{DeadLetterSeen, Facts, Faults, Report};
 use self::day::{
-    MIN_ALLOWANCE, Message, PREFETCH, RATIO, SEARCH_TASK, WINDOW_MS, fleet_folder, publish_surely,
-    replay_until_empty, settle, start_workers, submit_paced, sweep,
+    MIN_ALLOWANCE, Message, PREFETCH, RATIO, Recovery, SEARCH_TASK, WINDOW_MS, fleet_folder,
+    publish_surely, start_workers, submit_paced, sweep,
 };
 use self::fleet::{Launch, WorkerProcess};
 use self::proxy::Proxy;
@@ -364,30 +363,15 @@ async fn game_day() {
     faults.producer_resent = resent;
 
     // First pass: every job ran to a decision.
-    let mut unsettled = Vec::new();
-    let within = Duration::from_secs(90);
-    settle(
-        &to,
-        &test_broker,
-        &workers,
-        within,
-        "the faults",
-        &mut unsettled,
-    )
-    .await;
+    let mut recovery = Recovery::new(&to, &test_broker, &workers);
+    recovery.settle(Duration::from_secs(90), "the faults").await;
 
     // Replay after recovery, as an operator would, until the dead-letter queue is empty;
     // before each round the dead letters are looked at (and put back).
     let mut dead_seen = Vec::new();
     let mut inspection_copies = 0;
-    let replays = replay_until_empty(
-        &to,
-        &test_broker,
-        &config,
-        &redis.url(),
-        &workers,
-        &mut unsettled,
-        async || {
+    let replays = recovery
+        .replay_until_empty(&config, &redis.url(), async || {
             let before = test_broker.depth(&topology.dead_queue).await;
             look_at_dead_letters(&to, &topology.dead_queue, &mut dead_seen).await;
             let after = test_broker.depth(&topology.dead_queue).await;
@@ -397,9 +381,9 @@ async fn game_day() {
             (after < before).then(|| {
                 format!("looking at the dead letters lost some: {before} before, {after} after")
             })
-        },
-    )
-    .await;
+        })
+        .await;
+    let unsettled = recovery.unsettled;
 
     let mut metric_dependencies = None;
     for w in workers.iter().filter(|w| !w.killed) {

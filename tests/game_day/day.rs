@@ -194,24 +194,6 @@ pub(crate) fn submit_paced(
     })
 }
 
-/// Waits at most `within` for the fleet to settle ([`wait_quiet`], 2.5 s without a handler
-/// run); if it does not, says so in `unsettled`, naming what it came `after`.
-pub(crate) async fn settle(
-    to: &ConnectionConfig,
-    broker: &TestBroker,
-    workers: &[WorkerProcess],
-    within: Duration,
-    after: &str,
-    unsettled: &mut Vec<String>,
-) {
-    if !wait_quiet(to, broker, workers, Duration::from_millis(2500), within).await {
-        unsettled.push(format!(
-            "the fleet did not settle within {} s after {after}",
-            within.as_secs()
-        ));
-    }
-}
-
 /// Waits until the fleet is quiet: no handler of a live worker ran for `quiet`, and the work
 /// queue has nothing ready. (The workers' own counts cannot tell: deliveries of a lost
 /// connection are never settled by that worker, the broker gives them to another.)
@@ -249,52 +231,76 @@ async fn wait_quiet(
     false
 }
 
-/// Replays, as an operator would after recovery, until the dead-letter queue is empty (at most
-/// `MAX_REPLAYS + 3` rounds), the fleet given 60 s to settle after each round. `before_round`
-/// runs before each round's replay; a problem it returns, or a fleet that did not settle, is
-/// added to `unsettled`. Returns each round's report.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn replay_until_empty(
-    to: &ConnectionConfig,
-    broker: &TestBroker,
-    config: &WorkerConfig,
-    redis_url: &str,
-    workers: &[WorkerProcess],
-    unsettled: &mut Vec<String>,
-    mut before_round: impl AsyncFnMut() -> Option<String>,
-) -> Vec<ReplayReport> {
-    let topology = &broker.topology;
-    let budget = FleetBudget::from_config(&{
-        let mut c = config.budget.clone();
-        c.set_redis_url(redis_url).expect("the Redis URL");
-        c
-    })
-    .await
-    .expect("the replay's budget");
-    let replayer = Replayer::new(to.clone(), topology.clone(), Some(budget));
-    let mut options = ReplayOptions::new(config);
-    options.rate = Some(200.0);
-    options.idle_timeout = Duration::from_secs(2);
-    let mut rounds = Vec::new();
-    for _ in 0..=MAX_REPLAYS + 2 {
-        if broker.depth(&topology.dead_queue).await == 0 {
-            break;
-        }
-        unsettled.extend(before_round().await);
-        let report = replayer.run(&options, |_| {}).await.expect("replay");
-        rounds.push(report);
-        let after = format!("replay round {}", rounds.len());
-        settle(
+/// The fleet after the faults, left to settle and replayed: what it runs on, and each way it
+/// did not settle (a sentence each, for the report).
+pub(crate) struct Recovery<'a> {
+    to: &'a ConnectionConfig,
+    broker: &'a TestBroker,
+    workers: &'a [WorkerProcess],
+    pub(crate) unsettled: Vec<String>,
+}
+
+impl<'a> Recovery<'a> {
+    pub(crate) fn new(
+        to: &'a ConnectionConfig,
+        broker: &'a TestBroker,
+        workers: &'a [WorkerProcess],
+    ) -> Self {
+        Self {
             to,
             broker,
             workers,
-            Duration::from_secs(60),
-            &after,
-            unsettled,
-        )
-        .await;
+            unsettled: Vec::new(),
+        }
     }
-    rounds
+
+    /// Waits at most `within` for the fleet to settle ([`wait_quiet`], 2.5 s without a
+    /// handler run); if it does not, says so, naming what it came `after`.
+    pub(crate) async fn settle(&mut self, within: Duration, after: &str) {
+        let quiet = Duration::from_millis(2500);
+        if !wait_quiet(self.to, self.broker, self.workers, quiet, within).await {
+            self.unsettled.push(format!(
+                "the fleet did not settle within {} s after {after}",
+                within.as_secs()
+            ));
+        }
+    }
+
+    /// Replays, as an operator would after recovery, until the dead-letter queue is empty (at
+    /// most `MAX_REPLAYS + 3` rounds), the fleet given 60 s to settle after each round.
+    /// `before_round` runs before each round's replay; a problem it returns is noted. Returns
+    /// each round's report.
+    pub(crate) async fn replay_until_empty(
+        &mut self,
+        config: &WorkerConfig,
+        redis_url: &str,
+        mut before_round: impl AsyncFnMut() -> Option<String>,
+    ) -> Vec<ReplayReport> {
+        let topology = &self.broker.topology;
+        let budget = FleetBudget::from_config(&{
+            let mut c = config.budget.clone();
+            c.set_redis_url(redis_url).expect("the Redis URL");
+            c
+        })
+        .await
+        .expect("the replay's budget");
+        let replayer = Replayer::new(self.to.clone(), topology.clone(), Some(budget));
+        let mut options = ReplayOptions::new(config);
+        options.rate = Some(200.0);
+        options.idle_timeout = Duration::from_secs(2);
+        let mut rounds = Vec::new();
+        for _ in 0..=MAX_REPLAYS + 2 {
+            if self.broker.depth(&topology.dead_queue).await == 0 {
+                break;
+            }
+            self.unsettled.extend(before_round().await);
+            let report = replayer.run(&options, |_| {}).await.expect("replay");
+            rounds.push(report);
+            let after = format!("replay round {}", rounds.len());
+            self.settle(Duration::from_secs(60), &after).await;
+        }
+        rounds
+    }
 }
 
 /// What is left, queue by queue, every message taken. A message in a retry tier moves to the

@@ -1,8 +1,8 @@
-//! A private three-node RabbitMQ cluster for the broker game day: each node with its own node
-//! name, AMQP and distribution ports, database and logs under one temporary directory, the
-//! same Erlang cookie (written into each node's `HOME` before it starts), no plugins (the
-//! management plugin off), started in the foreground as children of the test and joined with
-//! `rabbitmqctl join_cluster`. Quorum queues declared once the cluster is joined get a member
+//! A private three-node RabbitMQ cluster for the broker game day: each node a private node
+//! (`rabbit_node.rs`) with its own node name, AMQP and distribution ports, database and logs
+//! under one temporary directory, the same Erlang cookie (written into each node's `HOME`
+//! before it starts), no plugins (the management plugin off), started in the foreground as
+//! children of the test and joined with `rabbitmqctl join_cluster`. Quorum queues declared once the cluster is joined get a member
 //! on every node (RabbitMQ's default initial group size is the cluster's size).
 //!
 //! The shared node `rabbit@localhost` is never touched: every `rabbitmqctl` call names one of
