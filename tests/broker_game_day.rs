@@ -1,4 +1,3 @@
-// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (node by node).
 //! The broker game day (issue 25, items 1-3): `fleet-worker` processes configured with the
 //! node list of a private three-node RabbitMQ cluster (`[amqp] urls`), through a brownout of
 //! their dependency; during it the node that leads the work queue is stopped and restarted,
@@ -25,11 +24,18 @@
     missing_docs
 )]
 
+mod common;
+
+#[path = "game_day/day.rs"]
+mod day;
 #[path = "game_day/fleet.rs"]
 #[allow(dead_code, reason = "the SIGKILL helpers serve tests/game_day.rs")]
 mod fleet;
 #[path = "game_day/rabbit_cluster.rs"]
 mod rabbit_cluster;
+#[path = "game_day/rabbit_node.rs"]
+#[allow(dead_code, reason = "a node of its own serves tests/game_day.rs")]
+mod rabbit_node;
 #[path = "game_day/upstream.rs"]
 #[allow(dead_code, reason = "the attempt of a call serves tests/game_day.rs")]
 mod upstream;
@@ -40,22 +46,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fleet_budget::FleetBudget;
 use fleet_budget::testing::RedisServer;
 use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
-use fleet_budget_amqp::{
-    ConnectionConfig, Publisher, ReplayOptions, Replayer, WorkerConfig, headers, queue_depths,
-};
-use lapin::BasicProperties;
-use lapin::types::ShortString;
+use fleet_budget_amqp::{WorkerConfig, headers};
 
-use self::fleet::{Launch, WorkerProcess};
+use self::day::{
+    Recovery, SEARCH_TASK, config_toml, fleet_folder, start_workers, submit_paced, sweep,
+};
+use self::fleet::Launch;
 use self::rabbit_cluster::RabbitCluster;
 use self::upstream::{Upstream, now_ms};
 
-const SEARCH_TASK: &str = "index_document";
-const WINDOW_MS: u64 = 2000;
-const MAX_REPLAYS: u32 = 1;
+/// How long a publish may go unconfirmed before the run fails.
+const GIVE_UP: Duration = Duration::from_secs(180);
 
 /// How big a run is.
 #[derive(Debug, Clone, Copy)]
@@ -94,118 +97,6 @@ impl Size {
     }
 }
 
-fn config_toml(key_prefix: &str, amqp_prefix: &str, urls: &[String]) -> String {
-    let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
-    format!(
-        r#"
-[redis]
-key_prefix = "{key_prefix}"
-timeout_ms = 100
-fallback = "local"
-
-[amqp]
-urls = [{urls}]
-prefix = "{amqp_prefix}"
-prefetch = 8
-retry_tiers_secs = [0.1, 0.25, 0.5, 1.0]
-max_replays = {MAX_REPLAYS}
-connect_timeout_ms = 5000
-operation_timeout_ms = 10000
-
-[defaults]
-window_secs = {window_secs}
-ratio = 0.1
-min_allowance = 2
-max_attempts = 3
-backoff_base_ms = 200
-backoff_cap_ms = 1000
-
-[dependencies.search]
-tasks = ["{SEARCH_TASK}"]
-"#,
-        urls = urls.join(", "),
-        window_secs = WINDOW_MS / 1000,
-    )
-}
-
-fn search_properties(id: &str) -> BasicProperties {
-    let mut t = lapin::types::FieldTable::default();
-    headers::set_str(&mut t, headers::TASK, SEARCH_TASK);
-    BasicProperties::default()
-        .with_message_id(ShortString::from(id))
-        .with_type(ShortString::from(SEARCH_TASK))
-        .with_delivery_mode(2)
-        .with_headers(t)
-}
-
-/// Publishes until confirmed, reconnecting (to whichever node answers) as often as needed.
-/// Returns the publishes that were not confirmed and so were sent again.
-async fn publish_surely(
-    to: &ConnectionConfig,
-    publisher: &mut Option<Publisher>,
-    exchange: &str,
-    id: &str,
-) -> u64 {
-    let mut resent = 0;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if publisher.is_none() {
-            *publisher = Publisher::connect(to).await.ok();
-        }
-        if let Some(p) = publisher.as_ref() {
-            match p
-                .publish(exchange, SEARCH_TASK, b"{}", search_properties(id))
-                .await
-            {
-                Ok(()) => return resent,
-                Err(_) => {
-                    resent += 1;
-                    *publisher = None;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "could not publish {id} to {exchange} for 3 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Waits until no handler ran for `quiet` and the work queue has nothing ready.
-async fn wait_quiet(
-    to: &ConnectionConfig,
-    broker: &TestBroker,
-    workers: &[WorkerProcess],
-    quiet: Duration,
-    within: Duration,
-) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let last_run = workers
-            .iter()
-            .flat_map(|w| {
-                w.events()
-                    .into_iter()
-                    .rev()
-                    .find(|e| e["event"] == "run")
-                    .and_then(|e| e["ms"].as_u64())
-            })
-            .max()
-            .unwrap_or(0);
-        let idle =
-            now_ms().saturating_sub(last_run) >= u64::try_from(quiet.as_millis()).unwrap_or(0);
-        if idle
-            && let Ok(d) = queue_depths(to, &broker.topology).await
-            && d.work == 0
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
-}
-
 /// One node stop: which queue's leader it was, and what the cluster did.
 #[derive(Debug)]
 struct NodeStop {
@@ -218,12 +109,7 @@ struct NodeStop {
 
 #[test]
 fn broker_game_day_on_a_three_node_cluster_loses_nothing() {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(game_day());
+    common::block_on(game_day());
 }
 
 #[allow(clippy::too_many_lines)]
@@ -258,10 +144,7 @@ async fn game_day() {
         assert_eq!(members, want, "{q} is not replicated on all three nodes");
     }
 
-    let logs = std::env::temp_dir().join(format!("fleet-budget-{run_id}"));
-    std::fs::create_dir_all(&logs).expect("a folder for the workers' logs");
-    let config_path = logs.join("fleet.toml");
-    std::fs::write(&config_path, &toml).expect("write the configuration");
+    let (logs, config_path) = fleet_folder(&run_id, &toml);
     let launch = Launch {
         config: config_path,
         redis_url: redis.url(),
@@ -270,47 +153,23 @@ async fn game_day() {
         call_ms: 50,
         logs: logs.clone(),
     };
-    let mut workers: Vec<WorkerProcess> = (0..size.workers)
-        .map(|i| WorkerProcess::start(i, &launch))
-        .collect();
-    let ready = Instant::now() + Duration::from_secs(60);
-    while !workers.iter().all(WorkerProcess::connected) {
-        assert!(
-            Instant::now() < ready,
-            "the workers did not connect within 60 s (logs in {})",
-            logs.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut workers = start_workers(size.workers, &launch).await;
 
     // The jobs, paced, in a task of their own while the faults happen: until the faults are
     // over and at least `min_jobs`.
     let faults_over = Arc::new(AtomicBool::new(false));
     let submit = {
-        let (to, exchange, run_id, over) = (
-            to.clone(),
-            topology.work_exchange.clone(),
-            run_id.clone(),
-            Arc::clone(&faults_over),
-        );
-        tokio::spawn(async move {
-            let mut producer: Option<Publisher> = None;
-            let (mut resent, mut n) = (0, 0u64);
-            let began = Instant::now();
-            while n < size.min_jobs || !over.load(Ordering::Relaxed) {
-                let due = Duration::from_millis(n / size.burst * 500);
-                if let Some(wait) = due.checked_sub(began.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
-                let id = format!("{run_id}-job-{n:05}");
-                resent += publish_surely(&to, &mut producer, &exchange, &id).await;
-                n += 1;
-            }
-            if let Some(p) = producer {
-                p.close().await;
-            }
-            (n, resent)
-        })
+        let (run_id, over) = (run_id.clone(), Arc::clone(&faults_over));
+        submit_paced(
+            &to,
+            &topology.work_exchange,
+            size.burst,
+            GIVE_UP,
+            move |n| {
+                (n < size.min_jobs || !over.load(Ordering::Relaxed))
+                    .then(|| format!("{run_id}-job-{n:05}"))
+            },
+        )
     };
 
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -356,76 +215,33 @@ async fn game_day() {
     upstream.brownout(false);
     let brownout_until = now_ms();
 
-    let mut unsettled = Vec::new();
-    if !wait_quiet(
-        &to,
-        &test_broker,
-        &workers,
-        Duration::from_millis(2500),
-        Duration::from_secs(120),
-    )
-    .await
-    {
-        unsettled.push("the fleet did not settle within 120 s after the faults".to_owned());
-    }
-
+    let mut recovery = Recovery::new(&to, &test_broker, &workers);
+    recovery
+        .settle(Duration::from_secs(120), "the faults")
+        .await;
     // Replay, as an operator would, until the dead-letter queue is empty.
-    let budget = FleetBudget::from_config(&{
-        let mut c = config.budget.clone();
-        c.set_redis_url(&redis.url()).expect("the Redis URL");
-        c
-    })
-    .await
-    .expect("the replay's budget");
-    let replayer = Replayer::new(to.clone(), topology.clone(), Some(budget));
-    let mut options = ReplayOptions::new(&config);
-    options.rate = Some(200.0);
-    options.idle_timeout = Duration::from_secs(2);
-    let mut replay_rounds = Vec::new();
-    for _ in 0..=MAX_REPLAYS + 2 {
-        if test_broker.depth(&topology.dead_queue).await == 0 {
-            break;
-        }
-        let report = replayer.run(&options, |_| {}).await.expect("replay");
-        replay_rounds.push((report.moved, report.parked));
-        if !wait_quiet(
-            &to,
-            &test_broker,
-            &workers,
-            Duration::from_millis(2500),
-            Duration::from_secs(60),
-        )
+    let replay_rounds: Vec<_> = recovery
+        .replay_until_empty(&config, &redis.url(), async || None)
         .await
-        {
-            unsettled.push(format!(
-                "the fleet did not settle within 60 s after replay round {}",
-                replay_rounds.len()
-            ));
-        }
-    }
+        .iter()
+        .map(|r| (r.moved, r.parked))
+        .collect();
+    let unsettled = recovery.unsettled;
     for w in &mut workers {
         w.stop();
     }
-    // What is left, queue by queue (a retry tier empties into the work queue when its TTL
-    // ends: swept until two sweeps in a row find nothing).
-    let mut left: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut empty_sweeps = 0;
-    for _ in 0..10 {
-        let mut found = 0;
-        for q in topology.queues() {
-            let got = test_broker.drain(&q).await;
-            found += got.len();
-            left.entry(q.clone()).or_default().extend(
-                got.iter()
-                    .filter_map(|(p, _)| headers::message_id(p).map(str::to_owned)),
-            );
-        }
-        empty_sweeps = if found == 0 { empty_sweeps + 1 } else { 0 };
-        if empty_sweeps == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    }
+    // What is left, queue by queue: the ids.
+    let left: BTreeMap<String, BTreeSet<String>> = sweep(&test_broker, &topology)
+        .await
+        .into_iter()
+        .map(|(q, got)| {
+            let ids = got
+                .iter()
+                .filter_map(|(p, _)| headers::message_id(p).map(str::to_owned))
+                .collect();
+            (q, ids)
+        })
+        .collect();
 
     // The accounting, from what the dependency saw and what the queues hold.
     let ids: Vec<String> = (0..submitted)

@@ -14,55 +14,39 @@
     missing_docs
 )]
 
-#[allow(dead_code)]
+mod common;
+
+#[path = "game_day/one_worker.rs"]
+mod one_worker;
+#[allow(dead_code, reason = "the node's restart serves the game day")]
 #[path = "game_day/rabbit_node.rs"]
 mod rabbit_node;
 
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleet_budget::testing::RedisServer;
-use fleet_budget::{Failure, FleetBudget};
-use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
-use fleet_budget_amqp::{Publisher, Worker, WorkerConfig, WorkerOptions, headers};
+use fleet_budget::Failure;
+use fleet_budget_amqp::{Publisher, headers};
 use lapin::BasicProperties;
 use lapin::types::{FieldTable, ShortString};
 
-use self::rabbit_node::RabbitNode;
+use self::one_worker::{Setting, on_a_private_node, wait_until};
 
 #[test]
 fn a_foreign_user_id_is_dropped_from_the_dead_letter_and_kept_in_a_header() {
-    if !Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists() {
-        eprintln!("skipped: RabbitMQ's server scripts are not installed, no private node");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(foreign_user_id());
+    on_a_private_node(foreign_user_id);
 }
 
 async fn foreign_user_id() {
-    let node = RabbitNode::start().await.expect("a private RabbitMQ node");
+    let setting = Setting::start("userid", "").await;
+    let Setting {
+        node,
+        broker,
+        topology,
+        ..
+    } = &setting;
     node.ctl(&["add_user", "producer", "producer-pw"]).unwrap();
     node.ctl(&["set_permissions", "-p", "/", "producer", ".*", ".*", ".*"])
         .unwrap();
-    let redis = RedisServer::start();
-    let toml = format!(
-        "[redis]\nurl = \"{}\"\ntimeout_ms = 2000\ndeposit_flush_ms = 0\n\
-         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\nprefetch = 4\nretry_tiers_secs = [0.2, 0.5]\n",
-        redis.url(),
-        node.url(),
-        unique_prefix("userid")
-    );
-    let config = WorkerConfig::from_toml(&toml, "test").unwrap();
-    let broker = TestBroker::with_settings(config.amqp.clone());
-    broker.migrate().await;
-    let topology = broker.topology.clone();
 
     let producer = Publisher::connect(&format!(
         "amqp://producer:producer-pw@127.0.0.1:{}/%2f",
@@ -83,39 +67,17 @@ async fn foreign_user_id() {
         .expect("the producer's own user_id is accepted");
     producer.close().await;
 
-    let runs = Arc::new(AtomicU64::new(0));
-    let budget = FleetBudget::from_config(&config.budget).await.unwrap();
-    let worker = Worker::new(
-        budget,
-        topology.clone(),
-        WorkerOptions::new(&config, &topology),
-    );
-    let handle = worker.handle();
-    let join = {
-        let runs = Arc::clone(&runs);
-        tokio::spawn(async move {
-            worker
-                .run(move |_job| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    async { Err(Failure::non_retryable("bad input")) }
-                })
-                .await
-                .unwrap()
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while broker.depth(&topology.dead_queue).await == 0 {
-        assert!(Instant::now() < deadline, "no dead letter within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    handle.shutdown();
-    let counts = tokio::time::timeout(Duration::from_secs(60), join)
-        .await
-        .expect("the worker stops")
-        .unwrap();
+    let worker = setting
+        .failing_worker(|| Failure::non_retryable("bad input"))
+        .await;
+    wait_until(Duration::from_secs(60), "a dead letter", || async {
+        broker.depth(&topology.dead_queue).await > 0
+    })
+    .await;
+    let (runs, counts) = worker.stop().await;
     assert_eq!(
         (
-            runs.load(Ordering::SeqCst),
+            runs,
             counts.dead_lettered,
             counts.parked,
             counts.broker_dead_lettered,

@@ -1,4 +1,3 @@
-// Over ~500 lines on purpose: one game day, a single scenario read top to bottom (faults in order).
 //! The game day (issue 9, item 8): several `fleet-worker` processes against real Redis and
 //! RabbitMQ during a brownout of their dependency, and in one run every fault the contract has
 //! to survive — a worker SIGKILLed mid-batch, Redis killed and restarted empty, every broker
@@ -23,8 +22,12 @@
     missing_docs
 )]
 
+mod common;
+
 #[path = "game_day/accounting.rs"]
 mod accounting;
+#[path = "game_day/day.rs"]
+mod day;
 #[path = "game_day/fleet.rs"]
 mod fleet;
 #[path = "game_day/hostile.rs"]
@@ -32,81 +35,49 @@ mod hostile;
 #[path = "game_day/proxy.rs"]
 mod proxy;
 #[path = "game_day/rabbit_node.rs"]
+#[allow(
+    dead_code,
+    reason = "the CLI serves the cluster and the tests of one worker"
+)]
 mod rabbit_node;
 #[path = "game_day/upstream.rs"]
 mod upstream;
 
-use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
-use fleet_budget::FleetBudget;
 use fleet_budget::testing::RedisServer;
 use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use fleet_budget_amqp::{
-    AmqpSettings, InspectOptions, Publisher, ReplayOptions, Replayer, WorkerConfig, headers,
-    inspect_queue, queue_depths,
+    AmqpSettings, ConnectionConfig, InspectOptions, Publisher, WorkerConfig, headers, inspect_queue,
 };
-use lapin::BasicProperties;
-use lapin::types::ShortString;
 
 use self::accounting::{DeadLetterSeen, Facts, Faults, Report};
+use self::day::{
+    MIN_ALLOWANCE, Message, PREFETCH, RATIO, Recovery, SEARCH_TASK, WINDOW_MS, fleet_folder,
+    publish_surely, start_workers, submit_paced, sweep,
+};
 use self::fleet::{Launch, WorkerProcess};
 use self::proxy::Proxy;
 use self::rabbit_node::RabbitNode;
 use self::upstream::{Upstream, now_ms};
 
-/// The task of the jobs that call the browning-out dependency `search`.
-const SEARCH_TASK: &str = "index_document";
+/// How long a publish may go unconfirmed before the run fails.
+const GIVE_UP: Duration = Duration::from_secs(120);
 /// Worker processes at a time.
 const WORKERS: usize = 3;
-/// Unacknowledged deliveries per worker.
-const PREFETCH: u64 = 8;
 /// Search jobs submitted, in bursts of `BURST` every half second (24 a second).
 const SEARCH_JOBS: u64 = 480;
 const BURST: u64 = 12;
-/// The budget: 2-second windows, 10% of successes, a floor of 2.
-const WINDOW_MS: u64 = 2000;
-const RATIO: f64 = 0.1;
-const MIN_ALLOWANCE: u64 = 2;
 /// Unmapped task names that may get a budget of their own, per process (issue 9, item 5).
 const UNMAPPED_CAP: usize = 20;
-/// Replays before a dead letter is parked.
-const MAX_REPLAYS: u32 = 1;
 
+/// The fleet's configuration, and the hostile messages' dependency.
 fn config_toml(key_prefix: &str, amqp_prefix: &str) -> String {
     format!(
-        r#"
-[redis]
-key_prefix = "{key_prefix}"
-timeout_ms = 100
-fallback = "local"
-
-[amqp]
-prefix = "{amqp_prefix}"
-prefetch = {PREFETCH}
-retry_tiers_secs = [0.1, 0.25, 0.5, 1.0]
-max_replays = {MAX_REPLAYS}
-connect_timeout_ms = 5000
-operation_timeout_ms = 10000
-
-[defaults]
-window_secs = {window_secs}
-ratio = {RATIO}
-min_allowance = {MIN_ALLOWANCE}
-max_attempts = 3
-backoff_base_ms = 200
-backoff_cap_ms = 1000
-
-[dependencies.search]
-tasks = ["{SEARCH_TASK}"]
-
-[dependencies.ledger]
-tasks = ["{ledger}"]
-min_allowance = 1000
-"#,
-        window_secs = WINDOW_MS / 1000,
-        ledger = hostile::TASK,
+        "{}\n[dependencies.ledger]\ntasks = [\"{}\"]\nmin_allowance = 1000\n",
+        day::config_toml(key_prefix, amqp_prefix, &[]),
+        hostile::TASK
     )
 }
 
@@ -136,94 +107,11 @@ fn broker_addr(url: &str) -> std::net::SocketAddr {
         .unwrap_or_else(|| panic!("the broker's address in {url}"))
 }
 
-/// Publishes until confirmed, reconnecting as often as needed (a producer's job during a
-/// broker restart). Returns the publishes that were not confirmed and sent again.
-async fn publish_surely(
-    url: &str,
-    publisher: &mut Option<Publisher>,
-    exchange: &str,
-    routing_key: &str,
-    body: &[u8],
-    properties: &BasicProperties,
-) -> u64 {
-    let mut resent = 0;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if publisher.is_none() {
-            *publisher = Publisher::connect(url).await.ok();
-        }
-        if let Some(p) = publisher.as_ref() {
-            match p
-                .publish(exchange, routing_key, body, properties.clone())
-                .await
-            {
-                Ok(()) => return resent,
-                Err(_) => {
-                    resent += 1;
-                    *publisher = None;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "could not publish to {exchange} for 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn search_properties(id: &str) -> BasicProperties {
-    let mut t = lapin::types::FieldTable::default();
-    headers::set_str(&mut t, headers::TASK, SEARCH_TASK);
-    BasicProperties::default()
-        .with_message_id(ShortString::from(id))
-        .with_type(ShortString::from(SEARCH_TASK))
-        .with_delivery_mode(2)
-        .with_headers(t)
-}
-
-/// Waits until the fleet is quiet: no handler ran for `quiet`, and the work queue has nothing
-/// ready. (The workers' own counts cannot tell: deliveries of a lost connection are never
-/// settled by that worker, the broker gives them to another.)
-async fn wait_quiet(
-    url: &str,
-    broker: &TestBroker,
-    workers: &[WorkerProcess],
-    quiet: Duration,
-    within: Duration,
-) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let last_run = workers
-            .iter()
-            .filter(|w| !w.killed)
-            .flat_map(|w| {
-                w.events()
-                    .into_iter()
-                    .rev()
-                    .find(|e| e["event"] == "run")
-                    .and_then(|e| e["ms"].as_u64())
-            })
-            .max()
-            .unwrap_or(0);
-        let idle =
-            now_ms().saturating_sub(last_run) >= u64::try_from(quiet.as_millis()).unwrap_or(0);
-        if idle
-            && let Ok(d) = queue_depths(url, &broker.topology).await
-            && d.work == 0
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
-}
-
 /// Reads the dead-letter queue (putting everything back) and notes each dead letter.
-async fn look_at_dead_letters(url: &str, queue: &str, seen: &mut Vec<DeadLetterSeen>) {
+async fn look_at_dead_letters(to: &ConnectionConfig, queue: &str, seen: &mut Vec<DeadLetterSeen>) {
     let now = now_ms();
     let mut batch = Vec::new();
-    inspect_queue(url, queue, &InspectOptions::default(), |d| {
+    inspect_queue(to, queue, &InspectOptions::default(), |d| {
         let t = headers::table(&d.properties);
         let s = |n: &str| headers::get_str(&t, n).ok().flatten();
         batch.push(DeadLetterSeen {
@@ -314,12 +202,7 @@ impl Drop for KeySampler {
 
 #[test]
 fn game_day_loses_nothing_and_keeps_the_budget_through_every_fault() {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(game_day());
+    common::block_on(game_day());
 }
 
 #[allow(clippy::too_many_lines)]
@@ -349,6 +232,7 @@ async fn game_day() {
         }
     };
     let url = broker.url();
+    let to = ConnectionConfig::from(url.as_str());
     let mut redis = RedisServer::start();
     let upstream = Upstream::start(&[SEARCH_TASK]).await;
     let proxy = Proxy::start(broker_addr(&url)).await;
@@ -371,10 +255,7 @@ async fn game_day() {
     });
     test_broker.migrate().await;
     let topology = test_broker.topology.clone();
-    let logs = std::env::temp_dir().join(format!("fleet-budget-{run_id}"));
-    std::fs::create_dir_all(&logs).expect("a folder for the workers' logs");
-    let config_path = logs.join("fleet.toml");
-    std::fs::write(&config_path, &toml).expect("write the configuration");
+    let (logs, config_path) = fleet_folder(&run_id, &toml);
     let launch = Launch {
         config: config_path,
         redis_url: redis.url(),
@@ -384,73 +265,36 @@ async fn game_day() {
         logs: logs.clone(),
     };
     let keys = KeySampler::start(redis.url(), &key_prefix);
-    let mut workers: Vec<WorkerProcess> = (0..WORKERS)
-        .map(|i| WorkerProcess::start(i, &launch))
-        .collect();
-    let ready = Instant::now() + Duration::from_secs(60);
-    while !workers.iter().all(WorkerProcess::connected) {
-        assert!(
-            Instant::now() < ready,
-            "the workers did not connect within 60 s (logs in {})",
-            logs.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut workers = start_workers(WORKERS, &launch).await;
 
     // The hostile messages and the thousand unmapped names go first, with the healthy traffic.
     let hostile = hostile::messages(&run_id, &topology.work_exchange);
     let unmapped = hostile::unmapped(&run_id);
     let mut producer: Option<Publisher> = None;
     for h in &hostile {
-        publish_surely(
-            &url,
-            &mut producer,
-            &topology.work_exchange,
-            &h.routing_key,
-            &h.body,
-            &h.properties,
-        )
-        .await;
+        let message = Message {
+            exchange: &topology.work_exchange,
+            routing_key: &h.routing_key,
+            body: &h.body,
+            properties: &h.properties,
+        };
+        publish_surely(&to, &mut producer, &message, GIVE_UP).await;
     }
     for (id, task) in &unmapped {
-        publish_surely(
-            &url,
-            &mut producer,
-            &topology.work_exchange,
-            task,
-            b"{}",
-            &hostile::unmapped_properties(id, task),
-        )
-        .await;
+        let message = Message {
+            exchange: &topology.work_exchange,
+            routing_key: task,
+            body: b"{}",
+            properties: &hostile::unmapped_properties(id, task),
+        };
+        publish_surely(&to, &mut producer, &message, GIVE_UP).await;
     }
 
     // The search jobs, paced, in a task of their own while the faults happen.
     let submit = {
-        let (url, exchange, run_id) = (url.clone(), topology.work_exchange.clone(), run_id.clone());
-        tokio::spawn(async move {
-            let mut producer: Option<Publisher> = None;
-            let mut resent = 0;
-            let began = Instant::now();
-            for n in 0..SEARCH_JOBS {
-                let due = Duration::from_millis(n / BURST * 500);
-                if let Some(wait) = due.checked_sub(began.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
-                let id = format!("{run_id}-job-{n:04}");
-                resent += publish_surely(
-                    &url,
-                    &mut producer,
-                    &exchange,
-                    SEARCH_TASK,
-                    br#"{}"#,
-                    &search_properties(&id),
-                )
-                .await;
-            }
-            if let Some(p) = producer {
-                p.close().await;
-            }
-            resent
+        let run_id = run_id.clone();
+        submit_paced(&to, &topology.work_exchange, BURST, GIVE_UP, move |n| {
+            (n < SEARCH_JOBS).then(|| format!("{run_id}-job-{n:04}"))
         })
     };
 
@@ -515,69 +359,31 @@ async fn game_day() {
     at(19.0).await;
     upstream.brownout(false);
     faults.brownout_until_ms = now_ms();
-    let resent = submit.await.expect("the submitting task");
+    let (_, resent) = submit.await.expect("the submitting task");
     faults.producer_resent = resent;
 
     // First pass: every job ran to a decision.
-    let mut unsettled = Vec::new();
-    if !wait_quiet(
-        &url,
-        &test_broker,
-        &workers,
-        Duration::from_millis(2500),
-        Duration::from_secs(90),
-    )
-    .await
-    {
-        unsettled.push("the fleet did not settle within 90 s after the faults".to_owned());
-    }
+    let mut recovery = Recovery::new(&to, &test_broker, &workers);
+    recovery.settle(Duration::from_secs(90), "the faults").await;
 
-    // Replay after recovery, as an operator would, until the dead-letter queue is empty.
+    // Replay after recovery, as an operator would, until the dead-letter queue is empty;
+    // before each round the dead letters are looked at (and put back).
     let mut dead_seen = Vec::new();
     let mut inspection_copies = 0;
-    let mut replays = Vec::new();
-    let budget = FleetBudget::from_config(&{
-        let mut c = config.budget.clone();
-        c.set_redis_url(&redis.url()).expect("the Redis URL");
-        c
-    })
-    .await
-    .expect("the replay's budget");
-    let replayer = Replayer::new(url.clone(), topology.clone(), Some(budget));
-    let mut options = ReplayOptions::new(&config);
-    options.rate = Some(200.0);
-    options.idle_timeout = Duration::from_secs(2);
-    for _ in 0..=MAX_REPLAYS + 2 {
-        if test_broker.depth(&topology.dead_queue).await == 0 {
-            break;
-        }
-        let before = test_broker.depth(&topology.dead_queue).await;
-        look_at_dead_letters(&url, &topology.dead_queue, &mut dead_seen).await;
-        let after = test_broker.depth(&topology.dead_queue).await;
-        // Looking must lose nothing; a copy left beside its original is a duplicate (counted).
-        if after < before {
-            unsettled.push(format!(
-                "looking at the dead letters lost some: {before} before, {after} after"
-            ));
-        }
-        inspection_copies += u64::from(after.saturating_sub(before));
-        let report = replayer.run(&options, |_| {}).await.expect("replay");
-        replays.push(report);
-        if !wait_quiet(
-            &url,
-            &test_broker,
-            &workers,
-            Duration::from_millis(2500),
-            Duration::from_secs(60),
-        )
-        .await
-        {
-            unsettled.push(format!(
-                "the fleet did not settle within 60 s after replay round {}",
-                replays.len()
-            ));
-        }
-    }
+    let replays = recovery
+        .replay_until_empty(&config, &redis.url(), async || {
+            let before = test_broker.depth(&topology.dead_queue).await;
+            look_at_dead_letters(&to, &topology.dead_queue, &mut dead_seen).await;
+            let after = test_broker.depth(&topology.dead_queue).await;
+            // Looking must lose nothing; a copy left beside its original is a duplicate
+            // (counted).
+            inspection_copies += u64::from(after.saturating_sub(before));
+            (after < before).then(|| {
+                format!("looking at the dead letters lost some: {before} before, {after} after")
+            })
+        })
+        .await;
+    let unsettled = recovery.unsettled;
 
     let mut metric_dependencies = None;
     for w in workers.iter().filter(|w| !w.killed) {
@@ -590,23 +396,7 @@ async fn game_day() {
             w.stop();
         }
     }
-    // What is left, queue by queue. A message in a retry tier moves to the work queue when its
-    // TTL ends, so the queues are swept until two sweeps in a row find nothing.
-    let mut left: BTreeMap<String, Vec<(BasicProperties, Vec<u8>)>> = BTreeMap::new();
-    let mut empty_sweeps = 0;
-    for _ in 0..10 {
-        let mut found = 0;
-        for q in topology.queues() {
-            let got = test_broker.drain(&q).await;
-            found += got.len();
-            left.entry(q.clone()).or_default().extend(got);
-        }
-        empty_sweeps = if found == 0 { empty_sweeps + 1 } else { 0 };
-        if empty_sweeps == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    }
+    let left = sweep(&test_broker, &topology).await;
 
     let facts = Facts {
         calls: upstream.calls(),

@@ -18,22 +18,21 @@
     missing_docs
 )]
 
-#[allow(dead_code)]
+mod common;
+
+#[path = "game_day/one_worker.rs"]
+mod one_worker;
+#[allow(dead_code, reason = "the node's restart serves the game day")]
 #[path = "game_day/rabbit_node.rs"]
 mod rabbit_node;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fleet_budget::testing::RedisServer;
-use fleet_budget::{Failure, FleetBudget};
-use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
-use fleet_budget_amqp::{ReplayOptions, Replayer, Worker, WorkerConfig, WorkerOptions, headers};
+use fleet_budget::Failure;
+use fleet_budget_amqp::{ReplayOptions, Replayer, headers};
 
-use self::rabbit_node::RabbitNode;
+use self::one_worker::{Setting, on_a_private_node, wait_until};
 
 /// The job's body, and the maximum message size the node is lowered to.
 const BODY: usize = 64 * 1024;
@@ -41,51 +40,25 @@ const MAX_MESSAGE_SIZE: usize = 16 * 1024;
 /// Dead letters queued behind the refused one.
 const SMALL: usize = 300;
 
-async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[test]
 fn a_body_the_broker_refuses_on_every_copy_is_dead_lettered_by_the_broker_once() {
-    if !Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists() {
-        eprintln!("skipped: RabbitMQ's server scripts are not installed, no private node");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(refused_body());
+    on_a_private_node(refused_body);
 }
 
 #[allow(clippy::too_many_lines)]
 async fn refused_body() {
-    let node = RabbitNode::start().await.expect("a private RabbitMQ node");
-    let redis = RedisServer::start();
-    let toml = format!(
-        "[redis]\nurl = \"{}\"\ntimeout_ms = 2000\ndeposit_flush_ms = 0\n\
-         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\nprefetch = 4\nretry_tiers_secs = [0.2, 0.5]\n\
-         [defaults]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\nmin_allowance = 10\n",
-        redis.url(),
-        node.url(),
-        unique_prefix("oversize")
-    );
-    let config = WorkerConfig::from_toml(&toml, "test").unwrap();
-    let broker = TestBroker::with_settings(config.amqp.clone());
-    broker.migrate().await;
-    let topology = broker.topology.clone();
+    let setting = Setting::start(
+        "oversize",
+        "[defaults]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\nmin_allowance = 10\n",
+    )
+    .await;
+    let Setting {
+        node,
+        config,
+        broker,
+        topology,
+        ..
+    } = &setting;
     let big = vec![b'x'; BODY];
     let publisher = broker.publisher().await;
     let id = publisher
@@ -112,43 +85,18 @@ async fn refused_body() {
     refused.close().await;
 
     // The handler fails retryably: the retry copy, then the parked copy, are refused.
-    let runs = Arc::new(AtomicU64::new(0));
-    let budget = FleetBudget::from_config(&config.budget).await.unwrap();
-    let worker = Worker::new(
-        budget,
-        topology.clone(),
-        WorkerOptions::new(&config, &topology),
-    );
-    let handle = worker.handle();
-    let join = {
-        let runs = Arc::clone(&runs);
-        tokio::spawn(async move {
-            worker
-                .run(move |_job| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    async { Err(Failure::retryable("upstream 503")) }
-                })
-                .await
-                .unwrap()
-        })
-    };
+    let worker = setting
+        .failing_worker(|| Failure::retryable("upstream 503"))
+        .await;
     wait_until(
         Duration::from_secs(60),
         "the broker dead-letters the job",
         || async { broker.depth(&topology.dead_queue).await == 1 },
     )
     .await;
-    handle.shutdown();
-    let counts = tokio::time::timeout(Duration::from_secs(60), join)
-        .await
-        .expect("the worker stops")
-        .unwrap();
+    let (runs, counts) = worker.stop().await;
     assert_eq!(
-        (
-            runs.load(Ordering::SeqCst),
-            counts.deliveries,
-            counts.broker_dead_lettered
-        ),
+        (runs, counts.deliveries, counts.broker_dead_lettered),
         (1, 1, 1),
         "ran once, delivered once, no loop: {counts:?}"
     );
@@ -189,7 +137,7 @@ async fn refused_body() {
     let behind: BTreeSet<String> = behind.into_iter().collect();
     for (run, moved) in [(0, SMALL as u64), (1, 0)] {
         let report = Replayer::new(node.url(), topology.clone(), None)
-            .run(&ReplayOptions::new(&config), |_| {})
+            .run(&ReplayOptions::new(config), |_| {})
             .await
             .unwrap();
         assert_eq!(

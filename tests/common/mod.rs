@@ -16,3 +16,14 @@ pub(crate) fn read(relative: &str) -> String {
     let path = repo_root().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
+
+/// Runs `test` to its end on a runtime of two worker threads (the machine's share), as the
+/// tests that drive processes and brokers do.
+pub(crate) fn block_on<F: Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(test)
+}

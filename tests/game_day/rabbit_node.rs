@@ -1,9 +1,10 @@
-//! A private RabbitMQ node for the broker-restart fault: its own node name, ports, database and
-//! logs under a temporary directory, started in the foreground as a child of the test
-//! (`RABBITMQ_NODENAME`, `RABBITMQ_NODE_PORT`, `RABBITMQ_DIST_PORT`, `RABBITMQ_MNESIA_BASE`,
-//! `RABBITMQ_LOG_BASE`, its own configuration and environment files so `/etc/rabbitmq` is not
-//! read, no plugins). The shared broker on 5672 is never touched: every `rabbitmqctl` call
-//! names this node.
+//! A private RabbitMQ node: its own node name, ports, database and logs under a temporary
+//! directory, started in the foreground as a child of the test (`RABBITMQ_NODENAME`,
+//! `RABBITMQ_NODE_PORT`, `RABBITMQ_DIST_PORT`, `RABBITMQ_MNESIA_BASE`, `RABBITMQ_LOG_BASE`, its
+//! own configuration and environment files so `/etc/rabbitmq` is not read, no plugins). The
+//! shared broker on 5672 is never touched: every `rabbitmqctl` call names this node. The game
+//! day's broker restart runs one alone ([`RabbitNode::start`]); the broker game day's cluster
+//! (`rabbit_cluster.rs`) is three of them.
 //!
 //! Stopping is SIGTERM to the foreground script, which stops the node gracefully
 //! (`rabbitmqctl stop` of this node); the database stays, so durable queues and persistent
@@ -15,50 +16,78 @@ use std::time::{Duration, Instant};
 
 use fleet_budget::testing::free_port;
 
-const SCRIPTS: &str = "/usr/lib/rabbitmq/bin";
+pub(crate) const SCRIPTS: &str = "/usr/lib/rabbitmq/bin";
 
 #[derive(Debug)]
 pub(crate) struct RabbitNode {
     pub(crate) node: String,
     pub(crate) port: u16,
     dist_port: u16,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
+    /// How long a start may take: a bound against a node that never comes up.
+    start_within: Duration,
     child: Option<Child>,
 }
 
 impl RabbitNode {
-    /// Starts a node and waits until it accepts AMQP connections, or says why it could not.
+    /// Starts a node of its own and waits until it accepts AMQP connections, or says why it
+    /// could not.
     pub(crate) async fn start() -> Result<Self, String> {
-        if !Path::new(SCRIPTS).join("rabbitmq-server").exists() {
-            return Err(format!("{SCRIPTS}/rabbitmq-server is not installed"));
-        }
+        Self::installed()?;
         let port = free_port();
-        let dist_port = free_port();
-        let node = format!("fbgameday{}x{port}@localhost", std::process::id());
-        let dir = std::env::temp_dir().join(format!("fleet-budget-rabbit-{port}"));
+        let mut me = Self::prepare(
+            std::env::temp_dir().join(format!("fleet-budget-rabbit-{port}")),
+            format!("fbgameday{}x{port}@localhost", std::process::id()),
+            port,
+            "",
+            Duration::from_secs(90),
+        )?;
+        me.spawn()?;
+        me.wait_ready().await?;
+        Ok(me)
+    }
+
+    /// Whether RabbitMQ's server scripts are installed, or why not.
+    pub(crate) fn installed() -> Result<(), String> {
+        if Path::new(SCRIPTS).join("rabbitmq-server").exists() {
+            Ok(())
+        } else {
+            Err(format!("{SCRIPTS}/rabbitmq-server is not installed"))
+        }
+    }
+
+    /// A node named `node` listening on `port`, its files in `dir` (`extra_conf` appended to
+    /// its `rabbitmq.conf`); not started.
+    pub(crate) fn prepare(
+        dir: PathBuf,
+        node: String,
+        port: u16,
+        extra_conf: &str,
+        start_within: Duration,
+    ) -> Result<Self, String> {
         for sub in ["mnesia", "log", "home"] {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        let write = |name: &str, text: String| {
+        let write = |name: &str, text: &str| {
             std::fs::write(dir.join(name), text).map_err(|e| format!("{name}: {e}"))
         };
-        write("enabled_plugins", "[].\n".to_owned())?;
+        write("enabled_plugins", "[].\n")?;
         write(
             "rabbitmq.conf",
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+            &format!(
+                "listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n{extra_conf}"
+            ),
         )?;
-        write("env.conf", "ERL_EPMD_ADDRESS=127.0.0.1\n".to_owned())?;
-        let mut me = Self {
+        write("env.conf", "ERL_EPMD_ADDRESS=127.0.0.1\n")?;
+        Ok(Self {
             node,
             port,
-            dist_port,
+            dist_port: free_port(),
             dir,
+            start_within,
             child: None,
-        };
-        me.spawn()?;
-        me.wait_ready(Duration::from_secs(90)).await?;
-        Ok(me)
+        })
     }
 
     pub(crate) fn url(&self) -> String {
@@ -84,33 +113,41 @@ impl RabbitNode {
         cmd
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
-        let out = std::fs::File::create(self.dir.join("server.out")).map_err(|e| e.to_string())?;
+    /// Starts the node's script (its output appended to `server.out`), without waiting.
+    pub(crate) fn spawn(&mut self) -> Result<(), String> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.out"))
+            .map_err(|e| e.to_string())?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = self
             .command("rabbitmq-server")
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("spawn rabbitmq-server: {e}"))?;
+            .map_err(|e| format!("spawn rabbitmq-server {}: {e}", self.node))?;
         self.child = Some(child);
         Ok(())
     }
 
-    async fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
+    /// Waits until the node accepts AMQP connections, or says why it could not.
+    pub(crate) async fn wait_ready(&mut self) -> Result<(), String> {
+        let within = self.start_within;
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
                 return Err(format!(
-                    "rabbitmq-server exited ({status}) before it was ready:\n{}",
+                    "rabbitmq-server {} exited ({status}) before it was ready:\n{}",
+                    self.node,
                     self.log_tail()
                 ));
             }
             if let Ok(Ok(conn)) = tokio::time::timeout(
                 Duration::from_secs(2),
-                fleet_budget_amqp::connect(&self.url(), "game day readiness"),
+                fleet_budget_amqp::connect(&self.url(), "private node readiness"),
             )
             .await
             {
@@ -120,12 +157,19 @@ impl RabbitNode {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         Err(format!(
-            "rabbitmq-server was not ready within {within:?}:\n{}",
+            "rabbitmq-server {} was not ready within {within:?}:\n{}",
+            self.node,
             self.log_tail()
         ))
     }
 
-    /// Stops the node gracefully (SIGTERM to its script, which runs `rabbitmqctl stop` for it).
+    /// Whether the node's script is running (stopped nodes are not).
+    pub(crate) fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Stops the node gracefully (SIGTERM to its script, which runs `rabbitmqctl stop` for it),
+    /// then makes sure its VM is gone.
     pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
@@ -159,53 +203,56 @@ impl RabbitNode {
         }
     }
 
+    /// Stops, then starts again with the same name, ports and database.
+    pub(crate) async fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        self.spawn()?;
+        self.wait_ready().await
+    }
+
     /// Evaluates an Erlang expression on this node (`rabbitmqctl eval`, bounded by its own
     /// timeout): changes to its settings for tests, such as a lower `max_message_size`.
-    #[allow(
-        dead_code,
-        reason = "used by tests/oversized_body.rs, not by the game day"
-    )]
     pub(crate) fn eval(&self, expression: &str) -> Result<String, String> {
         self.ctl(&["eval", expression])
     }
 
     /// Runs `rabbitmqctl` against this node only, bounded by its own timeout (`add_user`,
     /// `set_permissions`, ...).
-    #[allow(
-        dead_code,
-        reason = "used by tests/oversized_body.rs and tests/foreign_user_id.rs, not by the game day"
-    )]
     pub(crate) fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        self.cli("rabbitmqctl", args)
+    }
+
+    /// Runs a RabbitMQ CLI (`rabbitmqctl`, `rabbitmq-queues`) against this node only, bounded by
+    /// its own timeout.
+    pub(crate) fn cli(&self, program: &str, args: &[&str]) -> Result<String, String> {
         let out = self
-            .command("rabbitmqctl")
+            .command(program)
             .args(["-n", &self.node, "--timeout", "60"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()
-            .map_err(|e| format!("rabbitmqctl: {e}"))?;
+            .map_err(|e| format!("{program}: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         if out.status.success() {
             Ok(text)
         } else {
             Err(format!(
-                "rabbitmqctl {}: {}\n{text}\n{}",
-                args.first().copied().unwrap_or_default(),
+                "{program} -n {} {}: {}\n{text}\n{}",
+                self.node,
+                args.join(" "),
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             ))
         }
     }
 
-    /// Stops, then starts again with the same name, ports and database.
-    pub(crate) async fn restart(&mut self) -> Result<(), String> {
-        self.stop();
-        self.spawn()?;
-        self.wait_ready(Duration::from_secs(90)).await
-    }
-
+    /// The last lines of the node's log (its banner on stdout says little), else of its output.
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("server.out")).unwrap_or_default();
+        let log = self.dir.join("log").join(format!("{}.log", self.node));
+        let text = std::fs::read_to_string(&log)
+            .or_else(|_| std::fs::read_to_string(self.dir.join("server.out")))
+            .unwrap_or_default();
         let mut last: Vec<&str> = text.lines().rev().take(30).collect();
         last.reverse();
         last.join("\n")

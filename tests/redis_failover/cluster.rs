@@ -1,12 +1,11 @@
 //! A Redis Cluster of three masters, each with one replica: six private `redis-server`s on free
-//! ports (the harness's [`RedisServer`], killed when dropped, so even a failing test stops them
-//! all), created with `redis-cli --cluster create --cluster-replicas 1` and waited for until
-//! every node says `cluster_state:ok` and every replica is in sync with its master.
+//! ports (the harness's [`RedisCluster`] of [`RedisServer`]s, killed when dropped, so even a
+//! failing test stops them all), waited for until every node says `cluster_state:ok` and every
+//! replica is in sync with its master.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleet_budget::testing::RedisServer;
+use fleet_budget::testing::{RedisCluster, RedisServer};
 
 /// `cluster-node-timeout`: a master that has not answered for this long is flagged as failing,
 /// and its replica is promoted shortly after. No failover can start earlier, which the test
@@ -84,44 +83,21 @@ impl ReplicatedCluster {
     /// `CLUSTERDOWN` from the moment a master is marked failed until its replica is promoted.
     pub(crate) fn start(full_coverage: &'static str) -> Self {
         let timeout = NODE_TIMEOUT.as_millis().to_string();
-        let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        &timeout,
-                        // A replica that lost its master long ago may still be promoted: the
-                        // test is about what it lacks, not about refusing the failover.
-                        "--cluster-require-full-coverage",
-                        full_coverage,
-                        "--cluster-replica-validity-factor",
-                        "0",
-                    ],
-                    &[],
-                )
-            })
-            .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        let output = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
+        let nodes = RedisCluster::start_with_replicas(
+            3,
+            1,
+            &[
+                "--cluster-node-timeout",
+                &timeout,
+                // A replica that lost its master long ago may still be promoted: the test is
+                // about what it lacks, not about refusing the failover.
+                "--cluster-require-full-coverage",
+                full_coverage,
+                "--cluster-replica-validity-factor",
+                "0",
+            ],
+        )
+        .nodes;
         let cluster = Self { nodes };
         cluster.wait_healthy();
         cluster

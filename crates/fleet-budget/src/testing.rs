@@ -280,7 +280,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of test servers, masters only.
+/// A Redis Cluster of test servers: masters, and replicas if asked for.
 #[derive(Debug)]
 pub struct RedisCluster {
     /// The nodes.
@@ -300,7 +300,17 @@ impl RedisCluster {
     /// once the cluster has marked a stopped master as failed).
     #[must_use]
     pub fn start_with(masters: usize, extra: &[&str]) -> Self {
-        let nodes: Vec<RedisServer> = (0..masters)
+        Self::start_with_replicas(masters, 0, extra)
+    }
+
+    /// As [`RedisCluster::start_with`], with `replicas` replicas of each master (`redis-cli
+    /// --cluster create --cluster-replicas`): `masters * (1 + replicas)` servers, for tests of
+    /// a failover. `extra` comes after the harness's own arguments, so it may override them
+    /// (`--cluster-node-timeout`, 2000 ms by default). Returns once every slot is served; the
+    /// replicas may still be syncing.
+    #[must_use]
+    pub fn start_with_replicas(masters: usize, replicas: usize, extra: &[&str]) -> Self {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
                 let mut args = vec![
                     "--cluster-enabled",
@@ -322,7 +332,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
