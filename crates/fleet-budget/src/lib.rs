@@ -62,7 +62,9 @@ pub mod testing;
 pub mod tls;
 
 pub use allowance::{BudgetSnapshot, Control, WindowCounters};
-pub use budget::{Admission, Call, CallOutcome, FanOut, FleetBudget, FleetBudgetBuilder, Hold, Route};
+pub use budget::{
+    Admission, Call, CallOutcome, FanOut, FleetBudget, FleetBudgetBuilder, Hold, Route,
+};
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};
 pub use decision::{BudgetSource, DeadLetterReason, Decision, Failure, FailureKind};

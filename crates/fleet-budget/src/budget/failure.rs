@@ -54,7 +54,13 @@ impl FleetBudget {
             Some(failed) => self.named_dependency(failed)?,
         };
         Ok(self
-            .decide(dependency, &self.inner.ceilings.for_task(task), attempt, failure, since_first_failure)
+            .decide(
+                dependency,
+                &self.inner.ceilings.for_task(task),
+                attempt,
+                failure,
+                since_first_failure,
+            )
             .await)
     }
 
@@ -75,7 +81,13 @@ impl FleetBudget {
             Some(failed) => self.named_dependency(failed)?,
         };
         Ok(self
-            .decide(dependency, route.ceiling(), attempt, failure, since_first_failure)
+            .decide(
+                dependency,
+                route.ceiling(),
+                attempt,
+                failure,
+                since_first_failure,
+            )
             .await)
     }
 
