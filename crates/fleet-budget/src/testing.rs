@@ -147,11 +147,16 @@ impl RedisServer {
 
     /// A blocking connection for assertions.
     ///
+    /// Its deadline (10 s, connect and the client's handshake) catches a server that hangs, not
+    /// a slow one: with 1 s, a cluster node that took longer to answer the handshake at load 25
+    /// (clean-clone run 7 of session 9, `EAGAIN` from the timed-out read) failed a test that
+    /// asserted nothing about speed.
+    ///
     /// # Errors
     /// The server does not accept connections.
     pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
         let client = redis::Client::open(self.url())?;
-        client.get_connection_with_timeout(Duration::from_secs(1))
+        client.get_connection_with_timeout(Duration::from_secs(10))
     }
 
     /// Runs a command and returns its reply (panics on failure: tests only).
