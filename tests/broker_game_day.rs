@@ -36,6 +36,8 @@ mod rabbit_cluster;
 #[path = "game_day/rabbit_node.rs"]
 #[allow(dead_code, reason = "a node of its own serves tests/game_day.rs")]
 mod rabbit_node;
+#[path = "game_day/trace.rs"]
+mod trace;
 #[path = "game_day/upstream.rs"]
 #[allow(dead_code, reason = "the attempt of a call serves tests/game_day.rs")]
 mod upstream;
@@ -382,14 +384,17 @@ async fn game_day() {
         println!("broker game day: accounting kept in {}", kept.display());
     }
 
+    if !lost.is_empty() {
+        let traced = trace::trace_lost(&logs, &workers, &calls, &lost);
+        let counts = cluster.queue_counts().unwrap_or_else(|e| e);
+        panic!(
+            "{} jobs lost (first: {:?}); logs in {}\n{unsettled:?}\n{table}\n{traced}\nqueues:\n{counts}",
+            lost.len(),
+            lost.first(),
+            logs.display()
+        );
+    }
     assert!(unsettled.is_empty(), "{unsettled:?}\n{table}");
-    assert!(
-        lost.is_empty(),
-        "{} jobs lost (first: {:?}); logs in {}\n{table}",
-        lost.len(),
-        lost.first(),
-        logs.display()
-    );
     assert!(
         stray.is_empty(),
         "executions of jobs never submitted: {stray:?}"

@@ -136,6 +136,18 @@ impl RabbitCluster {
             .ok_or_else(|| format!("{queue} is led by {leader}, not a node of this cluster"))
     }
 
+    /// Every queue's counts as its leader keeps them (a follower's may lag): ready,
+    /// unacknowledged, and `messages_dlx`, the messages a quorum queue dead-lettered at least
+    /// once and holds until the target confirms them (a basic.get of either queue cannot see
+    /// them; `list_queues` does not show them).
+    pub(crate) fn queue_counts(&self) -> Result<String, String> {
+        const EXPR: &str = "[begin {resource,_,queue,N} = amqqueue:get_name(Q), \
+            {_, L} = amqqueue:get_pid(Q), {N, L, rpc:call(L, rabbit_amqqueue, info, \
+            [Q, [messages_ready, messages_unacknowledged, messages_dlx]])} end \
+            || Q <- rabbit_amqqueue:list()].";
+        self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])
+    }
+
     /// The members of quorum queue `queue` (`rabbitmq-queues quorum_status`), by node name.
     pub(crate) fn members_of(&self, queue: &str) -> Result<Vec<String>, String> {
         let text = self.any_running()?.cli(
