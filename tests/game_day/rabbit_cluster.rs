@@ -148,6 +148,20 @@ impl RabbitCluster {
         self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])
     }
 
+    /// How many messages every queue holds in all, as its leader counts them: ready,
+    /// unacknowledged, and held for at-least-once dead-lettering (see
+    /// [`RabbitCluster::queue_counts`]); an error when a leader cannot be asked.
+    pub(crate) fn messages_held(&self) -> Result<u64, String> {
+        const EXPR: &str = "lists:sum([begin {_, L} = amqqueue:get_pid(Q), \
+            lists:sum([V || {_, V} <- rpc:call(L, rabbit_amqqueue, info, \
+            [Q, [messages_ready, messages_unacknowledged, messages_dlx]])]) end \
+            || Q <- rabbit_amqqueue:list()]).";
+        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
+        text.trim()
+            .parse()
+            .map_err(|e| format!("messages held: {e}: {text}"))
+    }
+
     /// The members of quorum queue `queue` (`rabbitmq-queues quorum_status`), by node name.
     pub(crate) fn members_of(&self, queue: &str) -> Result<Vec<String>, String> {
         let text = self.any_running()?.cli(
