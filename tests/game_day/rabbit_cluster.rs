@@ -136,6 +136,32 @@ impl RabbitCluster {
             .ok_or_else(|| format!("{queue} is led by {leader}, not a node of this cluster"))
     }
 
+    /// Every queue's counts as its leader keeps them (a follower's may lag): ready,
+    /// unacknowledged, and `messages_dlx`, the messages a quorum queue dead-lettered at least
+    /// once and holds until the target confirms them (a basic.get of either queue cannot see
+    /// them; `list_queues` does not show them).
+    pub(crate) fn queue_counts(&self) -> Result<String, String> {
+        const EXPR: &str = "[begin {resource,_,queue,N} = amqqueue:get_name(Q), \
+            {_, L} = amqqueue:get_pid(Q), {N, L, rpc:call(L, rabbit_amqqueue, info, \
+            [Q, [messages_ready, messages_unacknowledged, messages_dlx]])} end \
+            || Q <- rabbit_amqqueue:list()].";
+        self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])
+    }
+
+    /// How many messages every queue holds in all, as its leader counts them: ready,
+    /// unacknowledged, and held for at-least-once dead-lettering (see
+    /// [`RabbitCluster::queue_counts`]); an error when a leader cannot be asked.
+    pub(crate) fn messages_held(&self) -> Result<u64, String> {
+        const EXPR: &str = "lists:sum([begin {_, L} = amqqueue:get_pid(Q), \
+            lists:sum([V || {_, V} <- rpc:call(L, rabbit_amqqueue, info, \
+            [Q, [messages_ready, messages_unacknowledged, messages_dlx]])]) end \
+            || Q <- rabbit_amqqueue:list()]).";
+        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
+        text.trim()
+            .parse()
+            .map_err(|e| format!("messages held: {e}: {text}"))
+    }
+
     /// The members of quorum queue `queue` (`rabbitmq-queues quorum_status`), by node name.
     pub(crate) fn members_of(&self, queue: &str) -> Result<Vec<String>, String> {
         let text = self.any_running()?.cli(
