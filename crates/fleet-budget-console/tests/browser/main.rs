@@ -60,6 +60,10 @@ async fn a_brownout_shows_live_and_a_freeze_from_the_page_is_enforced_and_audite
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
+    assert!(
+        !budget.in_fallback(),
+        "the brownout's decisions were taken by the fallback, not by Redis"
+    );
     budget.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
     let alert = b
         .until_text("#overview tbody tr:first-child", None, |t| {
