@@ -93,26 +93,29 @@ impl RedisStore {
         let seen_key = workers_seen_key(self.prefix());
         let reports_key = workers_key(self.prefix());
         let now_ms = self.server_time_ms().await?;
-        let mut zcard = redis::cmd("ZCARD");
-        zcard.arg(&seen_key);
-        let total: u64 = self.query(&zcard).await?;
         let mut entries = Vec::new();
-        if limit == 0 || total == 0 {
+        if limit == 0 {
+            let mut zcard = redis::cmd("ZCARD");
+            zcard.arg(&seen_key);
+            let total: u64 = self.query(&zcard).await?;
             return Ok(RawWorkers {
                 now_ms,
                 total,
                 entries,
             });
         }
-        let mut zrange = redis::cmd("ZRANGE");
-        zrange
+        // The count and the freshest ids in one round trip (both keys share the slot `{workers}`).
+        // Scores as text: a score written by hand may be `inf`, which no integer type takes.
+        let mut first = redis::pipe();
+        first.cmd("ZCARD").arg(&seen_key);
+        first
+            .cmd("ZRANGE")
             .arg(&seen_key)
             .arg(0)
             .arg(limit - 1)
             .arg("REV")
             .arg("WITHSCORES");
-        // Scores as text: a score written by hand may be `inf`, which no integer type takes.
-        let seen: Vec<(Vec<u8>, String)> = self.query(&zrange).await?;
+        let (total, seen): (u64, Vec<(Vec<u8>, String)>) = self.query_pipeline(&first).await?;
         for chunk in seen.chunks(READ_CHUNK) {
             let mut lengths = redis::pipe();
             for (id, _) in chunk {
