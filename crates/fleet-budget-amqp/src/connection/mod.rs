@@ -230,6 +230,11 @@ fn logged(what: &str, reason: &str, closed: Result<Result<(), lapin::Error>, Amq
 /// ends within this (and the moment lapin takes to report the error).
 const LOSS_POLL: Duration = Duration::from_millis(100);
 
+/// How long [`ConnectionWatch::lost`] waits, once the connection is closing, for lapin to say
+/// why: the broker's reason comes once the client's `close-ok` is written, which a loaded
+/// machine can put off well past one poll. A hang check: lapin ends the closing state itself.
+const LOSS_REASON_WAIT: Duration = Duration::from_secs(5);
+
 /// Watches one connection for its loss, for the steps that lapin would leave waiting on it (see
 /// the module documentation). Cheap to clone; the clones share what they saw.
 ///
@@ -288,10 +293,12 @@ impl ConnectionWatch {
         self.status.errored() || self.status.closed() || self.status.closing()
     }
 
-    /// The last error lapin reported on the connection, if any. A channel's error (a soft one: a
-    /// queue not found, a precondition failed) is not the connection's and is not kept: a
-    /// connection the broker closes later (an operator, a restart) hands out no error of its own,
-    /// and must not be named by a 404 from an hour before.
+    /// The last error lapin reported on the connection that says why it ended, if any
+    /// ([`names_a_loss`]). A channel's error (a soft one: a queue not found, a precondition
+    /// failed) is not the connection's and is not kept: a connection the broker closes later (an
+    /// operator, a restart) hands out no error of its own, and must not be named by a 404 from
+    /// an hour before. Nor is lapin's report that a channel was closed on a connection already
+    /// closing: that is what the loss did, not why.
     #[must_use]
     pub fn last_error(&self) -> Option<lapin::Error> {
         self.read_events();
@@ -309,7 +316,7 @@ impl ConnectionWatch {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(Some(event)) = events.next().now_or_never() {
             if let Event::Error(e) = event
-                && !is_channel_error(&e)
+                && names_a_loss(&e)
             {
                 *self
                     .error
@@ -320,7 +327,14 @@ impl ConnectionWatch {
     }
 
     /// Resolves once the connection is lost, with the error that ended it when lapin reported
-    /// one (its state changes a moment before the error is handed out: read once more after).
+    /// one. Its state turns to closing before the error is handed out (the broker's
+    /// `connection.close` arrives, the error follows once the client's `close-ok` is written):
+    /// while it is closing, the watch waits for the error, up to [`LOSS_REASON_WAIT`].
+    ///
+    /// `None` when lapin ended the connection without a reason: a channel closed (dropped) just
+    /// as the broker closed the connection becomes lapin's connection error, `invalid channel
+    /// state`, and lapin keeps only the first, so the broker's reason is never reported. The
+    /// watch does not name the loss by that ([`names_a_loss`]).
     pub async fn lost(&self) -> Option<lapin::Error> {
         while !self.is_lost() {
             // Read as it goes: lapin's listener queue is unbounded, and a worker's connection
@@ -328,11 +342,21 @@ impl ConnectionWatch {
             self.read_events();
             tokio::time::sleep(LOSS_POLL).await;
         }
-        if let Some(e) = self.last_error() {
-            return Some(e);
+        let waited = tokio::time::Instant::now();
+        loop {
+            let closing = self.status.closing();
+            if let Some(e) = self.last_error() {
+                return Some(e);
+            }
+            if !closing && waited.elapsed() >= LOSS_POLL {
+                // Errored or closed, and one poll given to lapin's hand-over of its error.
+                return None;
+            }
+            if waited.elapsed() >= LOSS_REASON_WAIT {
+                return None;
+            }
+            tokio::time::sleep(LOSS_POLL / 4).await;
         }
-        tokio::time::sleep(LOSS_POLL).await;
-        self.last_error()
     }
 
     /// [`Timeouts::within`] with the watch's deadlines, ended early when the connection is
@@ -355,13 +379,22 @@ impl ConnectionWatch {
     }
 }
 
-/// Whether lapin reported `e` for one channel (a soft error of the protocol), not for the
-/// connection.
-fn is_channel_error(e: &lapin::Error) -> bool {
-    matches!(
-        e.kind(),
-        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_))
-    )
+/// Whether `e`, reported on the connection's events, says why the connection ended. Not:
+/// - a channel's own error (a soft error of the protocol: a 404, a precondition failed);
+/// - lapin's report that a channel or the connection was not in a state for a step
+///   (`invalid channel state: Closing (channel.close)`): a channel dropped while the broker
+///   closes the connection. Lapin makes that the connection's error when it comes first, and
+///   then drops the broker's own reason: the loss is better left unnamed than named by it.
+fn names_a_loss(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            !matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_))
+        }
+        lapin::ErrorKind::InvalidChannelState(..)
+        | lapin::ErrorKind::InvalidConnectionState(_)
+        | lapin::ErrorKind::InvalidChannel(_) => false,
+        _ => true,
+    }
 }
 
 /// Where the next [`connect`] of this process starts in a node list: random at first, so that a
@@ -498,5 +531,34 @@ mod tests {
             assert_eq!(order, [0, 1, 2], "start {start}");
         }
         assert_eq!(node_order(1, 3).collect::<Vec<_>>(), [1, 2, 0]);
+    }
+
+    #[test]
+    fn a_loss_is_named_by_its_cause_not_by_a_state_or_a_channel_error() {
+        use lapin::protocol::AMQPError;
+        let amqp = |code: u16| -> lapin::Error {
+            lapin::ErrorKind::ProtocolError(
+                AMQPError::from_id(code, "reply".into()).expect("a known reply code"),
+            )
+            .into()
+        };
+        // CONNECTION_FORCED (320) names the loss; NOT_FOUND (404) is one channel's.
+        assert!(names_a_loss(&amqp(320)));
+        assert!(!names_a_loss(&amqp(404)));
+        let io: lapin::Error = lapin::ErrorKind::IOError(std::sync::Arc::new(
+            std::io::ErrorKind::ConnectionReset.into(),
+        ))
+        .into();
+        assert!(names_a_loss(&io));
+        assert!(names_a_loss(
+            &lapin::ErrorKind::MissingHeartbeatError.into()
+        ));
+        let closing: lapin::Error =
+            lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closing, "channel.close")
+                .into();
+        assert!(!names_a_loss(&closing), "{closing}");
+        assert!(!names_a_loss(
+            &lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed).into()
+        ));
     }
 }
