@@ -31,6 +31,7 @@
 pub mod raw;
 
 use std::future::Future;
+use std::time::Duration;
 
 use fleet_budget::DeadLetterReason;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
@@ -134,6 +135,28 @@ impl TestBroker {
         let depth = queue_depth(&ch, queue)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        let _ = conn.close(200, ShortString::from("bye")).await;
+        depth
+    }
+
+    /// Ready messages in `queue` once they are `expected`, or the last count read when
+    /// `within` (a hang check) passed first. For messages the broker gives back on its own time:
+    /// a quorum queue returns what a closed channel held by a command of its log, applied after
+    /// the close is answered (under load, seconds later), and a replay waits for that only up to
+    /// its `idle_timeout` (it then reports them `not_ready`).
+    pub async fn depth_reaching(&self, queue: &str, expected: u32, within: Duration) -> u32 {
+        let conn = self.connection().await;
+        let ch = conn.create_channel().await.expect("a channel");
+        let deadline = tokio::time::Instant::now() + within;
+        let depth = loop {
+            let depth = queue_depth(&ch, queue)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if depth == expected || tokio::time::Instant::now() >= deadline {
+                break depth;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         let _ = conn.close(200, ShortString::from("bye")).await;
         depth
     }

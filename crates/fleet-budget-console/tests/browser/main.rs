@@ -15,6 +15,8 @@ mod breaker;
 mod fleet;
 mod webdriver;
 
+use std::time::Duration;
+
 use fleet_budget::control::AuditLog;
 use fleet_budget::{DeadLetterReason, Failure, FleetBudget};
 use fleet_budget_amqp::headers::DeadLetterRecord;
@@ -444,7 +446,16 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
     let (state, _, moved) = progress_now(&b).await;
     assert_eq!((state.as_str(), moved.as_str()), ("cancelled", "0"));
     assert_eq!(b.text("#j-cancelled-by").await, "ann");
-    assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 3);
+    // The three are back: the held one's copy confirmed, the two the run's channel held
+    // returned by the broker after the close, on its own time (clean-clone run 11 of session 10,
+    // at load 14, read 2 the moment the page said cancelled: the replay waits for them only up
+    // to its idle timeout, 3 s).
+    assert_eq!(
+        f.broker
+            .depth_reaching(&f.broker.topology.dead_queue, 3, Duration::from_secs(30))
+            .await,
+        3
+    );
     assert_eq!(f.broker.depth(&f.broker.topology.work_queue).await, 4);
 
     let trail = AuditLog::default()
