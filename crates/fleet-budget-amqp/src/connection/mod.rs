@@ -294,7 +294,7 @@ impl ConnectionWatch {
     }
 
     /// The last error lapin reported on the connection that says why it ended, if any
-    /// ([`names_a_loss`]). A channel's error (a soft one: a queue not found, a precondition
+    /// (see `names_a_loss`). A channel's error (a soft one: a queue not found, a precondition
     /// failed) is not the connection's and is not kept: a connection the broker closes later (an
     /// operator, a restart) hands out no error of its own, and must not be named by a 404 from
     /// an hour before. Nor is lapin's report that a channel was closed on a connection already
@@ -329,12 +329,12 @@ impl ConnectionWatch {
     /// Resolves once the connection is lost, with the error that ended it when lapin reported
     /// one. Its state turns to closing before the error is handed out (the broker's
     /// `connection.close` arrives, the error follows once the client's `close-ok` is written):
-    /// while it is closing, the watch waits for the error, up to [`LOSS_REASON_WAIT`].
+    /// while it is closing, the watch waits for the error, up to 5 s (`LOSS_REASON_WAIT`).
     ///
     /// `None` when lapin ended the connection without a reason: a channel closed (dropped) just
     /// as the broker closed the connection becomes lapin's connection error, `invalid channel
     /// state`, and lapin keeps only the first, so the broker's reason is never reported. The
-    /// watch does not name the loss by that ([`names_a_loss`]).
+    /// watch does not name the loss by that (see `names_a_loss`).
     pub async fn lost(&self) -> Option<lapin::Error> {
         while !self.is_lost() {
             // Read as it goes: lapin's listener queue is unbounded, and a worker's connection
