@@ -148,6 +148,51 @@ impl RabbitCluster {
         self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])
     }
 
+    /// How many messages the queues' leaders hold for at-least-once dead-lettering
+    /// (`messages_dlx`): dead-lettered, not yet confirmed by the target queue.
+    pub(crate) fn messages_dlx(&self) -> Result<u64, String> {
+        const EXPR: &str = "lists:sum([case amqqueue:get_pid(Q) of {_, L} -> \
+            case rpc:call(L, rabbit_amqqueue, info, [Q, [messages_dlx]]) of \
+            [{messages_dlx, D}] when is_integer(D) -> D; _ -> 0 end; _ -> 0 end \
+            || Q <- rabbit_amqqueue:list()]).";
+        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
+        text.trim()
+            .parse()
+            .map_err(|e| format!("messages_dlx: {e}: {text}"))
+    }
+
+    /// The queues whose leaders hold messages for at-least-once dead-lettering.
+    pub(crate) fn queues_holding_dead_letters(&self) -> Result<Vec<String>, String> {
+        const EXPR: &str = "lists:flatten([begin {resource,_,queue,N} = amqqueue:get_name(Q), \
+            case amqqueue:get_pid(Q) of {_, L} -> \
+            case rpc:call(L, rabbit_amqqueue, info, [Q, [messages_dlx]]) of \
+            [{messages_dlx, D}] when is_integer(D), D > 0 -> [N]; _ -> [] end; \
+            _ -> [] end end || Q <- rabbit_amqqueue:list()]).";
+        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
+        // The names come back as an Erlang list of binaries: [<<"name">>, ...].
+        Ok(text
+            .split("<<\"")
+            .skip(1)
+            .filter_map(|part| part.split("\">>").next())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// How long a quorum queue's dead-letter worker waits for the target's confirm before it
+    /// publishes a dead letter again (`dead_letter_worker_publisher_confirm_timeout`: 180 s
+    /// by default on 3.10 through 4.x), to a target that is not a quorum queue or a stream:
+    /// for those it leaves that to the queue client (`clients_redeliver` in
+    /// `rabbit_fifo_dlx_worker.erl`).
+    pub(crate) fn dead_letter_resend_after(&self) -> Result<Duration, String> {
+        const EXPR: &str =
+            "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).";
+        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
+        let ms: String = text.chars().filter(char::is_ascii_digit).collect();
+        ms.parse()
+            .map(Duration::from_millis)
+            .map_err(|e| format!("dead_letter_worker_publisher_confirm_timeout: {e}: {text}"))
+    }
+
     /// How many messages every queue holds in all, as its leader counts them: ready,
     /// unacknowledged, and held for at-least-once dead-lettering (see
     /// [`RabbitCluster::queue_counts`]); an error when a leader cannot be asked.
