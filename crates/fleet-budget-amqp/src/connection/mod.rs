@@ -233,7 +233,7 @@ const LOSS_POLL: Duration = Duration::from_millis(100);
 /// How long [`ConnectionWatch::lost`] waits, once the connection is closing, for lapin to say
 /// why: the broker's reason comes once the client's `close-ok` is written, which a loaded
 /// machine can put off well past one poll. A hang check: lapin ends the closing state itself.
-const LOSS_REASON_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const LOSS_REASON_WAIT: Duration = Duration::from_secs(5);
 
 /// Watches one connection for its loss, for the steps that lapin would leave waiting on it (see
 /// the module documentation). Cheap to clone; the clones share what they saw.
@@ -359,6 +359,16 @@ impl ConnectionWatch {
         }
     }
 
+    /// The error that ended the connection, once it is lost ([`ConnectionWatch::lost`]);
+    /// `None` when it is not lost within `within` (a channel of it failed, the connection did
+    /// not), or ended without a reason.
+    pub(crate) async fn reason_within(&self, within: Duration) -> Option<lapin::Error> {
+        tokio::time::timeout(within, self.lost())
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// [`Timeouts::within`] with the watch's deadlines, ended early when the connection is
     /// lost: then the error is [`AmqpError::ConnectionLost`], naming the step and the
     /// connection's error.
@@ -390,11 +400,20 @@ fn names_a_loss(e: &lapin::Error) -> bool {
         lapin::ErrorKind::ProtocolError(amqp) => {
             !matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_))
         }
-        lapin::ErrorKind::InvalidChannelState(..)
-        | lapin::ErrorKind::InvalidConnectionState(_)
-        | lapin::ErrorKind::InvalidChannel(_) => false,
-        _ => true,
+        _ => !is_state_error(e),
     }
+}
+
+/// Whether `e` is lapin's report that a channel or the connection was not in a state for a step
+/// (`invalid channel state: Closing (channel.close)`): what a loss did, never why. When it came
+/// first, lapin handed it to the consumers too, in place of the broker's reason.
+pub(crate) fn is_state_error(e: &lapin::Error) -> bool {
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::InvalidChannelState(..)
+            | lapin::ErrorKind::InvalidConnectionState(_)
+            | lapin::ErrorKind::InvalidChannel(_)
+    )
 }
 
 /// Where the next [`connect`] of this process starts in a node list: random at first, so that a
@@ -557,6 +576,8 @@ mod tests {
             lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closing, "channel.close")
                 .into();
         assert!(!names_a_loss(&closing), "{closing}");
+        assert!(is_state_error(&closing));
+        assert!(!is_state_error(&io));
         assert!(!names_a_loss(
             &lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed).into()
         ));

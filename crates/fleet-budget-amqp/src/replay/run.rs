@@ -28,6 +28,7 @@ pub use super::report::{ReplayProgress, ReplayReport};
 use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
+use crate::connection::{LOSS_REASON_WAIT, is_state_error};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
@@ -140,6 +141,17 @@ impl Replayer {
                     break;
                 }
                 Ok(Some(Ok(d))) => d,
+                // A channel's state in place of the lost connection's reason (see the worker).
+                Ok(Some(Err(e))) if is_state_error(&e) => {
+                    lost = Some(AmqpError::ConnectionLost {
+                        step: format!(
+                            "consume {} (after {} of {total} messages)",
+                            self.source_queue, p.seen
+                        ),
+                        source: watch.reason_within(LOSS_REASON_WAIT).await,
+                    });
+                    break;
+                }
                 Ok(Some(Err(e))) => {
                     lost = Some(AmqpError::broker(
                         format!("consume {}", self.source_queue),

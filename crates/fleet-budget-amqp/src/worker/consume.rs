@@ -16,7 +16,7 @@ use super::backoff::Backoff;
 use super::delivery::{Deliveries, process};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
-use crate::connection::{ConnectionWatch, connect};
+use crate::connection::{ConnectionWatch, LOSS_REASON_WAIT, connect, is_state_error};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::metrics::AmqpMetrics;
@@ -137,6 +137,13 @@ impl Worker {
                     Some(Ok(delivery)) => {
                         tasks.spawn(process(Arc::clone(&deliveries), delivery));
                     }
+                    // A channel's state as the consumer's error: the connection went, and lapin
+                    // kept that in place of its reason. The watch names it (below), or leaves it
+                    // unnamed.
+                    Some(Err(e)) if is_state_error(&e) => break Err(AmqpError::ConnectionLost {
+                        step: format!("consume {}", o.queue),
+                        source: None,
+                    }),
                     Some(Err(e)) => break Err(AmqpError::broker(format!("consume {}", o.queue), e)),
                     None => break Err(AmqpError::ConnectionLost {
                         step: format!("consume {}", o.queue),
@@ -151,6 +158,15 @@ impl Worker {
                     source,
                 }),
             }
+        };
+        let ended = match ended {
+            Err(AmqpError::ConnectionLost { step, source: None }) => {
+                Err(AmqpError::ConnectionLost {
+                    step,
+                    source: lost.reason_within(LOSS_REASON_WAIT).await,
+                })
+            }
+            other => other,
         };
         match ended {
             Ok(()) => {
