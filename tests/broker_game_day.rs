@@ -266,14 +266,10 @@ async fn game_day() {
     let mut remedied_tiers = Vec::new();
     let mut after_remedy: BTreeSet<String> = BTreeSet::new();
     for tier in cluster.queues_holding_dead_letters().unwrap_or_default() {
-        let leader = cluster
-            .leader_of(&tier)
-            .unwrap_or_else(|e| panic!("the leader of {tier}: {e}"));
-        let node = cluster.nodes[leader].node.clone();
-        cluster.nodes[leader]
-            .restart()
+        let node = cluster
+            .restart_leader_of(&tier)
             .await
-            .unwrap_or_else(|e| panic!("restart {node}: {e}"));
+            .unwrap_or_else(|e| panic!("the leader of {tier}: {e}"));
         remedied_tiers.push(format!("{tier} (led by {node})"));
     }
     if !remedied_tiers.is_empty() {

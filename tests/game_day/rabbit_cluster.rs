@@ -148,6 +148,18 @@ impl RabbitCluster {
         self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])
     }
 
+    /// Restarts the node that leads `queue` (leadership moves to another node meanwhile); the
+    /// node's name.
+    pub(crate) async fn restart_leader_of(&mut self, queue: &str) -> Result<String, String> {
+        let leader = self.leader_of(queue)?;
+        let node = self.nodes[leader].node.clone();
+        self.nodes[leader]
+            .restart()
+            .await
+            .map_err(|e| format!("restart {node}: {e}"))?;
+        Ok(node)
+    }
+
     /// How many messages the queues' leaders hold for at-least-once dead-lettering
     /// (`messages_dlx`): dead-lettered, not yet confirmed by the target queue.
     pub(crate) fn messages_dlx(&self) -> Result<u64, String> {

@@ -359,7 +359,10 @@ async fn arrivals(
         // The remedy of docs/guides/broker-cluster.md: a new leader for the tier starts a new
         // dead-letter worker, which should take over what the tier holds.
         let before = seen.len() as u64;
-        let node = restart_tier_leader(cluster, tier_queue).await;
+        let node = cluster
+            .restart_leader_of(tier_queue)
+            .await
+            .unwrap_or_else(|e| panic!("the tier's leader: {e}"));
         let restarted = Instant::now();
         let after = take_arrivals(
             cluster,
@@ -411,19 +414,6 @@ async fn take_arrivals(
     }
     // Duplicates a later re-send could still bring are not waited for.
     None
-}
-
-/// Restarts the node that leads `tier_queue`; its name.
-async fn restart_tier_leader(cluster: &mut RabbitCluster, tier_queue: &str) -> String {
-    let leader = cluster
-        .leader_of(tier_queue)
-        .unwrap_or_else(|e| panic!("the tier's leader: {e}"));
-    let node = cluster.nodes[leader].node.clone();
-    cluster.nodes[leader]
-        .restart()
-        .await
-        .unwrap_or_else(|e| panic!("restart {node}: {e}"));
-    node
 }
 
 /// `name` with the regular expression's special characters escaped (a queue name's dots).

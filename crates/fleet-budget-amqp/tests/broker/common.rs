@@ -164,3 +164,43 @@ pub fn ids(messages: &[(BasicProperties, Vec<u8>)]) -> BTreeSet<String> {
 pub fn message_id(props: &BasicProperties) -> String {
     headers::message_id(props).unwrap().to_owned()
 }
+
+/// How long a `rabbitmqctl` of the tests may take (a hang check).
+const RABBITMQCTL_WITHIN: Duration = Duration::from_secs(60);
+
+/// Runs `rabbitmqctl` against the shared broker (60 s at most); its output. Panics on failure.
+pub async fn rabbitmqctl(args: &[&str]) -> String {
+    let mut command = tokio::process::Command::new("rabbitmqctl");
+    command.args(args).kill_on_drop(true);
+    let out = tokio::time::timeout(RABBITMQCTL_WITHIN, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} within {RABBITMQCTL_WITHIN:?}"))
+        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The broker's connections whose client properties name them `name` (unique to a test): the
+/// pid of each, as `rabbitmqctl` lists them.
+pub async fn connections_named(name: &str) -> Vec<String> {
+    rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
+        .await
+        .lines()
+        .filter(|line| line.contains(name))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Has the broker close the one connection named `name` (`rabbitmqctl close_connection`), as an
+/// operator or a restart would, with `why` as the reason it gives; the connection's pid.
+pub async fn close_the_connection_named(name: &str, why: &str) -> String {
+    let pids = connections_named(name).await;
+    assert_eq!(pids.len(), 1, "connections named {name}: {pids:?}");
+    rabbitmqctl(&["close_connection", &pids[0], why]).await;
+    pids.into_iter().next().unwrap_or_default()
+}

@@ -7,40 +7,9 @@ use fleet_budget_amqp::testing::{amqp_url, unique_prefix};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
+use crate::common::close_the_connection_named;
+
 const LONG: Duration = Duration::from_secs(30);
-
-/// Has the broker close the connection named `name` (`rabbitmqctl close_connection`).
-async fn close_by_the_broker(name: &str) {
-    let pids: Vec<String> = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
-        .await
-        .lines()
-        .filter(|line| line.contains(name))
-        .filter_map(|line| line.split('\t').next())
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(pids.len(), 1, "{pids:?}");
-    rabbitmqctl(&[
-        "close_connection",
-        &pids[0],
-        "watch test: closed by the broker",
-    ])
-    .await;
-}
-
-async fn rabbitmqctl(args: &[&str]) -> String {
-    let mut command = tokio::process::Command::new("rabbitmqctl");
-    command.args(args).kill_on_drop(true);
-    let out = tokio::time::timeout(LONG, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} within {LONG:?}"))
-        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A channel's error (a passive declare of a missing queue: 404; a replay's scout meets one for
 /// every missing exchange) is not the connection's: the watch used to keep it as the
@@ -85,7 +54,7 @@ async fn a_connection_closed_by_the_broker_is_not_named_by_an_earlier_channel_er
     // race of the next test.
     after.close(200, "OK".into()).await.unwrap();
 
-    close_by_the_broker(&name).await;
+    close_the_connection_named(&name, "watch test: closed by the broker").await;
     let source = tokio::time::timeout(LONG, watch.lost())
         .await
         .expect("the loss seen");
@@ -132,7 +101,7 @@ async fn a_channel_closed_as_the_broker_closes_the_connection_does_not_name_the_
             })
             .collect();
         drop(conn);
-        close_by_the_broker(&name).await;
+        close_the_connection_named(&name, "watch test: closed by the broker").await;
         let source = tokio::time::timeout(LONG, watch.lost())
             .await
             .expect("the loss seen");

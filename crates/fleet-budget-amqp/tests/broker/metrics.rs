@@ -17,7 +17,7 @@ use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
 use prometheus::Registry;
 
-use crate::common::{Env, wait_until};
+use crate::common::{Env, close_the_connection_named, connections_named, wait_until};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -141,34 +141,6 @@ async fn workers_serve_one_metrics_endpoint_and_the_queue_source_reads_without_t
     }
 }
 
-/// Runs `rabbitmqctl` against the shared broker (bounded); its standard output.
-async fn rabbitmqctl(args: &[&str]) -> String {
-    let mut command = tokio::process::Command::new("rabbitmqctl");
-    command.args(args).kill_on_drop(true);
-    let out = tokio::time::timeout(LONG, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} within {LONG:?}"))
-        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The broker's connections whose client properties name them `name` (unique to a test): the
-/// pid of each, as `rabbitmqctl` lists them.
-async fn connections_named(name: &str) -> Vec<String> {
-    rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"])
-        .await
-        .lines()
-        .filter(|line| line.contains(name))
-        .filter_map(|line| line.split('\t').next())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// A source for `broker`'s topology whose connection is named after the test's unique prefix,
 /// looking at the oldest message at every reading.
 fn named_source(broker: &TestBroker, registry: &Registry) -> (QueueSource, String) {
@@ -269,14 +241,7 @@ async fn a_connection_closed_by_the_broker_is_replaced_at_the_next_reading() {
     let registry = Registry::new();
     let (source, name) = named_source(&broker, &registry);
     source.read().await.unwrap();
-    let first = connections_named(&name).await;
-    assert_eq!(first.len(), 1, "{first:?}");
-    rabbitmqctl(&[
-        "close_connection",
-        &first[0],
-        "exporter test: closed by the broker",
-    ])
-    .await;
+    let first = close_the_connection_named(&name, "exporter test: closed by the broker").await;
 
     source.read().await.unwrap();
     let dead = &broker.topology.dead_queue;
@@ -290,7 +255,7 @@ async fn a_connection_closed_by_the_broker_is_replaced_at_the_next_reading() {
     wait_until(
         LONG,
         "the closed connection gone from the broker",
-        || async { !connections_named(&name).await.contains(&first[0]) },
+        || async { !connections_named(&name).await.contains(&first) },
     )
     .await;
     let now = connections_named(&name).await;
