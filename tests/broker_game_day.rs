@@ -261,7 +261,7 @@ async fn game_day() {
     // "Retry tiers after a leader change", and the test
     // `a_retry_tier_holds_what_the_work_queue_did_not_take_until_its_leader_moves`. The
     // operators' remedy: restart the node leading that tier; its new leader's dead-letter
-    // worker takes over what the tier holds (in two runs of three). Jobs found after it are
+    // worker takes over what the tier holds (in three runs of four). Jobs found after it are
     // counted apart.
     let mut remedied_tiers = Vec::new();
     let mut after_remedy: BTreeSet<String> = BTreeSet::new();

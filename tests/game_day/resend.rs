@@ -204,7 +204,7 @@ pub(crate) async fn run() {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "## A retry tier's dead letters the work queue did not confirm (three-node cluster)\n"
+        "## A retry tier's dead letters the work queue did not take (three-node cluster)\n"
     );
     let _ = writeln!(
         table,
