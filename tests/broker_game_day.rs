@@ -265,7 +265,7 @@ async fn game_day() {
     // counted apart.
     let mut remedied_tiers = Vec::new();
     let mut after_remedy: BTreeSet<String> = BTreeSet::new();
-    for tier in cluster.queues_holding_dead_letters().unwrap_or_default() {
+    for (tier, _) in cluster.dead_letters_held().unwrap_or_default() {
         let node = cluster
             .restart_leader_of(&tier)
             .await

@@ -160,34 +160,21 @@ impl RabbitCluster {
         Ok(node)
     }
 
-    /// How many messages the queues' leaders hold for at-least-once dead-lettering
-    /// (`messages_dlx`): dead-lettered, not yet confirmed by the target queue.
-    pub(crate) fn messages_dlx(&self) -> Result<u64, String> {
-        const EXPR: &str = "lists:sum([case amqqueue:get_pid(Q) of {_, L} -> \
-            case rpc:call(L, rabbit_amqqueue, info, [Q, [messages_dlx]]) of \
-            [{messages_dlx, D}] when is_integer(D) -> D; _ -> 0 end; _ -> 0 end \
-            || Q <- rabbit_amqqueue:list()]).";
-        let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
-        text.trim()
-            .parse()
-            .map_err(|e| format!("messages_dlx: {e}: {text}"))
-    }
-
-    /// The queues whose leaders hold messages for at-least-once dead-lettering.
-    pub(crate) fn queues_holding_dead_letters(&self) -> Result<Vec<String>, String> {
+    /// The queues whose leaders hold messages for at-least-once dead-lettering (`messages_dlx`:
+    /// dead-lettered, not yet confirmed by the target queue), each with how many.
+    pub(crate) fn dead_letters_held(&self) -> Result<Vec<(String, u64)>, String> {
         const EXPR: &str = "lists:flatten([begin {resource,_,queue,N} = amqqueue:get_name(Q), \
             case amqqueue:get_pid(Q) of {_, L} -> \
             case rpc:call(L, rabbit_amqqueue, info, [Q, [messages_dlx]]) of \
-            [{messages_dlx, D}] when is_integer(D), D > 0 -> [N]; _ -> [] end; \
+            [{messages_dlx, D}] when is_integer(D), D > 0 -> [{N, D}]; _ -> [] end; \
             _ -> [] end end || Q <- rabbit_amqqueue:list()]).";
         let text = self.any_running()?.cli("rabbitmqctl", &["eval", EXPR])?;
-        // The names come back as an Erlang list of binaries: [<<"name">>, ...].
-        Ok(text
-            .split("<<\"")
-            .skip(1)
-            .filter_map(|part| part.split("\">>").next())
-            .map(str::to_owned)
-            .collect())
+        held_from(&text)
+    }
+
+    /// How many messages the queues' leaders hold for at-least-once dead-lettering, in all.
+    pub(crate) fn messages_dlx(&self) -> Result<u64, String> {
+        Ok(self.dead_letters_held()?.iter().map(|(_, n)| n).sum())
     }
 
     /// How long a quorum queue's dead-letter worker waits for the target's confirm before it
@@ -232,6 +219,49 @@ impl RabbitCluster {
             .filter_map(|r| r["Node Name"].as_str().map(str::to_owned))
             .collect())
     }
+}
+
+/// `rabbitmqctl eval`'s printing of an Erlang list of pairs, `[{<<"name">>,5}, ...]` (over
+/// lines when long).
+fn held_from(text: &str) -> Result<Vec<(String, u64)>, String> {
+    text.split("{<<\"")
+        .skip(1)
+        .map(|part| {
+            let (name, rest) = part
+                .split_once("\">>,")
+                .ok_or_else(|| format!("messages_dlx: {text}"))?;
+            let count: String = rest
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let count = count
+                .parse()
+                .map_err(|e| format!("messages_dlx: {e}: {text}"))?;
+            Ok((name.to_owned(), count))
+        })
+        .collect()
+}
+
+#[test]
+fn dead_letters_held_are_read_from_rabbitmqctl_s_printing() {
+    assert_eq!(
+        held_from("[{<<\"fbt.x.retry.250ms\">>,5},{<<\"b\">>,12}]\n"),
+        Ok(vec![
+            ("fbt.x.retry.250ms".to_owned(), 5),
+            ("b".to_owned(), 12)
+        ])
+    );
+    // A long list is printed over lines, a long pair too.
+    assert_eq!(
+        held_from("[{<<\"a\">>,1},\n {<<\"a-very-long-queue-name\">>,\n  23}]\n"),
+        Ok(vec![
+            ("a".to_owned(), 1),
+            ("a-very-long-queue-name".to_owned(), 23)
+        ])
+    );
+    assert_eq!(held_from("[]\n"), Ok(Vec::new()));
+    assert!(held_from("[{<<\"a\">>,x}]").is_err());
 }
 
 impl Drop for RabbitCluster {

@@ -138,35 +138,31 @@ impl Worker {
                         tasks.spawn(process(Arc::clone(&deliveries), delivery));
                     }
                     // A channel's state as the consumer's error: the connection went, and lapin
-                    // kept that in place of its reason. The watch names it (below), or leaves it
-                    // unnamed.
-                    Some(Err(e)) if is_state_error(&e) => break Err(AmqpError::ConnectionLost {
-                        step: format!("consume {}", o.queue),
-                        source: None,
-                    }),
-                    Some(Err(e)) => break Err(AmqpError::broker(format!("consume {}", o.queue), e)),
-                    None => break Err(AmqpError::ConnectionLost {
+                    // kept that in place of its reason. The watch names it (`None`: below), or
+                    // leaves it unnamed.
+                    Some(Err(e)) if is_state_error(&e) => break Err(None),
+                    Some(Err(e)) => break Err(Some(AmqpError::broker(format!("consume {}", o.queue), e))),
+                    None => break Err(Some(AmqpError::ConnectionLost {
                         step: format!("consume {}", o.queue),
                         source: lost.last_error(),
-                    }),
+                    })),
                 },
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => backoff.check_settled(),
                 () = &mut lived, if backoff.is_young() => backoff.lived(),
                 // A consumer that goes quiet on a lost connection without its error.
-                source = &mut connection_lost => break Err(AmqpError::ConnectionLost {
+                source = &mut connection_lost => break Err(Some(AmqpError::ConnectionLost {
                     step: format!("consume {}", o.queue),
                     source,
-                }),
+                })),
             }
         };
         let ended = match ended {
-            Err(AmqpError::ConnectionLost { step, source: None }) => {
-                Err(AmqpError::ConnectionLost {
-                    step,
-                    source: lost.reason_within(LOSS_REASON_WAIT).await,
-                })
-            }
-            other => other,
+            Ok(()) => Ok(()),
+            Err(Some(e)) => Err(e),
+            Err(None) => Err(AmqpError::ConnectionLost {
+                step: format!("consume {}", o.queue),
+                source: lost.reason_within(LOSS_REASON_WAIT).await,
+            }),
         };
         match ended {
             Ok(()) => {
