@@ -9,6 +9,8 @@
 //!   reports to the [`fleet_budget::FleetBudget`], publishes retries to delay tiers and
 //!   dead-letters with the headers of `docs/semantics.md`, acking only after the broker
 //!   confirmed the copy; what becomes of a failed job is the pure [`Outcome::of_decision`];
+//! * [`dead_letters`]: what waits in the dead-letter and parked queues, counted in the fleet
+//!   store as messages enter and leave, so that looking never reads a queue;
 //! * [`headers`]: every header name and the message-identity rules, in one file;
 //! * [`replay`]: a [`Replayer`] that moves dead-lettered jobs back, filtered, paced, bounded,
 //!   pausing while the dependency's budget is exhausted, parking loops and garbage;
@@ -39,6 +41,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod dead_letters;
 pub mod error;
 pub mod frame_guard;
 pub mod headers;

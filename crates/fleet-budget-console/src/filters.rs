@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::dead_letters::Which;
 
-/// The CLI's filters (`--dependency`, `--reason`, `--task`, `--since`, `--until`,
-/// `--error-contains`), as a query or a form.
+/// The CLI's filters (`--dependency`, `--reason`, `--error-class`, `--task`, `--since`,
+/// `--until`, `--error-contains`), as a query or a form.
 #[derive(Debug, Default, Clone, Deserialize)]
 pub(crate) struct FilterForm {
     #[serde(default)]
@@ -58,6 +58,7 @@ impl FilterForm {
             task: some(self.task.as_ref()).map(str::to_owned),
             message_id: None,
             error_contains: some(self.error_contains.as_ref()).map(str::to_owned),
+            error_class: some(self.error_class.as_ref()).map(str::to_owned),
         })
     }
 }

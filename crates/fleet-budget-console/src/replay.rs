@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleet_budget::FleetBudget;
-use fleet_budget::control::{AuditEntry, AuditLog};
+use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex};
 use fleet_budget::store::RedisStore;
+use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::purge::purge_queue;
 use fleet_budget_amqp::replay::{Breakers, HoldReason, Rate, ReplayMode, ReplayOutcome, audit};
 use fleet_budget_amqp::{
@@ -31,7 +32,7 @@ use crate::access::lock;
 pub(crate) const JOBS_KEPT: usize = 20;
 
 /// What a replay would do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Prediction {
     pub(crate) total: u64,
     pub(crate) matched: u64,
@@ -39,6 +40,10 @@ pub(crate) struct Prediction {
     pub(crate) parked: u64,
     pub(crate) skipped: u64,
     pub(crate) failed: u64,
+    /// Messages the prediction could not place (0 when exact).
+    pub(crate) uncertain: u64,
+    /// Why it is an estimate, when it is.
+    pub(crate) estimate: Option<String>,
 }
 
 /// Predicts a replay of the dead-letter queue with `filter` (at most `limit` moved), moving
@@ -48,6 +53,7 @@ pub(crate) struct Prediction {
 /// The broker failed.
 pub(crate) async fn dry_run(
     config: &WorkerConfig,
+    store: &Arc<RedisStore>,
     filter: &ReplayFilter,
     limit: Option<u64>,
 ) -> Result<Prediction, AmqpError> {
@@ -56,6 +62,7 @@ pub(crate) async fn dry_run(
     options.filter = filter.clone();
     options.limit = limit;
     let r = Replayer::new(config.amqp.connection(), topology, None)
+        .with_index(Some(DeadLetterIndex::new(Arc::clone(store))))
         .dry_run(&options)
         .await?;
     Ok(Prediction {
@@ -65,6 +72,8 @@ pub(crate) async fn dry_run(
         parked: r.would_park_looping + r.malformed,
         skipped: r.skipped,
         failed: r.would_fail,
+        uncertain: r.uncertain,
+        estimate: r.estimate,
     })
 }
 
@@ -446,9 +455,21 @@ pub(crate) async fn purge(
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;
-    let report = purge_queue(config.amqp.connection(), queue, filter, None)
-        .await
-        .map_err(|e| e.to_string())?;
+    let index = DeadLetterIndex::new(Arc::clone(&cx.store));
+    let counted = if parked {
+        Counted::Parked
+    } else {
+        Counted::DeadLetters
+    };
+    let report = purge_queue(
+        config.amqp.connection(),
+        queue,
+        filter,
+        None,
+        Some((&index, counted)),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;

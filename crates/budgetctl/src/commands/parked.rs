@@ -4,6 +4,7 @@
 //! (`Replayer::parked`), and `purge` deletes for good, so it asks for `--yes`.
 
 use clap::{Args, Subcommand};
+use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::{audit, purge_queue};
 use fleet_budget_amqp::{ReplayOptions, Topology, WorkerConfig, queue_depths};
 use serde::Serialize;
@@ -99,11 +100,13 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
     let before = queue_depths(config.amqp.connection(), topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
+    let index = crate::commands::dlq::dead_letter_index(config);
     let r = purge_queue(
         config.amqp.connection(),
         &topology.parked_queue,
         &filter,
         args.limit,
+        index.as_ref().map(|i| (i, Counted::Parked)),
     )
     .await
     .map_err(|e| broker_error(config, &e))?;

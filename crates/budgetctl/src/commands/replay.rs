@@ -49,6 +49,9 @@ pub(crate) struct ReplayArgs {
     /// Only messages whose (redacted) error text contains this.
     #[arg(long, value_name = "TEXT")]
     error_contains: Option<String>,
+    /// Only messages of this error class.
+    #[arg(long, value_name = "CLASS")]
+    error_class: Option<String>,
     #[command(flatten)]
     pace: PaceArgs,
     #[command(flatten)]
@@ -118,6 +121,15 @@ pub(crate) struct ReplayOutput {
     slowdowns: u64,
     /// The lowest rate moves went at, messages per second (`null`: nothing moved).
     lowest_rate: Option<f64>,
+    /// A dry run: whether its prediction is exact (`null` for a run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exact: Option<bool>,
+    /// A dry run: messages it could not place, each either moved or skipped (`null` for a run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uncertain: Option<u64>,
+    /// A dry run: why its prediction is an estimate, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimate: Option<String>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -165,6 +177,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         task: args.task.clone(),
         message_id: args.message_id.clone(),
         error_contains: args.error_contains.clone(),
+        error_class: args.error_class.clone(),
     };
     args.pace.apply(&mut options);
     replay(config, Source::DeadLetters, &options, &args.run).await
@@ -220,6 +233,7 @@ async fn replay_queue(
     };
     if dry_run {
         let r = replayer(None)
+            .with_index(crate::commands::dlq::dead_letter_index(config))
             .dry_run(options)
             .await
             .map_err(|e| broker_error(config, &e))?;
@@ -242,12 +256,26 @@ async fn replay_queue(
             held_breaker_secs: 0.0,
             slowdowns: 0,
             lowest_rate: None,
+            exact: Some(r.exact),
+            uncertain: Some(r.uncertain),
+            estimate: r.estimate.clone(),
         };
         if !json {
             outln!(
-                "dry run: {} messages in the queue, nothing moved",
-                thousands(r.total)
+                "dry run: {} messages in the queue, nothing moved, nothing read ({})",
+                thousands(r.total),
+                if r.exact {
+                    "exact: the dead-letter index agrees with the queue"
+                } else {
+                    "an estimate"
+                }
             );
+            if let Some(why) = &r.estimate {
+                outln!(
+                    "estimate: {} messages could not be placed (each is either moved or skipped): {why}",
+                    thousands(r.uncertain)
+                );
+            }
             let mut rows = vec![vec![
                 "dependency".to_owned(),
                 "reason".to_owned(),
@@ -348,6 +376,9 @@ async fn replay_queue(
         held_breaker_secs: r.held_breaker.as_secs_f64(),
         slowdowns: r.slowdowns,
         lowest_rate: r.lowest_rate.map(|r| r.per_sec()),
+        exact: None,
+        uncertain: None,
+        estimate: None,
     };
     Ok((out, Some(entry)))
 }

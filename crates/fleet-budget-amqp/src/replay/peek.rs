@@ -116,6 +116,7 @@ impl QueuedMessage {
             && filter
                 .reason
                 .is_none_or(|r| self.reason.as_deref() == Some(r.as_str()))
+            && is(&filter.error_class, &self.error_class)
             && filter.since_ms.is_none_or(|t| at >= t)
             && filter.until_ms.is_none_or(|t| at < t)
             && filter

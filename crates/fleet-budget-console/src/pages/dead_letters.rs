@@ -13,6 +13,7 @@ pub(super) fn filter_fields(q: &FilterForm) -> Markup {
         input type="hidden" name="since" value=(v(&q.since));
         input type="hidden" name="until" value=(v(&q.until));
         input type="hidden" name="error_contains" value=(v(&q.error_contains));
+        input type="hidden" name="error_class" value=(v(&q.error_class));
     }
 }
 
@@ -89,7 +90,7 @@ pub(crate) fn dead_letters(
                 }
             }
             @if groups.is_empty() { p { "No message in the sample matches." } }
-            p.note { "A replay or purge selects by dependency and reason (and the filters above); the error class groups what you see, it is not a filter of the replay library." }
+            p.note { "A replay or purge from a row selects that row: its dependency, reason and error class (and the filters above), nothing else." }
         },
     )
 }
@@ -179,7 +180,12 @@ pub(crate) fn dry_run(
         "Replay: dry run",
         Some(v),
         html! {
-            p { "Nothing moved. Of " (p.total) " messages in the dead-letter queue:" }
+            p { "Nothing moved, nothing read: predicted from the dead-letter index. Of " (p.total) " messages in the dead-letter queue:" }
+            @if let Some(why) = &p.estimate {
+                p.warning #p-estimate { "An estimate, not exact: " (why) " (" (p.uncertain) " messages could not be placed; each is either moved or skipped)." }
+            } @else {
+                p #p-exact { "Exact: the index agrees with the queue." }
+            }
             table #prediction {
                 tr { th { "matched" } td #p-matched { (p.matched) } }
                 tr { th { "would be moved back" } td #p-moved { (p.moved) } }

@@ -182,7 +182,7 @@ pub(super) async fn dry_run_action(
     let prediction = within(
         &app,
         "RabbitMQ",
-        replay::dry_run(&app.settings.config, &filter, limit),
+        replay::dry_run(&app.settings.config, &app.store, &filter, limit),
     )
     .await;
     drop(guard);
