@@ -2,8 +2,9 @@
 //!
 //! Where the fleet-wide retry budget meets RabbitMQ (via `lapin`):
 //!
-//! * [`topology`]: the exchanges and queues, declared by the versioned files of `migrations/`
-//!   through [`migrate`] (idempotent, with a dry-run plan, and an error naming every differing
+//! * [`topology`]: the exchanges and queues, declared by the versioned migration files (the
+//!   repository's top-level `migrations/`, compiled in from the crate's generated copy) through
+//!   [`migrate`] (idempotent, with a dry-run plan, and an error naming every differing
 //!   argument when an existing queue was declared otherwise);
 //! * [`worker`]: a [`Worker`] that consumes with a prefetch, runs an async handler per job,
 //!   reports to the [`fleet_budget::FleetBudget`], publishes retries to delay tiers and

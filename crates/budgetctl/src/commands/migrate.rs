@@ -1,4 +1,5 @@
-//! `budgetctl migrate`: declares or upgrades the broker topology of `migrations/`.
+//! `budgetctl migrate`: declares or upgrades the broker topology of the repository's
+//! `migrations/` (compiled into `fleet-budget-amqp`).
 
 use clap::Args;
 use fleet_budget::redact::redact_url;
