@@ -28,6 +28,9 @@ pub(crate) struct FilterForm {
     pub(crate) error_contains: Option<String>,
     #[serde(default)]
     pub(crate) error_class: Option<String>,
+    /// Any value: also the messages whose dead-letter headers cannot be read.
+    #[serde(default)]
+    pub(crate) malformed: Option<String>,
 }
 
 impl FilterForm {
@@ -59,6 +62,7 @@ impl FilterForm {
             message_id: None,
             error_contains: some(self.error_contains.as_ref()).map(str::to_owned),
             error_class: some(self.error_class.as_ref()).map(str::to_owned),
+            malformed: some(self.malformed.as_ref()).is_some(),
         })
     }
 }

@@ -65,6 +65,10 @@ pub(crate) struct MessageFilterArgs {
     /// Only messages of this error class.
     #[arg(long, value_name = "CLASS")]
     pub(crate) error_class: Option<String>,
+    /// With another filter, also the messages whose dead-letter headers cannot be read (no
+    /// filter selects them otherwise; no filter at all selects everything).
+    #[arg(long)]
+    pub(crate) include_malformed: bool,
 }
 
 impl MessageFilterArgs {
@@ -79,6 +83,7 @@ impl MessageFilterArgs {
             reason: self.reason.as_deref().and_then(DeadLetterReason::parse),
             task: self.task.clone(),
             error_class: self.error_class.clone(),
+            malformed: self.include_malformed,
             ..ReplayFilter::default()
         })
     }
@@ -396,16 +401,16 @@ pub(crate) fn dead_letter_index(config: &WorkerConfig) -> Option<DeadLetterIndex
     .map(|store| DeadLetterIndex::new(Arc::new(store)))
 }
 
-/// What `dlq reindex` prints as JSON, per queue.
+/// What `dlq reindex` (and `migrate`) prints as JSON, per queue.
 #[derive(Debug, Serialize)]
-struct ReindexedQueue {
-    queue: String,
+pub(crate) struct ReindexedQueue {
+    pub(crate) queue: String,
     /// Messages in the queue at the start.
     total: u64,
     /// Messages read and put back.
     read: u64,
     /// Messages the new index counts.
-    indexed: u64,
+    pub(crate) indexed: u64,
     /// Rows of the new index.
     rows: u64,
     /// Put back, but possibly left beside their copy (the broker did not answer behind the acks).
@@ -416,6 +421,57 @@ struct ReindexedQueue {
 struct ReindexOutput {
     dead_letter: ReindexedQueue,
     parked: ReindexedQueue,
+}
+
+/// For `budgetctl migrate`: indexes the dead-letter and parked queues that hold messages and
+/// have no index yet (dead letters of a topology older than the index), once. Nothing when
+/// Redis cannot be used (said on stderr: `dlq stats` then labels its counts an estimate).
+pub(crate) async fn index_unindexed(config: &WorkerConfig) -> Vec<ReindexedQueue> {
+    let topology = Topology::new(&config.amqp);
+    let Some(index) = dead_letter_index(config) else {
+        return Vec::new();
+    };
+    let mut done = Vec::new();
+    for parked in [false, true] {
+        let replayer = if parked {
+            Replayer::parked(config.amqp.connection(), topology.clone(), None)
+        } else {
+            Replayer::new(config.amqp.connection(), topology.clone(), None)
+        }
+        .with_index(Some(index.clone()));
+        let counts = match replayer.counts().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("budgetctl: dead-letter index not checked: {e}");
+                continue;
+            }
+        };
+        if let Some(e) = &counts.index_error {
+            eprintln!(
+                "budgetctl: the dead-letter index of {} cannot be read ({e}); run `budgetctl dlq reindex` once Redis answers",
+                counts.queue
+            );
+            continue;
+        }
+        if counts.depth == 0 || counts.indexed() > 0 {
+            continue;
+        }
+        match replayer.reindex().await {
+            Ok(r) => done.push(ReindexedQueue {
+                queue: counts.queue.clone(),
+                total: r.total,
+                read: r.seen,
+                indexed: r.indexed,
+                rows: r.rows,
+                uncertain: r.uncertain,
+            }),
+            Err(e) => eprintln!(
+                "budgetctl: the dead letters of {} were not indexed ({e}); run `budgetctl dlq reindex`",
+                counts.queue
+            ),
+        }
+    }
+    done
 }
 
 /// `budgetctl dlq reindex`: rebuilds the index of both queues (see [`DlqCommand::Reindex`]).

@@ -52,6 +52,10 @@ pub(crate) struct ReplayArgs {
     /// Only messages of this error class.
     #[arg(long, value_name = "CLASS")]
     error_class: Option<String>,
+    /// Also park the dead letters whose headers cannot be read (a producer's garbage, the
+    /// broker's own dead letters): without it a replay leaves them where they are.
+    #[arg(long)]
+    include_malformed: bool,
     #[command(flatten)]
     pace: PaceArgs,
     #[command(flatten)]
@@ -178,6 +182,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         message_id: args.message_id.clone(),
         error_contains: args.error_contains.clone(),
         error_class: args.error_class.clone(),
+        malformed: args.include_malformed,
     };
     args.pace.apply(&mut options);
     replay(config, Source::DeadLetters, &options, &args.run).await

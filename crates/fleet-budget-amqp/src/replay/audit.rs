@@ -92,6 +92,8 @@ pub fn describe(filter: &ReplayFilter) -> String {
     push("since_ms", filter.since_ms.map(|t| t.to_string()));
     push("until_ms", filter.until_ms.map(|t| t.to_string()));
     push("error_contains", filter.error_contains.clone());
+    push("error_class", filter.error_class.clone());
+    push("malformed", filter.malformed.then(|| "included".to_owned()));
     if parts.is_empty() {
         "all".to_owned()
     } else {

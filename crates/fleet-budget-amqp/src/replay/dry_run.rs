@@ -70,16 +70,38 @@ impl Replayer {
     /// is not an error: the prediction then says everything is uncertain, and why.)
     pub async fn dry_run(&self, options: &ReplayOptions) -> Result<DryRunReport, AmqpError> {
         let counts = self.counts().await?;
-        let mut report = self.predict(options, &counts);
-        let missing = self
-            .missing_exchanges(report_exchanges(&report).iter())
-            .await?;
-        for exchange in missing {
-            let n = report.to_exchange.get(&exchange).copied().unwrap_or(0);
-            report.report.would_move -= n;
-            report.report.would_fail += n;
+        let mut p = self.predict(options, &counts);
+        let missing = self.missing_exchanges(report_exchanges(&p).iter()).await?;
+        let missing: u64 = missing
+            .iter()
+            .map(|e| p.to_exchange.get(e).copied().unwrap_or(0))
+            .sum();
+        let r = &mut p.report;
+        // The run checks each original exchange before moving to it, and counts a move to a
+        // missing one failed; the limit counts both.
+        let taken = p.candidates.min(options.limit.unwrap_or(u64::MAX));
+        r.skipped += p.candidates - taken;
+        if taken == p.candidates || missing == 0 {
+            r.would_fail = missing.min(taken);
+            r.would_move = taken - r.would_fail;
+        } else {
+            // The limit takes the oldest first: which of them go to a missing exchange cannot be
+            // told from counts by the minute.
+            r.would_fail = missing.min(taken);
+            r.would_move = taken - r.would_fail;
+            let unsure = missing.min(taken);
+            r.uncertain += unsure;
+            r.exact = false;
+            let why = format!(
+                "the limit takes {taken} of {} selected messages, oldest first, and {missing} of them go to an exchange that does not exist: how many of those are among the first {taken} cannot be told without reading",
+                p.candidates
+            );
+            r.estimate = Some(match r.estimate.take() {
+                Some(w) => format!("{w}; {why}"),
+                None => why,
+            });
         }
-        Ok(report.report)
+        Ok(p.report)
     }
 
     /// The source queue's depth and index, read without reading a message.
@@ -100,7 +122,8 @@ impl Replayer {
         counted
     }
 
-    /// The prediction of a run with `options` over `counts` (before the exchanges are checked).
+    /// The prediction of a run with `options` over `counts`, before the limit and the
+    /// exchanges: the messages it would move are its candidates.
     fn predict(&self, options: &ReplayOptions, counts: &QueueCounts) -> Prediction {
         let options = &self.effective(options);
         let filter = &options.filter;
@@ -108,11 +131,7 @@ impl Replayer {
         let r = &mut p.report;
         r.total = counts.depth;
         r.oldest_dead_lettered_ms = counts.oldest_minute().map(|m| m.saturating_mul(60_000));
-        let mut rows: Vec<_> = counts.rows.iter().collect();
-        // A run reads oldest first: the limit takes the earliest rows.
-        rows.sort_by_key(|(row, _)| row.minute);
-        let mut moves_left = options.limit.unwrap_or(u64::MAX);
-        for (row, n) in rows {
+        for (row, n) in &counts.rows {
             let n = *n;
             match filter.selects_row(row) {
                 Some(false) => r.skipped += n,
@@ -138,13 +157,11 @@ impl Replayer {
                     if row.replays >= options.max_replays {
                         r.would_park_looping += n;
                     } else {
-                        let moved = n.min(moves_left);
-                        moves_left -= moved;
-                        r.would_move += moved;
-                        r.skipped += n - moved;
+                        // Moved (or failed), up to the limit: settled in `dry_run`.
+                        p.candidates += n;
                         *p.to_exchange
                             .entry(row.original_exchange.clone())
-                            .or_default() += moved;
+                            .or_default() += n;
                     }
                 }
             }
@@ -295,10 +312,12 @@ impl Replayer {
     }
 }
 
-/// A prediction, and the moves it counts per original exchange (to check they exist).
+/// A prediction, and the messages it would move (before the limit) per original exchange (to
+/// check they exist).
 #[derive(Default)]
 struct Prediction {
     report: DryRunReport,
+    candidates: u64,
     to_exchange: HashMap<String, u64>,
 }
 

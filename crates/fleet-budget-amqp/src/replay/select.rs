@@ -32,14 +32,25 @@ pub struct ReplayFilter {
     pub error_contains: Option<String>,
     /// Only messages of this error class.
     pub error_class: Option<String>,
+    /// Also select the messages whose dead-letter headers cannot be read (a producer's garbage,
+    /// the broker's own dead letters), which a run parks. An empty filter selects them anyway;
+    /// any other selects them only with this.
+    pub malformed: bool,
 }
 
 impl ReplayFilter {
-    /// Whether the filter selects everything (then, and only then, messages whose headers
-    /// cannot be read are selected too: nothing in them can be trusted to match a field).
+    /// Whether the filter selects everything (then messages whose headers cannot be read are
+    /// selected too: nothing in them can be trusted to match a field).
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self == &Self::default()
+    }
+
+    /// Whether messages whose dead-letter headers cannot be read are selected: by an empty
+    /// filter, or one with [`ReplayFilter::malformed`].
+    #[must_use]
+    pub fn selects_malformed(&self) -> bool {
+        self.malformed || self.is_empty()
     }
 
     /// Whether every message counted under `row` is selected (`Some(true)`), none is
@@ -48,7 +59,7 @@ impl ReplayFilter {
     #[must_use]
     pub fn selects_row(&self, row: &Row) -> Option<bool> {
         if row.reason == UNREADABLE {
-            return Some(self.is_empty());
+            return Some(self.selects_malformed());
         }
         let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         let fields = same(&self.dependency, &row.dependency)
@@ -160,8 +171,8 @@ impl ReplayOptions {
 
 /// What becomes of one dead-lettered message.
 pub(super) enum Class {
-    /// Not a readable dead-letter, selected by an empty filter: parked with this reason.
-    /// (A filter with any field set never selects one: nothing in it can be trusted to match.)
+    /// Not a readable dead-letter, selected ([`ReplayFilter::selects_malformed`]): parked with
+    /// this reason. (No field of a filter can match one: nothing in it can be trusted.)
     Malformed(String),
     /// Not selected by the filter, or beyond the limit: left in the dead-letter queue.
     Skip,
@@ -189,7 +200,7 @@ impl<'a> Selection<'a> {
     /// Sorts the next message read.
     pub(super) fn sort(&mut self, delivery: &Delivery) -> Class {
         match self.sort_all(delivery) {
-            Class::Malformed(_) if !self.options.filter.is_empty() => Class::Skip,
+            Class::Malformed(_) if !self.options.filter.selects_malformed() => Class::Skip,
             class => class,
         }
     }

@@ -14,6 +14,7 @@ pub(super) fn filter_fields(q: &FilterForm) -> Markup {
         input type="hidden" name="until" value=(v(&q.until));
         input type="hidden" name="error_contains" value=(v(&q.error_contains));
         input type="hidden" name="error_class" value=(v(&q.error_class));
+        input type="hidden" name="malformed" value=(v(&q.malformed));
     }
 }
 
