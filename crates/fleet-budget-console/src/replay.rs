@@ -77,6 +77,10 @@ pub(crate) async fn dry_run(
     })
 }
 
+/// The audit action of a purge of the dead-letter queue (the console's; `budgetctl` purges only
+/// the parked queue).
+const DLQ_PURGE: &str = "dlq_purge";
+
 /// Where a run stands, for its page.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct JobState {
@@ -309,6 +313,35 @@ impl Run<'_> {
         options.filter = filter;
         options.rate = Some(rate);
         options.limit = limit;
+        // The intent first: who, what selection, how many expected; not recorded, nothing moves.
+        let run_id = lock(&self.job.state).id.clone();
+        let expected = Replayer::new(config.amqp.connection(), topology.clone(), None)
+            .with_index(Some(DeadLetterIndex::new(Arc::clone(&self.cx.store))))
+            .dry_run(&options)
+            .await
+            .map_or(Value::Null, |p| {
+                json!({
+                    "moved": p.would_move,
+                    "parked": p.would_park_looping,
+                    "failed": p.would_fail,
+                    "exact": p.exact,
+                })
+            });
+        let intent = audit::intent_entry(
+            self.actor,
+            audit::REPLAY,
+            &options.filter,
+            self.note,
+            &run_id,
+            &before,
+            &expected,
+        );
+        if let Err(e) = self.cx.audit.record(&self.cx.store, &intent).await {
+            let _ = budget.shutdown().await;
+            return Err(format!(
+                "nothing moved: the replay's intent could not be audited: {e}"
+            ));
+        }
         let handle = Replayer::new(
             config.amqp.connection(),
             topology.clone(),
@@ -340,10 +373,44 @@ impl Run<'_> {
         }
         let outcome = handle.wait().await;
         let _ = budget.shutdown().await;
-        let r = match outcome.map_err(|e| e.to_string())? {
-            ReplayOutcome::Run(r) => r,
-            ReplayOutcome::DryRun(_) => {
+        let r = match outcome {
+            Ok(ReplayOutcome::Run(r)) => r,
+            Ok(ReplayOutcome::DryRun(_)) => {
                 return Err("the replay library returned a dry run's outcome for a run".to_owned());
+            }
+            Err(e) => {
+                // Where it stopped, in the trail: the counts it had reached and the error.
+                let after = queue_depths(config.amqp.connection(), &topology)
+                    .await
+                    .unwrap_or_else(|_| before.clone());
+                let s = lock(&self.job.state).clone();
+                let reached = fleet_budget_amqp::ReplayReport {
+                    total: s.total,
+                    seen: s.seen,
+                    moved: s.moved,
+                    parked: s.parked,
+                    skipped: s.skipped,
+                    failed: s.failed,
+                    ..fleet_budget_amqp::ReplayReport::default()
+                };
+                let entry = audit::ended(
+                    audit::replay_entry(
+                        self.actor,
+                        audit::REPLAY,
+                        &options.filter,
+                        self.note,
+                        &before,
+                        &after,
+                        &reached,
+                    ),
+                    &run_id,
+                    &format!(
+                        "failed: {}",
+                        fleet_budget::redact::redact_text(&e.to_string())
+                    ),
+                );
+                let _ = self.cx.audit.record(&self.cx.store, &entry).await;
+                return Err(e.to_string());
             }
         };
         {
@@ -360,14 +427,22 @@ impl Run<'_> {
         let after = queue_depths(config.amqp.connection(), &topology)
             .await
             .map_err(|e| e.to_string())?;
-        let mut entry = audit::replay_entry(
-            self.actor,
-            audit::REPLAY,
-            &options.filter,
-            self.note,
-            &before,
-            &after,
-            &r,
+        let mut entry = audit::ended(
+            audit::replay_entry(
+                self.actor,
+                audit::REPLAY,
+                &options.filter,
+                self.note,
+                &before,
+                &after,
+                &r,
+            ),
+            &run_id,
+            if r.cancelled {
+                "cancelled"
+            } else {
+                "completed"
+            },
         );
         // The closed loop's part in the run, and who stopped it, beside its counts.
         let cancelled_by = lock(&self.job.state).cancel_requested_by.clone();
@@ -461,6 +536,33 @@ pub(crate) async fn purge(
     } else {
         Counted::DeadLetters
     };
+    let action = if parked {
+        audit::PARKED_PURGE
+    } else {
+        DLQ_PURGE
+    };
+    // The intent first; not recorded, nothing is deleted.
+    let run_id = crate::access::random_hex();
+    let source = if parked {
+        Replayer::parked(config.amqp.connection(), topology.clone(), None)
+    } else {
+        Replayer::new(config.amqp.connection(), topology.clone(), None)
+    };
+    let expected = source
+        .with_index(Some(index.clone()))
+        .counts()
+        .await
+        .map_or(Value::Null, |c| {
+            json!({
+                "purged": c.matching(|row| filter.selects_row(row) == Some(true)),
+                "exact": c.exact(),
+            })
+        });
+    let intent = audit::intent_entry(actor, action, filter, note, &run_id, &before, &expected);
+    cx.audit
+        .record(&cx.store, &intent)
+        .await
+        .map_err(|e| format!("nothing deleted: the purge's intent could not be audited: {e}"))?;
     let report = purge_queue(
         config.amqp.connection(),
         queue,
@@ -473,9 +575,13 @@ pub(crate) async fn purge(
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;
-    let mut entry = audit::purge_entry(actor, filter, note, &before, &after, &report);
+    let mut entry = audit::ended(
+        audit::purge_entry(actor, filter, note, &before, &after, &report),
+        &run_id,
+        "completed",
+    );
     if !parked {
-        "dlq_purge".clone_into(&mut entry.action);
+        DLQ_PURGE.clone_into(&mut entry.action);
     }
     cx.audit
         .record(&cx.store, &entry)

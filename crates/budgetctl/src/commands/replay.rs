@@ -303,6 +303,38 @@ async fn replay_queue(
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
+    let action = match source {
+        Source::DeadLetters => audit::REPLAY,
+        Source::Parked => audit::PARKED_REPLAY,
+    };
+    // The intent first: who, what selection, how many expected (the dry run, which reads no
+    // message). Not recorded (Redis down), nothing moves.
+    let run_id = fleet_budget_amqp::headers::new_message_id();
+    let expected = replayer(None)
+        .with_index(crate::commands::dlq::dead_letter_index(config))
+        .dry_run(options)
+        .await
+        .map(|p| {
+            serde_json::json!({
+                "moved": p.would_move,
+                "parked": p.would_park_looping,
+                "failed": p.would_fail,
+                "exact": p.exact,
+            })
+        })
+        .unwrap_or(serde_json::Value::Null);
+    let intent = audit::intent_entry(
+        &trail.actor(),
+        action,
+        &options.filter,
+        trail.note(),
+        &run_id,
+        &before,
+        &expected,
+    );
+    record(&config.budget, &intent).await.map_err(|e| {
+        anyhow::anyhow!("nothing moved: the replay's intent could not be audited: {e:#}")
+    })?;
     // The budget lets the replayer pause while the dependency's budget is exhausted again, and
     // slow down when its failures rise; the breakers hold it while one is open.
     let budget = FleetBudget::from_config(&config.budget).await?;
@@ -312,8 +344,10 @@ async fn replay_queue(
     let started = Instant::now();
     let mut last_line = Instant::now();
     let mut last_state = String::new();
+    let mut last = ReplayProgress::default();
     let report = replayer
         .run(options, |p: &ReplayProgress| {
+            last = p.clone();
             let due = if terminal {
                 Duration::from_millis(100)
             } else {
@@ -350,22 +384,63 @@ async fn replay_queue(
         eprintln!();
     }
     let _ = budget.shutdown().await;
-    let r = report.map_err(|e| broker_error(config, &e))?;
+    let r = match report {
+        Ok(r) => r,
+        Err(e) => {
+            // Where it stopped, in the trail: the depths now (if the broker answers), and the
+            // error. What it moved before is in the depths; nothing was moved twice.
+            let after = queue_depths(config.amqp.connection(), &topology)
+                .await
+                .unwrap_or_else(|_| before.clone());
+            let entry = audit::ended(
+                audit::replay_entry(
+                    &trail.actor(),
+                    action,
+                    &options.filter,
+                    trail.note(),
+                    &before,
+                    &after,
+                    &fleet_budget_amqp::ReplayReport {
+                        total: last.total,
+                        seen: last.seen,
+                        moved: last.moved,
+                        parked: last.parked,
+                        skipped: last.skipped,
+                        failed: last.failed,
+                        ..fleet_budget_amqp::ReplayReport::default()
+                    },
+                ),
+                &run_id,
+                &format!(
+                    "failed: {}",
+                    fleet_budget::redact::redact_text(&e.to_string())
+                ),
+            );
+            if let Err(a) = record(&config.budget, &entry).await {
+                eprintln!("budgetctl: {a:#}");
+            }
+            return Err(broker_error(config, &e));
+        }
+    };
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
-    let action = match source {
-        Source::DeadLetters => audit::REPLAY,
-        Source::Parked => audit::PARKED_REPLAY,
-    };
-    let entry = audit::replay_entry(
-        &trail.actor(),
-        action,
-        &options.filter,
-        trail.note(),
-        &before,
-        &after,
-        &r,
+    let entry = audit::ended(
+        audit::replay_entry(
+            &trail.actor(),
+            action,
+            &options.filter,
+            trail.note(),
+            &before,
+            &after,
+            &r,
+        ),
+        &run_id,
+        if r.cancelled {
+            "cancelled"
+        } else {
+            "completed"
+        },
     );
     let out = ReplayOutput {
         matched: r.matched,

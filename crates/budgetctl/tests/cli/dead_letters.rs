@@ -20,13 +20,13 @@ fn depth(broker: &TestBroker, queue: &str) -> u32 {
 }
 
 /// The global flags for `broker`'s topology (and a Redis key prefix of the test's own); the
-/// audit trail keeps its last 6 entries.
+/// audit trail keeps its last 12 entries.
 fn flags(broker: &TestBroker) -> Vec<String> {
     let prefix = &broker.settings.prefix;
     let config = temp_file(
         &format!("{prefix}.toml"),
         &format!(
-            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n[audit]\nmax_entries = 6\n",
+            "[amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n[audit]\nmax_entries = 12\n",
             broker.url
         ),
     );
@@ -247,16 +247,31 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
         .iter()
         .map(|e| e["action"].as_str().unwrap())
         .collect();
+    // Each replay and purge: its intent before the first message moved, then its end, tied by
+    // the run's id.
     assert_eq!(
         actions,
-        ["migrate", "replay", "parked_replay", "parked_purge"],
+        [
+            "migrate",
+            "replay_started",
+            "replay",
+            "parked_replay_started",
+            "parked_replay",
+            "parked_purge_started",
+            "parked_purge"
+        ],
         "{trail}"
     );
     for e in entries {
         assert_eq!(e["actor"], "ann@ops", "{e}");
         has_fields(e, &["at_ms", "reason", "before", "after"]);
     }
-    let (migrate, replay, parked, purge) = (&entries[0], &entries[1], &entries[2], &entries[3]);
+    for pair in entries[1..].chunks(2) {
+        assert_eq!(pair[0]["after"]["run"], pair[1]["after"]["run"], "{pair:?}");
+        assert_eq!(pair[1]["after"]["ended"], "completed", "{pair:?}");
+    }
+    assert_eq!(entries[1]["after"]["expected"]["moved"], 2, "{trail}");
+    let (migrate, replay, parked, purge) = (&entries[0], &entries[2], &entries[4], &entries[6]);
     assert_eq!(migrate["reason"], "first deploy");
     assert!(
         migrate["after"]["created"].as_u64().unwrap() >= 6,
@@ -283,14 +298,14 @@ fn dlq_peek_and_parked_list_replay_purge_against_rabbitmq() {
         text.contains("INC-7 search recovered") && text.contains("parked_replay"),
         "{text}"
     );
-    // `[audit] max_entries = 6`: the trail keeps the newest six.
+    // `[audit] max_entries = 12`: the trail keeps the newest twelve.
     for i in 0..4 {
         json(&who(&format!("replay --dependency d{i} --json"), "bound"));
     }
     let trail = json(&with("audit --json"));
     let entries = trail["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 6, "{trail}");
-    assert_eq!(entries[0]["action"], "parked_replay", "{trail}");
+    assert_eq!(entries.len(), 12, "{trail}");
+    assert_eq!(entries[0]["action"], "parked_replay_started", "{trail}");
 
     // Five peeks and a replay that skipped it: the peeks count nothing; the replay's consumer
     // may have had its put-back copy pushed past its bound and returned (counted once, the
@@ -386,4 +401,41 @@ fn replay_dry_run_predicts_the_run_and_failures_exit_1_in_both_modes() {
     assert_exit(&text, 1, "not confirmed");
     assert!(!stdout(&text).contains("paused"), "{}", stdout(&text));
     assert_eq!(depth(&broker, &t.work_queue), 3);
+}
+
+/// A replay or purge whose intent cannot be audited (Redis does not answer) moves nothing, and
+/// says so: the trail never misses an action that moved messages.
+#[test]
+fn an_action_whose_intent_cannot_be_audited_moves_nothing() {
+    let broker = TestBroker::new("intent");
+    block_on(broker.migrate());
+    seed(
+        &broker,
+        &[record(&broker, "search", DeadLetterReason::BudgetExhausted)],
+    );
+    let mut flags = flags(&broker);
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", closed.local_addr().unwrap());
+    drop(closed);
+    flags.extend(["--redis-url".to_owned(), url]);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    for command in [
+        "replay --dependency search --json",
+        "parked purge --yes --json",
+    ] {
+        let o = run_with(&on, command);
+        assert_eq!(o.status.code(), Some(1), "{command}: {o:?}");
+        assert!(
+            stderr(&o).contains("could not be audited"),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(
+        depth(&broker, &broker.topology.dead_queue),
+        2,
+        "nothing moved"
+    );
+    assert_eq!(depth(&broker, &broker.topology.work_queue), 0);
 }
