@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use fleet_budget::control::DeadLetterIndex;
+use fleet_budget::control::{DeadLetterIndex, IndexRows};
 use lapin::Channel;
 use serde::Serialize;
 
@@ -53,6 +53,27 @@ pub struct QueueCounts {
 }
 
 impl QueueCounts {
+    /// `queue`'s counts from its depth and the rows of its index as read.
+    #[must_use]
+    pub fn of_index(queue: &str, depth: u64, read: IndexRows) -> Self {
+        let mut counts = Self {
+            queue: queue.to_owned(),
+            depth,
+            unreadable_rows: read.unreadable,
+            ..Self::default()
+        };
+        for (text, n) in read.rows {
+            if text == "[]" {
+                counts.beyond += n;
+            } else if let Some(row) = Row::decode(&text) {
+                counts.rows.push((row, n));
+            } else {
+                counts.unreadable_rows += 1;
+            }
+        }
+        counts
+    }
+
     /// Messages the index counts (its rows and those beyond its bound).
     #[must_use]
     pub fn indexed(&self) -> u64 {
@@ -184,21 +205,12 @@ pub async fn count_queue(
         return Ok(counts);
     };
     match index.read(queue).await {
-        Ok(read) => {
-            counts.unreadable_rows = read.unreadable;
-            for (text, n) in read.rows {
-                if text == "[]" {
-                    counts.beyond += n;
-                } else if let Some(row) = Row::decode(&text) {
-                    counts.rows.push((row, n));
-                } else {
-                    counts.unreadable_rows += 1;
-                }
-            }
+        Ok(read) => Ok(QueueCounts::of_index(queue, depth, read)),
+        Err(e) => {
+            counts.index_error = Some(e.to_string());
+            Ok(counts)
         }
-        Err(e) => counts.index_error = Some(e.to_string()),
     }
-    Ok(counts)
 }
 
 #[cfg(test)]
