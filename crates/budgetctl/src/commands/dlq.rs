@@ -69,6 +69,16 @@ pub(crate) struct MessageFilterArgs {
     /// filter selects them otherwise; no filter at all selects everything).
     #[arg(long)]
     pub(crate) include_malformed: bool,
+    /// Only messages dead-lettered at or after this time (Unix seconds, RFC 3339, or an age
+    /// like `30m`).
+    #[arg(long, value_name = "T")]
+    pub(crate) since: Option<String>,
+    /// Only messages dead-lettered before this time (same forms as `--since`).
+    #[arg(long, value_name = "T")]
+    pub(crate) until: Option<String>,
+    /// Only the message with this id.
+    #[arg(long, value_name = "ID")]
+    pub(crate) message_id: Option<String>,
 }
 
 impl MessageFilterArgs {
@@ -78,7 +88,18 @@ impl MessageFilterArgs {
             Dependency::new(d)
                 .map_err(|e| usage(format!("--dependency {d:?}: a dependency name {e}")))?;
         }
+        let time = |t: &Option<String>, flag: &str| -> anyhow::Result<Option<u64>> {
+            t.as_deref()
+                .map(|t| {
+                    crate::commands::replay::parse_since(t, now_ms())
+                        .map_err(|e| usage(format!("{flag} {e}")))
+                })
+                .transpose()
+        };
         Ok(ReplayFilter {
+            since_ms: time(&self.since, "--since")?,
+            until_ms: time(&self.until, "--until")?,
+            message_id: self.message_id.clone(),
             dependency: self.dependency.clone(),
             reason: self.reason.as_deref().and_then(DeadLetterReason::parse),
             task: self.task.clone(),

@@ -138,7 +138,7 @@ pub(crate) struct ReplayOutput {
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
 /// age (humantime: `90s`, `30m`, `1h30m`, `1d`). Returns Unix ms.
-fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     let t = text.trim();
     if let Ok(secs) = t.parse::<u64>() {
         return Ok(secs.saturating_mul(1000));
