@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::control::{HoldReason, SlowReason};
+use super::control::{HoldReason, Pace};
 
 /// Where a replay stands; passed to the progress callback after every message, on holds and
 /// when the rate changes.
@@ -23,18 +23,70 @@ pub struct ReplayProgress {
     pub skipped: u64,
     /// Failed so far.
     pub failed: u64,
-    /// The dependency the run is waiting for, while held (its budget exhausted, or its breaker
-    /// open: `held` says which).
+    /// The dependency the run is waiting for, while held (its breaker open, or its budget
+    /// frozen: `held` says which).
     pub paused_on: Option<String>,
     /// Why the run is waiting, while held.
     pub held: Option<Held>,
     /// The rate moves go at now (messages per second; `None`: unpaced, or nothing decided
     /// yet).
     pub rate: Option<Rate>,
-    /// What holds `rate` below the configured maximum, if anything.
-    pub slowed: Option<SlowReason>,
-    /// Times the rate was cut after failures or denials rose.
+    /// Why `rate` is what it is (`None`: nothing decided yet).
+    pub pace: Option<Pace>,
+    /// Times the rate was cut after failures rose.
     pub slowdowns: u64,
+}
+
+impl ReplayProgress {
+    /// How long the messages not yet read take at the current rate (`None`: held, unpaced, or
+    /// nothing decided yet). Skipped messages go faster than that: an upper bound for a
+    /// filtered run.
+    #[must_use]
+    pub fn eta(&self) -> Option<Duration> {
+        if self.held.is_some() {
+            return None;
+        }
+        let rate = self.rate?;
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+        let left = self.total.saturating_sub(self.seen) as f64;
+        Duration::try_from_secs_f64(left / rate.per_sec()).ok()
+    }
+
+    /// Where the pace stands, in words, for a progress line: why nothing moves (`held: breaker of
+    /// search open`), or the rate, why it is what it is, and the ETA (`2000.0/s, at the asked
+    /// rate, ETA 12s`). Names from message headers are escaped.
+    #[must_use]
+    pub fn pace_text(&self) -> String {
+        if let Some(held) = &self.held {
+            return held.reason.describe(&held.dependency);
+        }
+        let why = self.pace.map(Pace::describe);
+        let Some(rate) = self.rate else {
+            return why.unwrap_or_default();
+        };
+        let mut text = format!("{:.1}/s", rate.per_sec());
+        if let Some(why) = why {
+            text.push_str(", ");
+            text.push_str(&why);
+        }
+        if let Some(eta) = self.eta() {
+            text.push_str(", ETA ");
+            text.push_str(&eta_text(eta));
+        }
+        text
+    }
+}
+
+/// `45s`, `3m05s`, `2h10m`.
+fn eta_text(eta: Duration) -> String {
+    let s = eta.as_secs_f64().ceil();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // finite, above 0
+    let s = s as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// A held run: which dependency, and why.
@@ -87,14 +139,19 @@ pub struct ReplayReport {
     pub skipped: u64,
     /// Copy not confirmed; left in the dead-letter queue.
     pub failed: u64,
-    /// Time spent paused on exhausted budgets.
-    pub paused: Duration,
+    /// Time spent held while a dependency's budget was frozen by an operator.
+    pub held_frozen: Duration,
     /// Time spent held while a dependency's breaker was open.
     pub held_breaker: Duration,
-    /// Times the rate was cut after failures or denials rose.
+    /// Times the rate was cut after failures rose.
     pub slowdowns: u64,
     /// The lowest rate moves went at (`None`: unpaced throughout, or nothing moved).
     pub lowest_rate: Option<Rate>,
+    /// The highest rate moves went at (`None`: unpaced throughout, or nothing moved).
+    pub highest_rate: Option<Rate>,
+    /// How long after the run started a move first went at the asked rate (`None`: never, or
+    /// unpaced).
+    pub reached_rate: Option<Duration>,
     /// The run was cancelled ([`super::ReplayHandle::cancel`]): it stopped reading, and what it
     /// had not moved stays in the queue.
     pub cancelled: bool,
