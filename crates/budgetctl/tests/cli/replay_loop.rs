@@ -83,13 +83,13 @@ fn replay_is_held_while_the_breaker_is_open_and_says_so() {
     for line in lines.by_ref() {
         let line = line.unwrap();
         seen.push(line.clone());
-        if line.contains("HELD: breaker of search open") {
+        if line.contains("held: breaker of search open") {
             assert!(line.contains("moved 0"), "{line}");
             break;
         }
     }
     assert!(
-        seen.last().is_some_and(|l| l.contains("HELD")),
+        seen.last().is_some_and(|l| l.contains("held:")),
         "never said held: {seen:#?}"
     );
     // A probe closes it: the first call after the open period.
@@ -119,7 +119,7 @@ fn replay_is_held_while_the_breaker_is_open_and_says_so() {
     );
     assert!(
         rest.iter()
-            .any(|l| l.contains("moved 3") && !l.contains("HELD")),
+            .any(|l| l.contains("moved 3") && !l.contains("held:")),
         "{rest:#?}"
     );
     drop(redis);

@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Replayer;
+use super::control::Pace;
 use super::gate::Gates;
 use super::handle::Stop;
-use super::control::Pace;
 use super::report::{Rate, ReplayProgress, ReplayReport};
 use super::select::ReplayOptions;
 

@@ -111,7 +111,9 @@ fn slow_start_doubles_while_jobs_succeed_up_to_the_asked_rate() {
     let rates: Vec<f64> = seen.iter().map(|(rate, _)| *rate).collect();
     assert_eq!(
         rates,
-        [20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0, 2000.0, 2000.0]
+        [
+            20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0, 2000.0, 2000.0
+        ]
     );
     assert!(seen[..7].iter().all(|(_, p)| *p == Pace::Starting));
     assert!(seen[7..].iter().all(|(_, p)| *p == Pace::AtRate));
@@ -228,10 +230,7 @@ fn a_freeze_holds_whatever_the_counters_say() {
     };
     assert_eq!(r.l.decide(1000, frozen), Gate::Hold(HoldReason::Frozen));
     assert_eq!(r.l.decide(5000, frozen), Gate::Hold(HoldReason::Frozen));
-    assert_eq!(
-        go(&r.l.decide(6000, healthy(r.c))),
-        (10.0, Pace::Starting)
-    );
+    assert_eq!(go(&r.l.decide(6000, healthy(r.c))), (10.0, Pace::Starting));
 }
 
 #[test]
@@ -246,10 +245,7 @@ fn counters_not_read_from_the_fleet_keep_the_rate_and_say_so() {
     assert_eq!(go(&r.l.decide(9000, unread)), (20.0, Pace::Unread));
     // Read again: a new interval starts at that read.
     r.now = 10_000;
-    assert_eq!(
-        go(&r.l.decide(r.now, healthy(r.c))),
-        (20.0, Pace::Starting)
-    );
+    assert_eq!(go(&r.l.decide(r.now, healthy(r.c))), (20.0, Pace::Starting));
     assert_eq!(r.second(1, 0), (40.0, Pace::Starting));
 }
 
