@@ -133,6 +133,12 @@ impl Replayer {
             return passed;
         };
         if self.budget.is_none() && self.breakers.is_none() {
+            // Nothing to follow: the asked rate throughout.
+            p.pace = Some(if passed.rate.is_some() {
+                Pace::AtRate
+            } else {
+                Pace::Unpaced
+            });
             return passed;
         }
         let (control, fresh) = gates

@@ -43,7 +43,7 @@ impl ReplayProgress {
     /// filtered run.
     #[must_use]
     pub fn eta(&self) -> Option<Duration> {
-        if self.held.is_some() {
+        if self.held.is_some() || self.pace.is_none() {
             return None;
         }
         let rate = self.rate?;
@@ -60,15 +60,14 @@ impl ReplayProgress {
         if let Some(held) = &self.held {
             return held.reason.describe(&held.dependency);
         }
-        let why = self.pace.map(Pace::describe);
-        let Some(rate) = self.rate else {
-            return why.unwrap_or_default();
+        // Nothing decided yet: the rate asked is not the rate moves go at.
+        let Some(pace) = self.pace else {
+            return String::new();
         };
-        let mut text = format!("{:.1}/s", rate.per_sec());
-        if let Some(why) = why {
-            text.push_str(", ");
-            text.push_str(&why);
-        }
+        let Some(rate) = self.rate else {
+            return pace.describe();
+        };
+        let mut text = format!("{:.1}/s, {}", rate.per_sec(), pace.describe());
         if let Some(eta) = self.eta() {
             text.push_str(", ETA ");
             text.push_str(&eta_text(eta));

@@ -454,6 +454,7 @@ async fn replay_right_after_an_outage_is_not_held_and_reaches_the_asked_rate() {
     // The rate only ever doubled, up to the asked rate.
     let rates: Vec<f64> = events
         .iter()
+        .filter(|p| p.pace.is_some())
         .filter_map(|p| p.rate)
         .map(|r| r.per_sec())
         .collect();
