@@ -162,3 +162,60 @@ pub struct ReplayReport {
     /// broker is slow; meanwhile the queue's depth reads that much short.
     pub not_ready: u64,
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn moving(rate: f64, pace: Pace) -> ReplayProgress {
+        ReplayProgress {
+            total: 40_000,
+            seen: 4_000,
+            rate: Rate::new(rate),
+            pace: Some(pace),
+            ..ReplayProgress::default()
+        }
+    }
+
+    #[test]
+    fn the_line_says_the_rate_why_and_the_time_left_at_it() {
+        assert_eq!(
+            moving(2000.0, Pace::AtRate).pace_text(),
+            "2000.0/s, at the asked rate, ETA 18s"
+        );
+        assert_eq!(
+            moving(40.0, Pace::Starting).pace_text(),
+            "40.0/s, starting: doubling while replayed jobs succeed, ETA 15m00s"
+        );
+        assert_eq!(
+            moving(1.0, Pace::Slowed { failures: 7 }).pace_text(),
+            "1.0/s, slowed: 7 failures in the last window, ETA 10h00m"
+        );
+    }
+
+    #[test]
+    fn held_or_undecided_says_no_rate_and_no_eta() {
+        let held = ReplayProgress {
+            held: Some(Held {
+                dependency: "search".to_owned(),
+                reason: HoldReason::BreakerOpen { until_ms: 1 },
+            }),
+            ..moving(2000.0, Pace::AtRate)
+        };
+        assert_eq!(held.pace_text(), "held: breaker of search open");
+        assert_eq!(held.eta(), None);
+        // The asked rate before the first decision is not what moves go at.
+        let undecided = ReplayProgress {
+            pace: None,
+            ..moving(2000.0, Pace::AtRate)
+        };
+        assert_eq!(undecided.pace_text(), "");
+        assert_eq!(undecided.eta(), None);
+        let unpaced = ReplayProgress {
+            rate: None,
+            ..moving(1.0, Pace::Unpaced)
+        };
+        assert_eq!(unpaced.pace_text(), "unpaced");
+    }
+}
