@@ -15,7 +15,7 @@ use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_amqp::testing::{TestBroker, block_on};
 
-use crate::{budgetctl, json, run, run_with, stderr, schemas, temp_file, unique};
+use crate::{budgetctl, json, run, run_with, schemas, stderr, temp_file, unique};
 
 #[test]
 fn replay_is_held_while_the_breaker_is_open_and_says_so() {
