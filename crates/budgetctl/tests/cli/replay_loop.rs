@@ -185,6 +185,7 @@ fn replay_right_after_an_outage_is_not_paused_and_says_why_the_rate_is_what_it_i
     let o = run(&args);
     let out = json(&o);
     let lines = stderr(&o);
+    eprintln!("{lines}");
     assert_eq!(out["moved"], 30, "{out}\n{lines}");
     for quiet in ["held", "PAUSED", "SLOWED", "slowed", "paused"] {
         assert!(!lines.contains(quiet), "{quiet:?} in:\n{lines}");
