@@ -17,7 +17,9 @@ use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex};
 use fleet_budget::store::RedisStore;
 use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::purge::purge_queue;
-use fleet_budget_amqp::replay::{Breakers, HoldReason, Rate, ReplayMode, ReplayOutcome, audit};
+use fleet_budget_amqp::replay::{
+    Breakers, HoldReason, Pace, Rate, ReplayMode, ReplayOutcome, audit,
+};
 use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
     queue_depths,
@@ -99,14 +101,19 @@ pub(crate) struct JobState {
     pub(crate) failed: u64,
     /// The dependency whose budget or breaker the run waits for, while it waits.
     pub(crate) paused_on: Option<String>,
-    /// Why it waits (`budget_exhausted`, `breaker_open`), while it waits.
+    /// Why it waits (`breaker_open`, `frozen`), while it waits.
     pub(crate) held: Option<String>,
     /// While held by an open breaker: the server time (Unix ms) its open period ends.
     pub(crate) held_until_ms: Option<u64>,
     /// The rate moves go at now (messages/s; `None`: nothing decided yet).
     pub(crate) rate_now: Option<f64>,
-    /// What holds the rate below the most (`failures`, `budget_pace`, `probe_pace`).
-    pub(crate) slowed: Option<String>,
+    /// Why the rate is what it is (the library's wire name: `starting`, `at_rate`, `slowed`,
+    /// `recovering`, `probe_pace`, ...).
+    pub(crate) pace: Option<String>,
+    /// The same in words (the library's, as `budgetctl replay` prints them).
+    pub(crate) pace_text: Option<String>,
+    /// The messages not yet read, at the rate now, in seconds (`None`: held, or no rate).
+    pub(crate) eta_secs: Option<f64>,
     /// Times the rate was cut after the dependency's failures or denials rose.
     pub(crate) slowdowns: u64,
     /// Someone asked to cancel the run (who, with a session of an operator).
@@ -146,7 +153,9 @@ impl JobState {
             _ => None,
         });
         self.rate_now = p.rate.map(Rate::per_sec);
-        self.slowed = p.slowed.map(|s| s.as_str().to_owned());
+        self.pace = p.pace.map(|s| s.as_str().to_owned());
+        self.pace_text = p.pace.map(Pace::describe);
+        self.eta_secs = p.eta().map(|d| d.as_secs_f64());
         self.slowdowns = p.slowdowns;
     }
 }
@@ -233,7 +242,7 @@ pub(crate) struct RunContext {
 /// Starts a replay of the dead-letter queue with `filter` at `rate` messages/s at most (at
 /// most `limit` messages) and returns its id at once. As `budgetctl replay`, the run is paced
 /// by the live budget, held while the dependency's budget is exhausted or its breaker open,
-/// and slowed when its failures or denials rise (the replay library's closed loop).
+/// and slowed when its failures rise (the replay library's pace).
 pub(crate) fn start(
     jobs: &Jobs,
     cx: RunContext,
@@ -451,7 +460,10 @@ impl Run<'_> {
                 "held_breaker_secs".to_owned(),
                 json!(r.held_breaker.as_secs_f64()),
             );
-            after.insert("paused_secs".to_owned(), json!(r.paused.as_secs_f64()));
+            after.insert(
+                "held_frozen_secs".to_owned(),
+                json!(r.held_frozen.as_secs_f64()),
+            );
             after.insert("slowdowns".to_owned(), json!(r.slowdowns));
             after.insert(
                 "lowest_rate".to_owned(),

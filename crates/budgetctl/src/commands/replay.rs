@@ -8,7 +8,7 @@ use fleet_budget::clock::now_ms;
 use fleet_budget::control::AuditEntry;
 use fleet_budget::printable::escape_text;
 use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
-use fleet_budget_amqp::replay::{Breakers, HoldReason, audit};
+use fleet_budget_amqp::replay::{Breakers, audit};
 use fleet_budget_amqp::{
     ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig, queue_depths,
 };
@@ -73,8 +73,8 @@ pub(crate) struct PaceArgs {
     /// Move at most this many messages.
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
-    /// Move at `--rate` throughout: not slowed when the dependency's failures rise or its
-    /// budget's headroom is small (an open breaker or an exhausted budget still hold the run).
+    /// Move at `--rate` throughout: no slow start, not slowed when the dependency's failures
+    /// rise (an open breaker or a frozen budget still hold the run).
     #[arg(long)]
     fixed_rate: bool,
 }
@@ -114,7 +114,8 @@ pub(crate) struct ReplayOutput {
     /// Of the parked (or, replaying the parked queue, of the skipped), those without readable
     /// dead-letter headers.
     malformed: u64,
-    /// Time spent paused while a budget was exhausted (0 when it never paused).
+    /// Deprecated (0.2.0, dropped in 0.3.0): an exhausted budget no longer pauses a replay, so
+    /// always 0. See `held_frozen_secs`.
     paused_secs: f64,
     /// Of the messages left in the queue, those the broker did not yet count ready when the run
     /// returned (its depth reads that much short for a moment; nothing is lost).
@@ -134,6 +135,12 @@ pub(crate) struct ReplayOutput {
     /// A dry run: why its prediction is an estimate, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     estimate: Option<String>,
+    /// Time held while an operator had frozen the dependency's budget (0 when never).
+    held_frozen_secs: f64,
+    /// The highest rate moves went at, messages per second (`null`: nothing moved).
+    highest_rate: Option<f64>,
+    /// Seconds from the start until moves went at `--rate` (`null`: never, or nothing moved).
+    reached_rate_secs: Option<f64>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -264,6 +271,9 @@ async fn replay_queue(
             exact: Some(r.exact),
             uncertain: Some(r.uncertain),
             estimate: r.estimate.clone(),
+            held_frozen_secs: 0.0,
+            highest_rate: None,
+            reached_rate_secs: None,
         };
         if !json {
             outln!(
@@ -335,15 +345,15 @@ async fn replay_queue(
     record(&config.budget, &intent).await.map_err(|e| {
         anyhow::anyhow!("nothing moved: the replay's intent could not be audited: {e:#}")
     })?;
-    // The budget lets the replayer pause while the dependency's budget is exhausted again, and
-    // slow down when its failures rise; the breakers hold it while one is open.
+    // The budget's counters pace the replay (a slow start while the jobs succeed, cut when they
+    // fail) and its freeze holds it; the breakers hold it while one is open.
     let budget = FleetBudget::from_config(&config.budget).await?;
     let breakers = Breakers::from_config(&config.budget)?;
     let replayer = replayer(Some(budget.clone())).with_breakers(breakers);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_line = Instant::now();
-    let mut last_state = String::new();
+    let mut last_state = None;
     let mut last = ReplayProgress::default();
     let report = replayer
         .run(options, |p: &ReplayProgress| {
@@ -353,8 +363,9 @@ async fn replay_queue(
             } else {
                 Duration::from_secs(2)
             };
-            // A hold, a resume or a new rate is shown at once: nothing else prints while held.
-            let state = loop_state(p);
+            // A hold, a resume or a new rate or reason is shown at once: nothing else prints
+            // while held.
+            let state = Some((p.held.clone(), p.pace, p.rate));
             if last_line.elapsed() < due && p.seen < p.total && state == last_state {
                 return;
             }
@@ -368,7 +379,7 @@ async fn replay_queue(
                 thousands(p.parked),
                 thousands(p.skipped),
                 thousands(p.failed),
-                state,
+                loop_state(p),
             );
             last_state = state;
             let mut err = std::io::stderr().lock();
@@ -451,7 +462,7 @@ async fn replay_queue(
         dry_run: false,
         total: r.total,
         malformed: r.malformed,
-        paused_secs: r.paused.as_secs_f64(),
+        paused_secs: 0.0,
         not_ready: r.not_ready,
         held_breaker_secs: r.held_breaker.as_secs_f64(),
         slowdowns: r.slowdowns,
@@ -459,31 +470,21 @@ async fn replay_queue(
         exact: None,
         uncertain: None,
         estimate: None,
+        held_frozen_secs: r.held_frozen.as_secs_f64(),
+        highest_rate: r.highest_rate.map(|r| r.per_sec()),
+        reached_rate_secs: r.reached_rate.map(|d| d.as_secs_f64()),
     };
     Ok((out, Some(entry)))
 }
 
-/// The closed loop's state for the progress line: held and why, else the rate and what slows
-/// it.
+/// The pace for the progress line: held and why, else the rate, why it is what it is, and the
+/// ETA (the library's words, as the console shows them).
 fn loop_state(p: &ReplayProgress) -> String {
-    if let Some(held) = &p.held {
-        // A name from a message's headers: escaped, as everywhere it is printed.
-        let d = escape_text(&held.dependency);
-        return match held.reason {
-            HoldReason::BreakerOpen { .. } => format!(" | HELD: breaker of {d} open"),
-            // Later reasons (the enum grows): named by their wire name.
-            HoldReason::BudgetExhausted => format!(" | PAUSED: budget of {d} exhausted"),
-            ref other => format!(" | HELD: {d} ({})", other.as_str()),
-        };
-    }
-    match (p.rate, p.slowed) {
-        (Some(rate), Some(why)) => format!(
-            " | rate {:.1}/s, SLOWED ({})",
-            rate.per_sec(),
-            why.as_str().replace('_', " ")
-        ),
-        (Some(rate), None) => format!(" | rate {:.1}/s", rate.per_sec()),
-        (None, _) => String::new(),
+    let text = p.pace_text();
+    if text.is_empty() {
+        text
+    } else {
+        format!(" | {text}")
     }
 }
 
@@ -535,11 +536,11 @@ fn print_replay(out: &ReplayOutput, queue: &str) {
         ],
     ];
     out!("{}", table(&rows));
-    // Only a pause that happened is reported.
-    if out.paused_secs > 0.0 {
+    // Only a hold that happened is reported.
+    if out.held_frozen_secs > 0.0 {
         outln!(
-            "paused {:.1}s while the budget was exhausted",
-            out.paused_secs
+            "held {:.1}s while the budget was frozen",
+            out.held_frozen_secs
         );
     }
     if out.held_breaker_secs > 0.0 {
@@ -557,6 +558,9 @@ fn print_replay(out: &ReplayOutput, queue: &str) {
             "slowed {} times as the dependency's failures rose{lowest}",
             thousands(out.slowdowns)
         );
+    }
+    if let Some(secs) = out.reached_rate_secs {
+        outln!("at the asked rate {secs:.1}s after the start");
     }
     if out.not_ready > 0 {
         outln!(

@@ -1,6 +1,7 @@
-//! `replay`'s closed loop from the CLI: held while the dependency's breaker is open (said on the
-//! progress line as it happens and in the report), resuming once a probe closes it, and the new
-//! `--json` fields held to the schema.
+//! `replay`'s pace from the CLI: held while the dependency's breaker is open (said on the
+//! progress line as it happens and in the report), resuming once a probe closes it; right after
+//! an outage that spent the budget, never held nor slowed, saying why the rate is what it is;
+//! and the `--json` fields held to the schema.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -10,11 +11,11 @@ use std::time::{Duration, Instant};
 use fleet_budget::breaker::{Breaker, BreakerState, Verdict};
 use fleet_budget::store::RedisStore;
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{DeadLetterReason, Dependency};
+use fleet_budget::{DeadLetterReason, Dependency, FleetBudget};
 use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_amqp::testing::{TestBroker, block_on};
 
-use crate::{budgetctl, json, run_with, schemas, temp_file, unique};
+use crate::{budgetctl, json, run, run_with, schemas, stderr, temp_file, unique};
 
 #[test]
 fn replay_is_held_while_the_breaker_is_open_and_says_so() {
@@ -83,13 +84,13 @@ fn replay_is_held_while_the_breaker_is_open_and_says_so() {
     for line in lines.by_ref() {
         let line = line.unwrap();
         seen.push(line.clone());
-        if line.contains("HELD: breaker of search open") {
+        if line.contains("held: breaker of search open") {
             assert!(line.contains("moved 0"), "{line}");
             break;
         }
     }
     assert!(
-        seen.last().is_some_and(|l| l.contains("HELD")),
+        seen.last().is_some_and(|l| l.contains("held:")),
         "never said held: {seen:#?}"
     );
     // A probe closes it: the first call after the open period.
@@ -119,8 +120,87 @@ fn replay_is_held_while_the_breaker_is_open_and_says_so() {
     );
     assert!(
         rest.iter()
-            .any(|l| l.contains("moved 3") && !l.contains("HELD")),
+            .any(|l| l.contains("moved 3") && !l.contains("held:")),
         "{rest:#?}"
     );
+    drop(redis);
+}
+
+/// Issue 31: right after an outage that spent the whole allowance (`remaining` 0, the outage's
+/// retries still in the window), `replay` is neither paused nor slowed: its progress lines say
+/// why the rate is what it is, with an ETA, and never "held", "PAUSED" or "slowed"; its report
+/// says nothing was held and the asked rate was reached.
+#[test]
+fn replay_right_after_an_outage_is_not_paused_and_says_why_the_rate_is_what_it_is() {
+    let redis = RedisServer::start();
+    let broker = TestBroker::new("cli-pace");
+    let prefix = &broker.settings.prefix;
+    let key_prefix = unique("pace");
+    let text = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"{key_prefix}\"\ntimeout_ms = 2000\n\
+         [amqp]\nprefix = \"{prefix}\"\nurl = \"{}\"\n\
+         [dependencies.search]\ntasks = [\"search\"]\nwindow_secs = 60\nratio = 0.1\n\
+         min_allowance = 10\n",
+        redis.url(),
+        broker.url
+    );
+    let config = temp_file(&format!("{prefix}.toml"), &text);
+    let cfg = config.to_str().unwrap();
+    json(&run_with(&["--config", cfg], "migrate --json"));
+    block_on(async {
+        let publisher = broker.publisher().await;
+        broker
+            .seed_dead_letters(
+                &publisher,
+                30,
+                "search",
+                DeadLetterReason::BudgetExhausted,
+                0,
+                fleet_budget::clock::now_ms() - 1000,
+            )
+            .await;
+        publisher.close().await;
+    });
+    // The outage: every retry the budget grants, granted.
+    let budget = WorkerConfig::from_toml(&text, "test").unwrap().budget;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let budget = FleetBudget::from_config(&budget).await.unwrap();
+        let dep = Dependency::new("search").unwrap();
+        let policy = budget.policy(&dep);
+        while budget.withdraw(&dep, &policy).await.0.granted {}
+        assert_eq!(budget.status(&dep).await.0.remaining(), 0);
+        let _ = budget.shutdown().await;
+    });
+    let args = [
+        "--config",
+        cfg,
+        "replay",
+        "--dependency",
+        "search",
+        "--rate",
+        "20",
+        "--json",
+    ];
+    let o = run(&args);
+    let out = json(&o);
+    let lines = stderr(&o);
+    eprintln!("{lines}");
+    assert_eq!(out["moved"], 30, "{out}\n{lines}");
+    for quiet in ["held", "PAUSED", "SLOWED", "slowed", "paused"] {
+        assert!(!lines.contains(quiet), "{quiet:?} in:\n{lines}");
+    }
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("20.0/s, at the asked rate, ETA ")),
+        "{lines}"
+    );
+    assert_eq!(out["paused_secs"], 0.0, "{out}");
+    assert_eq!(out["held_frozen_secs"], 0.0, "{out}");
+    assert_eq!(out["held_breaker_secs"], 0.0, "{out}");
+    assert_eq!(out["slowdowns"], 0, "{out}");
+    assert_eq!(out["highest_rate"], 20.0, "{out}");
+    assert!(out["reached_rate_secs"].is_number(), "{out}");
     drop(redis);
 }

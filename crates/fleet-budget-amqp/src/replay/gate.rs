@@ -1,10 +1,12 @@
-//! The I/O around the closed loop (`control`): before a move, read its dependency's breaker and
-//! budget, let the loop decide, and wait while it holds. A fresh "go" is trusted for
-//! `budget_cache`; while held, the breaker and the budget are read again every `budget_poll`.
+//! The I/O around the pace (`control`): before a move, read its dependency's breaker and budget
+//! (the freeze and the current window's counters; not its `remaining`, see `control`), let the
+//! loop decide, and wait while it holds. A fresh "go" is trusted for `budget_cache`; while held,
+//! the breaker and the budget are read again every `budget_poll`.
 //!
 //! A breaker or budget that cannot be read does not hold the run (as the worker's admission
-//! goes on when the breaker does not answer): the budget then answers from its fallback, and the
-//! breaker counts as closed, with a warning.
+//! goes on when the breaker does not answer): the breaker counts as closed, with a warning, and
+//! a budget answered from its fallback says nothing of the fleet, so the rate stays where it
+//! was.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -13,11 +15,11 @@ use std::time::Duration;
 use fleet_budget::breaker::{Breaker, BreakerPolicy, BreakerState};
 use fleet_budget::printable::escape_text;
 use fleet_budget::store::RedisStore;
-use fleet_budget::{Config, Dependency, StoreError};
+use fleet_budget::{BudgetSource, Config, Dependency, StoreError};
 use tokio::time::Instant;
 
 use super::Replayer;
-use super::control::{BreakerGate, Counters, Gate, HoldReason, Loop};
+use super::control::{BreakerGate, Counters, Gate, Health, HoldReason, Loop, Pace};
 use super::handle::Stop;
 use super::report::{Held, Rate, ReplayProgress};
 use super::select::ReplayOptions;
@@ -78,24 +80,36 @@ impl Breakers {
     }
 }
 
-/// When a loop last said "go", and at what rate (`None`: unpaced).
-type Fresh = Option<(Instant, Option<f64>)>;
+/// When a loop last said "go", at what rate (`None`: unpaced) and why.
+type Fresh = Option<(Instant, Option<f64>, Pace)>;
 
 /// The loops of a run, one per dependency, and when each last said "go".
-#[derive(Default)]
 pub(super) struct Gates {
     loops: HashMap<String, (Loop, Fresh)>,
+    /// When the run's moves began to be paced (for [`super::ReplayReport::reached_rate`]).
+    pub(super) started: Instant,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Self {
+            loops: HashMap::new(),
+            started: Instant::now(),
+        }
+    }
 }
 
 /// What waiting at the gate came to.
 #[derive(Debug, Default)]
 pub(super) struct Passed {
-    /// Time held on an exhausted budget.
-    pub(super) paused: Duration,
+    /// Time held on a frozen budget.
+    pub(super) frozen: Duration,
     /// Time held on an open breaker.
     pub(super) held: Duration,
     /// The rate to move at (`None`: unpaced).
     pub(super) rate: Option<f64>,
+    /// Why that rate (`None`: no loop: no budget and no breakers).
+    pub(super) pace: Option<Pace>,
     /// The run was cancelled while waiting: do not move.
     pub(super) cancelled: bool,
 }
@@ -119,16 +133,23 @@ impl Replayer {
             return passed;
         };
         if self.budget.is_none() && self.breakers.is_none() {
+            // Nothing to follow: the asked rate throughout.
+            p.pace = Some(if passed.rate.is_some() {
+                Pace::AtRate
+            } else {
+                Pace::Unpaced
+            });
             return passed;
         }
         let (control, fresh) = gates
             .loops
             .entry(dependency.to_owned())
             .or_insert_with(|| (Loop::new(options.control, options.rate), None));
-        if let Some((at, rate)) = fresh
+        if let Some((at, rate, pace)) = fresh
             && at.elapsed() < options.budget_cache
         {
             passed.rate = *rate;
+            passed.pace = Some(*pace);
             return passed;
         }
         loop {
@@ -137,12 +158,13 @@ impl Replayer {
             let cut = control.cuts.saturating_sub(cuts);
             p.slowdowns += cut;
             let reason = match gate {
-                Gate::Go { rate, slowed } => {
-                    *fresh = Some((Instant::now(), rate));
+                Gate::Go { rate, pace } => {
+                    *fresh = Some((Instant::now(), rate, pace));
+                    passed.pace = Some(pace);
                     let (rate, was) = (rate.and_then(Rate::new), p.rate);
-                    let changed = rate != was || slowed != p.slowed || cut > 0;
+                    let changed = rate != was || Some(pace) != p.pace || cut > 0;
                     p.rate = rate;
-                    p.slowed = slowed;
+                    p.pace = Some(pace);
                     if let Some(held) = p.held.take() {
                         p.paused_on = None;
                         tracing::info!(dependency = %escape_text(dependency), after = held.reason.as_str(), "replay resumes");
@@ -171,7 +193,7 @@ impl Replayer {
                 () = stop.requested() => true,
             };
             match reason {
-                HoldReason::BudgetExhausted => passed.paused += waited.elapsed(),
+                HoldReason::Frozen => passed.frozen += waited.elapsed(),
                 HoldReason::BreakerOpen { .. } => passed.held += waited.elapsed(),
             }
             if cancelled {
@@ -187,20 +209,33 @@ impl Replayer {
             Some(b) => b.gate(dependency).await,
             None => BreakerGate::Closed,
         };
-        let (remaining, counters, now_ms) = match &self.budget {
+        let (health, now_ms) = match &self.budget {
             Some(budget) => {
-                let (s, _) = budget.status(dependency).await;
+                let (s, source) = budget.status(dependency).await;
                 let now_ms = s.window_index.saturating_mul(s.window_ms) + s.elapsed_ms;
-                let counters = Counters {
+                let fleet = matches!(source, BudgetSource::Fleet);
+                let counters = fleet.then_some(Counters {
                     window_index: s.window_index,
                     successes: s.current.successes,
                     retries: s.current.retries,
                     denied: s.current.denied,
+                });
+                let health = Health {
+                    breaker,
+                    frozen: s.control.frozen,
+                    counters,
                 };
-                (s.remaining(), counters, now_ms)
+                (health, now_ms)
             }
-            None => (u64::MAX, Counters::default(), fleet_budget::clock::now_ms()),
+            None => (
+                Health {
+                    breaker,
+                    frozen: false,
+                    counters: None,
+                },
+                fleet_budget::clock::now_ms(),
+            ),
         };
-        control.decide(now_ms, breaker, remaining, counters)
+        control.decide(now_ms, health)
     }
 }

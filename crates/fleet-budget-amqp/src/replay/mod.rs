@@ -11,9 +11,10 @@
 //!   count against the queue's delivery limit);
 //! * replayed `max_replays` times already → **parked** (loop protection);
 //! * otherwise → **moved**: republished to its original exchange and routing key with the same
-//!   message id and body, the attempt counter reset and the replay count incremented, at the
-//!   requested rate, and only while its dependency's budget is not exhausted (the run pauses
-//!   and polls until it is not).
+//!   message id and body, the attempt counter reset and the replay count incremented, at a
+//!   pace that starts slow and doubles while the dependency's successes grow, up to the
+//!   requested rate, cut when its failures rise, and held while its breaker is open or its
+//!   budget frozen (`control`).
 //!
 //! Every copy is published with confirms and the dead-letter acked only after `Ack` without a
 //! return; a message whose move is not confirmed (or whose original exchange is gone) is
@@ -23,7 +24,7 @@
 //! there again: `end`.
 //!
 //! How the parts fit: [`select`] holds the filter and the options and sorts each message;
-//! [`run`] moves them (paced, bounded, pausing on exhausted budgets, confirm then ack), with
+//! [`run`] moves them (paced, bounded, held on open breakers and freezes, confirm then ack), with
 //! `copies` counting the copies in flight, `settle` acking their originals, `exchanges` what the
 //! run learns of the exchanges it moves to (and `scout` the channels of first moves), `pacer`
 //! and `pause` holding moves to the rate and the budget, and `end` how it stops; [`dry_run`]
@@ -69,7 +70,7 @@ mod scout;
 pub mod select;
 mod settle;
 
-pub use control::{HoldReason, RateControl, SlowReason};
+pub use control::{HoldReason, Pace, RateControl};
 pub use dry_run::DryRunReport;
 pub use gate::Breakers;
 pub use handle::{ReplayHandle, ReplayMode, ReplayOutcome};

@@ -1,11 +1,12 @@
 //! The pace of a replay run: sends spaced `1 / rate` apart, each move first held at the gate
-//! (breaker, budget, rate).
+//! (breaker, freeze, the rate the dependency's health decided: `control`).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Replayer;
+use super::control::Pace;
 use super::gate::Gates;
 use super::handle::Stop;
 use super::report::{Rate, ReplayProgress, ReplayReport};
@@ -66,7 +67,7 @@ impl Pacer {
 }
 
 impl Replayer {
-    /// Holds a move of `dependency` at the gate (breaker, budget, rate) and then for its turn at
+    /// Holds a move of `dependency` at the gate (breaker, freeze, pace) and then for its turn at
     /// the rate decided; `false` when the run was cancelled meanwhile (do not move).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn pace(
@@ -82,12 +83,12 @@ impl Replayer {
         let passed = self
             .pass_gate(dependency, options, gates, p, progress, stop)
             .await;
-        report.paused += passed.paused;
+        report.held_frozen += passed.frozen;
         report.held_breaker += passed.held;
         if passed.cancelled {
             return false;
         }
-        if !(passed.paused + passed.held).is_zero() {
+        if !(passed.frozen + passed.held).is_zero() {
             pacer.reset();
         }
         pacer.set_rate(passed.rate);
@@ -101,6 +102,16 @@ impl Replayer {
                     .lowest_rate
                     .map_or(rate, |l| if rate < l { rate } else { l }),
             );
+            report.highest_rate = Some(
+                report
+                    .highest_rate
+                    .map_or(rate, |h| if rate > h { rate } else { h }),
+            );
+            // At the asked rate: decided so by the loop, or no loop (no budget, no breakers).
+            let at_rate = matches!(passed.pace, None | Some(Pace::AtRate));
+            if at_rate && report.reached_rate.is_none() {
+                report.reached_rate = Some(gates.started.elapsed());
+            }
         }
         waited
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::control::{HoldReason, SlowReason};
+use super::control::{HoldReason, Pace};
 
 /// Where a replay stands; passed to the progress callback after every message, on holds and
 /// when the rate changes.
@@ -23,18 +23,69 @@ pub struct ReplayProgress {
     pub skipped: u64,
     /// Failed so far.
     pub failed: u64,
-    /// The dependency the run is waiting for, while held (its budget exhausted, or its breaker
-    /// open: `held` says which).
+    /// The dependency the run is waiting for, while held (its breaker open, or its budget
+    /// frozen: `held` says which).
     pub paused_on: Option<String>,
     /// Why the run is waiting, while held.
     pub held: Option<Held>,
     /// The rate moves go at now (messages per second; `None`: unpaced, or nothing decided
     /// yet).
     pub rate: Option<Rate>,
-    /// What holds `rate` below the configured maximum, if anything.
-    pub slowed: Option<SlowReason>,
-    /// Times the rate was cut after failures or denials rose.
+    /// Why `rate` is what it is (`None`: nothing decided yet).
+    pub pace: Option<Pace>,
+    /// Times the rate was cut after failures rose.
     pub slowdowns: u64,
+}
+
+impl ReplayProgress {
+    /// How long the messages not yet read take at the current rate (`None`: held, unpaced, or
+    /// nothing decided yet). Skipped messages go faster than that: an upper bound for a
+    /// filtered run.
+    #[must_use]
+    pub fn eta(&self) -> Option<Duration> {
+        if self.held.is_some() || self.pace.is_none() {
+            return None;
+        }
+        let rate = self.rate?;
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+        let left = self.total.saturating_sub(self.seen) as f64;
+        Duration::try_from_secs_f64(left / rate.per_sec()).ok()
+    }
+
+    /// Where the pace stands, in words, for a progress line: why nothing moves (`held: breaker of
+    /// search open`), or the rate, why it is what it is, and the ETA (`2000.0/s, at the asked
+    /// rate, ETA 12s`). Names from message headers are escaped.
+    #[must_use]
+    pub fn pace_text(&self) -> String {
+        if let Some(held) = &self.held {
+            return held.reason.describe(&held.dependency);
+        }
+        // Nothing decided yet: the rate asked is not the rate moves go at.
+        let Some(pace) = self.pace else {
+            return String::new();
+        };
+        let Some(rate) = self.rate else {
+            return pace.describe();
+        };
+        let mut text = format!("{:.1}/s, {}", rate.per_sec(), pace.describe());
+        if let Some(eta) = self.eta() {
+            text.push_str(", ETA ");
+            text.push_str(&eta_text(eta));
+        }
+        text
+    }
+}
+
+/// `45s`, `3m05s`, `2h10m`.
+fn eta_text(eta: Duration) -> String {
+    let s = eta.as_secs_f64().ceil();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // finite, above 0
+    let s = s as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// A held run: which dependency, and why.
@@ -87,14 +138,19 @@ pub struct ReplayReport {
     pub skipped: u64,
     /// Copy not confirmed; left in the dead-letter queue.
     pub failed: u64,
-    /// Time spent paused on exhausted budgets.
-    pub paused: Duration,
+    /// Time spent held while a dependency's budget was frozen by an operator.
+    pub held_frozen: Duration,
     /// Time spent held while a dependency's breaker was open.
     pub held_breaker: Duration,
-    /// Times the rate was cut after failures or denials rose.
+    /// Times the rate was cut after failures rose.
     pub slowdowns: u64,
     /// The lowest rate moves went at (`None`: unpaced throughout, or nothing moved).
     pub lowest_rate: Option<Rate>,
+    /// The highest rate moves went at (`None`: unpaced throughout, or nothing moved).
+    pub highest_rate: Option<Rate>,
+    /// How long after the run started a move first went at the asked rate (`None`: never, or
+    /// unpaced).
+    pub reached_rate: Option<Duration>,
     /// The run was cancelled ([`super::ReplayHandle::cancel`]): it stopped reading, and what it
     /// had not moved stays in the queue.
     pub cancelled: bool,
@@ -105,4 +161,61 @@ pub struct ReplayReport {
     /// to `idle_timeout` (see the `end` module). 0 unless another consumer reads the queue or the
     /// broker is slow; meanwhile the queue's depth reads that much short.
     pub not_ready: u64,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn moving(rate: f64, pace: Pace) -> ReplayProgress {
+        ReplayProgress {
+            total: 40_000,
+            seen: 4_000,
+            rate: Rate::new(rate),
+            pace: Some(pace),
+            ..ReplayProgress::default()
+        }
+    }
+
+    #[test]
+    fn the_line_says_the_rate_why_and_the_time_left_at_it() {
+        assert_eq!(
+            moving(2000.0, Pace::AtRate).pace_text(),
+            "2000.0/s, at the asked rate, ETA 18s"
+        );
+        assert_eq!(
+            moving(40.0, Pace::Starting).pace_text(),
+            "40.0/s, starting: doubling while replayed jobs succeed, ETA 15m00s"
+        );
+        assert_eq!(
+            moving(1.0, Pace::Slowed { failures: 7 }).pace_text(),
+            "1.0/s, slowed: 7 failures in the last window, ETA 10h00m"
+        );
+    }
+
+    #[test]
+    fn held_or_undecided_says_no_rate_and_no_eta() {
+        let held = ReplayProgress {
+            held: Some(Held {
+                dependency: "search".to_owned(),
+                reason: HoldReason::BreakerOpen { until_ms: 1 },
+            }),
+            ..moving(2000.0, Pace::AtRate)
+        };
+        assert_eq!(held.pace_text(), "held: breaker of search open");
+        assert_eq!(held.eta(), None);
+        // The asked rate before the first decision is not what moves go at.
+        let undecided = ReplayProgress {
+            pace: None,
+            ..moving(2000.0, Pace::AtRate)
+        };
+        assert_eq!(undecided.pace_text(), "");
+        assert_eq!(undecided.eta(), None);
+        let unpaced = ReplayProgress {
+            rate: None,
+            ..moving(1.0, Pace::Unpaced)
+        };
+        assert_eq!(unpaced.pace_text(), "unpaced");
+    }
 }

@@ -8,13 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_budget::breaker::{Breaker, BreakerPolicy, BreakerState, Verdict};
+use fleet_budget::control::{OverrideAction, overrides};
 use fleet_budget::store::RedisStore;
 use fleet_budget::{DeadLetterReason, Dependency};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::replay::{
-    Breakers, HoldReason, RateControl, ReplayMode, ReplayOutcome, SlowReason,
+    Breakers, HoldReason, Pace, RateControl, ReplayMode, ReplayOutcome,
 };
-use fleet_budget_amqp::{ReplayFilter, ReplayOptions, ReplayProgress, Replayer};
+use fleet_budget_amqp::{
+    ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Worker, WorkerHandle, WorkerOptions,
+};
 
 use crate::common::{Env, wait_until};
 
@@ -146,7 +149,8 @@ async fn replay_held_by_an_open_breaker_resumes_when_it_closes() {
 }
 
 /// The dependency's failures rise while the replay runs (retries its budget grants, counted in
-/// Redis where `budgetctl status` reads them): the rate is cut; when they stop, it climbs back.
+/// Redis where `budgetctl status` reads them): the rate is cut; when they stop and jobs succeed
+/// again, it climbs back.
 #[tokio::test]
 async fn replay_rate_falls_when_failures_rise_and_climbs_back() {
     let env = env_with_breaker("loop-aimd", 30).await;
@@ -162,6 +166,8 @@ async fn replay_rate_falls_when_failures_rise_and_climbs_back() {
         options.control = RateControl {
             interval: Duration::from_millis(200),
             increase: Some(5.0),
+            // No slow start: the asked rate from the first move.
+            start_rate: 30.0,
             ..RateControl::default()
         };
         tokio::spawn(async move {
@@ -180,11 +186,22 @@ async fn replay_rate_falls_when_failures_rise_and_climbs_back() {
         last().slowdowns >= 1
     })
     .await;
+    // Then the jobs succeed (successes counted, as a worker's would be), until the run ends.
+    let succeeding = {
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            loop {
+                budget.on_success("search").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let report = tokio::time::timeout(LONG, run)
         .await
         .expect("the replay ends")
         .unwrap()
         .unwrap();
+    succeeding.abort();
     assert_eq!(report.moved, 80, "{report:?}");
     assert!(report.slowdowns >= 1, "{report:?}");
     let rate = |p: &ReplayProgress| p.rate.map(|r| r.per_sec());
@@ -193,7 +210,7 @@ async fn replay_rate_falls_when_failures_rise_and_climbs_back() {
     // The last cut, and the rate it left.
     let cut_at = events
         .iter()
-        .rposition(|p| p.slowed == Some(SlowReason::Failures))
+        .rposition(|p| matches!(p.pace, Some(Pace::Slowed { .. })))
         .unwrap();
     let cut_to = rate(&events[cut_at]).unwrap();
     assert!(cut_to < 30.0, "{:?}", events[cut_at]);
@@ -327,4 +344,286 @@ async fn figures_closed_loop_against_a_fixed_rate() {
             started.elapsed().as_secs_f64()
         );
     }
+}
+
+/// `[dependencies.search]` for the recovery tests: 60 s windows, a 10 % budget with a floor of
+/// 10, the task `search` on it, no breaker.
+const RECOVERY: &str = "[dependencies.search]\ntasks = [\"search\"]\nwindow_secs = 60\n\
+                        ratio = 0.1\nmin_allowance = 10\n";
+
+/// The outage, as the budget saw it: every retry it grants granted (until it refuses), then a
+/// few successes as the dependency recovers. The window still holds the outage's retries:
+/// `remaining` is 0.
+async fn outage(env: &Env) {
+    let budget = env.budget().await;
+    let dep = Dependency::new("search").unwrap();
+    let policy = budget.policy(&dep);
+    for _ in 0..10_000 {
+        if !budget.withdraw(&dep, &policy).await.0.granted {
+            break;
+        }
+    }
+    for _ in 0..5 {
+        budget.on_success("search").await.unwrap();
+    }
+    budget.flush().await.unwrap();
+    assert_eq!(
+        budget.status(&dep).await.0.remaining(),
+        0,
+        "the outage spent it"
+    );
+}
+
+/// `n` workers whose every job succeeds (each success counted in the budget, as in a fleet).
+async fn healthy_workers(env: &Env, n: usize) -> Vec<(WorkerHandle, tokio::task::JoinHandle<()>)> {
+    let mut workers = Vec::new();
+    for _ in 0..n {
+        let worker = Worker::new(
+            env.budget().await,
+            env.topology.clone(),
+            WorkerOptions::new(&env.config, &env.topology),
+        );
+        let handle = worker.handle();
+        let join = tokio::spawn(async move {
+            worker.run(|_job| async { Ok(()) }).await.unwrap();
+        });
+        workers.push((handle, join));
+    }
+    workers
+}
+
+async fn stop_workers(workers: Vec<(WorkerHandle, tokio::task::JoinHandle<()>)>) {
+    for (handle, join) in workers {
+        handle.shutdown();
+        tokio::time::timeout(LONG, join).await.unwrap().unwrap();
+    }
+}
+
+/// Issue 31: right after an outage that spent the whole allowance, a replay into a healthy
+/// dependency is neither held nor slowed by the retries the outage spent: it starts slow,
+/// doubles while the replayed jobs succeed, and goes at the asked rate. Asserted on the
+/// reasons the run gave and its report, not on time.
+#[tokio::test]
+async fn replay_right_after_an_outage_is_not_held_and_reaches_the_asked_rate() {
+    let env = Env::new("loop-recovered", "", "", RECOVERY).await;
+    seed(&env, 2000, "search", 0).await;
+    outage(&env).await;
+    let workers = healthy_workers(&env, 2).await;
+    let events: Arc<Mutex<Vec<ReplayProgress>>> = Arc::default();
+    let replayer = Replayer::new(
+        env.url.clone(),
+        env.topology.clone(),
+        Some(env.budget().await),
+    );
+    let mut options = ReplayOptions::new(&env.config);
+    options.rate = Some(500.0);
+    let report = {
+        let events = Arc::clone(&events);
+        tokio::time::timeout(
+            LONG,
+            replayer.run(&options, move |p| events.lock().unwrap().push(p.clone())),
+        )
+        .await
+        .expect("the replay ends")
+        .unwrap()
+    };
+    wait_until(LONG, "the workers to take every replayed job", || async {
+        env.depth(&env.topology.work_queue).await == 0
+    })
+    .await;
+    stop_workers(workers).await;
+    assert_eq!((report.moved, report.failed), (2000, 0), "{report:?}");
+    assert!(
+        report.held_breaker.is_zero() && report.held_frozen.is_zero(),
+        "{report:?}"
+    );
+    assert_eq!(report.slowdowns, 0, "{report:?}");
+    assert_eq!(
+        report.highest_rate.map(|r| r.per_sec()),
+        Some(500.0),
+        "{report:?}"
+    );
+    assert!(report.reached_rate.is_some(), "{report:?}");
+    let events = events.lock().unwrap();
+    assert!(events.iter().all(|p| p.held.is_none()), "never held");
+    let paces: Vec<Pace> = events.iter().filter_map(|p| p.pace).collect();
+    assert_eq!(paces.first(), Some(&Pace::Starting), "a slow start");
+    assert!(paces.contains(&Pace::AtRate), "{paces:?}");
+    assert!(
+        paces
+            .iter()
+            .all(|p| matches!(p, Pace::Starting | Pace::AwaitingSuccess | Pace::AtRate)),
+        "nothing but the start and the asked rate: {paces:?}"
+    );
+    // The rate only ever doubled, up to the asked rate.
+    let rates: Vec<f64> = events
+        .iter()
+        .filter(|p| p.pace.is_some())
+        .filter_map(|p| p.rate)
+        .map(|r| r.per_sec())
+        .collect();
+    assert!(rates.windows(2).all(|w| w[0] <= w[1]), "{rates:?}");
+}
+
+/// An operator's freeze holds the replay (said as the reason), and it goes on once lifted.
+#[tokio::test]
+async fn replay_is_held_while_the_budget_is_frozen() {
+    let env = Env::new("loop-frozen", "", "", RECOVERY).await;
+    seed(&env, 5, "search", 0).await;
+    let store = RedisStore::from_settings(&env.config.budget.redis).unwrap();
+    let dep = Dependency::new("search").unwrap();
+    let audit = env.config.budget.audit.log();
+    let freeze = OverrideAction::Freeze {
+        duration: Duration::from_secs(600),
+    };
+    overrides::apply(&store, &audit, &dep, freeze, "test", "replay test")
+        .await
+        .unwrap();
+    let mut options = ReplayOptions::new(&env.config);
+    options.rate = Some(100.0);
+    options.budget_poll = Duration::from_millis(100);
+    let replayer = Replayer::new(
+        env.url.clone(),
+        env.topology.clone(),
+        Some(env.budget().await),
+    );
+    let handle = replayer.start(options, ReplayMode::Run);
+    let mut updates = handle.subscribe();
+    tokio::time::timeout(
+        LONG,
+        updates.wait_for(|p| {
+            p.held
+                .as_ref()
+                .is_some_and(|h| h.reason == HoldReason::Frozen)
+        }),
+    )
+    .await
+    .expect("held by the freeze")
+    .unwrap();
+    assert_eq!(handle.progress().moved, 0);
+    assert!(handle.progress().pace_text().contains("frozen"));
+    overrides::apply(
+        &store,
+        &audit,
+        &dep,
+        OverrideAction::Unfreeze,
+        "test",
+        "done",
+    )
+    .await
+    .unwrap();
+    let Ok(ReplayOutcome::Run(report)) = tokio::time::timeout(LONG, handle.wait())
+        .await
+        .expect("the replay goes on once unfrozen")
+    else {
+        panic!("a run's outcome")
+    };
+    assert_eq!(report.moved, 5, "{report:?}");
+    assert!(!report.held_frozen.is_zero(), "{report:?}");
+    assert!(report.held_breaker.is_zero(), "{report:?}");
+}
+
+/// The figure runs of `docs/BENCHMARKS.md` (not part of the suite: they print, assert only
+/// counts): 40,000 dead letters replayed right after an outage that spent the budget, into 4
+/// healthy workers, three ways, each on a fresh queue: `rate` 2,000/s paced by the dependency's
+/// health; the same with the pace fixed at 2,000/s (`--fixed-rate`: no slow start, the best the
+/// machinery does at that rate); and unpaced, without a budget (the raw reference: how fast
+/// this machine moves them at all). Each prints when the moves first went at 1,800/s or more
+/// (moved per second, sampled every 250 ms over the last second), the pace's own "at the asked
+/// rate" time, and the totals.
+/// `cargo test --release -p fleet-budget-amqp --test broker -- --ignored --nocapture replay_loop::figures_after_recovery`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a figure run for docs/BENCHMARKS.md"]
+async fn figures_after_recovery() {
+    for mode in [Mode::Paced, Mode::Fixed, Mode::Raw] {
+        figure(40_000, 2000.0, mode).await;
+    }
+}
+
+/// Issue 31's first figure: 2,000 dead letters right after the outage, `rate` 10,000/s (was 140 s,
+/// 108.5 s of it paused), paced by health, beside the raw reference.
+/// `cargo test --release -p fleet-budget-amqp --test broker -- --ignored --nocapture replay_loop::figures_2000_after_recovery`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a figure run for docs/BENCHMARKS.md"]
+async fn figures_2000_after_recovery() {
+    for mode in [Mode::Paced, Mode::Raw] {
+        figure(2000, 10_000.0, mode).await;
+    }
+}
+
+/// How a figure run paces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// At most `rate`, paced by the dependency's health.
+    Paced,
+    /// At `rate` throughout (`--fixed-rate`).
+    Fixed,
+    /// Unpaced, without a budget.
+    Raw,
+}
+
+/// One figure run: `n` dead letters after an outage, 4 healthy workers, `mode`; prints its line.
+async fn figure(n: usize, rate: f64, mode: Mode) {
+    let env = Env::new("loop-figures", "deposit_flush_ms = 100", "", RECOVERY).await;
+    let seeding = std::time::Instant::now();
+    seed(&env, n, "search", 0).await;
+    let seeded = seeding.elapsed();
+    outage(&env).await;
+    let workers = healthy_workers(&env, 4).await;
+    let mut options = ReplayOptions::new(&env.config);
+    options.rate = (mode != Mode::Raw).then_some(rate);
+    options.control.enabled = mode == Mode::Paced;
+    let replayer = Replayer::new(
+        env.url.clone(),
+        env.topology.clone(),
+        if mode == Mode::Raw {
+            None
+        } else {
+            Some(env.budget().await)
+        },
+    );
+    let started = std::time::Instant::now();
+    let handle = replayer.start(options, ReplayMode::Run);
+    let mut samples: Vec<(f64, u64)> = vec![(0.0, 0)];
+    let mut first_90 = None;
+    while !handle.is_finished() {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (t, moved) = (started.elapsed().as_secs_f64(), handle.progress().moved);
+        samples.push((t, moved));
+        if first_90.is_none()
+            && let Some(&(t0, m0)) = samples.iter().rev().find(|(t0, _)| t - t0 >= 1.0)
+        {
+            #[allow(clippy::cast_precision_loss)]
+            let per_sec = (moved - m0) as f64 / (t - t0);
+            if per_sec >= 0.9 * rate {
+                first_90 = Some(t);
+            }
+        }
+    }
+    let Ok(ReplayOutcome::Run(report)) = handle.wait().await else {
+        panic!("a run's outcome")
+    };
+    let total = started.elapsed();
+    stop_workers(workers).await;
+    // The most moved in one second (over 4 samples).
+    #[allow(clippy::cast_precision_loss)]
+    let best = samples
+        .windows(5)
+        .map(|w| (w[4].1 - w[0].1) as f64 / (w[4].0 - w[0].0))
+        .fold(0.0, f64::max);
+    assert_eq!(report.moved, n as u64, "{report:?}");
+    #[allow(clippy::cast_precision_loss)]
+    let avg = n as f64 / total.as_secs_f64();
+    println!(
+        "{mode:?} (rate {rate}): {n} moved in {:.1} s ({avg:.0}/s avg, best second {best:.0}/s); >= {:.0}/s first at {}; pace at the asked rate after {}; held {:.1} s; cuts {}; seeding {:.1} s",
+        total.as_secs_f64(),
+        0.9 * rate,
+        first_90.map_or("never".to_owned(), |t| format!("{t:.2} s")),
+        report
+            .reached_rate
+            .map_or("never".to_owned(), |d| format!("{:.2} s", d.as_secs_f64())),
+        (report.held_breaker + report.held_frozen).as_secs_f64(),
+        report.slowdowns,
+        seeded.as_secs_f64(),
+    );
 }

@@ -8,12 +8,12 @@ pub(crate) fn held_text(j: &JobState) -> String {
     match j.held.as_deref() {
         None => "-".to_owned(),
         Some("breaker_open") => format!("held: the breaker of {dependency} is open"),
-        Some("budget_exhausted") => format!("held: the budget of {dependency} is exhausted"),
+        Some("frozen") => format!("held: the budget of {dependency} is frozen by an operator"),
         Some(other) => format!("held: {dependency} ({other})"),
     }
 }
 
-/// The rate moves go at now, and what holds it down, in words.
+/// The rate moves go at now, why it is what it is, and the time left at that rate, in words.
 pub(crate) fn rate_text(j: &JobState) -> String {
     if j.held.is_some() {
         // The last rate decided is not what a held run moves at.
@@ -24,13 +24,18 @@ pub(crate) fn rate_text(j: &JobState) -> String {
         Some(r) => format!("{r:.1}/s"),
         None => "-".to_owned(),
     };
-    match j.slowed.as_deref() {
-        Some("failures") => format!("{now}, slowed: the dependency's failures rose"),
-        Some("budget_pace") => format!("{now}, slowed: the budget's headroom is small"),
-        Some("probe_pace") => format!("{now}, slowed: the half-open breaker's probes"),
-        Some(other) => format!("{now}, slowed ({other})"),
-        None => now,
+    let mut text = now;
+    if let Some(why) = &j.pace_text
+        && !j.done
+    {
+        text = format!("{text}, {why}");
     }
+    if let Some(eta) = j.eta_secs
+        && !j.done
+    {
+        text = format!("{text}, ETA {eta:.0}s");
+    }
+    text
 }
 
 pub(super) fn job_table(j: &JobState) -> Markup {
@@ -67,7 +72,7 @@ pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
                     button type="submit" { "Cancel" }
                 }
             }
-            p.note { "The replay is paced by the live budget: held while its dependency's breaker is open or its budget exhausted, slowed when the replayed jobs fail again, climbing back when they stop. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
+            p.note { "The replay is paced by its dependency's health: it starts slow and doubles while the replayed jobs succeed, up to the rate asked; it is halved when they fail again and climbs back when they stop; it is held while the dependency's breaker is open or an operator froze its budget. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
         },
     )
 }
