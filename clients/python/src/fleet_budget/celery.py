@@ -51,7 +51,7 @@ from celery.exceptions import Retry as CeleryRetry
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.serialization import dumps
 
-from . import forks, registry
+from . import dead_letters, forks, registry
 from . import headers as h
 from .budget import FleetBudget, InvalidTask, UnmappedTask
 from .admission import FAILED, INCONCLUSIVE, SUCCEEDED, Hold
@@ -282,6 +282,8 @@ class BudgetedTask(Task):
             log.warning("%s[%s]: dead letter not confirmed (%s); the job is requeued", task, request.id, e)
             time.sleep(UNCONFIRMED_PAUSE)
             raise Reject(str(e), requeue=True) from exc
+        # Confirmed: counted in the dead-letter index (sent within 250 ms, by a thread).
+        dead_letters.count_confirmed(self._budget(), headers)
         raise DeadLettered(task, reason, error_text(failure.message)) from exc
 
     def _job_message(self) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
@@ -399,6 +401,7 @@ class Consumer(CeleryConsumer):
             time.sleep(UNCONFIRMED_PAUSE)
             message.reject(requeue=True)
             return
+        dead_letters.count_confirmed(budget, headers)
         log.error("message on %r dead-lettered as %s: %s", routing_key, error_class, error_text(str(exc)))
         message.ack()
 
