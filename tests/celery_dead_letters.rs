@@ -22,7 +22,7 @@ mod processes;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
 use fleet_budget::testing::RedisServer;
@@ -192,6 +192,28 @@ fn groups(counts: &QueueCounts) -> BTreeMap<(String, String, String), u64> {
         .collect()
 }
 
+/// Waits until the counts are exact and `also` holds (the counts are sent within 250 ms of the
+/// confirm); fails with the last counts.
+fn wait_exact(
+    counts: &dyn Fn() -> QueueCounts,
+    what: &str,
+    also: impl Fn(&QueueCounts) -> bool,
+) {
+    let started = Instant::now();
+    loop {
+        let c = counts();
+        if c.exact() && also(&c) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what}: not exact: {:?}\n{c:#?}",
+            c.why_estimate()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Sends Celery tasks from Python: `(task, error class, retryable)` each.
 fn send(env: &[(&str, String)], jobs: &[(&str, String, bool)]) {
     let jobs: Vec<Value> = jobs
@@ -293,13 +315,19 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
         depth(&broker, &dead) >= 30
     });
     let worker_config = WorkerConfig::from_path(&config).unwrap();
-    let budget = common_block_on(FleetBudget::from_config(&worker_config.budget)).unwrap();
+    // One runtime for the budget's Redis connection, which lives on the runtime it was made on.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let budget = rt
+        .block_on(FleetBudget::from_config(&worker_config.budget))
+        .unwrap();
     let replayer = Replayer::new(amqp_url(), broker.topology.clone(), Some(budget));
-    let counts = || common_block_on(replayer.counts()).unwrap();
+    let counts = || rt.block_on(replayer.counts()).unwrap();
     // Sent by each child's thread within 250 ms of the confirm.
-    wait_until("the index to be exact", Duration::from_secs(10), || {
-        counts().exact()
-    });
+    wait_exact(&counts, "the 30 dead letters", |c| c.depth == 30);
     let before = counts();
     assert_eq!((before.depth, before.indexed()), (30, 30), "{before:?}");
     let cut: String = long.chars().take(128).collect(); // 1 + 127 × 2 bytes: 255 ≤ 256
@@ -333,19 +361,14 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
         dependency: Some("mail".to_owned()),
         ..ReplayFilter::default()
     };
-    let dry = common_block_on(replayer.dry_run(&options)).unwrap();
+    let dry = rt.block_on(replayer.dry_run(&options)).unwrap();
     assert!(dry.exact, "{dry:?}");
     assert_eq!((dry.would_move, dry.skipped), (8, 22), "{dry:?}");
-    let run = common_block_on(replayer.run(&options, |_| {})).unwrap();
+    let run = rt.block_on(replayer.run(&options, |_| {})).unwrap();
     assert_eq!((run.moved, run.parked, run.failed), (8, 0, 0), "{run:?}");
-    wait_until(
-        "the replayed jobs to be dead-lettered again, and counted",
-        Duration::from_secs(60),
-        || {
-            let c = counts();
-            c.exact() && c.depth == 30 && c.matching(|r| r.replays == 1) == 8
-        },
-    );
+    wait_exact(&counts, "the replayed jobs dead-lettered again", |c| {
+        c.depth == 30 && c.matching(|r| r.replays == 1) == 8
+    });
     let after = counts();
     assert_eq!(groups(&after), expected, "{after:?}");
     assert_eq!(
