@@ -73,11 +73,12 @@ fn record(change: &Value) -> Value {
         "task": "fail_as",
         "id": "0b5d",
     });
+    let fields = base.as_object_mut().unwrap();
     for (k, v) in change.as_object().unwrap() {
         if v.is_null() {
-            base.as_object_mut().unwrap().remove(k);
+            fields.remove(k);
         } else {
-            base[k] = v.clone();
+            fields.insert(k.clone(), v.clone());
         }
     }
     base
@@ -94,7 +95,7 @@ fn python_rows_are_rusts_rows() {
         json!({"fb-error-class": "quote\" back\\slash / solidus"}),
         json!({"fb-error-class": "\u{0}\u{1}\u{8}\t\n\u{b}\u{c}\r\u{1b}\u{1f} \u{7f}\u{80}\u{9f}"}),
         json!({"fb-error-class": "ünïcødé 日本語 🦀 \u{2028}\u{2029} \u{202e}evil\u{feff}"}),
-        json!({"fb-error-class": long_e.clone(), "fb-task": long_crab.clone()}),
+        json!({"fb-error-class": long_e, "fb-task": long_crab}),
         json!({"fb-dependency": long_crab, "fb-original-exchange": long_e}),
         json!({"fb-dependency": "a".repeat(256), "fb-task": "b".repeat(257)}),
         json!({"fb-original-exchange": "ex\"\\\u{1}ché"}),
@@ -194,11 +195,7 @@ fn groups(counts: &QueueCounts) -> BTreeMap<(String, String, String), u64> {
 
 /// Waits until the counts are exact and `also` holds (the counts are sent within 250 ms of the
 /// confirm); fails with the last counts.
-fn wait_exact(
-    counts: &dyn Fn() -> QueueCounts,
-    what: &str,
-    also: impl Fn(&QueueCounts) -> bool,
-) {
+fn wait_exact(counts: &dyn Fn() -> QueueCounts, what: &str, also: impl Fn(&QueueCounts) -> bool) {
     let started = Instant::now();
     loop {
         let c = counts();
