@@ -15,7 +15,9 @@ attempts from 1). A failure goes through the contract's decision order (``docs/s
   (``fleet.dead``) with the Rust worker's ``fb-*`` headers, ``mandatory`` and with a publisher
   confirm, and only then acked (the task raises :class:`DeadLettered`, so a caller waiting on the
   result sees why). An unconfirmed copy leaves the job unacked: it is requeued and runs again, a
-  duplicate is possible, a loss is not.
+  duplicate is possible, a loss is not. A confirmed copy is counted in the dead-letter index under
+  the row the Rust tools read back from its headers (``fleet_budget.dead_letters``), as the Rust
+  worker counts it, so that ``budgetctl dlq stats`` and a replay's dry run never read the queue.
 
 The dead letter is the job in Celery's message format (protocol 2: the ``task``, ``id`` and other
 headers, the ``[args, kwargs, embed]`` body, ``correlation_id``), as its next life should start:
