@@ -11,9 +11,11 @@
 //!    dependency, are exactly the allowance, never more; every job ends in `<prefix>.dead`, from
 //!    both languages, once.
 //! 3. Recovery: 10 + 10 jobs succeed (the allowance grows to 20: headroom for the replay).
-//! 4. `budgetctl replay --dependency search` moves the 40 dead letters back: the Rust ones to the
-//!    work exchange, the Celery ones to the Celery queue in Celery's format, and each runs once
-//!    more as replay 1 and succeeds.
+//! 4. `budgetctl dlq stats` counts the 40 exactly from the dead-letter index (both languages
+//!    count what they dead-letter); `budgetctl replay --dependency search` moves them back and
+//!    counts them out (the index is then empty): the Rust ones to the work exchange, the Celery
+//!    ones to the Celery queue in Celery's format, and each runs once more as replay 1 and
+//!    succeeds.
 //!
 //! Every job is accounted for: each of the 80 succeeded exactly once, and every queue is empty.
 //! Needs the `.venv` of scripts/test (Celery) and `budgetctl` built beside this test (`cargo test
@@ -234,6 +236,28 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     // Counted by depth only: `budgetctl dlq peek` is not used here, as two peeks in a row under
     // this load have left duplicates of the last messages read (reported to the replay owner).
     assert_eq!(depth(&broker, &dead), 40, "dead letters before the replay");
+    // `budgetctl dlq stats` reads no message: the dead-letter index, counted by the workers of
+    // both languages (Celery's too, `fleet_budget.dead_letters`), is the queue, exactly.
+    let stats = || -> serde_json::Value {
+        let out = Command::new(budgetctl())
+            .args(["--config", &config.display().to_string()])
+            .args(["dlq", "stats", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["dead_letter"].clone()
+    };
+    wait_until(
+        "the index to count the 40 dead letters",
+        Duration::from_secs(10),
+        || stats()["exact"] == true,
+    );
+    let before = stats();
+    assert_eq!(
+        (&before["depth"], &before["indexed"]),
+        (&40.into(), &40.into()),
+        "{before}"
+    );
 
     // 4. The replay: each dead letter back where it came from, in its own format.
     let out = Command::new(budgetctl())
@@ -257,6 +281,13 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
     assert_eq!(report["moved"], 40, "{report}");
     assert_eq!(report["parked"], 0, "{report}");
+    // The replay counted both languages' dead letters out of the rows their workers wrote.
+    let after = stats();
+    assert_eq!(
+        (&after["depth"], &after["indexed"], &after["exact"]),
+        (&0.into(), &0.into(), &true.into()),
+        "{after}"
+    );
     wait_until(
         "the replayed jobs to succeed",
         Duration::from_secs(60),

@@ -10,7 +10,8 @@ and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
 <pid>`` to the line server at ``FB_UPSTREAM`` (HOST:PORT, owned by the test), answered ``OK``,
 ``FAIL <class>`` (retryable) or ``REJECT <class>``, 2 s at most. Executions are counted in the
 Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis), and the processes that ran them (``"<pid> <parent's pid>"``) in
-the set ``<FB_CELERY_QUEUE>:pids``."""
+the set ``<FB_CELERY_QUEUE>:pids``. ``fail_as(doc_id, error_class, retryable)`` (and ``mail_as``, the same
+under another name) fails every execution with that error class."""
 
 import os
 import socket
@@ -20,6 +21,7 @@ from celery import Celery
 
 from fleet_budget import FleetBudget
 from fleet_budget.celery import BudgetedTask, install
+from fleet_budget.decision import Failure
 
 QUEUE = os.environ["FB_CELERY_QUEUE"]
 budget = FleetBudget.from_config(os.environ["FB_CONFIG"])
@@ -67,3 +69,30 @@ def search(self, doc_id):
     if answer[:1] == ["REJECT"]:
         raise Rejected(" ".join(answer[1:]))
     raise Unavailable(" ".join(answer[1:]) or "no answer")
+
+
+class Failed(Exception):
+    """Fails with the error class it is given (``Failed(class, retryable)``): a test's hostile classes."""
+
+
+class ClassedTask(BudgetedTask):
+    """A task whose failures carry the error class they were raised with."""
+
+    def failure(self, exc):
+        if isinstance(exc, Failed):
+            error_class, retryable = exc.args
+            return (Failure.retryable(exc) if retryable else Failure.non_retryable(exc)).with_class(error_class)
+        return super().failure(exc)
+
+
+def _fail_as(self, doc_id, error_class, retryable=False):
+    """Fails with ``error_class`` (retryable or not), every time."""
+    state.incr(f"{QUEUE}:calls")
+    state.sadd(f"{QUEUE}:pids", f"{os.getpid()} {os.getppid()}")
+    raise Failed(error_class, retryable)
+
+
+# ``fail_as`` and ``mail_as``: the same job under two task names (two dependencies, in a test's
+# configuration).
+fail_as = app.task(base=ClassedTask, budget=budget, name="fail_as", retry_on=(Failed,), bind=True)(_fail_as)
+mail_as = app.task(base=ClassedTask, budget=budget, name="mail_as", retry_on=(Failed,), bind=True)(_fail_as)

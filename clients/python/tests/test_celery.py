@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import amqp
@@ -21,6 +22,7 @@ from celery import Celery
 from conftest import REPO
 
 from fleet_budget.celery import DeadLettered
+from fleet_budget.dead_letters import row
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -55,6 +57,23 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
             return value
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def assert_indexed(redis_url: str, prefix: str, letters: list[amqp.Message]) -> None:
+    """The dead-letter index of ``<prefix>.dead`` counts exactly ``letters``, each under the row
+    the Rust tools read back from its headers as the broker delivered them (the worker sends its
+    counts within 250 ms)."""
+    expected = Counter(row(m.headers) for m in letters)
+    assert None not in expected, [m.headers for m in letters]
+    client = redis.Redis.from_url(redis_url)
+
+    def indexed() -> Counter:
+        return Counter({k.decode(): int(v) for k, v in client.hgetall(f"fb:v1:dead-letters:{{{prefix}.dead}}").items()})
+
+    deadline = time.monotonic() + 5
+    while indexed() != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert indexed() == expected
 
 
 class Worker:
@@ -169,6 +188,7 @@ def test_granted_retries_run_through_celery_and_a_denial_is_dead_lettered_with_t
     n = by_reason["non_retryable"].headers
     assert n["fb-error-class"] == "BadRequest" and n["fb-budget-source"] == "not_consulted"
     assert "fb-budget-allowance" not in n
+    assert_indexed(redis_url, prefix, letters)
 
 
 def test_a_retried_job_carries_its_first_failure_and_a_denial_after_retries_counts_the_attempts(fleet):
@@ -185,7 +205,7 @@ def test_a_retried_job_carries_its_first_failure_and_a_denial_after_retries_coun
     assert calls() == 2
 
 
-def test_an_unconfirmed_dead_letter_is_not_acked_and_the_job_comes_back(fleet):
+def test_an_unconfirmed_dead_letter_is_not_acked_and_the_job_comes_back(fleet, redis_url):
     """No dead-letter exchange: the copy is refused, the job is requeued and runs again; once the
     exchange exists, it is dead-lettered. Nothing is lost."""
     client, start, channel, prefix, queue, calls = fleet
@@ -196,9 +216,11 @@ def test_an_unconfirmed_dead_letter_is_not_acked_and_the_job_comes_back(fleet):
     letters = wait_for(lambda: get_all(channel, dead), "the dead letter")
     assert [m.headers["fb-reason"] for m in letters] == ["non_retryable"]
     wait_for(lambda: channel.queue_declare(queue, passive=True).message_count == 0, "the queue to drain")
+    # Counted once: the copies the broker refused were not.
+    assert_indexed(redis_url, prefix, letters)
 
 
-def test_messages_celery_would_drop_are_dead_lettered(fleet):
+def test_messages_celery_would_drop_are_dead_lettered(fleet, redis_url):
     """A body that cannot be decoded, an unknown task, a malformed fb-* header or Celery retries
     header: non_retryable dead letters (classes poison, unknown_task, malformed_header)."""
     client, start, channel, prefix, queue, calls = fleet
@@ -227,3 +249,4 @@ def test_messages_celery_would_drop_are_dead_lettered(fleet):
     for m in letters:
         assert m.headers["fb-reason"] == "non_retryable" and m.headers["fb-original-routing-key"] == queue
     assert calls() == 0, "none of them ran the task"
+    assert_indexed(redis_url, prefix, letters)

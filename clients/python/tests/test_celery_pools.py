@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.result import ResultSet
-from test_celery import BROKER, Worker, declare_dead, get_all, raw_channel, wait_for
+from test_celery import BROKER, Worker, assert_indexed, declare_dead, get_all, raw_channel, wait_for
 
 from fleet_budget import Config, FleetBudget
 from fleet_budget.celery import DeadLettered
@@ -91,6 +91,9 @@ def test_every_pool_sends_its_deposits_and_earns_allowance_after_a_brownout(pool
     while len(letters) < BROWNOUT:
         letters += wait_for(lambda: get_all(channel, dead), "the rest of the dead letters")
     assert len(letters) == BROWNOUT
+    # Every pool counts them in the dead-letter index (a child replaced by --max-tasks-per-child
+    # sends its counts before it leaves).
+    assert_indexed(redis_url, dead.removesuffix(".dead"), letters)
     snap = status()
     retries = snap.current.retries + snap.previous.retries
     assert retries == FLOOR, "no success yet: the floor and no more"

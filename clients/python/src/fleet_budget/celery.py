@@ -15,7 +15,9 @@ attempts from 1). A failure goes through the contract's decision order (``docs/s
   (``fleet.dead``) with the Rust worker's ``fb-*`` headers, ``mandatory`` and with a publisher
   confirm, and only then acked (the task raises :class:`DeadLettered`, so a caller waiting on the
   result sees why). An unconfirmed copy leaves the job unacked: it is requeued and runs again, a
-  duplicate is possible, a loss is not.
+  duplicate is possible, a loss is not. A confirmed copy is counted in the dead-letter index under
+  the row the Rust tools read back from its headers (``fleet_budget.dead_letters``), as the Rust
+  worker counts it, so that ``budgetctl dlq stats`` and a replay's dry run never read the queue.
 
 The dead letter is the job in Celery's message format (protocol 2: the ``task``, ``id`` and other
 headers, the ``[args, kwargs, embed]`` body, ``correlation_id``), as its next life should start:
@@ -51,7 +53,7 @@ from celery.exceptions import Retry as CeleryRetry
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.serialization import dumps
 
-from . import forks, registry
+from . import dead_letters, forks, registry
 from . import headers as h
 from .budget import FleetBudget, InvalidTask, UnmappedTask
 from .admission import FAILED, INCONCLUSIVE, SUCCEEDED, Hold
@@ -282,6 +284,8 @@ class BudgetedTask(Task):
             log.warning("%s[%s]: dead letter not confirmed (%s); the job is requeued", task, request.id, e)
             time.sleep(UNCONFIRMED_PAUSE)
             raise Reject(str(e), requeue=True) from exc
+        # Confirmed: counted in the dead-letter index (sent within 250 ms, by a thread).
+        dead_letters.count_confirmed(self._budget(), headers)
         raise DeadLettered(task, reason, error_text(failure.message)) from exc
 
     def _job_message(self) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
@@ -399,6 +403,7 @@ class Consumer(CeleryConsumer):
             time.sleep(UNCONFIRMED_PAUSE)
             message.reject(requeue=True)
             return
+        dead_letters.count_confirmed(budget, headers)
         log.error("message on %r dead-lettered as %s: %s", routing_key, error_class, error_text(str(exc)))
         message.ack()
 
