@@ -154,6 +154,7 @@ impl Metrics {
             &m.executions,
             &m.retries_granted,
             &m.retries_denied,
+            &m.retries_denied_in_process,
             &m.dead_letters,
             &m.store_errors,
             &m.fallback_decisions,
