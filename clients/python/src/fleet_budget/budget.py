@@ -103,7 +103,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._degraded: dict[str, int] = {}
         # When each dependency's fallback episode started (clock ms), for the worker registry.
         self._fallback_since: dict[str, int] = {}
-        # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].
+        # Coalesced deposits and the denials answered in the process: dependency -> [successes,
+        # first attempts, first counted at (ms), denied] (deposits.py).
         self._pending: dict[str, list[int]] = {}
         self._pending_lock = threading.Lock()
         self._flush_ms = settings.deposit_flush_ms
@@ -335,6 +336,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         policy = self.config.policy(dependency)
         cached, epoch = self._denials.lookup(dependency)
         if cached is not None:
+            self._count_denied(dependency)  # Redis never sees it: sent with the deposits
             return False, cached, FLEET_CACHE
         if self._should_try(dependency):
             sent = self._denials.now()
