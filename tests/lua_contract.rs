@@ -220,7 +220,16 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
         ),
         (
             "deposit",
-            vec!["1000", "1", "0", "0.2", "10", "a", "fixed", "1000000000000000"],
+            vec![
+                "1000",
+                "1",
+                "0",
+                "0.2",
+                "10",
+                "a",
+                "fixed",
+                "1000000000000000",
+            ],
             "ARGV[8] denied must be a plain integer from 0 to 10^15",
         ),
         (

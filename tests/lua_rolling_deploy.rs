@@ -319,9 +319,8 @@ fn old_and_new_deposit_scripts_share_one_key_and_only_sent_denials_differ() {
         // {counted} differs from {old} only by the denials sent in its two windows.
         let index = int(&replies[0], 2);
         let mut expected = replies[0].clone();
-        expected[CUR_DENIED] = Value::Int(
-            int(&replies[0], CUR_DENIED) + sent.get(&index).copied().unwrap_or(0),
-        );
+        expected[CUR_DENIED] =
+            Value::Int(int(&replies[0], CUR_DENIED) + sent.get(&index).copied().unwrap_or(0));
         expected[PREV_DENIED] = Value::Int(
             int(&replies[0], PREV_DENIED) + sent.get(&(index - 1)).copied().unwrap_or(0),
         );
@@ -360,6 +359,9 @@ fn old_and_new_deposit_scripts_share_one_key_and_only_sent_denials_differ() {
         expiries.iter().all(|e| *e == expiries[0] && *e > 0),
         "the expiries differ: {expiries:?}"
     );
-    assert!(mixed_old > 100 && mixed_new > 100, "{mixed_old} {mixed_new}");
+    assert!(
+        mixed_old > 100 && mixed_new > 100,
+        "{mixed_old} {mixed_new}"
+    );
     assert!(denials_sent > 500, "{denials_sent}");
 }

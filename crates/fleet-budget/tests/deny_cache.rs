@@ -279,8 +279,7 @@ async fn four_processes_in_a_storm_grant_exactly_the_floor() {
 /// estimate: what `budgetctl status`, the console and the exporter show) are every job the
 /// workers dead-lettered `budget_exhausted`, exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn after_a_flush_status_counts_every_denial_of_the_fleet_those_answered_in_the_workers_too()
-{
+async fn after_a_flush_status_counts_every_denial_of_the_fleet_those_answered_in_the_workers_too() {
     let server = RedisServer::start();
     // A window of a day (nothing rolls under the test) and flushes only when asked (10 s, the
     // longest interval: the storm is over long before).

@@ -91,7 +91,10 @@ fn table_names(relative: &str) -> BTreeSet<String> {
         .filter(|name| name.starts_with("fleet_budget_"))
         .map(str::to_owned)
         .collect();
-    assert!(names.len() >= 3, "{relative}: a table of metrics: {names:?}");
+    assert!(
+        names.len() >= 3,
+        "{relative}: a table of metrics: {names:?}"
+    );
     names
 }
 
@@ -122,8 +125,7 @@ fn documented_names() -> BTreeSet<String> {
                 .iter()
                 .find_map(|s| name.strip_suffix(s))
                 .unwrap_or(&name);
-            if !NOT_METRICS.contains(&family)
-                && !OTHER_CRATE.iter().any(|p| family.starts_with(p))
+            if !NOT_METRICS.contains(&family) && !OTHER_CRATE.iter().any(|p| family.starts_with(p))
             {
                 names.insert(family.to_owned());
             }
@@ -229,7 +231,9 @@ async fn every_documented_metric_is_in_the_exposition() {
     let mut missing = Vec::new();
     for name in table_names("src/metrics/mod.rs") {
         if !worker.contains(&name) {
-            missing.push(format!("{name} (src/metrics/mod.rs: the worker's /metrics)"));
+            missing.push(format!(
+                "{name} (src/metrics/mod.rs: the worker's /metrics)"
+            ));
         }
     }
     for relative in ["src/metrics/fleet.rs", "src/metrics/exporter.rs"] {

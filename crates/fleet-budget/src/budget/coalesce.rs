@@ -246,9 +246,8 @@ impl Inner {
                 .0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            pending.retain(|d, p| {
-                !p.is_empty() && now.saturating_sub(p.since_ms) < self.window_ms(d)
-            });
+            pending
+                .retain(|d, p| !p.is_empty() && now.saturating_sub(p.since_ms) < self.window_ms(d));
             let ready: Vec<Dependency> = pending
                 .keys()
                 .filter(|d| force || self.health.should_try(d))
