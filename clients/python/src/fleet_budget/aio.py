@@ -176,8 +176,8 @@ class FleetBudget(_sync.FleetBudget):
         await self.close()
 
     async def _deposit_async(self, dependency: str, successes: int, first_attempts: int) -> None:
-        if self._count(dependency, successes, first_attempts):
-            await self._send_deposit_async(dependency, successes, first_attempts)
+        if (now := self._count(dependency, successes, first_attempts)) is not None:
+            await self._send_deposit_async(dependency, *now)
             return
         self._ensure_flush_task()
         if self._wake.is_set():

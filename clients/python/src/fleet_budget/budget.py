@@ -259,13 +259,13 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
     def on_attempt(self, task: str, attempt: int) -> None:
         """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
         dependency = self._attempt(task, attempt)
-        if dependency is not None and self._count(dependency, 0, 1):
-            self._send_deposit(dependency, 0, 1)
+        if dependency is not None and (now := self._count(dependency, 0, 1)) is not None:
+            self._send_deposit(dependency, *now)
 
     def on_success(self, task: str) -> None:
         dependency = self._success(task)
-        if self._count(dependency, 1, 0):
-            self._send_deposit(dependency, 1, 0)
+        if (now := self._count(dependency, 1, 0)) is not None:
+            self._send_deposit(dependency, *now)
 
     def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
         """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import redis
 
@@ -55,12 +55,19 @@ class DepositSteps:
 
     # Deposits.
 
-    def _count(self: "FleetBudget", dependency: str, successes: int, first_attempts: int) -> bool:
-        """Counts deposits locally and, when coalescing, as pending; True: send them now."""
+    def _count(self: "FleetBudget", dependency: str, successes: int,
+               first_attempts: int) -> Optional[tuple[int, int, int]]:
+        """Counts deposits locally and, when coalescing, as pending (None). Without coalescing,
+        what to send now: these deposits with what is pending for the dependency (kept from a
+        failed call, or denials answered in the process), as the Rust ``deposit_now`` sends them."""
         policy = self.config.policy(dependency)
         self.local.deposit(dependency, policy, successes, first_attempts)
         if self._flush_ms == 0 and self._should_try(dependency):
-            return True
+            with self._pending_lock:
+                kept = self._pending.pop(dependency, None)
+            if kept is None or self._clock() - kept[2] > policy.window_ms:
+                return successes, first_attempts, 0
+            return successes + kept[0], first_attempts + kept[1], kept[3]
         with self._pending_lock:
             entry = self._pending.setdefault(dependency, [0, 0, self._clock(), 0])
             entry[0] += successes
@@ -70,7 +77,7 @@ class DepositSteps:
         self.metrics.deposits_pending.set(total)
         if total >= self.config.redis.deposit_flush_count:
             self._wake.set()
-        return False
+        return None
 
     def _count_denied(self: "FleetBudget", dependency: str) -> None:
         """Counts a denial the deny cache answered, to be sent with the dependency's next flush
