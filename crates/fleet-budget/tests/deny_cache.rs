@@ -20,9 +20,14 @@ use std::time::{Duration, Instant};
 
 use fleet_budget::control::{AuditLog, OverrideAction, fleet_status, overrides};
 use fleet_budget::metrics::StoreOp;
-use fleet_budget::store::{RedisStore, RedisTarget};
+use fleet_budget::store::{
+    BudgetStore, Deposits, RedisStore, RedisTarget, StoreFuture, Withdrawal,
+};
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{BudgetSource, Config, DeadLetterReason, Decision, Dependency, FleetBudget};
+use fleet_budget::{
+    BudgetPolicy, BudgetSnapshot, BudgetSource, Config, DeadLetterReason, Decision, Dependency,
+    FleetBudget, StoreError,
+};
 use fleet_budget::{Failure, FleetBudget as Budget};
 
 const STALENESS_MS: u64 = 300;
@@ -364,4 +369,132 @@ async fn after_a_flush_status_counts_every_denial_of_the_fleet_those_answered_in
         worker.flush().await.unwrap();
     }
     assert_eq!(denied().await, dead_lettered + 1);
+}
+
+/// A fleet store that denies every retry (none would be granted without a change) and whose
+/// deposit calls succeed, are refused by a dead connection, or pass their deadline, as the test
+/// says; it keeps what the successful ones carried.
+#[derive(Debug, Default)]
+struct DenyingStore {
+    /// 0: answer; 1: a dead connection; 2: past the deadline.
+    deposits_fail: std::sync::atomic::AtomicU8,
+    recorded: std::sync::Mutex<Vec<(Deposits, u64)>>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl BudgetStore for DenyingStore {
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        self.deposit_with_denials(dependency, policy, deposits, 0)
+    }
+
+    fn deposit_with_denials<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+        deposits: Deposits,
+        denied: u64,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        use std::sync::atomic::Ordering;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let result = match self.deposits_fail.load(Ordering::SeqCst) {
+            0 => {
+                self.recorded.lock().unwrap().push((deposits, denied));
+                Ok(BudgetSnapshot::default())
+            }
+            1 => Err(StoreError::Redis(redis::RedisError::from(
+                std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+            ))),
+            _ => Err(StoreError::Timeout(Duration::from_millis(50))),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal> {
+        Box::pin(async {
+            Ok(Withdrawal {
+                granted: false,
+                snapshot: BudgetSnapshot::default(),
+                next_grant_ms: None,
+            })
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async { Ok(BudgetSnapshot::default()) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "denying"
+    }
+}
+
+/// The denials answered in the process ride the deposit flush's rules: a flush refused by a dead
+/// connection keeps them for the next; one past its deadline is not sent again (it most likely
+/// ran: never counted twice); a flush of denials alone does not forget the denial kept.
+#[tokio::test]
+async fn denials_answered_in_the_process_are_kept_on_a_refused_flush_and_never_sent_twice() {
+    use std::sync::atomic::Ordering;
+    let config = Config::from_toml(
+        "[redis]\ndeposit_flush_ms = 10000\ndeny_cache_ms = 10000\n\
+         [dependencies.search]\ntasks = [\"index\"]\n",
+        "t",
+    )
+    .unwrap();
+    let store = Arc::new(DenyingStore::default());
+    let budget = FleetBudget::builder(&config)
+        .fleet_store(store.clone())
+        .build();
+    let policy = budget.policy(&search());
+    let ask = |n: usize| {
+        let budget = budget.clone();
+        async move {
+            let mut sources = Vec::new();
+            for _ in 0..n {
+                let (w, source) = budget.withdraw(&search(), &policy).await;
+                assert!(!w.granted);
+                sources.push(source);
+            }
+            sources
+        }
+    };
+    assert_eq!(ask(1).await, [BudgetSource::Fleet]);
+    assert_eq!(ask(5).await, [BudgetSource::FleetCache; 5]);
+    store.deposits_fail.store(1, Ordering::SeqCst);
+    assert!(budget.flush().await.is_err(), "refused");
+    store.deposits_fail.store(0, Ordering::SeqCst);
+    budget.flush().await.unwrap();
+    assert_eq!(
+        *store.recorded.lock().unwrap(),
+        [(Deposits::default(), 5)],
+        "kept, then sent once"
+    );
+    assert_eq!(
+        ask(3).await,
+        [BudgetSource::FleetCache; 3],
+        "denials alone make no room: the denial still stands"
+    );
+    store.deposits_fail.store(2, Ordering::SeqCst);
+    assert!(budget.flush().await.is_err(), "past its deadline");
+    store.deposits_fail.store(0, Ordering::SeqCst);
+    let calls = store.calls.load(Ordering::SeqCst);
+    budget.flush().await.unwrap();
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        calls,
+        "nothing pending: the timed-out call is not sent again"
+    );
+    assert_eq!(store.recorded.lock().unwrap().len(), 1);
 }
