@@ -108,8 +108,26 @@ impl Inner {
 
     /// Counts a denial of `dependency` answered in the process (the deny cache), to be sent
     /// with the next flush of its deposits: the store did not see it.
+    ///
+    /// On the deny cache's hit path: an entry younger than a window is counted into under the
+    /// lock and nothing else (the pending-deposits gauge does not move); the rest is
+    /// [`Inner::add_pending`]'s.
     pub(super) fn denied_in_process(&self, dependency: &Dependency) {
-        let mut counted = Pending::empty(self.clock.now_ms());
+        let now = self.clock.now_ms();
+        {
+            let mut pending = self
+                .pending
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = pending.get_mut(dependency)
+                && now.saturating_sub(entry.since_ms) < self.window_ms(dependency)
+            {
+                entry.denied = entry.denied.saturating_add(1);
+                return;
+            }
+        }
+        let mut counted = Pending::empty(now);
         counted.denied = 1;
         self.add_pending(dependency.clone(), counted);
     }
