@@ -86,6 +86,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(DlqCommand::Peek(args)) => {
             with_config(global, async |c| dlq::peek(c, &args).await)
         }
+        Command::Dlq(DlqCommand::Reindex(args)) => {
+            with_config(global, async |c| dlq::reindex(c, args.json).await)
+        }
         Command::Parked(command) => with_config(global, async |c| parked::run(c, &command).await),
         Command::Budget(command) => {
             with_config(global, async |c| budget::run(&c.budget, &command).await)

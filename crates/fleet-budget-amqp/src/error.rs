@@ -136,6 +136,15 @@ pub enum AmqpError {
         /// How long the consumer was quiet.
         idle: std::time::Duration,
     },
+    /// The dead-letter index (in the fleet store) could not be used: not configured, or Redis
+    /// failed.
+    #[error("the dead-letter index of {queue}: {detail}")]
+    DeadLetterIndex {
+        /// The queue whose index it is.
+        queue: String,
+        /// What failed.
+        detail: String,
+    },
     /// A name that AMQP cannot carry (over 255 bytes).
     #[error("{what} {name:?} is not a valid AMQP name: {reason}")]
     InvalidName {

@@ -2,13 +2,16 @@
 //!
 //! Where the fleet-wide retry budget meets RabbitMQ (via `lapin`):
 //!
-//! * [`topology`]: the exchanges and queues, declared by the versioned files of `migrations/`
-//!   through [`migrate`] (idempotent, with a dry-run plan, and an error naming every differing
+//! * [`topology`]: the exchanges and queues, declared by the versioned migration files (the
+//!   repository's top-level `migrations/`, compiled in from the crate's generated copy) through
+//!   [`migrate`] (idempotent, with a dry-run plan, and an error naming every differing
 //!   argument when an existing queue was declared otherwise);
 //! * [`worker`]: a [`Worker`] that consumes with a prefetch, runs an async handler per job,
 //!   reports to the [`fleet_budget::FleetBudget`], publishes retries to delay tiers and
 //!   dead-letters with the headers of `docs/semantics.md`, acking only after the broker
 //!   confirmed the copy; what becomes of a failed job is the pure [`Outcome::of_decision`];
+//! * [`dead_letters`]: what waits in the dead-letter and parked queues, counted in the fleet
+//!   store as messages enter and leave, so that looking never reads a queue;
 //! * [`headers`]: every header name and the message-identity rules, in one file;
 //! * [`replay`]: a [`Replayer`] that moves dead-lettered jobs back, filtered, paced, bounded,
 //!   pausing while the dependency's budget is exhausted, parking loops and garbage;
@@ -39,6 +42,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod dead_letters;
 pub mod error;
 pub mod frame_guard;
 pub mod headers;

@@ -1,14 +1,15 @@
-//! The dead-letter and parked queues, grouped by dependency × reason × error class, from a
-//! sample kept in memory and refreshed in the background.
+//! The dead-letter and parked queues, grouped by dependency × reason × error class from their
+//! dead-letter index (`fleet_budget_amqp::dead_letters`: counts of the whole queue, read in the
+//! background every refresh, no message read), and messages one by one from a sample read only
+//! when an operator asks for one.
 //!
-//! Why a sample: RabbitMQ cannot be asked "how many dead letters of `search` failed with
-//! `timeout`" without reading each message, and a read of 100,000 messages (each put back as a
-//! fresh copy, `fleet_budget_amqp::inspect`) takes minutes. A page view must not do that, nor
-//! may ten operators' browsers do it ten times. So one background task reads at most
-//! `sample` messages of each queue every `refresh` (a look moves the messages it read to the
-//! tail, so successive samples of a deep queue cover different messages), and every page
-//! reads the sample: its age, its size and the queue's depth (a passive declare, cheap) are on
-//! the page beside the counts.
+//! Why the index for counts: RabbitMQ cannot be asked "how many dead letters of `search` failed
+//! with `timeout`" without reading each message, and a read of 100,000 messages (each put back as
+//! a fresh copy, `fleet_budget_amqp::inspect`) takes minutes and rewrites the queue; a sample's
+//! counts were the sample's (2,908 shown for a group of 28,919). The index counts the whole queue
+//! as messages enter and leave; the page shows it beside the depth, exact or an estimate with
+//! why. Messages one by one still need a read: that one is the sample, at most `sample`
+//! messages, read only when an operator asks ("Read messages now"), never by a page view.
 //!
 //! Memory is bounded: the sample keeps, per message, what an operator decides by (about 1 kB
 //! with the error text, bounded at 512 bytes by the library), and the headers of at most
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use fleet_budget::clock::now_ms;
 use fleet_budget::redact::redact_text;
+use fleet_budget_amqp::dead_letters::QueueCounts;
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::replay::QueuedMessage;
 use fleet_budget_amqp::{AmqpError, InspectOptions, ReplayFilter, inspect_queue};
@@ -109,29 +111,42 @@ pub(crate) struct Sample {
     pub(crate) headers: HashMap<String, HeaderList>,
     /// Why the last read failed, if it did (the sample is then the one before).
     pub(crate) error: Option<String>,
+    /// The queue's depth and dead-letter index, read every refresh (no message read): what
+    /// the groups' counts are, exact or labelled an estimate.
+    pub(crate) counts: Option<QueueCounts>,
+    /// Why the last read of the counts failed, if it did.
+    pub(crate) counts_error: Option<String>,
 }
 
 impl Sample {
-    /// The groups of the messages `filter` selects, most messages first.
-    pub(crate) fn groups(&self, filter: &ReplayFilter) -> Vec<Group> {
+    /// The groups of the whole queue from its index: each row `filter` may select (a row it
+    /// cannot decide, a message id or error text filter or a time inside a minute, is shown),
+    /// by dependency × reason × error class, most messages first. Empty before the first read.
+    pub(crate) fn index_groups(&self, filter: &ReplayFilter) -> Vec<Group> {
+        let Some(counts) = &self.counts else {
+            return Vec::new();
+        };
         let mut groups: BTreeMap<(String, String, String), Group> = BTreeMap::new();
-        for s in self
-            .messages
-            .iter()
-            .filter(|s| s.message.selected_by(filter))
-        {
-            let (dependency, reason, error_class) = s.group();
+        for (row, n) in &counts.rows {
+            if filter.selects_row(row) == Some(false) {
+                continue;
+            }
             let g = groups
-                .entry((dependency.clone(), reason.clone(), error_class.clone()))
-                .or_insert(Group {
-                    dependency,
-                    reason,
-                    error_class,
+                .entry((
+                    row.dependency.clone(),
+                    row.reason.clone(),
+                    row.error_class.clone(),
+                ))
+                .or_insert_with(|| Group {
+                    dependency: row.dependency.clone(),
+                    reason: row.reason.clone(),
+                    error_class: row.error_class.clone(),
                     count: 0,
                     oldest_ms: None,
                 });
-            g.count += 1;
-            if let Some(at) = s.message.dead_lettered_ms {
+            g.count += n;
+            if row.minute > 0 {
+                let at = row.minute.saturating_mul(60_000);
                 g.oldest_ms = Some(g.oldest_ms.map_or(at, |o| o.min(at)));
             }
         }
@@ -153,7 +168,10 @@ impl Sample {
     ) -> Vec<&Sampled> {
         self.messages
             .iter()
-            .filter(|s| s.message.selected_by(filter) && s.group().2 == error_class)
+            .filter(|s| {
+                s.message.selected_by(filter)
+                    && s.message.error_class.as_deref().unwrap_or("") == error_class
+            })
             .take(limit)
             .collect()
     }
@@ -213,6 +231,8 @@ pub(crate) async fn read_sample(
         messages,
         headers: headers_of,
         error: None,
+        counts: None,
+        counts_error: None,
     })
 }
 
@@ -273,28 +293,54 @@ mod tests {
     }
 
     #[test]
-    fn groups_count_and_keep_the_oldest() {
+    fn groups_come_from_the_index_and_members_from_the_sample() {
+        use fleet_budget_amqp::dead_letters::Row;
+        let row = |dep: &str, class: &str, minute: u64| Row {
+            dependency: dep.to_owned(),
+            reason: "budget_exhausted".to_owned(),
+            error_class: class.to_owned(),
+            task: "t".to_owned(),
+            original_exchange: "x".to_owned(),
+            replays: 0,
+            minute,
+        };
         let sample = Sample {
             messages: vec![
                 sampled("search", "budget_exhausted", "timeout", 30),
-                sampled("search", "budget_exhausted", "timeout", 10),
                 sampled("search", "budget_exhausted", "http_503", 20),
-                sampled("mail", "non_retryable", "bad_request", 5),
             ],
+            counts: Some(QueueCounts {
+                depth: 28_922,
+                rows: vec![
+                    (row("search", "timeout", 3), 28_000),
+                    (row("search", "timeout", 2), 919),
+                    (row("search", "http_503", 2), 3),
+                ],
+                ..QueueCounts::default()
+            }),
             ..Sample::default()
         };
-        let all = sample.groups(&ReplayFilter::default());
-        assert_eq!(all.len(), 3);
+        let all = sample.index_groups(&ReplayFilter::default());
         assert_eq!(
-            all.first().map(|g| (g.count, g.oldest_ms)),
-            Some((2, Some(10)))
+            all.iter()
+                .map(|g| (g.error_class.as_str(), g.count, g.oldest_ms))
+                .collect::<Vec<_>>(),
+            [
+                ("timeout", 28_919, Some(120_000)),
+                ("http_503", 3, Some(120_000))
+            ],
+            "the whole queue's counts, not a sample's"
         );
+        let mail = ReplayFilter {
+            dependency: Some("mail".into()),
+            ..ReplayFilter::default()
+        };
+        assert!(sample.index_groups(&mail).is_empty());
         let search = ReplayFilter {
             dependency: Some("search".into()),
             ..ReplayFilter::default()
         };
-        assert_eq!(sample.groups(&search).len(), 2);
         assert_eq!(sample.members(&search, "http_503", 10).len(), 1);
-        assert!(sample.message("mail-5").is_some());
+        assert!(sample.message("search-30").is_some());
     }
 }

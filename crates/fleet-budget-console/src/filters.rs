@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::dead_letters::Which;
 
-/// The CLI's filters (`--dependency`, `--reason`, `--task`, `--since`, `--until`,
-/// `--error-contains`), as a query or a form.
+/// The CLI's filters (`--dependency`, `--reason`, `--error-class`, `--task`, `--since`,
+/// `--until`, `--error-contains`), as a query or a form.
 #[derive(Debug, Default, Clone, Deserialize)]
 pub(crate) struct FilterForm {
     #[serde(default)]
@@ -28,6 +28,9 @@ pub(crate) struct FilterForm {
     pub(crate) error_contains: Option<String>,
     #[serde(default)]
     pub(crate) error_class: Option<String>,
+    /// Any value: also the messages whose dead-letter headers cannot be read.
+    #[serde(default)]
+    pub(crate) malformed: Option<String>,
 }
 
 impl FilterForm {
@@ -58,6 +61,8 @@ impl FilterForm {
             task: some(self.task.as_ref()).map(str::to_owned),
             message_id: None,
             error_contains: some(self.error_contains.as_ref()).map(str::to_owned),
+            error_class: some(self.error_class.as_ref()).map(str::to_owned),
+            malformed: some(self.malformed.as_ref()).is_some(),
         })
     }
 }

@@ -35,9 +35,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_budget::control::AuditLog;
+use fleet_budget::control::{AuditLog, DeadLetterIndex};
 use fleet_budget::store::{RedisStore, RedisTarget};
-use fleet_budget_amqp::{Topology, WorkerConfig};
+use fleet_budget_amqp::{Replayer, Topology, WorkerConfig};
 use tokio::sync::Notify;
 
 pub use access::{MIN_TOKEN_BYTES, Token, TokenError, Viewers};
@@ -124,6 +124,9 @@ pub(crate) struct App {
     pub(crate) samples: Mutex<[Sample; 2]>,
     /// Wakes the dead-letter refresher before its time (after an action, or on request).
     pub(crate) refresh_now: Arc<Notify>,
+    /// Set when an operator asked for a sample of messages: the refresher reads one (a read
+    /// that puts each message back as a copy), else it reads only the counts.
+    pub(crate) sample_wanted: Arc<std::sync::atomic::AtomicBool>,
     /// One reader or mover of the queues at a time: a sample read beside a replay would
     /// move messages under it.
     pub(crate) queue_work: Arc<tokio::sync::Mutex<()>>,
@@ -233,6 +236,7 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         history: Mutex::new(History::default()),
         samples: Mutex::new([Sample::default(), Sample::default()]),
         refresh_now: Arc::new(Notify::new()),
+        sample_wanted: Arc::default(),
         queue_work: Arc::new(tokio::sync::Mutex::new(())),
         jobs: Jobs::default(),
         settings,
@@ -277,15 +281,58 @@ async fn keep_history(app: Arc<App>) {
     }
 }
 
-/// Refreshes the dead-letter and parked samples every `dead_letter_refresh`, or sooner when
-/// asked.
+/// Refreshes the counts of the dead-letter and parked queues (depth and index: no message
+/// read) every `dead_letter_refresh`, or sooner when asked; and reads a sample of messages only
+/// when an operator asked for one (`App::sample_wanted`).
 async fn keep_samples(app: Arc<App>) {
     loop {
+        let read_messages = app
+            .sample_wanted
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
         for (i, which) in [Which::Dead, Which::Parked].into_iter().enumerate() {
             let queue = match which {
                 Which::Dead => app.topology.dead_queue.clone(),
                 Which::Parked => app.topology.parked_queue.clone(),
             };
+            let source = match which {
+                Which::Dead => Replayer::new(
+                    app.settings.config.amqp.connection(),
+                    app.topology.clone(),
+                    None,
+                ),
+                Which::Parked => Replayer::parked(
+                    app.settings.config.amqp.connection(),
+                    app.topology.clone(),
+                    None,
+                ),
+            }
+            .with_index(Some(DeadLetterIndex::new(Arc::clone(&app.store))));
+            let counts = tokio::time::timeout(app.settings.upstream_timeout, source.counts()).await;
+            {
+                let mut samples = lock(&app.samples);
+                if let Some(slot) = samples.get_mut(i) {
+                    slot.queue.clone_from(&queue);
+                    match counts {
+                        Ok(Ok(c)) => {
+                            slot.counts = Some(c);
+                            slot.counts_error = None;
+                        }
+                        Ok(Err(e)) => {
+                            slot.counts_error =
+                                Some(fleet_budget::redact::redact_text(&e.to_string()));
+                        }
+                        Err(_) => {
+                            slot.counts_error = Some(format!(
+                                "the counts of {queue} passed {:?}",
+                                app.settings.upstream_timeout
+                            ));
+                        }
+                    }
+                }
+            }
+            if !read_messages {
+                continue;
+            }
             let guard = app.queue_work.lock().await;
             // A sample of a deep queue takes a while: its bound is the sample's size, each
             // broker step has the connection's deadline, and the whole read the refresh period
@@ -310,14 +357,19 @@ async fn keep_samples(app: Arc<App>) {
                 continue;
             };
             match read {
-                Ok(Ok(sample)) => *slot = sample,
+                Ok(Ok(sample)) => {
+                    let (counts, counts_error) = (slot.counts.take(), slot.counts_error.take());
+                    *slot = Sample {
+                        counts,
+                        counts_error,
+                        ..sample
+                    };
+                }
                 Ok(Err(e)) => {
                     slot.error = Some(fleet_budget::redact::redact_text(&e.to_string()));
-                    slot.queue = queue;
                 }
                 Err(_) => {
                     slot.error = Some(format!("the read of {queue} passed {bound:?}"));
-                    slot.queue = queue;
                 }
             }
         }

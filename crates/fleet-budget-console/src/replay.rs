@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleet_budget::FleetBudget;
-use fleet_budget::control::{AuditEntry, AuditLog};
+use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex};
 use fleet_budget::store::RedisStore;
+use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::purge::purge_queue;
 use fleet_budget_amqp::replay::{Breakers, HoldReason, Rate, ReplayMode, ReplayOutcome, audit};
 use fleet_budget_amqp::{
@@ -31,7 +32,7 @@ use crate::access::lock;
 pub(crate) const JOBS_KEPT: usize = 20;
 
 /// What a replay would do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Prediction {
     pub(crate) total: u64,
     pub(crate) matched: u64,
@@ -39,6 +40,10 @@ pub(crate) struct Prediction {
     pub(crate) parked: u64,
     pub(crate) skipped: u64,
     pub(crate) failed: u64,
+    /// Messages the prediction could not place (0 when exact).
+    pub(crate) uncertain: u64,
+    /// Why it is an estimate, when it is.
+    pub(crate) estimate: Option<String>,
 }
 
 /// Predicts a replay of the dead-letter queue with `filter` (at most `limit` moved), moving
@@ -48,6 +53,7 @@ pub(crate) struct Prediction {
 /// The broker failed.
 pub(crate) async fn dry_run(
     config: &WorkerConfig,
+    store: &Arc<RedisStore>,
     filter: &ReplayFilter,
     limit: Option<u64>,
 ) -> Result<Prediction, AmqpError> {
@@ -56,6 +62,7 @@ pub(crate) async fn dry_run(
     options.filter = filter.clone();
     options.limit = limit;
     let r = Replayer::new(config.amqp.connection(), topology, None)
+        .with_index(Some(DeadLetterIndex::new(Arc::clone(store))))
         .dry_run(&options)
         .await?;
     Ok(Prediction {
@@ -65,8 +72,14 @@ pub(crate) async fn dry_run(
         parked: r.would_park_looping + r.malformed,
         skipped: r.skipped,
         failed: r.would_fail,
+        uncertain: r.uncertain,
+        estimate: r.estimate,
     })
 }
+
+/// The audit action of a purge of the dead-letter queue (the console's; `budgetctl` purges only
+/// the parked queue).
+const DLQ_PURGE: &str = "dlq_purge";
 
 /// Where a run stands, for its page.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -300,6 +313,35 @@ impl Run<'_> {
         options.filter = filter;
         options.rate = Some(rate);
         options.limit = limit;
+        // The intent first: who, what selection, how many expected; not recorded, nothing moves.
+        let run_id = lock(&self.job.state).id.clone();
+        let expected = Replayer::new(config.amqp.connection(), topology.clone(), None)
+            .with_index(Some(DeadLetterIndex::new(Arc::clone(&self.cx.store))))
+            .dry_run(&options)
+            .await
+            .map_or(Value::Null, |p| {
+                json!({
+                    "moved": p.would_move,
+                    "parked": p.would_park_looping,
+                    "failed": p.would_fail,
+                    "exact": p.exact,
+                })
+            });
+        let intent = audit::intent_entry(
+            self.actor,
+            audit::REPLAY,
+            &options.filter,
+            self.note,
+            &run_id,
+            &before,
+            &expected,
+        );
+        if let Err(e) = self.cx.audit.record(&self.cx.store, &intent).await {
+            let _ = budget.shutdown().await;
+            return Err(format!(
+                "nothing moved: the replay's intent could not be audited: {e}"
+            ));
+        }
         let handle = Replayer::new(
             config.amqp.connection(),
             topology.clone(),
@@ -331,10 +373,44 @@ impl Run<'_> {
         }
         let outcome = handle.wait().await;
         let _ = budget.shutdown().await;
-        let r = match outcome.map_err(|e| e.to_string())? {
-            ReplayOutcome::Run(r) => r,
-            ReplayOutcome::DryRun(_) => {
+        let r = match outcome {
+            Ok(ReplayOutcome::Run(r)) => r,
+            Ok(ReplayOutcome::DryRun(_)) => {
                 return Err("the replay library returned a dry run's outcome for a run".to_owned());
+            }
+            Err(e) => {
+                // Where it stopped, in the trail: the counts it had reached and the error.
+                let after = queue_depths(config.amqp.connection(), &topology)
+                    .await
+                    .unwrap_or_else(|_| before.clone());
+                let s = lock(&self.job.state).clone();
+                let reached = fleet_budget_amqp::ReplayReport {
+                    total: s.total,
+                    seen: s.seen,
+                    moved: s.moved,
+                    parked: s.parked,
+                    skipped: s.skipped,
+                    failed: s.failed,
+                    ..fleet_budget_amqp::ReplayReport::default()
+                };
+                let entry = audit::ended(
+                    audit::replay_entry(
+                        self.actor,
+                        audit::REPLAY,
+                        &options.filter,
+                        self.note,
+                        &before,
+                        &after,
+                        &reached,
+                    ),
+                    &run_id,
+                    &format!(
+                        "failed: {}",
+                        fleet_budget::redact::redact_text(&e.to_string())
+                    ),
+                );
+                let _ = self.cx.audit.record(&self.cx.store, &entry).await;
+                return Err(e.to_string());
             }
         };
         {
@@ -351,14 +427,22 @@ impl Run<'_> {
         let after = queue_depths(config.amqp.connection(), &topology)
             .await
             .map_err(|e| e.to_string())?;
-        let mut entry = audit::replay_entry(
-            self.actor,
-            audit::REPLAY,
-            &options.filter,
-            self.note,
-            &before,
-            &after,
-            &r,
+        let mut entry = audit::ended(
+            audit::replay_entry(
+                self.actor,
+                audit::REPLAY,
+                &options.filter,
+                self.note,
+                &before,
+                &after,
+                &r,
+            ),
+            &run_id,
+            if r.cancelled {
+                "cancelled"
+            } else {
+                "completed"
+            },
         );
         // The closed loop's part in the run, and who stopped it, beside its counts.
         let cancelled_by = lock(&self.job.state).cancel_requested_by.clone();
@@ -446,15 +530,58 @@ pub(crate) async fn purge(
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;
-    let report = purge_queue(config.amqp.connection(), queue, filter, None)
+    let index = DeadLetterIndex::new(Arc::clone(&cx.store));
+    let counted = if parked {
+        Counted::Parked
+    } else {
+        Counted::DeadLetters
+    };
+    let action = if parked {
+        audit::PARKED_PURGE
+    } else {
+        DLQ_PURGE
+    };
+    // The intent first; not recorded, nothing is deleted.
+    let run_id = crate::access::random_hex();
+    let source = if parked {
+        Replayer::parked(config.amqp.connection(), topology.clone(), None)
+    } else {
+        Replayer::new(config.amqp.connection(), topology.clone(), None)
+    };
+    let expected = source
+        .with_index(Some(index.clone()))
+        .counts()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_or(Value::Null, |c| {
+            json!({
+                "purged": c.matching(|row| filter.selects_row(row) == Some(true)),
+                "exact": c.exact(),
+            })
+        });
+    let intent = audit::intent_entry(actor, action, filter, note, &run_id, &before, &expected);
+    cx.audit
+        .record(&cx.store, &intent)
+        .await
+        .map_err(|e| format!("nothing deleted: the purge's intent could not be audited: {e}"))?;
+    let report = purge_queue(
+        config.amqp.connection(),
+        queue,
+        filter,
+        None,
+        Some((&index, counted)),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;
-    let mut entry = audit::purge_entry(actor, filter, note, &before, &after, &report);
+    let mut entry = audit::ended(
+        audit::purge_entry(actor, filter, note, &before, &after, &report),
+        &run_id,
+        "completed",
+    );
     if !parked {
-        "dlq_purge".clone_into(&mut entry.action);
+        DLQ_PURGE.clone_into(&mut entry.action);
     }
     cx.audit
         .record(&cx.store, &entry)

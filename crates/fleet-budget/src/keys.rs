@@ -39,6 +39,14 @@ pub fn workers_seen_key(prefix: &str) -> String {
     format!("{}:seen", workers_key(prefix))
 }
 
+/// The dead-letter index of the queue `queue` under `prefix` (`lua/dead_letters.lua`): row →
+/// messages. After `v1:` comes `d`, never `{`, so it is never a budget key; the queue's name is
+/// its hash tag.
+#[must_use]
+pub fn dead_letters_key(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:dead-letters:{{{queue}}}")
+}
+
 /// The glob matching every budget key under `prefix`, for `SCAN`. The prefix is matched as
 /// written: its glob characters (`*`, `?`, `[`, `]`, `\`), which a prefix may hold, are escaped,
 /// so that `t[7]` finds the keys of `t[7]` and not those of `t7`.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use fleet_budget::control::DeadLetterIndex;
 use fleet_budget::metrics::{FleetExporter, MetricsServer};
 use fleet_budget::redact::{redact_text, redact_url};
 use fleet_budget::store::{BudgetStore, RedisStore};
@@ -52,7 +53,8 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
             config.amqp.connection(),
             Topology::new(&config.amqp),
             exporter.registry(),
-        )?;
+        )?
+        .with_index(Some(DeadLetterIndex::new(Arc::clone(&store))));
         exporter = exporter.source(Box::new(queues));
     }
     let exporter = Arc::new(exporter);

@@ -1,4 +1,5 @@
-//! `budgetctl migrate`: declares or upgrades the broker topology of `migrations/`.
+//! `budgetctl migrate`: declares or upgrades the broker topology of the repository's
+//! `migrations/` (compiled into `fleet-budget-amqp`).
 
 use clap::Args;
 use fleet_budget::redact::redact_url;
@@ -7,6 +8,7 @@ use serde::Serialize;
 
 use crate::amqp_conn::broker_error;
 use crate::commands::audit::{Trail, record};
+use crate::commands::dlq::{ReindexedQueue, index_unindexed};
 use crate::output::print_json;
 
 /// The version of this command's `--json` shape (`docs/schemas/migrate.schema.json`).
@@ -39,6 +41,9 @@ struct MigrateReport {
     dry_run: bool,
     created: usize,
     steps: Vec<MigrateStep>,
+    /// Queues whose dead letters predated the dead-letter index, indexed once (read and put
+    /// back); empty when there were none, and in a dry run.
+    indexed: Vec<ReindexedQueue>,
 }
 
 /// `budgetctl migrate [--dry-run]`: applies the embedded migrations (idempotently). A migration
@@ -51,7 +56,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Re
         fleet_budget_amqp::migrate(&config.amqp.url, &config.amqp, &migrations, args.dry_run)
             .await
             .map_err(|e| broker_error(config, &e))?;
-    let out = MigrateReport {
+    let mut out = MigrateReport {
         amqp: redact_url(&config.amqp.url),
         prefix: config.amqp.prefix.clone(),
         dry_run: report.dry_run,
@@ -65,7 +70,11 @@ pub(crate) async fn run(config: &WorkerConfig, args: &MigrateArgs) -> anyhow::Re
                 state: state.as_str(),
             })
             .collect(),
+        indexed: Vec::new(),
     };
+    if !report.dry_run {
+        out.indexed = index_unindexed(config).await;
+    }
     let entry = (!report.dry_run && out.created > 0)
         .then(|| report.audit_entry(&args.trail.actor(), args.trail.note(), &config.amqp.prefix));
     if args.json {
@@ -87,6 +96,13 @@ fn print_text(out: &MigrateReport, report: &MigrationReport) {
         .iter()
         .filter(|(_, s)| matches!(s, StepState::Unchanged))
         .count();
+    for q in &out.indexed {
+        outln!(
+            "{}: {} dead letters from before the dead-letter index, indexed (read once and put back)",
+            q.queue,
+            q.indexed
+        );
+    }
     if report.dry_run {
         outln!(
             "{} objects would be created, {unchanged} exist already",

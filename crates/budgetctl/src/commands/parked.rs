@@ -4,8 +4,9 @@
 //! (`Replayer::parked`), and `purge` deletes for good, so it asks for `--yes`.
 
 use clap::{Args, Subcommand};
+use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::{audit, purge_queue};
-use fleet_budget_amqp::{ReplayOptions, Topology, WorkerConfig, queue_depths};
+use fleet_budget_amqp::{ReplayOptions, Replayer, Topology, WorkerConfig, queue_depths};
 use serde::Serialize;
 
 use super::audit::{Trail, record};
@@ -99,24 +100,56 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
     let before = queue_depths(config.amqp.connection(), topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
+    let index = crate::commands::dlq::dead_letter_index(config);
+    // The intent first (who, what selection, how many the index expects); not recorded,
+    // nothing is deleted.
+    let run_id = fleet_budget_amqp::headers::new_message_id();
+    let expected = match Replayer::parked(config.amqp.connection(), topology.clone(), None)
+        .with_index(index.clone())
+        .counts()
+        .await
+    {
+        Ok(c) => serde_json::json!({
+            "purged": c.matching(|row| filter.selects_row(row) == Some(true)),
+            "exact": c.exact(),
+        }),
+        Err(_) => serde_json::Value::Null,
+    };
+    let intent = audit::intent_entry(
+        &args.trail.actor(),
+        audit::PARKED_PURGE,
+        &filter,
+        args.trail.note(),
+        &run_id,
+        &before,
+        &expected,
+    );
+    record(&config.budget, &intent).await.map_err(|e| {
+        anyhow::anyhow!("nothing deleted: the purge's intent could not be audited: {e:#}")
+    })?;
     let r = purge_queue(
         config.amqp.connection(),
         &topology.parked_queue,
         &filter,
         args.limit,
+        index.as_ref().map(|i| (i, Counted::Parked)),
     )
     .await
     .map_err(|e| broker_error(config, &e))?;
     let after = queue_depths(config.amqp.connection(), topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
-    let entry = audit::purge_entry(
-        &args.trail.actor(),
-        &filter,
-        args.trail.note(),
-        &before,
-        &after,
-        &r,
+    let entry = audit::ended(
+        audit::purge_entry(
+            &args.trail.actor(),
+            &filter,
+            args.trail.note(),
+            &before,
+            &after,
+            &r,
+        ),
+        &run_id,
+        "completed",
     );
     let out = PurgeOutput {
         queue: topology.parked_queue.clone(),

@@ -49,6 +49,13 @@ pub(crate) struct ReplayArgs {
     /// Only messages whose (redacted) error text contains this.
     #[arg(long, value_name = "TEXT")]
     error_contains: Option<String>,
+    /// Only messages of this error class.
+    #[arg(long, value_name = "CLASS")]
+    error_class: Option<String>,
+    /// Also park the dead letters whose headers cannot be read (a producer's garbage, the
+    /// broker's own dead letters): without it a replay leaves them where they are.
+    #[arg(long)]
+    include_malformed: bool,
     #[command(flatten)]
     pace: PaceArgs,
     #[command(flatten)]
@@ -118,11 +125,20 @@ pub(crate) struct ReplayOutput {
     slowdowns: u64,
     /// The lowest rate moves went at, messages per second (`null`: nothing moved).
     lowest_rate: Option<f64>,
+    /// A dry run: whether its prediction is exact (`null` for a run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exact: Option<bool>,
+    /// A dry run: messages it could not place, each either moved or skipped (`null` for a run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uncertain: Option<u64>,
+    /// A dry run: why its prediction is an estimate, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimate: Option<String>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
 /// age (humantime: `90s`, `30m`, `1h30m`, `1d`). Returns Unix ms.
-fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     let t = text.trim();
     if let Ok(secs) = t.parse::<u64>() {
         return Ok(secs.saturating_mul(1000));
@@ -165,6 +181,8 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         task: args.task.clone(),
         message_id: args.message_id.clone(),
         error_contains: args.error_contains.clone(),
+        error_class: args.error_class.clone(),
+        malformed: args.include_malformed,
     };
     args.pace.apply(&mut options);
     replay(config, Source::DeadLetters, &options, &args.run).await
@@ -220,6 +238,7 @@ async fn replay_queue(
     };
     if dry_run {
         let r = replayer(None)
+            .with_index(crate::commands::dlq::dead_letter_index(config))
             .dry_run(options)
             .await
             .map_err(|e| broker_error(config, &e))?;
@@ -242,12 +261,26 @@ async fn replay_queue(
             held_breaker_secs: 0.0,
             slowdowns: 0,
             lowest_rate: None,
+            exact: Some(r.exact),
+            uncertain: Some(r.uncertain),
+            estimate: r.estimate.clone(),
         };
         if !json {
             outln!(
-                "dry run: {} messages in the queue, nothing moved",
-                thousands(r.total)
+                "dry run: {} messages in the queue, nothing moved, nothing read ({})",
+                thousands(r.total),
+                if r.exact {
+                    "exact: the dead-letter index agrees with the queue"
+                } else {
+                    "an estimate"
+                }
             );
+            if let Some(why) = &r.estimate {
+                outln!(
+                    "estimate: {} messages could not be placed (each is either moved or skipped): {why}",
+                    thousands(r.uncertain)
+                );
+            }
             let mut rows = vec![vec![
                 "dependency".to_owned(),
                 "reason".to_owned(),
@@ -270,6 +303,38 @@ async fn replay_queue(
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
+    let action = match source {
+        Source::DeadLetters => audit::REPLAY,
+        Source::Parked => audit::PARKED_REPLAY,
+    };
+    // The intent first: who, what selection, how many expected (the dry run, which reads no
+    // message). Not recorded (Redis down), nothing moves.
+    let run_id = fleet_budget_amqp::headers::new_message_id();
+    let expected = replayer(None)
+        .with_index(crate::commands::dlq::dead_letter_index(config))
+        .dry_run(options)
+        .await
+        .map(|p| {
+            serde_json::json!({
+                "moved": p.would_move,
+                "parked": p.would_park_looping,
+                "failed": p.would_fail,
+                "exact": p.exact,
+            })
+        })
+        .unwrap_or(serde_json::Value::Null);
+    let intent = audit::intent_entry(
+        &trail.actor(),
+        action,
+        &options.filter,
+        trail.note(),
+        &run_id,
+        &before,
+        &expected,
+    );
+    record(&config.budget, &intent).await.map_err(|e| {
+        anyhow::anyhow!("nothing moved: the replay's intent could not be audited: {e:#}")
+    })?;
     // The budget lets the replayer pause while the dependency's budget is exhausted again, and
     // slow down when its failures rise; the breakers hold it while one is open.
     let budget = FleetBudget::from_config(&config.budget).await?;
@@ -279,8 +344,10 @@ async fn replay_queue(
     let started = Instant::now();
     let mut last_line = Instant::now();
     let mut last_state = String::new();
+    let mut last = ReplayProgress::default();
     let report = replayer
         .run(options, |p: &ReplayProgress| {
+            last = p.clone();
             let due = if terminal {
                 Duration::from_millis(100)
             } else {
@@ -317,22 +384,63 @@ async fn replay_queue(
         eprintln!();
     }
     let _ = budget.shutdown().await;
-    let r = report.map_err(|e| broker_error(config, &e))?;
+    let r = match report {
+        Ok(r) => r,
+        Err(e) => {
+            // Where it stopped, in the trail: the depths now (if the broker answers), and the
+            // error. What it moved before is in the depths; nothing was moved twice.
+            let after = queue_depths(config.amqp.connection(), &topology)
+                .await
+                .unwrap_or_else(|_| before.clone());
+            let entry = audit::ended(
+                audit::replay_entry(
+                    &trail.actor(),
+                    action,
+                    &options.filter,
+                    trail.note(),
+                    &before,
+                    &after,
+                    &fleet_budget_amqp::ReplayReport {
+                        total: last.total,
+                        seen: last.seen,
+                        moved: last.moved,
+                        parked: last.parked,
+                        skipped: last.skipped,
+                        failed: last.failed,
+                        ..fleet_budget_amqp::ReplayReport::default()
+                    },
+                ),
+                &run_id,
+                &format!(
+                    "failed: {}",
+                    fleet_budget::redact::redact_text(&e.to_string())
+                ),
+            );
+            if let Err(a) = record(&config.budget, &entry).await {
+                eprintln!("budgetctl: {a:#}");
+            }
+            return Err(broker_error(config, &e));
+        }
+    };
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| broker_error(config, &e))?;
-    let action = match source {
-        Source::DeadLetters => audit::REPLAY,
-        Source::Parked => audit::PARKED_REPLAY,
-    };
-    let entry = audit::replay_entry(
-        &trail.actor(),
-        action,
-        &options.filter,
-        trail.note(),
-        &before,
-        &after,
-        &r,
+    let entry = audit::ended(
+        audit::replay_entry(
+            &trail.actor(),
+            action,
+            &options.filter,
+            trail.note(),
+            &before,
+            &after,
+            &r,
+        ),
+        &run_id,
+        if r.cancelled {
+            "cancelled"
+        } else {
+            "completed"
+        },
     );
     let out = ReplayOutput {
         matched: r.matched,
@@ -348,6 +456,9 @@ async fn replay_queue(
         held_breaker_secs: r.held_breaker.as_secs_f64(),
         slowdowns: r.slowdowns,
         lowest_rate: r.lowest_rate.map(|r| r.per_sec()),
+        exact: None,
+        uncertain: None,
+        estimate: None,
     };
     Ok((out, Some(entry)))
 }

@@ -38,6 +38,7 @@ fn names_from_messages_print_escaped() {
         publisher.close().await;
     });
 
+    json(&with("dlq reindex --json"));
     for command in ["dlq peek", "dlq stats"] {
         let o = with(command);
         assert!(o.status.success(), "{command}: {o:?}");

@@ -4,8 +4,13 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `fleet_budget_queue_messages` | gauge | queue, role | ready messages (`role`: `work`, `dead_letter`, `parked`) |
-//! | `fleet_budget_queue_oldest_message_age_seconds` | gauge | queue, role | age of the message at the head of the dead-letter or parked queue, by its `fb-dead-lettered-ms` / `fb-parked-ms` (absent when the queue is empty) |
+//! | `fleet_budget_queue_oldest_message_age_seconds` | gauge | queue, role | age of the oldest message of the dead-letter or parked queue: with the dead-letter index, by the earliest minute it counts a message dead-lettered in; without, by `fb-dead-lettered-ms` / `fb-parked-ms` found by a look (absent when the queue is empty) |
+//! | `fleet_budget_dead_letters` | gauge | queue, role, dependency, reason, error_class | messages of the dead-letter or parked queue by dependency × reason × error class, from the dead-letter index (no message read): the [`QueueSource::MAX_GROUPS`] largest groups of each queue, the rest under the values `(other)` |
+//! | `fleet_budget_dead_letter_index_difference` | gauge | queue, role | the queue's depth minus what its dead-letter index counts: 0 when the counts above are exact (docs/semantics.md, "Dead letters at scale") |
 //!
+//! With a dead-letter index ([`QueueSource::with_index`], as `budgetctl exporter` gives it),
+//! nothing below reads a message: the breakdown and the oldest age come from the index, read at
+//! every scrape (one `HGETALL` per queue). Without one, the oldest age is found by a look:
 //! Depths are passive declares, read at every scrape. The oldest message's age is the minimum
 //! dead-letter (park) time over the queue, read through the non-destructive
 //! [`crate::replay::inspect`] (each message put back as a confirmed copy, so no look raises a
@@ -33,6 +38,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleet_budget::control::DeadLetterIndex;
 use fleet_budget::metrics::{ExporterSource, ReadFuture};
 use fleet_budget::redact::redact_text;
 use lapin::{BasicProperties, Channel, Connection};
@@ -40,6 +46,7 @@ use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Mutex;
 
 use crate::connection::{ConnectionConfig, connect};
+use crate::dead_letters::QueueCounts;
 use crate::error::AmqpError;
 use crate::headers::{self, DEAD_LETTERED_MS, PARKED_MS};
 use crate::inspect::{InspectOptions, Look as Then, inspect_on};
@@ -57,6 +64,10 @@ pub struct QueueSource {
     scan_limit: u64,
     /// The last look at the dead-letter queue, then at the parked queue.
     looks: [Arc<Mutex<Option<Look>>>; 2],
+    /// Where the queues' contents are counted: the breakdown and the oldest age without a look.
+    index: Option<DeadLetterIndex>,
+    groups: IntGaugeVec,
+    difference: IntGaugeVec,
     /// The name the broker shows for the connection.
     connection_name: String,
     /// The connection kept across readings, and its channel for the depths; `None` before the
@@ -126,8 +137,24 @@ impl QueueSource {
             ),
             &["queue", "role"],
         )?;
+        let groups = IntGaugeVec::new(
+            Opts::new(
+                "fleet_budget_dead_letters",
+                "Messages of the dead-letter or parked queue by dependency, reason and error class, from the dead-letter index.",
+            ),
+            &["queue", "role", "dependency", "reason", "error_class"],
+        )?;
+        let difference = IntGaugeVec::new(
+            Opts::new(
+                "fleet_budget_dead_letter_index_difference",
+                "The queue's depth minus what its dead-letter index counts (0: the breakdown is exact).",
+            ),
+            &["queue", "role"],
+        )?;
         registry.register(Box::new(messages.clone()))?;
         registry.register(Box::new(oldest_age.clone()))?;
+        registry.register(Box::new(groups.clone()))?;
+        registry.register(Box::new(difference.clone()))?;
         Ok(Self {
             connection: to.into(),
             topology,
@@ -136,6 +163,9 @@ impl QueueSource {
             scan_every: Self::DEFAULT_SCAN_EVERY,
             scan_limit: Self::DEFAULT_SCAN_LIMIT,
             looks: [Arc::default(), Arc::default()],
+            index: None,
+            groups,
+            difference,
             connection_name: Self::DEFAULT_CONNECTION_NAME.to_owned(),
             link: Mutex::new(None),
         })
@@ -146,6 +176,17 @@ impl QueueSource {
     #[must_use]
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
+        self
+    }
+
+    /// Groups of a queue shown with labels of their own; the rest are summed under `(other)`
+    /// (label values come from message headers: bounded).
+    pub const MAX_GROUPS: usize = 50;
+
+    /// Reads the breakdown and the oldest ages from `index` (no look at any message).
+    #[must_use]
+    pub fn with_index(mut self, index: Option<DeadLetterIndex>) -> Self {
+        self.index = index;
         self
     }
 
@@ -179,7 +220,45 @@ impl QueueSource {
                 .with_label_values(&[queue, role])
                 .set(i64::from(depth));
         }
+        self.groups.reset();
+        self.difference.reset();
         let now = headers::now_ms();
+        if let Some(index) = &self.index {
+            for (queue, role, depth) in [
+                (&t.dead_queue, "dead_letter", depths[1]),
+                (&t.parked_queue, "parked", depths[2]),
+            ] {
+                let rows = index
+                    .read(queue)
+                    .await
+                    .map_err(|e| redact_text(&format!("the dead-letter index of {queue}: {e}")))?;
+                let counts = QueueCounts::of_index(queue, u64::from(depth), rows);
+                self.difference
+                    .with_label_values(&[queue, role])
+                    .set(counts.difference());
+                let groups = counts.groups();
+                let (shown, rest) = groups.split_at(groups.len().min(Self::MAX_GROUPS));
+                for g in shown {
+                    self.groups
+                        .with_label_values(&[queue, role, &g.dependency, &g.reason, &g.error_class])
+                        .set(i64::try_from(g.messages).unwrap_or(i64::MAX));
+                }
+                let other: u64 = rest.iter().map(|g| g.messages).sum::<u64>() + counts.beyond;
+                if other > 0 {
+                    self.groups
+                        .with_label_values(&[queue, role, OTHER, OTHER, OTHER])
+                        .set(i64::try_from(other).unwrap_or(i64::MAX));
+                }
+                if depth > 0
+                    && let Some(minute) = counts.oldest_minute()
+                {
+                    #[allow(clippy::cast_precision_loss)]
+                    let age = now.saturating_sub(minute.saturating_mul(60_000)) as f64 / 1000.0;
+                    self.oldest_age.with_label_values(&[queue, role]).set(age);
+                }
+            }
+            return Ok(());
+        }
         for (i, (queue, role, header, depth)) in [
             (&t.dead_queue, "dead_letter", DEAD_LETTERED_MS, depths[1]),
             (&t.parked_queue, "parked", PARKED_MS, depths[2]),
@@ -312,8 +391,13 @@ impl ExporterSource for QueueSource {
     fn clear(&self) {
         self.messages.reset();
         self.oldest_age.reset();
+        self.groups.reset();
+        self.difference.reset();
     }
 }
+
+/// The label value of the groups past [`QueueSource::MAX_GROUPS`].
+const OTHER: &str = "(other)";
 
 /// A message's time in `header` (its AMQP timestamp when the header is absent or unreadable).
 fn message_time(properties: &BasicProperties, header: &str) -> Option<u64> {

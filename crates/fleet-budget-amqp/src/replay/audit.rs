@@ -65,6 +65,47 @@ pub fn purge_entry(
         .with_before_after(&depths(before), &after)
 }
 
+/// The suffix of an intent's action (`replay_started`, `parked_purge_started`): recorded before
+/// the first message moves, so that an action cut off (a tool killed, a deadline, a lost
+/// connection) leaves in the trail who started what, on which selection, expecting how many.
+pub const STARTED: &str = "_started";
+
+/// An action's intent ([`STARTED`]): `action` is the end entry's ([`REPLAY`], ...), `run` an id
+/// the end entry repeats ([`ended`]), `expected` what the dry run predicted.
+#[must_use]
+pub fn intent_entry(
+    actor: &str,
+    action: &str,
+    filter: &ReplayFilter,
+    note: &str,
+    run: &str,
+    before: &QueueDepths,
+    expected: &Value,
+) -> AuditEntry {
+    AuditEntry::new(
+        actor,
+        &format!("{action}{STARTED}"),
+        filter.dependency.as_deref(),
+        note,
+    )
+    .with_before_after(
+        &depths(before),
+        &json!({ "run": run, "selected": describe(filter), "expected": expected }),
+    )
+}
+
+/// `entry` (an end entry) tied to its intent's `run`, and how the action ended: `completed`,
+/// `cancelled`, or `failed: <why>` (then its counts are what was done before it stopped).
+#[must_use]
+pub fn ended(mut entry: AuditEntry, run: &str, how: &str) -> AuditEntry {
+    let more = json!({ "run": run, "ended": how });
+    match entry.after.as_mut() {
+        Some(after) => extend(after, more),
+        None => entry.after = Some(more),
+    }
+    entry
+}
+
 /// The depths of the three queues an operator acts on.
 fn depths(d: &QueueDepths) -> Value {
     json!({ "work_queue": d.work, "dead_letter_queue": d.dead, "parked_queue": d.parked })
@@ -92,6 +133,8 @@ pub fn describe(filter: &ReplayFilter) -> String {
     push("since_ms", filter.since_ms.map(|t| t.to_string()));
     push("until_ms", filter.until_ms.map(|t| t.to_string()));
     push("error_contains", filter.error_contains.clone());
+    push("error_class", filter.error_class.clone());
+    push("malformed", filter.malformed.then(|| "included".to_owned()));
     if parts.is_empty() {
         "all".to_owned()
     } else {

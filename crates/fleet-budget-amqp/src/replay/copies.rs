@@ -116,7 +116,7 @@ impl Replayer {
                     Kind::Park => p.parked += 1,
                     Kind::Keep | Kind::Return => {}
                 }
-                settler.confirmed(tag, acker);
+                settler.confirmed(tag, acker, matches!(kind, Kind::Move | Kind::Park));
                 return;
             }
             Err(e) => e,

@@ -146,25 +146,20 @@ impl Replayer {
                 progress_tx.send_replace(p.clone());
             };
             match mode {
-                ReplayMode::DryRun => replayer
-                    .dry_run_with(&options, |seen| {
-                        progress_tx.send_modify(|p| p.seen = seen);
-                    })
-                    .await
-                    .map(|r| {
-                        // What it read, and its prediction as a run's counts.
-                        // From the parked queue, unreadable messages stay where they are.
-                        let (parked, skipped) = if from_parked {
-                            (r.would_park_looping, r.skipped + r.malformed)
-                        } else {
-                            (r.would_park_looping + r.malformed, r.skipped)
-                        };
-                        progress_tx.send_modify(|p| {
-                            (p.total, p.seen, p.moved) = (r.total, r.seen, r.would_move);
-                            (p.parked, p.skipped, p.failed) = (parked, skipped, r.would_fail);
-                        });
-                        ReplayOutcome::DryRun(r)
-                    }),
+                ReplayMode::DryRun => replayer.dry_run(&options).await.map(|r| {
+                    // What it read, and its prediction as a run's counts.
+                    // From the parked queue, unreadable messages stay where they are.
+                    let (parked, skipped) = if from_parked {
+                        (r.would_park_looping, r.skipped + r.malformed)
+                    } else {
+                        (r.would_park_looping + r.malformed, r.skipped)
+                    };
+                    progress_tx.send_modify(|p| {
+                        (p.total, p.seen, p.moved) = (r.total, r.seen, r.would_move);
+                        (p.parked, p.skipped, p.failed) = (parked, skipped, r.would_fail);
+                    });
+                    ReplayOutcome::DryRun(r)
+                }),
                 ReplayMode::Run => replayer
                     .run_until(&options, publish, Stop(Some(cancelled)))
                     .await

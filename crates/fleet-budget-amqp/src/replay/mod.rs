@@ -38,6 +38,7 @@
 //! again.
 
 use fleet_budget::FleetBudget;
+use fleet_budget::control::DeadLetterIndex;
 use lapin::Channel;
 use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
@@ -61,6 +62,7 @@ pub use crate::inspect;
 mod pacer;
 pub mod peek;
 pub mod purge;
+pub mod reindex;
 mod report;
 pub mod run;
 mod scout;
@@ -73,7 +75,8 @@ pub use gate::Breakers;
 pub use handle::{ReplayHandle, ReplayMode, ReplayOutcome};
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
 pub use peek::{Peek, QueuedMessage, peek_queue};
-pub use purge::{PurgeReport, purge_queue};
+pub use purge::{PurgeIndex, PurgeReport, purge_queue};
+pub use reindex::Reindexed;
 pub use report::{Held, Rate, ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
@@ -89,6 +92,9 @@ pub struct Replayer {
     source_queue: String,
     /// Replaying the parked queue (see the module documentation).
     from_parked: bool,
+    /// Where the queues' contents are counted (`crate::dead_letters`): the budget's fleet
+    /// store's, or one given.
+    index: Option<DeadLetterIndex>,
 }
 
 impl Replayer {
@@ -106,11 +112,23 @@ impl Replayer {
         Self {
             connection: to.into(),
             topology,
+            index: budget
+                .as_ref()
+                .and_then(FleetBudget::dead_letter_index)
+                .cloned(),
             budget,
             breakers: None,
             source_queue,
             from_parked: false,
         }
+    }
+
+    /// Counts moves, parks and purges in `index` (and predicts dry runs from it), instead of
+    /// the budget's (a tool without a budget: the console's dry run, `budgetctl dlq stats`).
+    #[must_use]
+    pub fn with_index(mut self, index: Option<DeadLetterIndex>) -> Self {
+        self.index = index;
+        self
     }
 
     /// Holds moves while a dependency's breaker is open, and paces them by its probes while it

@@ -97,14 +97,15 @@ impl QueuedMessage {
     }
 
     /// Whether `filter` selects this message. A message whose dead-letter headers cannot be
-    /// read is selected only by an empty filter (nothing in it can be trusted to match).
+    /// read is selected only by an empty filter or one with `malformed` (nothing in it can be
+    /// trusted to match a field).
     #[must_use]
     pub fn selected_by(&self, filter: &ReplayFilter) -> bool {
-        if filter == &ReplayFilter::default() {
+        if filter.is_empty() {
             return true;
         }
         if self.unreadable.is_some() {
-            return false;
+            return filter.malformed;
         }
         let is = |want: &Option<String>, have: &Option<String>| {
             want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
@@ -116,6 +117,7 @@ impl QueuedMessage {
             && filter
                 .reason
                 .is_none_or(|r| self.reason.as_deref() == Some(r.as_str()))
+            && is(&filter.error_class, &self.error_class)
             && filter.since_ms.is_none_or(|t| at >= t)
             && filter.until_ms.is_none_or(|t| at < t)
             && filter

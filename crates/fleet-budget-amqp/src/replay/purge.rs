@@ -3,11 +3,15 @@
 //! [`super::inspect`] does. Not a `queue.purge`: that would take messages that arrive meanwhile
 //! and could not filter.
 
+use fleet_budget::control::DeadLetterIndex;
+
 use super::inspect::{InspectOptions, Look, inspect_queue_with};
 use super::peek::QueuedMessage;
 use super::select::ReplayFilter;
 use crate::connection::ConnectionConfig;
+use crate::dead_letters::{Changes, Counted};
 use crate::error::AmqpError;
+use crate::headers;
 
 /// What a purge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,10 +24,20 @@ pub struct PurgeReport {
     pub removed: u64,
     /// Not selected (or whose removal failed): put back.
     pub kept: u64,
+    /// Removed, but not counted out of the dead-letter index (Redis failed).
+    pub index_unrecorded: u64,
 }
 
+/// Where a purge counts what it removes: the dead-letter index of its queue, counted as that
+/// queue's kind ([`Counted::DeadLetters`] or [`Counted::Parked`]).
+pub type PurgeIndex<'a> = Option<(&'a DeadLetterIndex, Counted)>;
+
 /// Removes the messages of `queue` that `filter` selects ([`QueuedMessage::selected_by`]), at
-/// most `limit` of them.
+/// most `limit` of them, and counts them out of `index`.
+///
+/// The index is changed after the read ends, and only when every selected message was removed:
+/// a purge cut off half-way (or one whose acks failed) leaves the index above the queue, which
+/// every look then shows as an estimate (`crate::dead_letters::QueueCounts::difference`).
 ///
 /// # Errors
 /// The broker cannot be reached, the queue does not exist, or the connection was lost
@@ -33,21 +47,65 @@ pub async fn purge_queue(
     queue: &str,
     filter: &ReplayFilter,
     limit: Option<u64>,
+    index: PurgeIndex<'_>,
 ) -> Result<PurgeReport, AmqpError> {
     let mut chosen = 0u64;
+    let mut changes = Changes::default();
     let inspection = inspect_queue_with(to, queue, &InspectOptions::default(), |d| {
         if limit.is_none_or(|l| chosen < l) && QueuedMessage::read(d).selected_by(filter) {
             chosen += 1;
+            if let Some((_, counted)) = index {
+                changes.add(queue, counted, &headers::table(&d.properties), -1);
+            }
             Look::Remove
         } else {
             Look::Next
         }
     })
     .await?;
+    if let Some((index, _)) = index {
+        if inspection.removed == chosen {
+            changes.apply(Some(index)).await;
+        } else {
+            tracing::warn!(
+                removed = inspection.removed,
+                selected = chosen,
+                "not every selected message was removed; the dead-letter index is left as it was (`budgetctl dlq stats` shows the difference)"
+            );
+        }
+    }
     Ok(PurgeReport {
         total: inspection.total,
         seen: inspection.seen,
         removed: inspection.removed,
         kept: inspection.put_back + inspection.requeued,
+        index_unrecorded: changes.unrecorded,
     })
+}
+
+impl super::Replayer {
+    /// Removes the messages of the source queue that `filter` selects, at most `limit`, and
+    /// counts them out of the replayer's index ([`purge_queue`]).
+    ///
+    /// # Errors
+    /// As [`purge_queue`].
+    pub async fn purge(
+        &self,
+        filter: &ReplayFilter,
+        limit: Option<u64>,
+    ) -> Result<PurgeReport, AmqpError> {
+        let counted = if self.from_parked {
+            Counted::Parked
+        } else {
+            Counted::DeadLetters
+        };
+        purge_queue(
+            self.connection.clone(),
+            &self.source_queue,
+            filter,
+            limit,
+            self.index.as_ref().map(|i| (i, counted)),
+        )
+        .await
+    }
 }

@@ -11,6 +11,7 @@
 //! the rate and to the budget; `end` stops the run (its last acks applied before the close, what
 //! it leaves in the queue ready again before it returns).
 
+use fleet_budget::control::DeadLetterIndex;
 use futures::{FutureExt, StreamExt};
 use lapin::options::BasicQosOptions;
 use tokio::time::Instant;
@@ -29,6 +30,7 @@ use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
 use crate::connection::{LOSS_REASON_WAIT, is_state_error};
+use crate::dead_letters::{Counted, Row};
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
@@ -302,6 +304,7 @@ impl Replayer {
                     }
                 }
             };
+            let notes = self.index_notes(kind, &table, &new_table);
             let (tag, acker) = (d.delivery_tag, d.acker);
             let via = if matches!(kind, Kind::Move) {
                 &publisher
@@ -357,6 +360,7 @@ impl Replayer {
             match sent {
                 Ok(confirm) => {
                     settler.sent(tag);
+                    settler.note(tag, notes);
                     let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
                     inflight.push(await_copy(tag, acker, kind, confirm, kept, target));
                     if alone {
@@ -396,6 +400,9 @@ impl Replayer {
                 let full = inflight.len() >= options.window.max(1)
                     || settler.unsettled() >= usize::from(prefetch);
                 settler.ack(full).await;
+                if settler.changes.len() >= INDEX_BATCH {
+                    settler.changes.apply(self.index()).await;
+                }
                 if !(inflight.len() >= options.window.max(1)
                     || settler.unsettled() >= usize::from(prefetch))
                 {
@@ -425,6 +432,13 @@ impl Replayer {
         )
         .await;
         stop_consuming(t, &ch, amqp_name("consumer tag", &tag)?, &mut settler).await;
+        settler.changes.apply(self.index()).await;
+        if settler.changes.unrecorded > 0 {
+            tracing::warn!(
+                messages = settler.changes.unrecorded,
+                "the dead-letter index missed some of this run's moves: `budgetctl dlq stats` shows an estimate until `budgetctl dlq reindex`"
+            );
+        }
         if lost.is_none() {
             // What the run leaves in the queue: all it read, less what it moved or parked.
             let leaves = total.saturating_sub(p.moved + p.parked);
@@ -494,3 +508,43 @@ impl Replayer {
 
 /// Most deliveries a run holds unacked (its prefetch).
 const PREFETCH: u16 = 256;
+
+/// Rows of index changes a run gathers before sending them (and at its end).
+const INDEX_BATCH: usize = 256;
+
+impl Replayer {
+    /// The dead-letter index the run counts its moves in.
+    pub(super) fn index(&self) -> Option<&DeadLetterIndex> {
+        self.index.as_ref()
+    }
+
+    /// What moving (`kind`) the message with the headers `table` (and, parked, `new_table`)
+    /// changes in the index once its original is acked: out of the source queue, and into the
+    /// parked queue when parked.
+    fn index_notes(
+        &self,
+        kind: Kind,
+        table: &lapin::types::FieldTable,
+        new_table: &lapin::types::FieldTable,
+    ) -> Vec<(String, Row, i64)> {
+        let counted = if self.from_parked {
+            Counted::Parked
+        } else {
+            Counted::DeadLetters
+        };
+        let mut notes = Vec::new();
+        if matches!(kind, Kind::Move | Kind::Park)
+            && let Some(row) = counted.row(table)
+        {
+            notes.push((self.source_queue.clone(), row, -1));
+        }
+        if matches!(kind, Kind::Park) {
+            notes.push((
+                self.topology.parked_queue.clone(),
+                Row::in_parked(new_table),
+                1,
+            ));
+        }
+        notes
+    }
+}

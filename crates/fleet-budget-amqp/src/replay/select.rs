@@ -9,6 +9,7 @@ use lapin::message::Delivery;
 
 use super::control::RateControl;
 use crate::config::WorkerConfig;
+use crate::dead_letters::{Row, UNREADABLE};
 use crate::headers::{self, DeadLetterRecord};
 use crate::publish::SHORT_STRING_MAX;
 
@@ -29,9 +30,69 @@ pub struct ReplayFilter {
     pub message_id: Option<String>,
     /// Only messages whose (redacted) error text contains this.
     pub error_contains: Option<String>,
+    /// Only messages of this error class.
+    pub error_class: Option<String>,
+    /// Also select the messages whose dead-letter headers cannot be read (a producer's garbage,
+    /// the broker's own dead letters), which a run parks. An empty filter selects them anyway;
+    /// any other selects them only with this.
+    pub malformed: bool,
 }
 
 impl ReplayFilter {
+    /// Whether the filter selects everything (then messages whose headers cannot be read are
+    /// selected too: nothing in them can be trusted to match a field).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// Whether messages whose dead-letter headers cannot be read are selected: by an empty
+    /// filter, or one with [`ReplayFilter::malformed`].
+    #[must_use]
+    pub fn selects_malformed(&self) -> bool {
+        self.malformed || self.is_empty()
+    }
+
+    /// Whether every message counted under `row` is selected (`Some(true)`), none is
+    /// (`Some(false)`), or the row cannot tell (`None`: the filter names a message id or error
+    /// text, which no row keeps, or a time inside the row's minute).
+    #[must_use]
+    pub fn selects_row(&self, row: &Row) -> Option<bool> {
+        if row.reason == UNREADABLE {
+            return Some(self.selects_malformed());
+        }
+        let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        let fields = same(&self.dependency, &row.dependency)
+            && same(&self.task, &row.task)
+            && same(&self.error_class, &row.error_class)
+            && self.reason.is_none_or(|r| r.as_str() == row.reason);
+        if !fields {
+            return Some(false);
+        }
+        // The row's messages were dead-lettered in [start, end).
+        let (start, end) = (
+            row.minute.saturating_mul(60_000),
+            row.minute.saturating_add(1).saturating_mul(60_000),
+        );
+        let mut certain = true;
+        if let Some(t) = self.since_ms {
+            if end <= t {
+                return Some(false);
+            }
+            certain &= start >= t;
+        }
+        if let Some(t) = self.until_ms {
+            if start >= t {
+                return Some(false);
+            }
+            certain &= end <= t;
+        }
+        if self.message_id.is_some() || self.error_contains.is_some() {
+            certain = false;
+        }
+        certain.then_some(true)
+    }
+
     /// Whether `record`, of the message with id `message_id`, is selected.
     #[must_use]
     pub fn matches_message(&self, record: &DeadLetterRecord, message_id: Option<&str>) -> bool {
@@ -55,6 +116,10 @@ impl ReplayFilter {
                 .as_ref()
                 .is_none_or(|d| *d == record.dependency)
             && self.reason.is_none_or(|r| r == record.reason)
+            && self
+                .error_class
+                .as_ref()
+                .is_none_or(|c| *c == record.error_class)
             && self.since_ms.is_none_or(|t| record.dead_lettered_ms >= t)
             && self.until_ms.is_none_or(|t| record.dead_lettered_ms < t)
     }
@@ -106,7 +171,8 @@ impl ReplayOptions {
 
 /// What becomes of one dead-lettered message.
 pub(super) enum Class {
-    /// Not a readable dead-letter (parked with this reason, whatever the filter).
+    /// Not a readable dead-letter, selected ([`ReplayFilter::selects_malformed`]): parked with
+    /// this reason. (No field of a filter can match one: nothing in it can be trusted.)
     Malformed(String),
     /// Not selected by the filter, or beyond the limit: left in the dead-letter queue.
     Skip,
@@ -133,6 +199,14 @@ impl<'a> Selection<'a> {
 
     /// Sorts the next message read.
     pub(super) fn sort(&mut self, delivery: &Delivery) -> Class {
+        match self.sort_all(delivery) {
+            Class::Malformed(_) if !self.options.filter.selects_malformed() => Class::Skip,
+            class => class,
+        }
+    }
+
+    /// Sorts the next message read, malformed ones whatever the filter.
+    fn sort_all(&mut self, delivery: &Delivery) -> Class {
         let table = headers::table(&delivery.properties);
         let record = match DeadLetterRecord::parse(&table) {
             Err(e) => {

@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use lapin::Acker;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 
+use crate::dead_letters::{Changes, Row};
+
 /// Originals confirmed before the run acks them in one command (unless nothing is in flight).
 pub(super) const ACK_EVERY: usize = 64;
 
@@ -27,6 +29,11 @@ pub(super) struct Settler {
     confirmed: BTreeMap<u64, Acker>,
     /// Copy failed or not attempted: returned at the end of the run.
     held: BTreeMap<u64, Acker>,
+    /// What each move or park changes in the dead-letter index once its original is acked
+    /// (queue, row, delta): out of the source queue, into the parked queue.
+    notes: BTreeMap<u64, Vec<(String, Row, i64)>>,
+    /// Index changes of acked originals, not yet sent.
+    pub(super) changes: Changes,
     /// Originals acked (the ack sent without error).
     pub(super) acked: u64,
 }
@@ -41,14 +48,36 @@ impl Settler {
         self.inflight.insert(tag);
     }
 
-    pub(super) fn confirmed(&mut self, tag: u64, acker: Acker) {
+    /// What the move or park of `tag` changes in the index, applied once its original is acked.
+    pub(super) fn note(&mut self, tag: u64, changes: Vec<(String, Row, i64)>) {
+        if !changes.is_empty() {
+            self.notes.insert(tag, changes);
+        }
+    }
+
+    /// `tag`'s copy was confirmed; `counts` whether it was the move or park noted (a copy put
+    /// back in the source queue changes nothing in the index).
+    pub(super) fn confirmed(&mut self, tag: u64, acker: Acker, counts: bool) {
         self.inflight.remove(&tag);
+        if !counts {
+            self.notes.remove(&tag);
+        }
         self.confirmed.insert(tag, acker);
     }
 
     pub(super) fn hold(&mut self, tag: u64, acker: Acker) {
         self.inflight.remove(&tag);
+        self.notes.remove(&tag);
         self.held.insert(tag, acker);
+    }
+
+    /// Moves the notes of the acked `tags` into [`Settler::changes`].
+    fn acked_notes(&mut self, tags: impl Iterator<Item = u64>) {
+        for tag in tags {
+            for (queue, row, delta) in self.notes.remove(&tag).unwrap_or_default() {
+                self.changes.add_row(&queue, &row, delta);
+            }
+        }
     }
 
     /// Acks the confirmed originals that can be: every one below the lowest copy in flight,
@@ -67,19 +96,33 @@ impl Settler {
         if let Some((_, last)) = ready.last_key_value() {
             let n = count(ready.len());
             match last.ack(BasicAckOptions { multiple: true }).await {
-                Ok(true) => self.acked += n,
-                _ => tracing::warn!(
-                    originals = n,
-                    "ack of replayed dead-letters failed; they stay and may be replayed again (duplicates)"
-                ),
+                Ok(true) => {
+                    self.acked += n;
+                    self.acked_notes(ready.keys().copied());
+                }
+                _ => {
+                    tracing::warn!(
+                        originals = n,
+                        "ack of replayed dead-letters failed; they stay and may be replayed again (duplicates)"
+                    );
+                    for tag in ready.keys() {
+                        self.notes.remove(tag);
+                    }
+                }
             }
         }
-        for acker in one_by_one.values() {
+        for (tag, acker) in &one_by_one {
             match acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => self.acked += 1,
-                _ => tracing::warn!(
-                    "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)"
-                ),
+                Ok(true) => {
+                    self.acked += 1;
+                    self.acked_notes(std::iter::once(*tag));
+                }
+                _ => {
+                    tracing::warn!(
+                        "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)"
+                    );
+                    self.notes.remove(tag);
+                }
             }
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! * [`names`]: the name of every exchange and queue ([`Topology`]), from one template each;
 //!   the migration files write the same templates, and a test holds the two together;
-//! * [`plan`]: the versioned files of `migrations/` ([`Migrations`]), rendered into the
+//! * [`plan`]: the versioned migration files ([`Migrations`]; their source is the repository's
+//!   top-level `migrations/`, compiled in from the crate's generated copy), rendered into the
 //!   concrete [`Operation`]s for an `[amqp]` section, without touching the broker;
 //! * [`apply`]: [`migrate`] runs those operations against the broker (idempotently, with a dry
 //!   run, naming every differing argument of an existing queue), and [`delete_topology`]

@@ -1,6 +1,6 @@
 //! The names of the topology: one template per object, rendered for an `[amqp]` section.
 //!
-//! The migration files of `migrations/` write the same templates (`{prefix}.work`), and
+//! The migration files (the repository's `migrations/`) write the same templates (`{prefix}.work`), and
 //! [`super::plan`] renders them with the same function; a unit test fails when a file declares
 //! a name that is not here, or misses one that is.
 

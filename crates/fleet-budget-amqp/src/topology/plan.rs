@@ -1,5 +1,9 @@
-//! Migration planning: the files of `migrations/` parsed and rendered into the concrete
+//! Migration planning: the versioned migration files parsed and rendered into the concrete
 //! [`Operation`]s for an `[amqp]` section, without touching the broker.
+//!
+//! The files' source is the repository's top-level `migrations/`; the crate compiles in its
+//! generated copy, `crates/fleet-budget-amqp/migrations/` (written by `scripts/gen-migrations`,
+//! since `cargo package` takes only files inside the crate's folder).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,7 +17,8 @@ use super::names::{Vars, render, tier_delays, vars};
 use crate::config::AmqpSettings;
 use crate::error::AmqpError;
 
-/// The migrations shipped with the crate (the files of `migrations/`, in version order).
+/// The migrations shipped with the crate (the crate's copy of the repository's `migrations/`, in
+/// version order).
 const EMBEDDED: [(&str, &str); 3] = [
     (
         "0001_base_topology.toml",
@@ -103,7 +108,8 @@ pub struct Migrations {
 }
 
 impl Migrations {
-    /// The migrations compiled into the crate (the repository's `migrations/`).
+    /// The migrations compiled into the crate (the repository's `migrations/`, through the crate's
+    /// generated copy).
     ///
     /// # Errors
     /// Only if a shipped file is broken (a unit test makes sure it is not).

@@ -17,6 +17,7 @@ use super::delivery::{Deliveries, process};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
 use crate::connection::{ConnectionWatch, LOSS_REASON_WAIT, connect, is_state_error};
+use crate::dead_letters::Tally;
 use crate::error::AmqpError;
 use crate::headers;
 use crate::metrics::AmqpMetrics;
@@ -50,6 +51,7 @@ impl Worker {
         let mut stop = self.stop.subscribe();
         let metrics = AmqpMetrics::of(&self.budget);
         let mut backoff = Backoff::new(&self.options, &self.stats, metrics);
+        let flusher = self.tally.as_ref().map(Tally::flush_every);
         loop {
             if *stop.borrow() {
                 break;
@@ -66,6 +68,12 @@ impl Worker {
             }
         }
         backoff.end_run();
+        if let Some(flusher) = flusher {
+            flusher.abort();
+        }
+        if let Some(tally) = &self.tally {
+            tally.flush().await;
+        }
         if let Err(e) = self.budget.flush().await {
             tracing::warn!(error = %e, "could not flush budget counters at shutdown; they stay pending");
         }
@@ -120,6 +128,7 @@ impl Worker {
                 publisher: Publisher::on(conn, t),
                 unconfirmed_pause: o.unconfirmed_pause,
                 metrics: metrics.clone(),
+                tally: self.tally.clone(),
             },
             stats: Arc::clone(&self.stats),
             metrics,

@@ -55,6 +55,7 @@ use tokio::sync::watch;
 
 use crate::config::WorkerConfig;
 use crate::connection::{ConnectionConfig, Timeouts};
+use crate::dead_letters::Tally;
 use crate::headers;
 use crate::topology::Topology;
 
@@ -289,6 +290,8 @@ pub struct Worker {
     options: WorkerOptions,
     stats: Arc<Stats>,
     stop: Arc<watch::Sender<bool>>,
+    /// What it dead-letters and parks, counted for the dead-letter index (with a fleet store).
+    tally: Option<Tally>,
 }
 
 impl Worker {
@@ -296,7 +299,9 @@ impl Worker {
     #[must_use]
     pub fn new(budget: FleetBudget, topology: Topology, options: WorkerOptions) -> Self {
         let (stop, _) = watch::channel(false);
+        let tally = budget.dead_letter_index().cloned().map(Tally::new);
         Self {
+            tally,
             budget,
             topology: Arc::new(topology),
             options,

@@ -15,6 +15,7 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
 
 use super::outcome::Outcome;
+use crate::dead_letters::{Row, Tally};
 use crate::headers;
 use crate::metrics::{AmqpMetrics, CopyKind};
 use crate::publish::{Publisher, fanout_key};
@@ -65,6 +66,8 @@ pub(super) struct Settler {
     pub(super) unconfirmed_pause: Duration,
     /// For the confirm latency of the copies.
     pub(super) metrics: Option<AmqpMetrics>,
+    /// Counts the confirmed dead letters and parked copies for the dead-letter index.
+    pub(super) tally: Option<Tally>,
 }
 
 impl Settler {
@@ -201,13 +204,22 @@ impl Settler {
             m.confirmed(kind, started.elapsed());
         }
         let ended = match published {
-            Ok(()) => done,
+            Ok(()) => {
+                if let (Some(tally), CopyKind::DeadLetter) = (&self.tally, kind) {
+                    // Read back from the headers as sent, the way a replay will read them.
+                    if let Some(row) = Row::in_dead_letters(&headers::table(&properties)) {
+                        tally.entered(&self.topology.dead_queue, &row);
+                    }
+                }
+                done
+            }
             Err(e) if e.is_permanent() => {
                 tracing::warn!(error = %e, "copy can never be published; the job is parked instead");
                 let t = headers::park_headers(
                     &headers::table(&properties),
                     &format!("its copy to {exchange:?} could not be published: {e}"),
                 );
+                let parked_row = Row::in_parked(&t);
                 match self
                     .publisher
                     .publish(
@@ -218,7 +230,12 @@ impl Settler {
                     )
                     .await
                 {
-                    Ok(()) => Ended::Parked,
+                    Ok(()) => {
+                        if let Some(tally) = &self.tally {
+                            tally.entered(&self.topology.parked_queue, &parked_row);
+                        }
+                        Ended::Parked
+                    }
                     Err(e) if e.is_permanent() && self.queue == self.topology.work_queue => {
                         // No copy of this message can be published by us (say its body is over
                         // the broker's maximum now): let the broker move it, intact, to the

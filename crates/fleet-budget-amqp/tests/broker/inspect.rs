@@ -41,7 +41,7 @@ async fn a_hundred_looks_leave_dead_letters_untouched() {
     let mut options = ReplayOptions::new(&env.config);
     options.idle_timeout = Duration::from_secs(5);
     for _ in 0..95 {
-        let dry = replayer.dry_run(&options).await.unwrap();
+        let dry = replayer.dry_run_by_reading(&options).await.unwrap();
         assert_eq!((dry.total, dry.seen, dry.would_move), (5, 5, 5), "{dry:?}");
     }
     // A replay whose filter matches nothing skips (and puts back) every message.

@@ -11,6 +11,7 @@
 
 mod common;
 mod connection_watch;
+mod dead_letters;
 mod inspect;
 mod metrics;
 mod node_list;

@@ -318,3 +318,112 @@ async fn a_missing_queue_fails_its_reading_and_not_the_next() {
         );
     }
 }
+
+/// With the dead-letter index, the exporter reads no message: the breakdown by dependency ×
+/// reason × error class, the difference to the depth and the oldest age come from the index,
+/// and hostile error classes past the bound of groups are summed under `(other)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_index_the_exporter_shows_every_group_and_reads_no_message() {
+    let env = crate::common::Env::new(
+        "exporterindex",
+        "",
+        "",
+        "[dependencies.search]\ntasks = [\"index\"]\n",
+    )
+    .await;
+    // Dead-lettered by a worker, counted as it goes: nothing ever reads the queue.
+    let publisher = env.publisher().await;
+    for i in 0..60 {
+        let copies = if i == 0 { 5 } else { 1 };
+        for _ in 0..copies {
+            publisher
+                .publish_job(
+                    &env.topology.work_exchange,
+                    "index",
+                    "index",
+                    format!("class-{i:02}").as_bytes(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    publisher.close().await;
+    let runner = crate::worker::start_worker(env.budget().await, &env, |job| async move {
+        let class = String::from_utf8_lossy(&job.payload).into_owned();
+        Err(Failure::non_retryable("it failed").with_class(class))
+    });
+    let handle = runner.0.clone();
+    wait_until(Duration::from_secs(60), "64 dead letters", || {
+        let counts = handle.counts();
+        async move { counts.dead_lettered == 64 }
+    })
+    .await;
+    crate::worker::stop_worker(runner).await;
+    let index = fleet_budget::control::DeadLetterIndex::new(std::sync::Arc::new(
+        fleet_budget::store::RedisStore::new(
+            fleet_budget::store::RedisTarget::Single(env.redis.url()),
+            &env.config.budget.redis.key_prefix,
+            Duration::from_secs(5),
+        )
+        .unwrap(),
+    ));
+    let registry = Registry::new();
+    let source = QueueSource::register(env.url.clone(), env.topology.clone(), &registry)
+        .unwrap()
+        .with_index(Some(index));
+    source.read().await.unwrap();
+    let text = fleet_budget::metrics::encode(&registry.gather());
+    let dead = &env.topology.dead_queue;
+    let series = |class: &str| {
+        format!(
+            "fleet_budget_dead_letters{{dependency=\"search\",error_class=\"{class}\",queue=\"{dead}\",reason=\"non_retryable\",role=\"dead_letter\"}}"
+        )
+    };
+    assert!(
+        text.contains(&format!("{} 5\n", series("class-00"))),
+        "{text}"
+    );
+    let shown = text
+        .lines()
+        .filter(|l| l.starts_with("fleet_budget_dead_letters{") && l.contains(dead.as_str()))
+        .count();
+    assert_eq!(
+        shown,
+        QueueSource::MAX_GROUPS + 1,
+        "50 groups and (other): {text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "fleet_budget_dead_letters{{dependency=\"(other)\",error_class=\"(other)\",queue=\"{dead}\",reason=\"(other)\",role=\"dead_letter\"}} 10\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "fleet_budget_dead_letter_index_difference{{queue=\"{dead}\",role=\"dead_letter\"}} 0\n"
+        )),
+        "{text}"
+    );
+    let age = text
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "fleet_budget_queue_oldest_message_age_seconds{{queue=\"{dead}\""
+            ))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("an oldest age: {text}"));
+    // By the minute it was dead-lettered in: never younger than the message, at most a
+    // minute older.
+    assert!((0.0..120.0).contains(&age), "{age}");
+    // No look: every message is where it was, never read.
+    let left = env.drain(dead).await;
+    assert_eq!(left.len(), 64);
+    for (props, _) in &left {
+        let count = headers::get_u64(&headers::table(props), "x-delivery-count")
+            .unwrap()
+            .unwrap_or(0);
+        assert_eq!(count, 0, "{props:?}");
+    }
+}

@@ -362,7 +362,7 @@ async fn malformed_messages_are_parked_with_the_reason() {
     send("by-broker", b"x", Some(t)).await;
 
     let dry = replayer(&env)
-        .dry_run(&ReplayOptions::new(&env.config))
+        .dry_run_by_reading(&ReplayOptions::new(&env.config))
         .await
         .unwrap();
     assert_eq!(
@@ -436,7 +436,7 @@ async fn dry_run_counts_and_filters_select() {
     )
     .await;
     let options = ReplayOptions::new(&env.config);
-    let dry = replayer(&env).dry_run(&options).await.unwrap();
+    let dry = replayer(&env).dry_run_by_reading(&options).await.unwrap();
     assert_eq!(
         (dry.total, dry.seen, dry.would_move, dry.skipped),
         (9, 9, 9, 0),
@@ -480,7 +480,7 @@ async fn dry_run_counts_and_filters_select() {
         since_ms: Some(now - 600_000),
         ..ReplayFilter::default()
     };
-    let dry = replayer(&env).dry_run(&only).await.unwrap();
+    let dry = replayer(&env).dry_run_by_reading(&only).await.unwrap();
     assert_eq!((dry.would_move, dry.skipped), (4, 5), "{dry:?}");
     let report = replayer(&env).run(&only, |_| {}).await.unwrap();
     assert_eq!(
@@ -590,7 +590,7 @@ async fn a_limit_moves_at_most_that_many() {
     .await;
     let mut options = ReplayOptions::new(&env.config);
     options.limit = Some(2);
-    let dry = replayer(&env).dry_run(&options).await.unwrap();
+    let dry = replayer(&env).dry_run_by_reading(&options).await.unwrap();
     assert_eq!((dry.would_move, dry.skipped), (2, 3), "{dry:?}");
     let report = replayer(&env).run(&options, |_| {}).await.unwrap();
     assert_eq!(

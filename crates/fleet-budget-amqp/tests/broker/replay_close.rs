@@ -166,7 +166,7 @@ async fn what_a_run_leaves_is_ready_when_it_returns() {
         let run = replayer.run(&options, |_| {}).await.unwrap();
         let depth = queue_depth(&ch, &env.topology.dead_queue).await.unwrap();
         let stats = replayer
-            .dry_run(&ReplayOptions::new(&env.config))
+            .dry_run_by_reading(&ReplayOptions::new(&env.config))
             .await
             .unwrap();
         assert_eq!(

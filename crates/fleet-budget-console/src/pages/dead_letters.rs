@@ -13,6 +13,29 @@ pub(super) fn filter_fields(q: &FilterForm) -> Markup {
         input type="hidden" name="since" value=(v(&q.since));
         input type="hidden" name="until" value=(v(&q.until));
         input type="hidden" name="error_contains" value=(v(&q.error_contains));
+        input type="hidden" name="error_class" value=(v(&q.error_class));
+        input type="hidden" name="malformed" value=(v(&q.malformed));
+    }
+}
+
+/// What the groups' counts are: the queue's depth and its index, exact or an estimate and why.
+pub(super) fn counts_note(sample: &Sample) -> Markup {
+    html! {
+        p.counts #counts {
+            @match &sample.counts {
+                None => { "The counts of this queue are being read." }
+                Some(c) => {
+                    (c.depth) " messages in " code { (t(&c.queue)) } " (its depth); the groups count "
+                    (c.indexed()) " of them, from the dead-letter index, reading no message. "
+                    @if c.exact() {
+                        strong #counts-exact { "Exact." }
+                    } @else {
+                        strong #counts-estimate { "An estimate" } ": " (t(&c.why_estimate().unwrap_or_default())) "."
+                    }
+                }
+            }
+            @if let Some(e) = &sample.counts_error { br; span.error { "The last read of the counts failed: " (t(e)) } }
+        }
     }
 }
 
@@ -20,11 +43,11 @@ pub(super) fn sample_note(sample: &Sample, bound: u64) -> Markup {
     html! {
         p.sample #sample {
             @if sample.taken_ms == 0 {
-                "The first sample of this queue is being read."
+                "No messages of this queue have been read: a read puts each message back as a copy, so it happens only when asked (\"Read messages now\")."
             } @else {
                 "Sampled " (sample.sampled) " of " (sample.depth) " messages in " code { (t(&sample.queue)) }
                 " " (age(Some(sample.taken_ms))) " ago (read in " (format!("{:.1}", sample.took.as_secs_f64())) " s; at most "
-                (bound) " per read). Counts are of the sample; the depth is the queue's."
+                (bound) " per read): the messages shown one by one are of this sample."
             }
             @if let Some(e) = &sample.error { br; span.error { "The last read failed: " (t(e)) } }
         }
@@ -45,9 +68,10 @@ pub(crate) fn dead_letters(
         &format!("The {} queue", which.name()),
         Some(v),
         html! {
+            (counts_note(sample))
             (sample_note(sample, bound))
             @if is_operator(v) {
-                form.inline method="post" action="/dead-letters/refresh" { (csrf_input(v)) button type="submit" { "Read a new sample now" } }
+                form.inline method="post" action="/dead-letters/refresh" { (csrf_input(v)) button type="submit" { "Read messages now" } }
             }
             form.filters method="get" action="/dead-letters" {
                 input type="hidden" name="queue" value=(which.as_str());
@@ -71,7 +95,7 @@ pub(crate) fn dead_letters(
                             td { (age(g.oldest_ms)) }
                             @if is_operator(v) {
                                 td {
-                                    @let group = FilterForm { queue: Some(which.as_str().to_owned()), dependency: Some(g.dependency.clone()), reason: Some(g.reason.clone()), ..q.clone() };
+                                    @let group = FilterForm { queue: Some(which.as_str().to_owned()), dependency: Some(g.dependency.clone()), reason: Some(g.reason.clone()), error_class: Some(g.error_class.clone()), ..q.clone() };
                                     @if which == Which::Dead {
                                         form.inline.replay method="post" action="/replay/dry-run" {
                                             (csrf_input(v)) (filter_fields(&group))
@@ -88,8 +112,8 @@ pub(crate) fn dead_letters(
                     }
                 }
             }
-            @if groups.is_empty() { p { "No message in the sample matches." } }
-            p.note { "A replay or purge selects by dependency and reason (and the filters above); the error class groups what you see, it is not a filter of the replay library." }
+            @if groups.is_empty() { p { "No counted message matches." } }
+            p.note { "A replay or purge from a row selects that row: its dependency, reason and error class (and the filters above), nothing else." }
         },
     )
 }
@@ -179,7 +203,12 @@ pub(crate) fn dry_run(
         "Replay: dry run",
         Some(v),
         html! {
-            p { "Nothing moved. Of " (p.total) " messages in the dead-letter queue:" }
+            p { "Nothing moved, nothing read: predicted from the dead-letter index. Of " (p.total) " messages in the dead-letter queue:" }
+            @if let Some(why) = &p.estimate {
+                p.warning #p-estimate { "An estimate, not exact: " (why) " (" (p.uncertain) " messages could not be placed; each is either moved or skipped)." }
+            } @else {
+                p #p-exact { "Exact: the index agrees with the queue." }
+            }
             table #prediction {
                 tr { th { "matched" } td #p-matched { (p.matched) } }
                 tr { th { "would be moved back" } td #p-moved { (p.moved) } }
@@ -212,15 +241,28 @@ pub(crate) fn purge_confirm(
         "Purge a group",
         Some(v),
         html! {
-            p.warning { "A purge removes messages for good. In the last sample of the " (which.name()) " queue, "
-                strong #purge-count { (count) } " of " (sample.sampled) " sampled messages (" (sample.depth) " in the queue) match "
-                code { (t(q.dependency.as_deref().unwrap_or("?"))) " × " (t(q.reason.as_deref().unwrap_or("?"))) } "; every matching message in the queue goes." }
+            p.warning { "A purge removes messages for good. The " (which.name()) " queue's index counts "
+                strong #purge-count { (count) } " messages of "
+                code { (t(q.dependency.as_deref().unwrap_or("?"))) " × " (t(q.reason.as_deref().unwrap_or("?"))) " × " (t(q.error_class.as_deref().unwrap_or("-"))) }
+                " (of " (sample.counts.as_ref().map_or(0, |c| c.depth)) " in the queue); exactly the messages of this row go, nothing else." }
             form #confirm-purge method="post" action="/dead-letters/purge" {
                 (csrf_input(v)) (filter_fields(q))
                 label { "Type " code { "purge" } " to confirm " input type="text" name="confirm" autocomplete="off" required; }
                 label { " why (audited) " input type="text" name="note" maxlength="1000" required; }
                 button type="submit" { "Purge for good" }
             }
+        },
+    )
+}
+
+/// A purge still running when the request's deadline came: not cut off, it goes on.
+pub(crate) fn purging(v: &Visitor, which: Which) -> Markup {
+    layout(
+        "Purging",
+        Some(v),
+        html! {
+            p #purging { "The purge of the " (which.name()) " queue is still running: it goes on in the background, it was not cut off. Its intent is in the audit trail, and its end will be when it finishes." }
+            p { a href="/audit" { "The audit trail" } " · " a href={ "/dead-letters?queue=" (which.as_str()) } { "Back to the queue" } }
         },
     )
 }

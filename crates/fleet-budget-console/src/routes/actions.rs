@@ -99,6 +99,8 @@ pub(super) async fn refresh_action(
     Form(f): Form<CsrfForm>,
 ) -> Page {
     changer(&app, &h, f.csrf.as_deref())?;
+    app.sample_wanted
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     app.refresh_now.notify_one();
     Ok(Redirect::to("/dead-letters").into_response())
 }
@@ -182,7 +184,7 @@ pub(super) async fn dry_run_action(
     let prediction = within(
         &app,
         "RabbitMQ",
-        replay::dry_run(&app.settings.config, &filter, limit),
+        replay::dry_run(&app.settings.config, &app.store, &filter, limit),
     )
     .await;
     drop(guard);
@@ -233,26 +235,38 @@ pub(super) async fn purge_action(
     }
     let note = f.note.trim();
     if f.confirm.as_deref() != Some("purge") || note.is_empty() {
-        // The confirmation: what would go, from the sample, and a form that needs the word.
+        // The confirmation: what would go, from the index, and a form that needs the word.
         let sample = app.sample(which);
-        let count = sample
-            .messages
-            .iter()
-            .filter(|s| s.message.selected_by(&filter))
-            .count();
+        let count = sample.counts.as_ref().map_or(0, |c| {
+            c.matching(|row| filter.selects_row(row) != Some(false))
+        });
         return Ok(
-            pages::purge_confirm(&visitor, which, &f.filter, count as u64, &sample).into_response(),
+            pages::purge_confirm(&visitor, which, &f.filter, count, &sample).into_response(),
         );
     }
     let cx = run_context(&app);
-    let purged = within(
-        &app,
-        "RabbitMQ",
-        replay::purge(&cx, which == Which::Parked, &filter, &actor, note),
-    )
-    .await?;
-    app.refresh_now.notify_one();
-    Ok(pages::purged(&visitor, which, &purged).into_response())
+    // In a task of its own: a purge is never cut off half-way by the request's deadline (a read
+    // dropped there would leave copies beside their originals); past the deadline the page says
+    // it goes on, and the audit trail has its intent and, when it ends, its end.
+    let note = note.to_owned();
+    let parked = which == Which::Parked;
+    let task =
+        tokio::spawn(async move { replay::purge(&cx, parked, &filter, &actor, &note).await });
+    match tokio::time::timeout(app.settings.upstream_timeout, task).await {
+        Ok(Ok(Ok(purged))) => {
+            app.refresh_now.notify_one();
+            Ok(pages::purged(&visitor, which, &purged).into_response())
+        }
+        Ok(Ok(Err(e))) => Err(refused(
+            StatusCode::BAD_GATEWAY,
+            &format!("RabbitMQ: {}", fleet_budget::redact::redact_text(&e)),
+        )),
+        Ok(Err(e)) => Err(refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the purge's task ended without a report: {e}"),
+        )),
+        Err(_) => Ok((StatusCode::ACCEPTED, pages::purging(&visitor, which)).into_response()),
+    }
 }
 
 /// A cancel from a replay's page: only the CSRF token.

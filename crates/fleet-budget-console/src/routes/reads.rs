@@ -58,7 +58,7 @@ pub(super) async fn dead_letters_page(
     let filter = q.filter().map_err(|e| bad(&e))?;
     let which = q.which();
     let sample = app.sample(which);
-    let groups = sample.groups(&filter);
+    let groups = sample.index_groups(&filter);
     Ok(pages::dead_letters(
         &visitor,
         which,

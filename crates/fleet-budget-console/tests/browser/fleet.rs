@@ -201,3 +201,14 @@ pub(crate) async fn freeze_of(config: &WorkerConfig) -> Option<String> {
         .freeze
         .map(|f| format!("{} ({})", f.actor, f.reason))
 }
+
+/// Indexes the dead letters seeded by hand (as `budgetctl migrate` does for dead letters older
+/// than the index), so that the console's counts of them are exact.
+pub(crate) async fn reindex(f: &Fleet) {
+    let index = fleet_budget::control::DeadLetterIndex::new(std::sync::Arc::new(store(&f.config)));
+    fleet_budget_amqp::Replayer::new(f.broker.url.clone(), f.broker.topology.clone(), None)
+        .with_index(Some(index))
+        .reindex()
+        .await
+        .unwrap_or_else(|e| panic!("reindex: {e}"));
+}

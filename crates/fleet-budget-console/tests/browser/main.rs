@@ -261,6 +261,7 @@ async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_t
         .publish_dead_letter(&publisher, &hostile, b"{}")
         .await;
     publisher.close().await;
+    reindex(&f).await;
 
     let c = console(&f.config).await;
     let base = format!("http://{}", c.addr());
@@ -285,9 +286,19 @@ async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_t
         text.contains("pay\\u{202e}lanoitan"),
         "U+202E shown by code point: {text}"
     );
+    assert_eq!(b.text("#counts-exact").await, "Exact.");
     b.screenshot("dead-letters").await;
 
-    // The hostile group's messages and the message's headers: text, no script.
+    // Messages one by one are read only when asked: then the hostile group's messages and the
+    // message's headers are text, no script.
+    assert!(
+        b.text("#sample").await.contains("only when asked"),
+        "no look read the queue"
+    );
+    b.click("form[action=\"/dead-letters/refresh\"] button")
+        .await;
+    b.until_text("#sample", Some(&dlq), |t| t.starts_with("Sampled"))
+        .await;
     b.click("#groups tbody tr:nth-child(2) td:nth-child(3) a")
         .await;
     let messages = b.text("#messages").await;
@@ -360,7 +371,15 @@ async fn dead_letters_are_grouped_replayed_as_predicted_and_hostile_text_stays_t
         .iter()
         .map(|e| (e.action.as_str(), e.actor.as_str()))
         .collect();
-    assert_eq!(actions, [("replay", "ann"), ("dlq_purge", "ann")]);
+    assert_eq!(
+        actions,
+        [
+            ("replay_started", "ann"),
+            ("replay", "ann"),
+            ("dlq_purge_started", "ann"),
+            ("dlq_purge", "ann")
+        ]
+    );
     b.goto(&format!("{base}/audit")).await;
     b.screenshot("audit").await;
     b.quit().await;
@@ -394,6 +413,7 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
         }
     };
     seed(4).await;
+    reindex(&f).await;
     let c = console(&f.config).await;
     let base = format!("http://{}", c.addr());
     let driver = Driver::start().await;
@@ -432,6 +452,7 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
 
     // Held again, then cancelled from the page: nothing moves, the messages stay.
     seed(3).await;
+    reindex(&f).await;
     prepare_search_replay(&b, &base, 3, "INC-9 second try").await;
     open_breaker(&f.config).await;
     b.click("#confirm-replay button").await;
@@ -470,12 +491,14 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
     assert_eq!(
         actions,
         [
+            ("replay_started", "ann"),
             ("replay", "ann"),
+            ("replay_started", "ann"),
             ("replay_cancel", "ann"),
             ("replay", "ann")
         ]
     );
-    let first = trail[0]
+    let first = trail[1]
         .after
         .as_ref()
         .unwrap_or_else(|| panic!("{trail:?}"));
@@ -485,7 +508,7 @@ async fn a_replay_held_by_an_open_breaker_resumes_when_it_closes_and_can_be_canc
         first["held_breaker_secs"].as_f64().unwrap_or(0.0) > 0.0,
         "{first}"
     );
-    let last = trail[2]
+    let last = trail[4]
         .after
         .as_ref()
         .unwrap_or_else(|| panic!("{trail:?}"));

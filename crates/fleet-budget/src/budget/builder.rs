@@ -18,6 +18,7 @@ use crate::breaker::Breaker;
 use crate::clock::{Clock, CoarseClock};
 use crate::concurrency::ConcurrencyBudget;
 use crate::config::Config;
+use crate::control::DeadLetterIndex;
 use crate::metrics::{Metrics, TimedStore};
 use crate::store::{BudgetStore, LocalStore, RedisStore};
 
@@ -34,6 +35,7 @@ pub struct FleetBudgetBuilder {
     seed: Option<u64>,
     registry: Option<Arc<RedisStore>>,
     worker_id: Option<String>,
+    dead_letters: Option<DeadLetterIndex>,
 }
 
 impl FleetBudgetBuilder {
@@ -91,6 +93,15 @@ impl FleetBudgetBuilder {
     #[must_use]
     pub fn worker_registry(mut self, store: Arc<RedisStore>) -> Self {
         self.registry = Some(store);
+        self
+    }
+
+    /// Counts what this worker dead-letters and parks in `index`, so that tools read the
+    /// dead-letter queues' contents without reading the queues
+    /// ([`crate::control::dead_letters`]). [`FleetBudget::from_config`] gives its fleet store's.
+    #[must_use]
+    pub fn dead_letter_index(mut self, index: DeadLetterIndex) -> Self {
+        self.dead_letters = Some(index);
         self
     }
 
@@ -171,6 +182,7 @@ impl FleetBudgetBuilder {
                 SmallRng::seed_from_u64,
             )),
             registry: registry.clone(),
+            dead_letters: self.dead_letters,
         });
         if coalesce {
             tokio::spawn(coalesce::flusher(
@@ -200,6 +212,7 @@ impl FleetBudget {
             seed: None,
             registry: None,
             worker_id: None,
+            dead_letters: None,
         }
     }
 }

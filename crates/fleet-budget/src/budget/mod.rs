@@ -53,6 +53,7 @@ use crate::ceiling::{Ceilings, TaskCeiling};
 use crate::clock::Clock;
 use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy};
 use crate::config::{Config, FallbackMode};
+use crate::control::DeadLetterIndex;
 use crate::decision::{BudgetSource, DeadLetterReason, Decision};
 use crate::dependency::{Dependency, DependencyMap, OwnBudgets};
 use crate::error::{Error, StoreError};
@@ -100,6 +101,8 @@ struct Inner {
     rng: Mutex<SmallRng>,
     /// The worker registry's writer, when the budget reports (`redis.heartbeat_ms`).
     registry: Option<Arc<heartbeat::Registry>>,
+    /// Where what this worker dead-letters and parks is counted, when there is a fleet store.
+    dead_letters: Option<DeadLetterIndex>,
 }
 
 impl FleetBudget {
@@ -115,7 +118,8 @@ impl FleetBudget {
             .fleet_store(store.clone())
             .worker_registry(store.clone())
             .leases(ConcurrencyBudget::new(store.clone()))
-            .breakers(Breaker::new(store))
+            .breakers(Breaker::new(store.clone()))
+            .dead_letter_index(DeadLetterIndex::new(store))
             .build())
     }
 
@@ -147,6 +151,13 @@ impl FleetBudget {
     #[must_use]
     pub fn fleet_store(&self) -> Option<&Arc<dyn BudgetStore>> {
         self.inner.fleet.as_ref()
+    }
+
+    /// Where what this worker dead-letters and parks is counted (the fleet store's Redis, with
+    /// [`FleetBudget::from_config`]; `None` for a local budget).
+    #[must_use]
+    pub fn dead_letter_index(&self) -> Option<&DeadLetterIndex> {
+        self.inner.dead_letters.as_ref()
     }
 
     /// The in-process store (the budget when local only, else the fallback).

@@ -21,10 +21,11 @@ mod redis;
 
 pub use local::{LocalBudget, LocalStore};
 pub use redis::{
-    BREAKER_SCRIPT, DEFAULT_MAX_BATCH, DEPOSIT_SCRIPT, DiscoveryError, GroupCommitStats,
-    HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT, MAX_BATCH_LIMIT, OVERRIDE_SCRIPT,
-    RedisStore, RedisTarget, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
-    ScriptReply, batch_answer, parse_reply, parse_status, policy_args,
+    BREAKER_SCRIPT, DEAD_LETTERS_SCRIPT, DEFAULT_MAX_BATCH, DEPOSIT_SCRIPT, DiscoveryError,
+    GroupCommitStats, HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT,
+    MAX_BATCH_LIMIT, OVERRIDE_SCRIPT, RedisStore, RedisTarget, SPEND_BATCH_SCRIPT,
+    SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, batch_answer, parse_reply,
+    parse_status, policy_args,
 };
 pub(crate) use redis::{BreakerArgs, LeaseArgs, Report, count_at, int_at, text_at};
 

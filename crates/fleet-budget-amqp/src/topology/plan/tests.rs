@@ -6,14 +6,54 @@ use std::time::Duration;
 use super::*;
 use crate::topology::names::{DEAD, PARKED, RETRY_TIER, Topology, WORK};
 
+/// `EMBEDDED` is every file of the crate's copy, and in the repository that copy is the source,
+/// the top-level `migrations/`, behind the "generated" comment `scripts/gen-migrations` writes:
+/// a stale copy fails `cargo test` alone, naming the file.
 #[test]
 fn embedded_migrations_are_the_files_of_the_directory() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     assert_eq!(
-        Migrations::from_dir(&dir).unwrap(),
+        Migrations::from_dir(&crate_dir.join("migrations")).unwrap(),
         Migrations::embedded().unwrap(),
         "add new files to EMBEDDED"
     );
+    let root = crate_dir.join("../..");
+    if !root.join("scripts/gen-migrations").is_file() {
+        // Built from its package: the copy is all there is.
+        return;
+    }
+    let mut sources: Vec<(String, String)> = std::fs::read_dir(root.join("migrations"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            (name, text)
+        })
+        .collect();
+    sources.sort();
+    let embedded: Vec<&str> = EMBEDDED.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        sources
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
+        embedded,
+        "migrations/ and EMBEDDED hold different files: run scripts/gen-migrations, then list \
+         every file in EMBEDDED"
+    );
+    for ((name, source), (_, copy)) in sources.iter().zip(EMBEDDED) {
+        let generated = format!(
+            "# GENERATED from migrations/{name} at the repository's root:\n\
+             # edit that, then run scripts/gen-migrations\n{source}"
+        );
+        assert!(
+            copy == generated,
+            "crates/fleet-budget-amqp/migrations/{name} is stale: run scripts/gen-migrations \
+             (edit migrations/, never a copy)"
+        );
+    }
 }
 
 /// The exchange and queue names the migrations declare, rendered for `settings`.

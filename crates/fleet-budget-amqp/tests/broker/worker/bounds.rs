@@ -109,11 +109,14 @@ async fn a_thousand_unmapped_names_make_at_most_the_cap_of_budgets_and_label_val
     );
     assert_eq!(budget.metrics().counter("first_attempts", "unmapped"), 997);
 
-    // Every key but the worker registry's two (one per fleet, whatever the tasks).
+    // Every key but the worker registry's two and the dead-letter indexes (one per fleet and
+    // queue, whatever the tasks; the index's rows are bounded on their own).
     let prefix = &env.config.budget.redis.key_prefix;
     let registry = [
         fleet_budget::keys::workers_key(prefix),
         fleet_budget::keys::workers_seen_key(prefix),
+        fleet_budget::keys::dead_letters_key(prefix, &env.topology.dead_queue),
+        fleet_budget::keys::dead_letters_key(prefix, &env.topology.parked_queue),
     ];
     let keys: Vec<String> = env.redis.cmd(&["KEYS", &format!("{prefix}:*")]);
     let keys: Vec<String> = keys.into_iter().filter(|k| !registry.contains(k)).collect();

@@ -190,7 +190,7 @@ async fn a_300_byte_routing_key_is_dead_lettered_once_and_parked_by_replay() {
     assert_eq!(counts.dead_lettered, 1, "{counts:?}");
     let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
     let options = ReplayOptions::new(&env.config);
-    let dry = replayer.dry_run(&options).await.unwrap();
+    let dry = replayer.dry_run_by_reading(&options).await.unwrap();
     let report = replayer.run(&options, |_| {}).await.unwrap();
     assert_eq!(
         (report.parked, report.failed),

@@ -42,6 +42,20 @@ where
     (handle, join)
 }
 
+/// [`start`], for the other modules of the binary.
+pub(crate) fn start_worker<H, F>(budget: FleetBudget, env: &Env, handler: H) -> Runner
+where
+    H: Fn(fleet_budget_amqp::Job) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    start(budget, env, handler)
+}
+
+/// [`stop`], for the other modules of the binary.
+pub(crate) async fn stop_worker(runner: Runner) -> fleet_budget_amqp::WorkerCounts {
+    stop(runner).await
+}
+
 async fn stop((handle, join): Runner) -> fleet_budget_amqp::WorkerCounts {
     handle.shutdown();
     tokio::time::timeout(LONG, join)

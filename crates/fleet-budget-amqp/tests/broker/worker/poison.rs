@@ -91,7 +91,7 @@ async fn the_tools_read_an_unreadable_dead_letter_and_replay_parks_it() {
     assert_eq!((peek.total, peek.seen), (2, 2), "{peek:?}");
     let replayer = Replayer::new(env.url.clone(), env.topology.clone(), None);
     let options = ReplayOptions::new(&env.config);
-    let dry = tokio::time::timeout(LONG, replayer.dry_run(&options))
+    let dry = tokio::time::timeout(LONG, replayer.dry_run_by_reading(&options))
         .await
         .expect("the dry run ends")
         .expect("the dry run reads both");

@@ -28,6 +28,7 @@ mod breaker;
 mod budget;
 mod call;
 mod connect;
+mod dead_letters;
 mod discovery;
 mod group_commit;
 mod leases;
@@ -47,9 +48,9 @@ pub(crate) use leases::LeaseArgs;
 pub use reply::{ScriptReply, parse_reply, parse_status};
 pub(crate) use reply::{count_at, int_at, text_at};
 pub use scripts::{
-    BREAKER_SCRIPT, DEPOSIT_SCRIPT, HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT, LEASE_RELEASE_SCRIPT,
-    OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT,
-    policy_args,
+    BREAKER_SCRIPT, DEAD_LETTERS_SCRIPT, DEPOSIT_SCRIPT, HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT,
+    LEASE_RELEASE_SCRIPT, OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT,
+    STATUS_SCRIPT, policy_args,
 };
 pub use spend::batch_answer;
 pub(crate) use workers::Report;

@@ -1,4 +1,4 @@
-//! The one place the scripts of `lua/` are loaded: all ten, as [`redis::Script`]s (`EVALSHA`,
+//! The one place the scripts of `lua/` are loaded: all eleven, as [`redis::Script`]s (`EVALSHA`,
 //! and on `NOSCRIPT` after a restart or `SCRIPT FLUSH`, `SCRIPT LOAD` and again), and the
 //! policy arguments the budget scripts take. The texts are the crate's `lua/*.lua`, copies of
 //! the repository's `lua/` (`lua/README.md` is the contract for other languages).
@@ -41,6 +41,10 @@ pub static BREAKER_SCRIPT: LazyLock<Script> =
 /// `lua/heartbeat.lua`: a worker's entry in the worker registry, or its removal.
 pub static HEARTBEAT_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/heartbeat.lua")));
+
+/// `lua/dead_letters.lua`: changes to a queue's dead-letter index.
+pub static DEAD_LETTERS_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/dead_letters.lua")));
 
 /// The arguments every budget script takes after its own, as `lua/README.md` lists them: the
 /// ratio, the floor, the deposit basis (`s` or `a`) and the window mode (`sliding` or `fixed`).
