@@ -207,6 +207,36 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
             vec!["1000", "1", "0", "0.2", "10", "a", "fixd"],
             "ARGV[7] mode must be \"sliding\" or \"fixed\"",
         ),
+        // The optional eighth (0.2.0): denials answered in the caller's process.
+        (
+            "deposit",
+            vec!["1000", "1", "0", "0.2", "10", "a", "fixed", "-1"],
+            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+        ),
+        (
+            "deposit",
+            vec!["1000", "1", "0", "0.2", "10", "a", "fixed", "1e3"],
+            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+        ),
+        (
+            "deposit",
+            vec![
+                "1000",
+                "1",
+                "0",
+                "0.2",
+                "10",
+                "a",
+                "fixed",
+                "1000000000000000",
+            ],
+            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+        ),
+        (
+            "deposit",
+            vec!["1000", "1", "0", "0.2", "10", "a", "fixd", "x"],
+            "ARGV[7] mode must be \"sliding\" or \"fixed\"",
+        ),
         (
             "breaker",
             vec!["open", "1000", "0.5", "10", "1000", "3", "2", "1000"],

@@ -10,6 +10,12 @@
 //! all three; at the end the hashes and their expiry times are equal. The scripts read the
 //! clock from a key the test moves (their `TIME` is replaced by an `HMGET` of it), so that the
 //! three keys see the same instants.
+//!
+//! The same for `deposit.lua`'s optional eighth argument (0.2.0: the denials a caller answered
+//! in its process): the 7-argument call of older callers, on the older script (kept as
+//! `tests/lua_rolling_deploy/deposit_before.lua`) or on this one, leaves the same hash and gives
+//! the same answers; a caller that sends denials changes only the denial counters, by what it
+//! sent in each window.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
 
 mod common;
@@ -218,4 +224,144 @@ fn old_and_new_spend_scripts_share_one_key() {
         hashes[0].contains_key("cr") && expiries[0] > 0,
         "{hashes:?}"
     );
+}
+
+/// The deposit reply's denial fields (0-based: current window 9, previous window 13).
+const CUR_DENIED: usize = 9;
+const PREV_DENIED: usize = 13;
+
+fn int(reply: &[Value], at: usize) -> i64 {
+    match reply.get(at) {
+        Some(Value::Int(n)) => *n,
+        other => panic!("field {at} is not an integer: {other:?} in {reply:?}"),
+    }
+}
+
+#[test]
+fn old_and_new_deposit_scripts_share_one_key_and_only_sent_denials_differ() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let old_deposit = on_test_clock("tests/lua_rolling_deploy/deposit_before.lua");
+    let deposit = on_test_clock("lua/deposit.lua");
+    let spend = on_test_clock("lua/spend.lua");
+    let status = on_test_clock("lua/status.lua");
+    // {old}: the older script; {new}: this one called as older callers do (7 arguments);
+    // {mixed}: either, the new one with an explicit 0; {counted}: this one with denials.
+    let same = ["fbt:v1:{old}", "fbt:v1:{new}", "fbt:v1:{mixed}"];
+    let counted = "fbt:v1:{counted}";
+    let policy = POLICIES[0];
+    let with_policy = |own: &[String]| -> Vec<String> {
+        let mut args = vec![policy[0].to_owned()];
+        args.extend_from_slice(own);
+        args.extend(policy[1..].iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut c).unwrap();
+    let mut now_us = secs * 1_000_000;
+    let window_us = policy[0].parse::<u64>().unwrap() * 1000;
+    let mut rng = SmallRng::seed_from_u64(31);
+    // Denials sent on {counted}, by the window index they were sent in.
+    let mut sent: BTreeMap<i64, i64> = BTreeMap::new();
+    let (mut mixed_old, mut mixed_new, mut denials_sent) = (0, 0, 0);
+    for step in 0..2000 {
+        let _: () = redis::cmd("HSET")
+            .arg(CLOCK)
+            .arg("s")
+            .arg(now_us / 1_000_000)
+            .arg("us")
+            .arg(now_us % 1_000_000)
+            .query(&mut c)
+            .unwrap();
+        let roll = rng.random_range(0..100);
+        let replies: Vec<Vec<Value>> = if roll < 45 {
+            let args = with_policy(&[]);
+            same.iter()
+                .chain([&counted])
+                .map(|key| as_new_reply(run(&mut c, &spend, key, &args)))
+                .collect()
+        } else if roll < 90 {
+            let s = rng.random_range(0..4u32).to_string();
+            let a = rng.random_range(0..4u32).to_string();
+            let args = with_policy(&[s, a]);
+            let old_in_mixed = rng.random_bool(0.5);
+            if old_in_mixed {
+                mixed_old += 1;
+            } else {
+                mixed_new += 1;
+            }
+            let mut with_zero = args.clone();
+            with_zero.push("0".to_owned());
+            let denied = rng.random_range(0..6i64);
+            let mut with_denied = args.clone();
+            with_denied.push(denied.to_string());
+            let replies = vec![
+                run(&mut c, &old_deposit, same[0], &args),
+                run(&mut c, &deposit, same[1], &args),
+                if old_in_mixed {
+                    run(&mut c, &old_deposit, same[2], &args)
+                } else {
+                    run(&mut c, &deposit, same[2], &with_zero)
+                },
+                run(&mut c, &deposit, counted, &with_denied),
+            ];
+            *sent.entry(int(&replies[3], 2)).or_default() += denied;
+            denials_sent += denied;
+            replies
+        } else {
+            // A jump of the clock: within the window, past it, or past two of them.
+            now_us += rng.random_range(0..3 * window_us);
+            continue;
+        };
+        assert!(
+            replies[0] == replies[1] && replies[1] == replies[2],
+            "step {step}: the three keys answered differently: {replies:?}"
+        );
+        // {counted} differs from {old} only by the denials sent in its two windows.
+        let index = int(&replies[0], 2);
+        let mut expected = replies[0].clone();
+        expected[CUR_DENIED] =
+            Value::Int(int(&replies[0], CUR_DENIED) + sent.get(&index).copied().unwrap_or(0));
+        expected[PREV_DENIED] = Value::Int(
+            int(&replies[0], PREV_DENIED) + sent.get(&(index - 1)).copied().unwrap_or(0),
+        );
+        assert_eq!(
+            replies[3], expected,
+            "step {step}: the key with denials sent differs by more than them"
+        );
+        let reads: Vec<Vec<Value>> = same
+            .iter()
+            .map(|key| {
+                let mut reply = run(&mut c, &status, key, &policy.map(str::to_owned));
+                reply.remove(21); // the PTTL: real time, read a moment apart
+                reply
+            })
+            .collect();
+        assert!(
+            reads[0] == reads[1] && reads[1] == reads[2],
+            "step {step}: status differs: {reads:?}"
+        );
+        now_us += rng.random_range(0..20_000u64);
+    }
+    let hashes: Vec<BTreeMap<String, String>> = same
+        .iter()
+        .map(|key| server.cmd(&["HGETALL", key]))
+        .collect();
+    let expiries: Vec<i64> = same
+        .iter()
+        .chain([&counted])
+        .map(|key| server.cmd(&["PEXPIRETIME", key]))
+        .collect();
+    assert!(
+        hashes[0] == hashes[1] && hashes[1] == hashes[2],
+        "the hashes differ: {hashes:?}"
+    );
+    assert!(
+        expiries.iter().all(|e| *e == expiries[0] && *e > 0),
+        "the expiries differ: {expiries:?}"
+    );
+    assert!(
+        mixed_old > 100 && mixed_new > 100,
+        "{mixed_old} {mixed_new}"
+    );
+    assert!(denials_sent > 500, "{denials_sent}");
 }

@@ -121,10 +121,59 @@ def test_32_threads_on_an_exhausted_budget_never_get_a_grant(redis_url):
     raw = redis.Redis.from_url(redis_url)
     cr, cd = (int(v) for v in raw.hmget("fb:v1:{search}", "cr", "cd"))
     in_process = sum(b.metrics.retries_denied_in_process.labels("search")._value.get() for b in budgets)
+    # Without coalescing (deposit_flush_ms = 0) the denials answered in the process wait for the
+    # flush of close().
     assert cr == 10 and cd + in_process == 32 * 200 - 10, "every request counted once"
     assert in_process > 0
     for b in budgets:
         b.close()
+    assert int(raw.hget("fb:v1:{search}", "cd")) == 32 * 200 - 10, "closed: Redis counts every denial"
+
+
+def test_after_a_flush_redis_counts_every_denial_those_answered_in_the_process_too(redis_url):
+    """Issue 31, item 5 (the Rust test of the same name): workers with the deny cache on, an
+    exhausted budget; before their flush Redis holds only the denials it made, after it every
+    denial of the fleet, in the counter ``status.lua`` reads (threaded and asyncio alike)."""
+    toml = (TOML.replace("deposit_flush_ms = 0", "deposit_flush_ms = 10000")
+            .replace(f"deny_cache_ms = {STALENESS_MS}", "deny_cache_ms = 10000")
+            .replace("min_allowance = 1", "min_allowance = 2\nwindow_secs = 86400"))
+    budgets = [FleetBudget(Config.from_toml(toml), redis_url=redis_url) for _ in range(2)]
+    outcomes: list[object] = []
+
+    def work(i: int) -> None:
+        for _ in range(50):
+            outcomes.append(fail(budgets[i % 2]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    raw = redis.Redis.from_url(redis_url)
+
+    async def rest() -> None:
+        a = aio.FleetBudget(Config.from_toml(toml), redis_url=redis_url)
+        outcomes.extend([await a.on_failure("index", 1, Failure.retryable("503")) for _ in range(20)])
+        dead = [d for d in outcomes if isinstance(d, DeadLetter)]
+        assert len(outcomes) - len(dead) == 2, "the floor"
+        assert all(d.reason == "budget_exhausted" for d in dead)
+        in_process = sum(int(b.metrics.retries_denied_in_process.labels("search")._value.get())
+                         for b in [*budgets, a])
+        assert in_process > len(dead) // 2
+        assert int(raw.hget("fb:v1:{search}", "cd")) == len(dead) - in_process, "before: Redis's own"
+        for b in budgets:
+            b.flush()
+        await a.flush()
+        assert int(raw.hget("fb:v1:{search}", "cd")) == len(dead), "after: every denial"
+        # Denials alone make no room: still denied.
+        assert isinstance(fail(budgets[0]), DeadLetter)
+        for b in budgets:
+            b.close()
+        await a.close()
+        assert int(raw.hget("fb:v1:{search}", "cd")) == len(dead) + 1
+
+    asyncio.run(rest())
 
 
 def test_the_asyncio_flavour_keeps_denials_alike(redis_url):

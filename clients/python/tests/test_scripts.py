@@ -18,6 +18,9 @@ def test_arguments_follow_the_readme():
     p = BudgetPolicy(window_ms=60_000, ratio=0.2, min_allowance=10, deposit="request", mode="fixed")
     assert scripts.spend_args(p) == ["60000", "0.2", "10", "a", "fixed"]
     assert scripts.deposit_args(p, 3, 4) == ["60000", "3", "4", "0.2", "10", "a", "fixed"]
+    # The denials answered in the process go last (ARGV 8, since 0.2.0), only when there are some.
+    assert scripts.deposit_args(p, 3, 4, 0) == ["60000", "3", "4", "0.2", "10", "a", "fixed"]
+    assert scripts.deposit_args(p, 0, 0, 7) == ["60000", "0", "0", "0.2", "10", "a", "fixed", "7"]
     assert scripts.keys("fb", "search") == ["fb:v1:{search}"]
 
 

@@ -1,12 +1,15 @@
 -- GENERATED from lua/src/deposit.lua and the parts it includes from lua/src/shared:
 -- edit those, then run scripts/gen-lua
 -- fleet-budget deposit: record deposits (successes and/or first attempts) for a dependency, by a
--- count, so callers can batch. One round trip. Contract: lua/README.md (key layout v1).
+-- count, so callers can batch, and the denials the caller answered itself (its deny cache) since
+-- its last call. One round trip. Contract: lua/README.md (key layout v1).
 --
 -- KEYS[1]  budget hash, e.g. "fb:v1:{search}"
 -- ARGV     window_ms, successes (n >= 0), first_attempts (n >= 0),
 --          ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
---          (the caller's policy: see lua/README.md, "The policy in force")
+--          (the caller's policy: see lua/README.md, "The policy in force"),
+--          then optionally denied (n >= 0, since 0.2.0: denials answered in the caller's process,
+--          added to the window's denial counter cd; callers before 0.2.0 send 7 arguments)
 -- Reply    {-1, allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
@@ -27,6 +30,9 @@ if not string.match(ARGV[3] or '', '^%d+$') or #ARGV[3] > 15 then
 end
 local successes = tonumber(ARGV[2])
 local first_attempts = tonumber(ARGV[3])
+-- ARGV[8], after the policy so that the 7-argument call of older callers means "none".
+local denied_text = ARGV[8] or '0'
+local denied = 0
 local at = 4
 local propose = true
 -- [shared/clock.lua] Server time, never the caller's clock: workers with skewed clocks share the
@@ -202,8 +208,13 @@ local d = 1
 if basis == 'a' then d = 2 end
 local sliding = mode == 'sliding'
 
+if not string.match(denied_text, '^%d+$') or #denied_text > 15 then
+  return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 10^15')
+end
+denied = tonumber(denied_text)
 cur[1] = cur[1] + successes
 cur[2] = cur[2] + first_attempts
+cur[4] = cur[4] + denied
 -- [shared/estimate.lua] The allowance, from estimates scaled by window_ms so that every
 -- comparison is exact in integers (crates/fleet-budget/src/allowance.rs does the same
 -- operations in the same order, so both floor to the same integer).
@@ -254,6 +265,7 @@ end
 if not rolled then
   if successes > 0 then redis.call('HINCRBY', key, 'cs', ARGV[2]) end
   if first_attempts > 0 then redis.call('HINCRBY', key, 'ca', ARGV[3]) end
+  if denied > 0 then redis.call('HINCRBY', key, 'cd', string.format('%d', denied)) end
 end
 -- [shared/heard.lua] Records a caller whose policy differs from the one in force: the conflict
 -- (xn: count, xp: its policy, xt: server ms). A caller that sent the policy in force refreshed

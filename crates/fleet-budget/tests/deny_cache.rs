@@ -18,11 +18,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleet_budget::control::{AuditLog, OverrideAction, overrides};
+use fleet_budget::control::{AuditLog, OverrideAction, fleet_status, overrides};
 use fleet_budget::metrics::StoreOp;
-use fleet_budget::store::{RedisStore, RedisTarget};
+use fleet_budget::store::{
+    BudgetStore, Deposits, RedisStore, RedisTarget, StoreFuture, Withdrawal,
+};
 use fleet_budget::testing::RedisServer;
-use fleet_budget::{BudgetSource, Config, DeadLetterReason, Decision, Dependency, FleetBudget};
+use fleet_budget::{
+    BudgetPolicy, BudgetSnapshot, BudgetSource, Config, DeadLetterReason, Decision, Dependency,
+    FleetBudget, StoreError,
+};
 use fleet_budget::{Failure, FleetBudget as Budget};
 
 const STALENESS_MS: u64 = 300;
@@ -212,7 +217,7 @@ async fn off_at_zero_every_denial_is_a_call() {
 
 /// Four processes' budgets (each its own connection and cache), 32 tasks each, against a
 /// budget with no deposits and a floor of 10: exactly 10 granted in all, every request counted
-/// once as a grant or a denial, in Redis or in a process.
+/// once as a grant or a denial, and once flushed every denial is in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_processes_in_a_storm_grant_exactly_the_floor() {
     let server = RedisServer::start();
@@ -248,6 +253,9 @@ async fn four_processes_in_a_storm_grant_exactly_the_floor() {
         granted += h.await.unwrap();
     }
     assert_eq!(granted, 10, "the floor, exactly");
+    for budget in &budgets {
+        budget.flush().await.unwrap();
+    }
     let snap = probe.status(&search()).await.0;
     assert_eq!(snap.current.retries, 10);
     let in_process: u64 = budgets
@@ -260,12 +268,233 @@ async fn four_processes_in_a_storm_grant_exactly_the_floor() {
         .sum();
     assert_eq!(denied, 128 * per_task - 10, "every request counted once");
     assert_eq!(
-        snap.current.denied + in_process,
-        denied,
-        "Redis counts the denials it made, the processes those they answered"
+        snap.current.denied, denied,
+        "once flushed, Redis counts every denial: those it made and those the processes answered"
     );
     assert!(
         in_process > denied / 2,
         "{in_process} of {denied} in process"
     );
+}
+
+/// Issue 31, item 5: after an outage `budgetctl status` showed 2,302 denied of the 40,000 jobs
+/// the workers dead-lettered, because Redis counted only the denials it made. Four workers with
+/// the deny cache on, an exhausted budget, a storm of failures: before their flush Redis holds
+/// only its own denials; after it, the denials `status` reads (`fleet_status`, its sliding
+/// estimate: what `budgetctl status`, the console and the exporter show) are every job the
+/// workers dead-lettered `budget_exhausted`, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_flush_status_counts_every_denial_of_the_fleet_those_answered_in_the_workers_too() {
+    let server = RedisServer::start();
+    // A window of a day (nothing rolls under the test) and flushes only when asked (10 s, the
+    // longest interval: the storm is over long before).
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"fbt\"\n\
+         deposit_flush_ms = 10000\ndeny_cache_ms = 10000\n\
+         [dependencies.search]\ntasks = [\"index\"]\nmin_allowance = 2\nwindow_secs = 86400\n",
+        server.url()
+    );
+    let config = Config::from_toml(&text, "t").unwrap();
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        workers.push(Arc::new(FleetBudget::from_config(&config).await.unwrap()));
+    }
+    let mut handles = Vec::new();
+    for t in 0..32 {
+        let worker = Arc::clone(&workers[t % 4]);
+        handles.push(tokio::spawn(async move {
+            let (mut granted, mut exhausted) = (0u64, 0u64);
+            for _ in 0..100 {
+                let d = fail(&worker).await;
+                if d.is_retry() {
+                    granted += 1;
+                } else {
+                    assert_eq!(
+                        d.dead_letter_reason(),
+                        Some(DeadLetterReason::BudgetExhausted)
+                    );
+                    exhausted += 1;
+                }
+            }
+            (granted, exhausted)
+        }));
+    }
+    let (mut granted, mut dead_lettered) = (0, 0);
+    for h in handles {
+        let (g, e) = h.await.unwrap();
+        granted += g;
+        dead_lettered += e;
+    }
+    assert_eq!(granted, 2, "the floor");
+    let in_process: u64 = workers
+        .iter()
+        .map(|w| w.metrics().counter("retries_denied_in_process", "search"))
+        .sum();
+    assert!(
+        in_process > dead_lettered / 2,
+        "the cache answered most: {in_process} of {dead_lettered}"
+    );
+    let reader = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbt",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let policy = workers[0].policy(&search());
+    let denied = || async {
+        fleet_status(&reader, &search(), &policy)
+            .await
+            .unwrap()
+            .snapshot
+            .estimates()
+            .denied
+    };
+    assert_eq!(
+        denied().await,
+        dead_lettered - in_process,
+        "before the flush: only the denials Redis made"
+    );
+    for worker in &workers {
+        worker.flush().await.unwrap();
+    }
+    assert_eq!(
+        denied().await,
+        dead_lettered,
+        "after it: every job dead-lettered budget_exhausted"
+    );
+    // A flush of denials alone made no room: the budget still denies, and a second flush with
+    // nothing pending changes nothing.
+    assert!(!fail(&workers[0]).await.is_retry());
+    for worker in &workers {
+        worker.flush().await.unwrap();
+    }
+    assert_eq!(denied().await, dead_lettered + 1);
+}
+
+/// A fleet store that denies every retry (none would be granted without a change) and whose
+/// deposit calls succeed, are refused by a dead connection, or pass their deadline, as the test
+/// says; it keeps what the successful ones carried.
+#[derive(Debug, Default)]
+struct DenyingStore {
+    /// 0: answer; 1: a dead connection; 2: past the deadline.
+    deposits_fail: std::sync::atomic::AtomicU8,
+    recorded: std::sync::Mutex<Vec<(Deposits, u64)>>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl BudgetStore for DenyingStore {
+    fn deposit<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        self.deposit_with_denials(dependency, policy, deposits, 0)
+    }
+
+    fn deposit_with_denials<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+        deposits: Deposits,
+        denied: u64,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        use std::sync::atomic::Ordering;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let result = match self.deposits_fail.load(Ordering::SeqCst) {
+            0 => {
+                self.recorded.lock().unwrap().push((deposits, denied));
+                Ok(BudgetSnapshot::default())
+            }
+            1 => Err(StoreError::Redis(redis::RedisError::from(
+                std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+            ))),
+            _ => Err(StoreError::Timeout(Duration::from_millis(50))),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, Withdrawal> {
+        Box::pin(async {
+            Ok(Withdrawal {
+                granted: false,
+                snapshot: BudgetSnapshot::default(),
+                next_grant_ms: None,
+            })
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        _: &'a Dependency,
+        _: &'a BudgetPolicy,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        Box::pin(async { Ok(BudgetSnapshot::default()) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "denying"
+    }
+}
+
+/// The denials answered in the process ride the deposit flush's rules: a flush refused by a dead
+/// connection keeps them for the next; one past its deadline is not sent again (it most likely
+/// ran: never counted twice); a flush of denials alone does not forget the denial kept.
+#[tokio::test]
+async fn denials_answered_in_the_process_are_kept_on_a_refused_flush_and_never_sent_twice() {
+    use std::sync::atomic::Ordering;
+    let config = Config::from_toml(
+        "[redis]\ndeposit_flush_ms = 10000\ndeny_cache_ms = 10000\n\
+         [dependencies.search]\ntasks = [\"index\"]\n",
+        "t",
+    )
+    .unwrap();
+    let store = Arc::new(DenyingStore::default());
+    let budget = FleetBudget::builder(&config)
+        .fleet_store(store.clone())
+        .build();
+    let policy = budget.policy(&search());
+    let ask = |n: usize| {
+        let budget = budget.clone();
+        async move {
+            let mut sources = Vec::new();
+            for _ in 0..n {
+                let (w, source) = budget.withdraw(&search(), &policy).await;
+                assert!(!w.granted);
+                sources.push(source);
+            }
+            sources
+        }
+    };
+    assert_eq!(ask(1).await, [BudgetSource::Fleet]);
+    assert_eq!(ask(5).await, [BudgetSource::FleetCache; 5]);
+    store.deposits_fail.store(1, Ordering::SeqCst);
+    assert!(budget.flush().await.is_err(), "refused");
+    store.deposits_fail.store(0, Ordering::SeqCst);
+    budget.flush().await.unwrap();
+    assert_eq!(
+        *store.recorded.lock().unwrap(),
+        [(Deposits::default(), 5)],
+        "kept, then sent once"
+    );
+    assert_eq!(
+        ask(3).await,
+        [BudgetSource::FleetCache; 3],
+        "denials alone make no room: the denial still stands"
+    );
+    store.deposits_fail.store(2, Ordering::SeqCst);
+    assert!(budget.flush().await.is_err(), "past its deadline");
+    store.deposits_fail.store(0, Ordering::SeqCst);
+    let calls = store.calls.load(Ordering::SeqCst);
+    budget.flush().await.unwrap();
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        calls,
+        "nothing pending: the timed-out call is not sent again"
+    );
+    assert_eq!(store.recorded.lock().unwrap().len(), 1);
 }

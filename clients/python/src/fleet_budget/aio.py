@@ -109,6 +109,8 @@ class FleetBudget(_sync.FleetBudget):
         policy = self.config.policy(dependency)
         cached, epoch = self._denials.lookup(dependency)
         if cached is not None:
+            self._count_denied(dependency)  # Redis never sees it: sent with the deposits
+            self._ensure_flush_task()
             return False, cached, FLEET_CACHE
         if self._should_try(dependency):
             sent = self._denials.now()
@@ -140,8 +142,8 @@ class FleetBudget(_sync.FleetBudget):
         return snapshot, "fleet"
 
     async def flush(self) -> None:  # type: ignore[override]
-        for dependency, s, a in self._take_pending():
-            await self._send_deposit_async(dependency, s, a)
+        for dependency, s, a, n in self._take_pending():
+            await self._send_deposit_async(dependency, s, a, n)
         self._set_pending_gauge()
 
     async def close(self) -> int:  # type: ignore[override]
@@ -174,26 +176,31 @@ class FleetBudget(_sync.FleetBudget):
         await self.close()
 
     async def _deposit_async(self, dependency: str, successes: int, first_attempts: int) -> None:
-        if self._count(dependency, successes, first_attempts):
-            await self._send_deposit_async(dependency, successes, first_attempts)
+        if (now := self._count(dependency, successes, first_attempts)) is not None:
+            await self._send_deposit_async(dependency, *now)
             return
-        if self._flush_ms > 0 and getattr(self, "_task", None) is None and not self._closed.is_set():
-            self._task = asyncio.get_running_loop().create_task(self._flush_loop_async())
+        self._ensure_flush_task()
         if self._wake.is_set():
             self._wake.clear()
             await self.flush()
 
-    async def _send_deposit_async(self, dependency: str, successes: int, first_attempts: int) -> bool:
+    def _ensure_flush_task(self) -> None:
+        """Starts the flusher task in the running loop, once (by the first deposit or denial)."""
+        if self._flush_ms > 0 and getattr(self, "_task", None) is None and not self._closed.is_set():
+            self._task = asyncio.get_running_loop().create_task(self._flush_loop_async())
+
+    async def _send_deposit_async(self, dependency: str, successes: int, first_attempts: int,
+                                  denied: int = 0) -> bool:
         policy = self.config.policy(dependency)
         try:
             reply = await self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                        args=scripts.deposit_args(policy, successes, first_attempts))
+                                        args=scripts.deposit_args(policy, successes, first_attempts, denied))
             scripts.parse_reply("deposit", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._deposit_failed(dependency, successes, first_attempts, e)
+            self._deposit_failed(dependency, successes, first_attempts, e, denied)
             return False
         self._ok(dependency)
-        self._denials.forget(dependency)
+        self._deposited(dependency, successes, first_attempts)
         return True
 
     async def _flush_loop_async(self) -> None:

@@ -103,7 +103,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._degraded: dict[str, int] = {}
         # When each dependency's fallback episode started (clock ms), for the worker registry.
         self._fallback_since: dict[str, int] = {}
-        # Coalesced deposits: dependency -> [successes, first attempts, first counted at (ms)].
+        # Coalesced deposits and the denials answered in the process: dependency -> [successes,
+        # first attempts, first counted at (ms), denied] (deposits.py).
         self._pending: dict[str, list[int]] = {}
         self._pending_lock = threading.Lock()
         self._flush_ms = settings.deposit_flush_ms
@@ -258,13 +259,13 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
     def on_attempt(self, task: str, attempt: int) -> None:
         """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
         dependency = self._attempt(task, attempt)
-        if dependency is not None and self._count(dependency, 0, 1):
-            self._send_deposit(dependency, 0, 1)
+        if dependency is not None and (now := self._count(dependency, 0, 1)) is not None:
+            self._send_deposit(dependency, *now)
 
     def on_success(self, task: str) -> None:
         dependency = self._success(task)
-        if self._count(dependency, 1, 0):
-            self._send_deposit(dependency, 1, 0)
+        if (now := self._count(dependency, 1, 0)) is not None:
+            self._send_deposit(dependency, *now)
 
     def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
         """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""
@@ -335,6 +336,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         policy = self.config.policy(dependency)
         cached, epoch = self._denials.lookup(dependency)
         if cached is not None:
+            self._count_denied(dependency)  # Redis never sees it: sent with the deposits
             return False, cached, FLEET_CACHE
         if self._should_try(dependency):
             sent = self._denials.now()

@@ -14,6 +14,10 @@ another process's deposits (or an operator's ``budget set``) just made possible 
 at most the staleness. A reply to a call sent before the entry was forgotten is not kept: each
 dependency has an epoch, bumped when its entry is forgotten.
 
+Redis never sees a denial answered here: the budget counts it with its pending deposits and sends
+it with the next flush (``deposits.py``, ``deposit.lua``'s ARGV 8), so that the fleet's denial
+count in Redis includes it within one flush interval.
+
 One entry per dependency asked: bounded by the configuration (and ``max_own_budgets``). The lock
 is a ``threading.Lock`` held for a dict lookup, never across an ``await``: the same object serves
 the threaded and the asyncio client.

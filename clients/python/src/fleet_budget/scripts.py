@@ -59,8 +59,14 @@ def status_args(policy: BudgetPolicy) -> list[str]:
     return spend_args(policy)
 
 
-def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int) -> list[str]:
-    return [str(policy.window_ms), str(successes), str(first_attempts), *policy_args(policy)]
+def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int, denied: int = 0) -> list[str]:
+    """``deposit.lua``'s arguments; ``denied``, the denials answered in the process (the deny
+    cache), goes last (ARGV 8, since 0.2.0) and only when there are some: the call of older
+    callers otherwise."""
+    args = [str(policy.window_ms), str(successes), str(first_attempts), *policy_args(policy)]
+    if denied > 0:
+        args.append(str(min(denied, 999_999_999_999_999)))
+    return args
 
 
 def parse_reply(script: str, reply: Any, caller: BudgetPolicy) -> tuple[int, BudgetSnapshot, BudgetPolicy]:

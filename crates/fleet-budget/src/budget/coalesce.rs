@@ -1,4 +1,5 @@
-//! Coalesced deposits, and the staleness they add.
+//! Coalesced deposits, and the staleness they add; and the denials answered in the process,
+//! sent with them.
 //!
 //! At thousands of jobs per second per process, one Redis round trip per success would be the
 //! dominant load on Redis. So [`FleetBudget::on_success`] and [`FleetBudget::on_attempt`] only
@@ -31,6 +32,18 @@
 //!   they would all land in the current server window at once and inflate the allowance with
 //!   traffic the sliding estimate no longer counts. Their age is read from the budget's clock.
 //!
+//! **Denials answered in the process** (the deny cache, `deny_cache.rs`) never reached Redis,
+//! whose `cd` counts only the denials it made: after an outage `budgetctl status` showed 2,302
+//! denied of 40,000 jobs the workers dead-lettered. So each is counted here, per dependency,
+//! beside the deposits, and goes with them (`deposit.lua`'s optional ARGV 8), which adds them to
+//! the window's denial counter: the fleet's count is Redis's. They ride the same rules: a
+//! failed flush keeps them, a timed-out one does not resend them (never counted twice), those
+//! older than one window are dropped. They never make the flusher hurry
+//! (`redis.deposit_flush_count` counts deposits), and a flush of denials alone does not forget
+//! a denial kept in the process (no deposit made room). So the fleet's count lags the jobs
+//! denied by at most one flush interval per process, and a process that dies loses the
+//! denials it had not flushed: an under-count, never an over-count.
+//!
 //! [`FleetBudget::on_success`]: super::FleetBudget::on_success
 //! [`FleetBudget::on_attempt`]: super::FleetBudget::on_attempt
 //! [`FleetBudget::flush`]: super::FleetBudget::flush
@@ -51,12 +64,29 @@ use crate::store::{BudgetStore, Deposits};
 #[derive(Debug, Default)]
 pub(super) struct PendingDeposits(Mutex<HashMap<Dependency, Pending>>);
 
-/// One dependency's pending deposits.
+/// One dependency's pending deposits, and its denials answered in the process.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     deposits: Deposits,
+    /// Denials answered by the deny cache, which the store has not counted.
+    denied: u64,
     /// When the oldest of them was counted (clock ms).
     since_ms: u64,
+}
+
+impl Pending {
+    fn empty(since_ms: u64) -> Self {
+        Self {
+            deposits: Deposits::default(),
+            denied: 0,
+            since_ms,
+        }
+    }
+
+    /// Whether there is nothing to send.
+    fn is_empty(&self) -> bool {
+        self.deposits.is_empty() && self.denied == 0
+    }
 }
 
 impl PendingDeposits {
@@ -71,7 +101,35 @@ impl Inner {
     /// Counts `deposits` for `dependency` to be sent with the next flush; returns how many are
     /// pending for it now.
     pub(super) fn coalesce(&self, dependency: Dependency, deposits: Deposits) -> u64 {
-        self.add_pending(dependency, deposits, self.clock.now_ms())
+        let mut counted = Pending::empty(self.clock.now_ms());
+        counted.deposits = deposits;
+        self.add_pending(dependency, counted)
+    }
+
+    /// Counts a denial of `dependency` answered in the process (the deny cache), to be sent
+    /// with the next flush of its deposits: the store did not see it.
+    ///
+    /// On the deny cache's hit path: an entry younger than a window is counted into under the
+    /// lock and nothing else (the pending-deposits gauge does not move); the rest is
+    /// [`Inner::add_pending`]'s.
+    pub(super) fn denied_in_process(&self, dependency: &Dependency) {
+        let now = self.clock.now_ms();
+        {
+            let mut pending = self
+                .pending
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = pending.get_mut(dependency)
+                && now.saturating_sub(entry.since_ms) < self.window_ms(dependency)
+            {
+                entry.denied = entry.denied.saturating_add(1);
+                return;
+            }
+        }
+        let mut counted = Pending::empty(now);
+        counted.denied = 1;
+        self.add_pending(dependency.clone(), counted);
     }
 
     /// Sends `deposits` for `dependency` now, with any kept back by an earlier failed call (no
@@ -82,16 +140,17 @@ impl Inner {
         dependency: Dependency,
         deposits: Deposits,
     ) {
-        let mut batch = Pending {
-            deposits,
-            since_ms: self.clock.now_ms(),
-        };
+        let mut batch = Pending::empty(self.clock.now_ms());
+        batch.deposits = deposits;
         if let Some(kept) = self.take_pending(&dependency) {
             batch.deposits.add(kept.deposits);
+            batch.denied = batch.denied.saturating_add(kept.denied);
             batch.since_ms = kept.since_ms;
         }
         let policy = self.policy(&dependency);
-        let result = fleet.deposit(&dependency, &policy, batch.deposits).await;
+        let result = fleet
+            .deposit_with_denials(&dependency, &policy, batch.deposits, batch.denied)
+            .await;
         let _ = self.record_deposit(&dependency, batch, result);
     }
 
@@ -110,10 +169,10 @@ impl Inner {
         if let Err(e) = &result
             && !e.is_timeout()
         {
-            self.add_pending(dependency.clone(), batch.deposits, batch.since_ms);
-        } else {
+            self.add_pending(dependency.clone(), batch);
+        } else if !batch.deposits.is_empty() {
             // They reached the store (or most likely will): a denial kept in the process may
-            // no longer stand.
+            // no longer stand. Denials alone make no room.
             self.denials.forget(dependency);
         }
         self.record(dependency, &result);
@@ -137,17 +196,18 @@ impl Inner {
                 .pending(pending.values().map(|p| p.deposits.total()).sum());
             taken
         };
-        taken.filter(|p| !p.deposits.is_empty() && now.saturating_sub(p.since_ms) < window)
+        taken.filter(|p| !p.is_empty() && now.saturating_sub(p.since_ms) < window)
     }
 
-    /// Adds deposits counted at `since_ms` to the pending ones; returns the dependency's pending
-    /// total.
+    /// Adds `counted` (deposits and denials counted at its `since_ms`) to the pending ones;
+    /// returns the dependency's pending deposits.
     ///
     /// Deposits older than one window are dropped instead: sent now they would land in the
     /// current server window and inflate the allowance with traffic the sliding estimate no
     /// longer counts (after a long outage, minutes of successes at once). Dropping them errs on
-    /// the safe side.
-    fn add_pending(&self, dependency: Dependency, deposits: Deposits, since_ms: u64) -> u64 {
+    /// the safe side. Denials that old go too: the window they belong to is no longer shown.
+    fn add_pending(&self, dependency: Dependency, counted: Pending) -> u64 {
+        let since_ms = counted.since_ms;
         let window = self.window_ms(&dependency);
         let now = self.clock.now_ms();
         let too_old = |since: u64| now.saturating_sub(since) >= window;
@@ -156,27 +216,30 @@ impl Inner {
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let entry = pending.entry(dependency).or_insert(Pending {
-            deposits: Deposits::default(),
-            since_ms,
-        });
-        let mut dropped = 0;
+        let entry = pending
+            .entry(dependency)
+            .or_insert_with(|| Pending::empty(since_ms));
+        let (mut dropped, mut dropped_denials) = (0, 0);
         if too_old(entry.since_ms) {
             dropped += entry.deposits.total();
-            *entry = Pending {
-                deposits: Deposits::default(),
-                since_ms,
-            };
+            dropped_denials += entry.denied;
+            *entry = Pending::empty(since_ms);
         }
         if too_old(since_ms) {
-            dropped += deposits.total();
+            dropped += counted.deposits.total();
+            dropped_denials += counted.denied;
         } else {
-            entry.deposits.add(deposits);
+            entry.deposits.add(counted.deposits);
+            entry.denied = entry.denied.saturating_add(counted.denied);
             entry.since_ms = entry.since_ms.min(since_ms);
         }
         let total = entry.deposits.total();
-        if dropped > 0 {
-            tracing::debug!(dropped, "pending deposits older than one window dropped");
+        if dropped > 0 || dropped_denials > 0 {
+            tracing::debug!(
+                dropped,
+                dropped_denials,
+                "pending deposits and denials older than one window dropped"
+            );
         }
         self.metrics
             .pending(pending.values().map(|p| p.deposits.total()).sum());
@@ -201,9 +264,8 @@ impl Inner {
                 .0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            pending.retain(|d, p| {
-                !p.deposits.is_empty() && now.saturating_sub(p.since_ms) < self.window_ms(d)
-            });
+            pending
+                .retain(|d, p| !p.is_empty() && now.saturating_sub(p.since_ms) < self.window_ms(d));
             let ready: Vec<Dependency> = pending
                 .keys()
                 .filter(|d| force || self.health.should_try(d))
@@ -220,7 +282,9 @@ impl Inner {
         }
         let calls = batch.into_iter().map(|(dependency, pending)| async move {
             let policy = self.policy(&dependency);
-            let result = fleet.deposit(&dependency, &policy, pending.deposits).await;
+            let result = fleet
+                .deposit_with_denials(&dependency, &policy, pending.deposits, pending.denied)
+                .await;
             (dependency, pending, result)
         });
         let mut first_error = None;

@@ -21,7 +21,9 @@
 //! that the fleet budget would refuse. Denials answered here are counted as denials
 //! (`fleet_budget_retries_denied_total`), and also in
 //! `fleet_budget_retries_denied_in_process_total`, with [`BudgetSource::FleetCache`] in the
-//! decision; Redis's own denial counter (`cd`) no longer sees them.
+//! decision. Redis's denial counter (`cd`) does not see them when they are made, so
+//! [`FleetBudget::withdraw`] counts each with the pending deposits and the next flush sends them
+//! (`coalesce.rs`): within a flush interval `budgetctl status` counts every denial of the fleet.
 //!
 //! A reply that arrives after an entry was forgotten (a call sent before a flush, answered
 //! after it) is not kept: the cache has an epoch, bumped whenever an entry is forgotten, and a
@@ -35,6 +37,7 @@
 //! from Redis.
 //!
 //! [`BudgetSource::FleetCache`]: crate::decision::BudgetSource::FleetCache
+//! [`FleetBudget::withdraw`]: super::FleetBudget::withdraw
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

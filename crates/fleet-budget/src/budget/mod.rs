@@ -259,7 +259,11 @@ impl FleetBudget {
             );
         };
         let epoch = match inner.denials.lookup(dependency) {
-            Lookup::Denied(withdrawal) => return (withdrawal, BudgetSource::FleetCache),
+            Lookup::Denied(withdrawal) => {
+                // The store never sees this denial: counted here, sent with the deposits.
+                inner.denied_in_process(dependency);
+                return (withdrawal, BudgetSource::FleetCache);
+            }
             Lookup::Ask(epoch) => epoch,
         };
         if inner.health.should_try(dependency) {

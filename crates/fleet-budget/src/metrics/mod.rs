@@ -12,7 +12,7 @@
 //! | `fleet_budget_successes_total` | counter | dependency | successful jobs |
 //! | `fleet_budget_retries_granted_total` | counter | dependency | retries the budget granted |
 //! | `fleet_budget_retries_denied_total` | counter | dependency | retries the budget refused (never counted as retries) |
-//! | `fleet_budget_retries_denied_in_process_total` | counter | dependency | of those, the denials of the fleet store answered in the process while they stand (`redis.deny_cache_ms`), without a call |
+//! | `fleet_budget_retries_denied_in_process_total` | counter | dependency | of those, the denials of the fleet store answered in the process while they stand (`redis.deny_cache_ms`), without a call (sent to Redis with the next deposit flush, so the fleet's `denied` counts them too) |
 //! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`, `budget_frozen`, `delay_exceeded`) |
 //! | `fleet_budget_allowance` | gauge | dependency | allowance this process saw at its last decision |
 //! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at this process's last decision |
@@ -154,6 +154,7 @@ impl Metrics {
             &m.executions,
             &m.retries_granted,
             &m.retries_denied,
+            &m.retries_denied_in_process,
             &m.dead_letters,
             &m.store_errors,
             &m.fallback_decisions,

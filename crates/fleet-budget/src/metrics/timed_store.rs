@@ -47,6 +47,20 @@ impl BudgetStore for TimedStore {
         )
     }
 
+    fn deposit_with_denials<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+        denied: u64,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        self.timed(
+            StoreOp::Deposit,
+            self.inner
+                .deposit_with_denials(dependency, policy, deposits, denied),
+        )
+    }
+
     fn withdraw<'a>(
         &'a self,
         dependency: &'a Dependency,

@@ -127,6 +127,22 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         deposits: Deposits,
     ) -> StoreFuture<'a, BudgetSnapshot>;
 
+    /// Records deposits for `dependency` and `denied`, the denials this process answered itself
+    /// while a denial of this store still stood (the deny cache, `redis.deny_cache_ms`): they
+    /// never reached the store, which counts them with its own denials, so that its count is
+    /// the fleet's (`lua/README.md`, `deposit.lua`'s ARGV 8). By default only the deposits are
+    /// recorded: a store without such a cache in front of it has decided every denial itself.
+    fn deposit_with_denials<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+        denied: u64,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
+        let _ = denied;
+        self.deposit(dependency, policy, deposits)
+    }
+
     /// Asks for one retry: decides, and counts it as a retry or a denial.
     fn withdraw<'a>(
         &'a self,

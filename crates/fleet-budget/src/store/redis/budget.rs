@@ -5,7 +5,7 @@
 
 use super::RedisStore;
 use super::connect::RedisTarget;
-use super::reply::{ScriptReply, parse_status};
+use super::reply::{ScriptReply, parse_reply, parse_status};
 use super::scripts::{DEPOSIT_SCRIPT, STATUS_SCRIPT, policy_args};
 use super::spend::{Entry, batch_answer};
 use crate::allowance::BudgetSnapshot;
@@ -93,17 +93,33 @@ impl BudgetStore for RedisStore {
         policy: &'a BudgetPolicy,
         deposits: Deposits,
     ) -> StoreFuture<'a, BudgetSnapshot> {
+        self.deposit_with_denials(dependency, policy, deposits, 0)
+    }
+
+    fn deposit_with_denials<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        policy: &'a BudgetPolicy,
+        deposits: Deposits,
+        denied: u64,
+    ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
-            let own = [deposits.successes, deposits.first_attempts];
-            let ScriptReply { snapshot, .. } = self
-                .run_key(
-                    &DEPOSIT_SCRIPT,
-                    "deposit",
-                    &self.key(dependency),
-                    policy,
-                    &own,
-                )
-                .await?;
+            // ARGV: window, successes, first attempts, the policy, then (0.2.0) the denials
+            // answered in this process, left out when there are none: the call of older callers.
+            let mut invocation = DEPOSIT_SCRIPT.key(self.key(dependency));
+            invocation
+                .arg(policy.window_ms())
+                .arg(deposits.successes)
+                .arg(deposits.first_attempts);
+            for arg in policy_args(policy) {
+                invocation.arg(arg);
+            }
+            if denied > 0 {
+                // The script takes at most 15 digits; more is not a count a process makes.
+                invocation.arg(denied.min(999_999_999_999_999));
+            }
+            let reply = self.invoke("deposit", invocation).await?;
+            let ScriptReply { snapshot, .. } = parse_reply("deposit", &reply, policy)?;
             Ok(snapshot)
         })
     }
