@@ -2,7 +2,7 @@
 //!
 //! [`Replayer::dry_run`] reads the source queue's depth (a passive declare) and its dead-letter
 //! index ([`crate::dead_letters`]), and applies the run's own rules to each row: selected or not
-//! ([`ReplayFilter::selects_row`]), parked for looping, moved up to the limit, failed when its
+//! ([`super::ReplayFilter::selects_row`]), parked for looping, moved up to the limit, failed when its
 //! original exchange is gone. The prediction is exact when the index agrees with the depth and
 //! the filter can be decided on rows; otherwise it says how many messages it could not place
 //! ([`DryRunReport::uncertain`]) and why ([`DryRunReport::estimate`]). Nothing is read, so

@@ -58,6 +58,7 @@ async fn looks_read_no_message_and_actions_touch_exactly_their_selection() {
     })
     .await;
     stop_worker(runner).await;
+    env.depth_reaching(&env.topology.dead_queue, 60, LONG).await;
 
     let replayer = Replayer::new(
         env.url.clone(),
@@ -153,6 +154,9 @@ async fn looks_read_no_message_and_actions_touch_exactly_their_selection() {
     let counts = replayer.counts().await.unwrap();
     assert_eq!((counts.depth, counts.indexed()), (0, 0), "{counts:?}");
     assert!(counts.exact());
+    // The parked copy is confirmed; the broker counts it ready a moment later.
+    env.depth_reaching(&env.topology.parked_queue, 1, LONG)
+        .await;
     let parked = Replayer::parked(
         env.url.clone(),
         env.topology.clone(),
@@ -163,5 +167,8 @@ async fn looks_read_no_message_and_actions_touch_exactly_their_selection() {
     .unwrap();
     assert_eq!((parked.depth, parked.indexed()), (1, 1), "{parked:?}");
     assert_eq!(parked.matching(|r| r.reason == UNREADABLE), 1);
-    assert_eq!(env.depth(&env.topology.work_queue).await, 40);
+    assert_eq!(
+        env.depth_reaching(&env.topology.work_queue, 40, LONG).await,
+        40
+    );
 }
