@@ -10,10 +10,10 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
-use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex};
+use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex, RunJournal};
 use fleet_budget::store::RedisStore;
 use fleet_budget_amqp::dead_letters::Counted;
 use fleet_budget_amqp::replay::purge::purge_queue;
@@ -361,8 +361,25 @@ impl Run<'_> {
         // Follow the run until its progress sender is gone (the run ended); pass on a cancel.
         let mut updates = handle.subscribe();
         let mut asked = false;
+        // Where the run stands, in the run journal every 2 s: a console killed before the
+        // run's end entry still leaves where it stopped (`budgetctl audit`).
+        let journal = RunJournal::new(Arc::clone(&self.cx.store));
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
         loop {
+            let mut due = None;
             tokio::select! {
+                _ = tick.tick() => {
+                    let s = lock(&self.job.state).clone();
+                    due = Some(json!({
+                        "at_ms": fleet_budget::clock::now_ms(),
+                        "total": s.total,
+                        "seen": s.seen,
+                        "moved": s.moved,
+                        "parked": s.parked,
+                        "skipped": s.skipped,
+                        "failed": s.failed,
+                    }));
+                }
                 changed = updates.changed() => {
                     if changed.is_err() {
                         break;
@@ -378,6 +395,11 @@ impl Run<'_> {
                         handle.cancel();
                     }
                 }
+            }
+            if let Some(at) = due
+                && let Err(e) = journal.progress(&run_id, &at).await
+            {
+                tracing::debug!(error = %e, "run journal not written");
             }
         }
         let outcome = handle.wait().await;

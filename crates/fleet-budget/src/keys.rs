@@ -39,6 +39,13 @@ pub fn workers_seen_key(prefix: &str) -> String {
     format!("{}:seen", workers_key(prefix))
 }
 
+/// The journal of running replays and purges under `prefix` (`control::runs`): run id → its
+/// last progress. After `v1:` comes `r`, never `{`.
+#[must_use]
+pub fn runs_key(prefix: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:runs:{{runs}}")
+}
+
 /// The dead-letter index of the queue `queue` under `prefix` (`lua/dead_letters.lua`): row →
 /// messages. After `v1:` comes `d`, never `{`, so it is never a budget key; the queue's name is
 /// its hash tag.

@@ -78,6 +78,11 @@ pub(crate) async fn record(config: &Config, entry: &AuditEntry) -> anyhow::Resul
     Ok(())
 }
 
+/// The run id an entry names (`after.run`), for replays and purges.
+fn run_of(e: &fleet_budget::control::AuditEntry) -> Option<String> {
+    e.after.as_ref()?.get("run")?.as_str().map(str::to_owned)
+}
+
 /// Runs the command.
 pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()> {
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
@@ -93,6 +98,26 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
         )
         .await
         .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
+    // An intent without its end in this listing: where the run stood last (the run journal).
+    let open_runs: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            e.action
+                .ends_with(fleet_budget_amqp::replay::audit::STARTED)
+        })
+        .filter_map(|e| run_of(e))
+        .filter(|run| {
+            !entries.iter().any(|end| {
+                !end.action
+                    .ends_with(fleet_budget_amqp::replay::audit::STARTED)
+                    && run_of(end).as_deref() == Some(run.as_str())
+            })
+        })
+        .collect();
+    let last = fleet_budget::control::RunJournal::new(std::sync::Arc::clone(&store))
+        .last(&open_runs)
+        .await
+        .unwrap_or_default();
     if args.json {
         return print_json(
             JSON_SCHEMA_VERSION,
@@ -136,7 +161,19 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
             } else {
                 shown(&e.reason)
             },
-            format!("{} → {}", json(&e.before), json(&e.after)),
+            {
+                let mut shown_after = format!("{} → {}", json(&e.before), json(&e.after));
+                if let Some(run) = run_of(e)
+                    && let Some(i) = open_runs.iter().position(|r| *r == run)
+                {
+                    let progress = last.get(i).cloned().flatten().map_or_else(
+                        || "no progress recorded".to_owned(),
+                        |p| shown(&p.to_string()),
+                    );
+                    shown_after.push_str(&format!(" [no end recorded; last progress: {progress}]"));
+                }
+                shown_after
+            },
         ]);
     }
     out!("{}", table_aligned(&rows, &[0, 1, 2, 3, 4, 5]));

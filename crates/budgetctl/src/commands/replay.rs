@@ -355,9 +355,16 @@ async fn replay_queue(
     let mut last_line = Instant::now();
     let mut last_state = None;
     let mut last = ReplayProgress::default();
+    // Where the run stands, in the run journal every 2 s: a run killed before its end entry
+    // still says where it stopped (`budgetctl audit`).
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(ReplayProgress::default()));
+    let journal = journal_writer(config, &run_id, std::sync::Arc::clone(&shared)).await;
     let report = replayer
         .run(options, |p: &ReplayProgress| {
             last = p.clone();
+            if let Ok(mut s) = shared.lock() {
+                *s = p.clone();
+            }
             let due = if terminal {
                 Duration::from_millis(100)
             } else {
@@ -393,6 +400,9 @@ async fn replay_queue(
         .await;
     if terminal {
         eprintln!();
+    }
+    if let Some(journal) = journal {
+        journal.abort();
     }
     let _ = budget.shutdown().await;
     let r = match report {
@@ -475,6 +485,42 @@ async fn replay_queue(
         reached_rate_secs: r.reached_rate.map(|d| d.as_secs_f64()),
     };
     Ok((out, Some(entry)))
+}
+
+/// Writes `progress` into the run journal as run `run`'s, every 2 s until aborted (nothing
+/// when Redis cannot be used: the intent is recorded already, and the end entry will be).
+async fn journal_writer(
+    config: &WorkerConfig,
+    run: &str,
+    progress: std::sync::Arc<std::sync::Mutex<ReplayProgress>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let store = crate::redis_conn::connect(
+        &config.budget,
+        crate::redis_conn::cli_timeout(&config.budget),
+    )
+    .await
+    .ok()?;
+    let journal = fleet_budget::control::RunJournal::new(store);
+    let run = run.to_owned();
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tick.tick().await;
+            let p = progress.lock().map(|p| p.clone()).unwrap_or_default();
+            let at = serde_json::json!({
+                "at_ms": now_ms(),
+                "total": p.total,
+                "seen": p.seen,
+                "moved": p.moved,
+                "parked": p.parked,
+                "skipped": p.skipped,
+                "failed": p.failed,
+            });
+            if let Err(e) = journal.progress(&run, &at).await {
+                tracing::debug!(error = %e, "run journal not written");
+            }
+        }
+    }))
 }
 
 /// The pace for the progress line: held and why, else the rate, why it is what it is, and the

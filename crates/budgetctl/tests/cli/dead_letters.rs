@@ -439,3 +439,82 @@ fn an_action_whose_intent_cannot_be_audited_moves_nothing() {
     );
     assert_eq!(depth(&broker, &broker.topology.work_queue), 0);
 }
+
+/// A replay killed half-way (SIGKILL, no end entry): its intent is in the trail, and `audit`
+/// shows where it stopped from the run journal; a second replay moves the rest, and no message
+/// is lost (the messages the killed run had confirmed but not acked are moved twice, at most its
+/// window: counted and printed).
+#[test]
+fn a_killed_replay_leaves_its_intent_and_where_it_stopped_and_loses_nothing() {
+    let broker = TestBroker::new("killed");
+    block_on(broker.migrate());
+    let records: Vec<DeadLetterRecord> = (0..40)
+        .map(|_| record(&broker, "search", DeadLetterReason::BudgetExhausted))
+        .collect();
+    seed(&broker, &records);
+    let flags = flags(&broker);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |command: &str| run_with(&on, command);
+    json(&with("dlq reindex --json"));
+
+    // Paced at 4/s (--fixed-rate: no slow start), killed after about 5 s.
+    let mut child = crate::budgetctl()
+        .args(&on)
+        .args([
+            "replay",
+            "--dependency",
+            "search",
+            "--rate",
+            "4",
+            "--fixed-rate",
+            "--actor",
+            "ann@ops",
+            "--note",
+            "INC-8",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while depth(&broker, &broker.topology.work_queue) < 8 {
+        assert!(std::time::Instant::now() < deadline, "the replay moves");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Past a journal write (every 2 s).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let trail = json(&with("audit --json"));
+    let actions: Vec<&str> = trail["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["replay_started"], "{trail}");
+    let text = stdout(&with("audit"));
+    assert!(
+        text.contains("no end recorded; last progress") && text.contains("\"moved\""),
+        "{text}"
+    );
+
+    // The rest, to the end; then every message is in the work queue, none lost.
+    json(&with("replay --dependency search --rate 1000 --json"));
+    let moved = block_on(broker.drain(&broker.topology.work_queue));
+    let ids: std::collections::BTreeSet<String> = moved
+        .iter()
+        .filter_map(|(p, _)| p.message_id().as_ref().map(|id| id.to_string()))
+        .collect();
+    let duplicates = moved.len() - ids.len();
+    println!(
+        "killed replay: {} of 40 messages moved, {duplicates} moved twice",
+        ids.len()
+    );
+    assert_eq!(ids.len(), 40, "none lost");
+    assert!(
+        duplicates <= 64,
+        "at most the killed run's unacked confirms"
+    );
+}

@@ -12,6 +12,12 @@ use crate::dead_letters::{Changes, Row};
 /// Originals confirmed before the run acks them in one command (unless nothing is in flight).
 pub(super) const ACK_EVERY: usize = 64;
 
+/// The longest a confirmed original waits for its ack: a slow replay (a few messages a second)
+/// never gathers [`ACK_EVERY`], and a run killed meanwhile leaves every original it moved
+/// beside its copy (a duplicate each). Bounded by this, a kill duplicates at most what was
+/// confirmed in the last 200 ms and what was in flight.
+const ACK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The originals of a run between their read and their settlement, by delivery tag.
 ///
 /// One `basic.ack` with `multiple` on tag `T` settles every original of the channel up to `T`,
@@ -36,6 +42,8 @@ pub(super) struct Settler {
     pub(super) changes: Changes,
     /// Originals acked (the ack sent without error).
     pub(super) acked: u64,
+    /// When the oldest original waiting for its ack was confirmed.
+    waiting_since: Option<std::time::Instant>,
 }
 
 impl Settler {
@@ -62,6 +70,8 @@ impl Settler {
         if !counts {
             self.notes.remove(&tag);
         }
+        self.waiting_since
+            .get_or_insert_with(std::time::Instant::now);
         self.confirmed.insert(tag, acker);
     }
 
@@ -81,15 +91,18 @@ impl Settler {
     }
 
     /// Acks the confirmed originals that can be: every one below the lowest copy in flight,
-    /// once [`ACK_EVERY`] are waiting, nothing is in flight, or `now` (the window or the
-    /// prefetch is full, or the run ends).
+    /// once [`ACK_EVERY`] are waiting, the oldest has waited [`ACK_AFTER`], nothing is in
+    /// flight, or `now` (the window or the prefetch is full, or the run ends).
     pub(super) async fn ack(&mut self, now: bool) {
-        if !(now || self.inflight.is_empty() || self.confirmed.len() >= ACK_EVERY) {
+        let waited = self.waiting_since.is_some_and(|t| t.elapsed() >= ACK_AFTER);
+        if !(now || waited || self.inflight.is_empty() || self.confirmed.len() >= ACK_EVERY) {
             return;
         }
         let below = self.inflight.first().copied().unwrap_or(u64::MAX);
         let mut ready = self.confirmed.split_off(&below);
         std::mem::swap(&mut ready, &mut self.confirmed);
+        // What stays waits from now (a tag above one in flight).
+        self.waiting_since = (!self.confirmed.is_empty()).then(std::time::Instant::now);
         let first_held = self.held.keys().next().copied().unwrap_or(u64::MAX);
         let one_by_one = ready.split_off(&first_held);
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);

@@ -12,17 +12,21 @@
 //!   fallback, which went silent;
 //! - [`dead_letters`]: how many messages wait in a dead-letter or parked queue, row by row,
 //!   counted as they enter and leave, so that looking never reads the queue;
+//! - [`runs`]: the last progress of each running replay or purge, so that one cut off says
+//!   where it stopped;
 //! - [`audit`]: a bounded Redis stream of every override, replay, purge and migration, with
 //!   who, why, and before/after.
 
 pub mod audit;
 pub mod dead_letters;
 pub mod overrides;
+pub mod runs;
 pub mod status;
 pub mod workers;
 
 pub use audit::{AuditEntry, AuditLog};
 pub use dead_letters::{DeadLetterIndex, IndexRows};
 pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
+pub use runs::RunJournal;
 pub use status::{FleetStatus, fleet_status};
 pub use workers::{FallbackEntry, FleetWorkers, WorkerEntry, fleet_workers};
