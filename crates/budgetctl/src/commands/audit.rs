@@ -105,7 +105,7 @@ pub(crate) async fn run(config: &Config, args: &AuditArgs) -> anyhow::Result<()>
             e.action
                 .ends_with(fleet_budget_amqp::replay::audit::STARTED)
         })
-        .filter_map(|e| run_of(e))
+        .filter_map(run_of)
         .filter(|run| {
             !entries.iter().any(|end| {
                 !end.action
