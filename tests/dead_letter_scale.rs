@@ -878,7 +878,7 @@ async fn one_size(n: u64, summary: &mut Vec<Figures>, problems: &mut Vec<String>
             || d["depth"].as_u64() != Some(dead_lettered)
         {
             problems.push(format!(
-                "N={n}: `budgetctl dlq stats --json` (look {}): exit {}, dead_letter depth {} \
+                "N={n}: `budgetctl dlq stats --json` (look {}): {}, dead_letter depth {} \
                  (workers dead-lettered {dead_lettered}), read {}, exact {}, estimate {}",
                 i + 1,
                 stats.status,
@@ -915,7 +915,7 @@ async fn one_size(n: u64, summary: &mut Vec<Figures>, problems: &mut Vec<String>
             || j["moved"].as_u64() != Some(dead_lettered)
         {
             problems.push(format!(
-                "N={n}: `budgetctl replay --dependency search --dry-run --json` (look {}): exit {}, \
+                "N={n}: `budgetctl replay --dependency search --dry-run --json` (look {}): {}, \
                  moved {} (dead-lettered {dead_lettered}), exact {}, uncertain {}, estimate {}",
                 i + 1,
                 dry.status,
@@ -990,7 +990,7 @@ async fn one_size(n: u64, summary: &mut Vec<Figures>, problems: &mut Vec<String>
     let slowed_lines = progress.iter().filter(|l| l.contains("SLOWED")).count();
     std::fs::write(logs.join("replay.stderr"), &replay.stderr).ok();
     say(format!(
-        "replay --rate {REPLAY_RATE}: {} ({} moved/s) — raw lapin drain {}; exit {}; moved {}, \
+        "replay --rate {REPLAY_RATE}: {} ({} on average) — raw lapin drain {}; {}; moved {}, \
          parked {}, skipped {}, failed {}, not_ready {}, paused_secs {}, slowdowns {}, \
          lowest_rate {}; progress lines {} ({} PAUSED, {} SLOWED)",
         secs(f.replay),
@@ -1013,7 +1013,7 @@ async fn one_size(n: u64, summary: &mut Vec<Figures>, problems: &mut Vec<String>
     ));
     if !replay.status.success() || rj["moved"].as_u64() != Some(dead_lettered) {
         problems.push(format!(
-            "N={n}: `budgetctl replay --dependency search --rate {REPLAY_RATE} --json`: exit {}, \
+            "N={n}: `budgetctl replay --dependency search --rate {REPLAY_RATE} --json`: {}, \
              moved {} of {dead_lettered}; last progress lines: {:?}",
             replay.status,
             rj["moved"],
