@@ -27,7 +27,7 @@ pub mod counts;
 mod tally;
 
 pub use counts::{Group, QueueCounts, count_queue};
-pub use tally::Tally;
+pub use tally::{Flusher, Tally};
 
 /// The reason a message is counted under when its dead-letter headers cannot be read (parked
 /// messages the broker dead-lettered itself, or damaged ones).

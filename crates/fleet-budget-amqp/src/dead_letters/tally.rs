@@ -16,6 +16,21 @@ use fleet_budget::control::DeadLetterIndex;
 
 use super::{Changes, Row};
 
+/// The task of [`Tally::flush_every`].
+#[derive(Debug)]
+pub struct Flusher {
+    stop: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Flusher {
+    /// Stops the task once a flush under way (if any) has ended.
+    pub async fn stop(self) {
+        self.stop.notify_one();
+        let _ = self.task.await;
+    }
+}
+
 /// Counts waiting for the index, shared by a worker's deliveries.
 #[derive(Debug, Clone)]
 pub struct Tally {
@@ -60,19 +75,24 @@ impl Tally {
             .fetch_add(batch.unrecorded, Ordering::Relaxed);
     }
 
-    /// Flushes every [`Tally::EVERY`] until the returned task is aborted (the worker flushes
-    /// once more when it stops).
+    /// Flushes every [`Tally::EVERY`] until the returned [`Flusher`] is stopped (which waits
+    /// for a flush under way: a flush cut off would lose the counts it took).
     #[must_use]
-    pub fn flush_every(&self) -> tokio::task::JoinHandle<()> {
+    pub fn flush_every(&self) -> Flusher {
         let tally = self.clone();
-        tokio::spawn(async move {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Self::EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
-                tally.flush().await;
+                tokio::select! {
+                    _ = tick.tick() => tally.flush().await,
+                    () = stopped.notified() => break,
+                }
             }
-        })
+        });
+        Flusher { stop, task }
     }
 
     /// Messages whose count could not be sent (Redis failed): the index is short by this many.

@@ -69,7 +69,7 @@ impl Worker {
         }
         backoff.end_run();
         if let Some(flusher) = flusher {
-            flusher.abort();
+            flusher.stop().await;
         }
         if let Some(tally) = &self.tally {
             tally.flush().await;
