@@ -75,7 +75,10 @@ def test_another_process_deposits_let_retries_through_within_the_staleness(redis
     for _ in range(100):
         b.on_success("index")
     until_granted(a, before)
-    assert a.status("search")[0].allowance == 50
+    # 100 successes at ratio 0.5: 50, or 49 when the 60-second window rolled over in between
+    # (the previous window counts weighted by what is left of it: 59,967/60,000 of 50 is 49.97,
+    # seen once in a clean-clone run).
+    assert a.status("search")[0].allowance in (49, 50)
     a.close()
     b.close()
 
