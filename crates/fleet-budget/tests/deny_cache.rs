@@ -143,7 +143,9 @@ async fn another_process_deposits_let_retries_through_within_the_staleness() {
     // call reaches Redis and is granted.
     until_granted(&a, before).await;
     let snap = a.status(&search()).await.0;
-    assert_eq!(snap.allowance, 50);
+    // 50, or 49 when the 60-second window rolled over in between: the previous window counts
+    // weighted by what is left of it (seen in a clean-clone run, 33 ms after a roll).
+    assert!((49..=50).contains(&snap.allowance), "{snap:?}");
 }
 
 #[tokio::test]

@@ -132,7 +132,13 @@ fn bench_refuses_a_prefix_with_budgets_it_did_not_create() {
     let o = run_with(&on, bench);
     assert_exit(&o, 2, "holds budgets bench did not create (orders)");
     let s = json(&run_with(&on, "status --dependency search --json"));
-    assert_eq!(s["dependencies"][0]["successes"], 20, "{s}");
+    // 20, the two runs' (not 30): `status` shows the sliding estimate, which reads 19 when the
+    // 60-second window rolled over between the runs and the look (seen in a clean-clone run).
+    let successes = s["dependencies"][0]["successes"].as_u64().unwrap_or(0);
+    assert!(
+        (19..=20).contains(&successes),
+        "nothing deposited by the refused run: {s}"
+    );
     let v = json(&run_with(&on, &format!("{bench} --i-know-this-is-live")));
     assert_eq!(v["successes"], 10, "{v}");
 }
