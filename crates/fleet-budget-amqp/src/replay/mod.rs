@@ -166,6 +166,15 @@ impl Replayer {
         options
     }
 
+    /// How the source queue's messages are counted in the dead-letter index.
+    pub(crate) fn counted(&self) -> crate::dead_letters::Counted {
+        if self.from_parked {
+            crate::dead_letters::Counted::Parked
+        } else {
+            crate::dead_letters::Counted::DeadLetters
+        }
+    }
+
     /// Reads another queue than the topology's dead-letter queue.
     #[must_use]
     pub fn source_queue(mut self, queue: impl Into<String>) -> Self {

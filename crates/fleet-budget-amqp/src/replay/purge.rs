@@ -94,11 +94,7 @@ impl super::Replayer {
         filter: &ReplayFilter,
         limit: Option<u64>,
     ) -> Result<PurgeReport, AmqpError> {
-        let counted = if self.from_parked {
-            Counted::Parked
-        } else {
-            Counted::DeadLetters
-        };
+        let counted = self.counted();
         purge_queue(
             self.connection.clone(),
             &self.source_queue,

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 
 use super::Replayer;
 use super::inspect::{InspectOptions, inspect_queue};
-use crate::dead_letters::Counted;
 use crate::error::AmqpError;
 use crate::headers;
 
@@ -46,11 +45,7 @@ impl Replayer {
                     .to_owned(),
             });
         };
-        let counted = if self.from_parked {
-            Counted::Parked
-        } else {
-            Counted::DeadLetters
-        };
+        let counted = self.counted();
         let mut rows: BTreeMap<String, i64> = BTreeMap::new();
         let inspection = inspect_queue(
             &self.connection,

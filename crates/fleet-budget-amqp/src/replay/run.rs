@@ -30,7 +30,7 @@ use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
 use super::settle::Settler;
 use crate::connection::{LOSS_REASON_WAIT, is_state_error};
-use crate::dead_letters::{Counted, Row};
+use crate::dead_letters::Row;
 use crate::error::AmqpError;
 use crate::headers;
 use crate::publish::{PublishError, Publisher, confirmed, fanout_key};
@@ -527,11 +527,7 @@ impl Replayer {
         table: &lapin::types::FieldTable,
         new_table: &lapin::types::FieldTable,
     ) -> Vec<(String, Row, i64)> {
-        let counted = if self.from_parked {
-            Counted::Parked
-        } else {
-            Counted::DeadLetters
-        };
+        let counted = self.counted();
         let mut notes = Vec::new();
         if matches!(kind, Kind::Move | Kind::Park)
             && let Some(row) = counted.row(table)
