@@ -54,6 +54,14 @@ pub fn dead_letters_key(prefix: &str, queue: &str) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:dead-letters:{{{queue}}}")
 }
 
+/// The moves of the replays of the queue `queue` under `prefix`
+/// ([`crate::control::ReplayMoves`]): dead letter → the run that is moving it. After `v1:` comes
+/// `r`, never `{`, so it is never a budget key; the queue's name is its hash tag.
+#[must_use]
+pub fn replay_moves_key(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:replay-moves:{{{queue}}}")
+}
+
 /// The glob matching every budget key under `prefix`, for `SCAN`. The prefix is matched as
 /// written: its glob characters (`*`, `?`, `[`, `]`, `\`), which a prefix may hold, are escaped,
 /// so that `t[7]` finds the keys of `t[7]` and not those of `t7`.

@@ -141,6 +141,13 @@ pub(crate) struct ReplayOutput {
     highest_rate: Option<f64>,
     /// Seconds from the start until moves went at `--rate` (`null`: never, or nothing moved).
     reached_rate_secs: Option<f64>,
+    /// A run: dead letters dropped, not copied, because an interrupted run had moved them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    already_moved: Option<u64>,
+    /// A run: of the parked, those an interrupted run may have delivered (parked for an
+    /// operator to decide).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_doubt: Option<u64>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -274,6 +281,8 @@ async fn replay_queue(
             held_frozen_secs: 0.0,
             highest_rate: None,
             reached_rate_secs: None,
+            already_moved: None,
+            in_doubt: None,
         };
         if !json {
             outln!(
@@ -483,6 +492,8 @@ async fn replay_queue(
         held_frozen_secs: r.held_frozen.as_secs_f64(),
         highest_rate: r.highest_rate.map(|r| r.per_sec()),
         reached_rate_secs: r.reached_rate.map(|d| d.as_secs_f64()),
+        already_moved: Some(r.already_moved),
+        in_doubt: Some(r.in_doubt),
     };
     Ok((out, Some(entry)))
 }
@@ -582,6 +593,19 @@ fn print_replay(out: &ReplayOutput, queue: &str) {
         ],
     ];
     out!("{}", table(&rows));
+    // What an earlier run cut off half-way left behind, settled by this one.
+    if let Some(n) = out.already_moved.filter(|n| *n > 0) {
+        outln!(
+            "{} dead letters had been moved by an interrupted replay: dropped, not copied again",
+            thousands(n)
+        );
+    }
+    if let Some(n) = out.in_doubt.filter(|n| *n > 0) {
+        outln!(
+            "{} of the parked may have been delivered by an interrupted replay (its copy was sent, the broker's answer never seen): check whether their jobs ran before `budgetctl parked replay`",
+            thousands(n)
+        );
+    }
     // Only a hold that happened is reported.
     if out.held_frozen_secs > 0.0 {
         outln!(

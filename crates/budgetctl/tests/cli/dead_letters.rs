@@ -441,9 +441,10 @@ fn an_action_whose_intent_cannot_be_audited_moves_nothing() {
 }
 
 /// A replay killed half-way (SIGKILL, no end entry): its intent is in the trail, and `audit`
-/// shows where it stopped from the run journal; a second replay moves the rest, and no message
-/// is lost (the messages the killed run had confirmed but not acked are moved twice, at most its
-/// window: counted and printed).
+/// shows where it stopped from the run journal; a second replay moves the rest, no message is
+/// lost and none is moved twice: what the killed run had moved (confirmed, not yet acked) is
+/// dropped, and what it had sent without seeing the broker's answer is parked as in doubt, never
+/// copied again (the claims of `fleet_budget::control::ReplayMoves`).
 #[test]
 fn a_killed_replay_leaves_its_intent_and_where_it_stopped_and_loses_nothing() {
     let broker = TestBroker::new("killed");
@@ -500,21 +501,51 @@ fn a_killed_replay_leaves_its_intent_and_where_it_stopped_and_loses_nothing() {
         "{text}"
     );
 
-    // The rest, to the end; then every message is in the work queue, none lost.
-    json(&with("replay --dependency search --rate 1000 --json"));
+    // The rest, to the end; then every message is in the work queue once, or parked as in
+    // doubt (its copy may be in the work queue: an operator decides), none lost.
+    let second = json(&with("replay --dependency search --rate 1000 --json"));
     let moved = block_on(broker.drain(&broker.topology.work_queue));
-    let ids: std::collections::BTreeSet<String> = moved
-        .iter()
-        .filter_map(|(p, _)| p.message_id().as_ref().map(|id| id.to_string()))
-        .collect();
+    let parked = block_on(broker.drain(&broker.topology.parked_queue));
+    let id = |p: &lapin::BasicProperties| p.message_id().as_ref().map(|id| id.to_string());
+    let ids: std::collections::BTreeSet<String> = moved.iter().filter_map(|(p, _)| id(p)).collect();
+    let in_doubt: std::collections::BTreeSet<String> =
+        parked.iter().filter_map(|(p, _)| id(p)).collect();
     let duplicates = moved.len() - ids.len();
     println!(
-        "killed replay: {} of 40 messages moved, {duplicates} moved twice",
-        ids.len()
+        "killed replay: {} of 40 in the work queue, {duplicates} moved twice, {} already moved (dropped), {} parked in doubt",
+        ids.len(),
+        second["already_moved"],
+        in_doubt.len()
     );
-    assert_eq!(ids.len(), 40, "none lost");
-    assert!(
-        duplicates <= 64,
-        "at most the killed run's unacked confirms"
+    assert_eq!(duplicates, 0, "no job copied twice");
+    assert_eq!(ids.union(&in_doubt).count(), 40, "none lost");
+    assert_eq!(
+        second["in_doubt"].as_u64(),
+        Some(in_doubt.len() as u64),
+        "{second}"
+    );
+    for (p, _) in &parked {
+        let table = fleet_budget_amqp::headers::table(p);
+        let reason = fleet_budget_amqp::headers::fields::get_str(
+            &table,
+            fleet_budget_amqp::headers::PARK_REASON,
+        )
+        .unwrap()
+        .unwrap_or_default();
+        assert!(reason.contains("interrupted replay"), "{reason}");
+    }
+    // The claims are settled: none left behind.
+    let key = format!(
+        "{}:v1:replay-moves:{{{}}}",
+        flags[3], broker.topology.dead_queue
+    );
+    let claims = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379", "HLEN", &key])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&claims.stdout).trim(),
+        "0",
+        "claims left behind in {key}"
     );
 }

@@ -17,13 +17,15 @@ use crate::publish::{PublishError, Publisher, confirmed};
 
 /// What a copy is: a move back to the original exchange, a park, a skipped message put back
 /// into the dead-letter queue (see [`super::inspect`]), or a message that cannot be moved (its
-/// original exchange is gone) put back the same way, counted failed.
+/// original exchange is gone) put back the same way, counted failed; or no copy at all: a dead
+/// letter an interrupted run moved already, dropped (see [`fleet_budget::control::ReplayMoves`]).
 #[derive(Clone, Copy)]
 pub(super) enum Kind {
     Move,
     Park,
     Keep,
     Return,
+    Drop,
 }
 
 /// A copy whose confirmation has come: the original's tag and acker, what the copy was, and,
@@ -114,13 +116,24 @@ impl Replayer {
                 match kind {
                     Kind::Move => p.moved += 1,
                     Kind::Park => p.parked += 1,
-                    Kind::Keep | Kind::Return => {}
+                    Kind::Keep | Kind::Return | Kind::Drop => {}
                 }
                 settler.confirmed(tag, acker, matches!(kind, Kind::Move | Kind::Park));
                 return;
             }
             Err(e) => e,
         };
+        // Refused or returned: certainly not delivered, moved again by the next run. Any other
+        // failure (no answer in time, a channel closed) may have delivered it: the claim stays,
+        // and the next run parks it rather than copy it twice.
+        if matches!(
+            e,
+            PublishError::Nacked { .. } | PublishError::Returned { .. }
+        ) {
+            settler.release_claim(tag).await;
+        } else {
+            settler.keep_claim(tag);
+        }
         let Some((data, props)) = kept else {
             tracing::warn!(error = %e, "copy not confirmed; message left in the dead-letter queue");
             settler.hold(tag, acker);

@@ -23,6 +23,8 @@ pub struct ReplayProgress {
     pub skipped: u64,
     /// Failed so far.
     pub failed: u64,
+    /// Dropped so far: an interrupted run had moved them already (see [`ReplayReport`]).
+    pub already_moved: u64,
     /// The dependency the run is waiting for, while held (its breaker open, or its budget
     /// frozen: `held` says which).
     pub paused_on: Option<String>,
@@ -118,8 +120,8 @@ impl Rate {
     }
 }
 
-/// The outcome of a replay. `matched = moved + parked_looping + failed`;
-/// `seen = moved + parked + skipped + failed`.
+/// The outcome of a replay. `matched = moved + parked_looping + uncertain + already_moved +
+/// failed`; `seen = moved + parked + skipped + failed + already_moved`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplayReport {
     /// Messages in the dead-letter queue at the start.
@@ -138,6 +140,13 @@ pub struct ReplayReport {
     pub skipped: u64,
     /// Copy not confirmed; left in the dead-letter queue.
     pub failed: u64,
+    /// Dropped, not copied: an earlier run that was cut off had moved them (its copy confirmed,
+    /// its original not yet acked). See `fleet_budget::control::ReplayMoves`.
+    pub already_moved: u64,
+    /// Of `parked`: an earlier run that was cut off had sent a copy of them and never seen the
+    /// broker's answer, so whether their job ran cannot be told. Parked with that reason, for an
+    /// operator to decide: never copied a second time, never dropped.
+    pub in_doubt: u64,
     /// Time spent held while a dependency's budget was frozen by an operator.
     pub held_frozen: Duration,
     /// Time spent held while a dependency's breaker was open.

@@ -11,7 +11,7 @@
 //! the rate and to the budget; `end` stops the run (its last acks applied before the close, what
 //! it leaves in the queue ready again before it returns).
 
-use fleet_budget::control::DeadLetterIndex;
+use fleet_budget::control::{Claim, DeadLetterIndex, ReplayMoves};
 use futures::{FutureExt, StreamExt};
 use lapin::options::BasicQosOptions;
 use tokio::time::Instant;
@@ -104,7 +104,13 @@ impl Replayer {
         let tag = format!("fleet-budget-replay-{}", headers::new_message_id());
         let mut consumer = self.consume(&ch, &tag).await?;
         let mut pacer = Pacer::new(options.rate);
-        let mut settler = Settler::default();
+        // The run's claims (`ReplayMoves`): without Redis, none (a run cut off may then leave
+        // originals beside their copies, as `docs/semantics.md` says).
+        let run = headers::new_message_id();
+        let mut settler =
+            Settler::new(self.index().map(|index| {
+                ReplayMoves::new(index.store().clone(), &self.source_queue, &run[..12])
+            }));
         let mut inflight = InFlight::new();
         let mut exchanges = Exchanges::default();
         let mut gates = Gates::default();
@@ -291,21 +297,63 @@ impl Replayer {
                             table.clone(),
                         )
                     } else {
-                        let mut moved = headers::replay_headers(&table, r.replays);
-                        // A parked job goes back as a job, not as a parked message.
-                        headers::fields::remove(&mut moved, headers::PARK_REASON);
-                        headers::fields::remove(&mut moved, headers::PARKED_MS);
-                        (
-                            Kind::Move,
-                            r.original_exchange,
-                            r.original_routing_key,
-                            moved,
-                        )
+                        match claim_move(&mut settler, d.delivery_tag, &d.properties, &r).await {
+                            Claimed::Go => {
+                                let mut moved = headers::replay_headers(&table, r.replays);
+                                // A parked job goes back as a job, not as a parked message.
+                                headers::fields::remove(&mut moved, headers::PARK_REASON);
+                                headers::fields::remove(&mut moved, headers::PARKED_MS);
+                                (
+                                    Kind::Move,
+                                    r.original_exchange,
+                                    r.original_routing_key,
+                                    moved,
+                                )
+                            }
+                            Claimed::Moved => {
+                                p.already_moved += 1;
+                                (
+                                    Kind::Drop,
+                                    String::new(),
+                                    self.source_queue.clone(),
+                                    table.clone(),
+                                )
+                            }
+                            Claimed::Uncertain(run) => {
+                                report.in_doubt += 1;
+                                let reason = format!(
+                                    "an interrupted replay (run {run}) sent a copy of it and never saw the broker's answer: it may have been delivered; replay it from the parked queue only if its job did not run"
+                                );
+                                (
+                                    Kind::Park,
+                                    self.topology.parked_exchange.clone(),
+                                    fanout_key(&r.original_routing_key).to_owned(),
+                                    headers::park_headers(&table, &reason),
+                                )
+                            }
+                            Claimed::Keep => {
+                                p.failed += 1;
+                                (
+                                    Kind::Keep,
+                                    String::new(),
+                                    self.source_queue.clone(),
+                                    table.clone(),
+                                )
+                            }
+                        }
                     }
                 }
             };
             let notes = self.index_notes(kind, &table, &new_table);
             let (tag, acker) = (d.delivery_tag, d.acker);
+            if matches!(kind, Kind::Drop) {
+                // Its copy was delivered by the run that claimed it: the original goes, no copy.
+                settler.note(tag, notes);
+                settler.confirmed(tag, acker, true);
+                settler.ack(false).await;
+                progress(&p);
+                continue;
+            }
             let via = if matches!(kind, Kind::Move) {
                 &publisher
             } else {
@@ -314,7 +362,7 @@ impl Replayer {
             // A copy can outgrow the frame its original fitted (an id given, `expiration` and
             // `user_id` moved into headers, replay and park headers added).
             let copy = via.fit(match kind {
-                Kind::Keep | Kind::Return => headers::put_back(&props),
+                Kind::Keep | Kind::Return | Kind::Drop => headers::put_back(&props),
                 Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
             });
             let mut route = matches!(kind, Kind::Move).then(|| exchanges.route(&exchange));
@@ -441,7 +489,7 @@ impl Replayer {
         }
         if lost.is_none() {
             // What the run leaves in the queue: all it read, less what it moved or parked.
-            let leaves = total.saturating_sub(p.moved + p.parked);
+            let leaves = total.saturating_sub(p.moved + p.parked + p.already_moved);
             // Read on the keeper's connection: the run's own may be the one that failed.
             let ready = wait_until_ready(
                 t,
@@ -490,6 +538,7 @@ impl Replayer {
         report.parked = p.parked;
         report.skipped = p.skipped;
         report.failed = p.failed;
+        report.already_moved = p.already_moved;
         report.slowdowns = p.slowdowns;
         report.elapsed = started.elapsed();
         if let Some(m) = self
@@ -502,6 +551,61 @@ impl Replayer {
         match lost {
             Some(e) => Err(e),
             None => Ok(report),
+        }
+    }
+}
+
+/// What the claim of a move says to do with it (see [`ReplayMoves`]).
+enum Claimed {
+    /// Claimed by this run (or nothing to claim in: no Redis, no message id): copy it.
+    Go,
+    /// An interrupted run delivered its copy: drop the original.
+    Moved,
+    /// An interrupted run may have delivered its copy (its run named): park it.
+    Uncertain(String),
+    /// Not moved now: claimed twice in this run, or the claim could not be written.
+    Keep,
+}
+
+/// Claims the dead letter `record` (tag `tag`, properties `props`) before its copy is sent.
+async fn claim_move(
+    settler: &mut Settler,
+    tag: u64,
+    props: &lapin::BasicProperties,
+    record: &crate::headers::DeadLetterRecord,
+) -> Claimed {
+    let Some(moves) = settler.moves() else {
+        return Claimed::Go;
+    };
+    // Its message id (given by its producer, or by the worker that dead-lettered it), its
+    // replays and when it was dead-lettered: a job dead-lettered again after a replay is
+    // another dead letter. Without an id nothing names it from one run to the next.
+    let Some(id) = headers::message_id(props) else {
+        return Claimed::Go;
+    };
+    let name = format!("{id} {} {}", record.replays, record.dead_lettered_ms);
+    match moves.claim(&name).await {
+        Ok(Claim::Mine) => {
+            settler.claimed(tag, name, true);
+            Claimed::Go
+        }
+        Ok(Claim::Moved { run }) => {
+            tracing::info!(%run, "dead letter already moved by an interrupted replay; its leftover original is dropped, not copied again");
+            settler.claimed(tag, name, true);
+            Claimed::Moved
+        }
+        Ok(Claim::Uncertain { run }) => {
+            tracing::warn!(%run, "dead letter whose copy an interrupted replay may have delivered; parked, not copied again");
+            settler.claimed(tag, name, false);
+            Claimed::Uncertain(run)
+        }
+        Ok(Claim::ThisRun) => {
+            tracing::warn!("a second copy of a dead letter this run is moving; left in the queue");
+            Claimed::Keep
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the move of a dead letter could not be claimed in Redis; left in the queue (a run cut off could otherwise copy it twice)");
+            Claimed::Keep
         }
     }
 }
@@ -529,7 +633,7 @@ impl Replayer {
     ) -> Vec<(String, Row, i64)> {
         let counted = self.counted();
         let mut notes = Vec::new();
-        if matches!(kind, Kind::Move | Kind::Park)
+        if matches!(kind, Kind::Move | Kind::Park | Kind::Drop)
             && let Some(row) = counted.row(table)
         {
             notes.push((self.source_queue.clone(), row, -1));

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use fleet_budget::control::ReplayMoves;
 use lapin::Acker;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 
@@ -44,9 +45,91 @@ pub(super) struct Settler {
     pub(super) acked: u64,
     /// When the oldest original waiting for its ack was confirmed.
     waiting_since: Option<std::time::Instant>,
+    /// Where the run claims what it moves (`None`: no Redis, nothing claimed).
+    moves: Option<ReplayMoves>,
+    /// The claim of each original read and not yet acked, by tag, and whether it is to say
+    /// "confirmed" before the ack (a move; a park of an uncertain one only deletes it after).
+    claims: BTreeMap<u64, (String, bool)>,
+    /// Claims that could not be written or deleted, warned about once.
+    claim_errors: u64,
 }
 
 impl Settler {
+    /// A settler whose run claims its moves in `moves` (see [`ReplayMoves`]).
+    pub(super) fn new(moves: Option<ReplayMoves>) -> Self {
+        Self {
+            moves,
+            ..Self::default()
+        }
+    }
+
+    /// Where the run claims its moves.
+    pub(super) fn moves(&self) -> Option<&ReplayMoves> {
+        self.moves.as_ref()
+    }
+
+    /// `tag`'s original holds the claim `dead_letter`: recorded "confirmed" before its ack when
+    /// `confirm` (its copy is a move), deleted after it.
+    pub(super) fn claimed(&mut self, tag: u64, dead_letter: String, confirm: bool) {
+        self.claims.insert(tag, (dead_letter, confirm));
+    }
+
+    /// `tag`'s copy went wrong in a way that says nothing of whether it was delivered (no
+    /// answer, a channel closed): its claim stays as it is, "sent", so the next run parks it.
+    pub(super) fn keep_claim(&mut self, tag: u64) {
+        self.claims.remove(&tag);
+    }
+
+    /// `tag`'s copy was refused or returned by the broker: certainly not delivered, its claim
+    /// deleted now so the next run moves it again.
+    pub(super) async fn release_claim(&mut self, tag: u64) {
+        if let (Some((dead_letter, _)), Some(moves)) = (self.claims.remove(&tag), &self.moves)
+            && moves.forget(&[dead_letter]).await.is_err()
+        {
+            self.claim_failed("delete");
+        }
+    }
+
+    fn claim_failed(&mut self, what: &str) {
+        self.claim_errors += 1;
+        if self.claim_errors == 1 {
+            tracing::warn!(
+                what,
+                "a replay claim could not be written in Redis; a run cut off now parks these dead letters instead of moving them again (see budgetctl dlq stats)"
+            );
+        }
+    }
+
+    /// Before the ack of `tags`: their moves' claims say "confirmed".
+    async fn confirm_claims(&mut self, tags: &[u64]) {
+        let Some(moves) = &self.moves else { return };
+        let confirmed: Vec<String> = tags
+            .iter()
+            .filter_map(|t| self.claims.get(t))
+            .filter(|(_, confirm)| *confirm)
+            .map(|(d, _)| d.clone())
+            .collect();
+        if moves.confirmed(&confirmed).await.is_err() {
+            self.claim_failed("confirm");
+        }
+    }
+
+    /// After the ack of `tags` (`acked`) or its failure: the claims are deleted, or kept as they
+    /// are for the next run to settle.
+    async fn end_claims(&mut self, tags: &[u64], acked: bool) {
+        let ended: Vec<String> = tags
+            .iter()
+            .filter_map(|t| self.claims.remove(t))
+            .map(|(d, _)| d)
+            .collect();
+        if acked
+            && let Some(moves) = &self.moves
+            && moves.forget(&ended).await.is_err()
+        {
+            self.claim_failed("delete");
+        }
+    }
+
     /// Originals read and not yet settled.
     pub(super) fn unsettled(&self) -> usize {
         self.inflight.len() + self.confirmed.len() + self.held.len()
@@ -77,6 +160,7 @@ impl Settler {
 
     pub(super) fn hold(&mut self, tag: u64, acker: Acker) {
         self.inflight.remove(&tag);
+        self.claims.remove(&tag);
         self.notes.remove(&tag);
         self.held.insert(tag, acker);
     }
@@ -106,14 +190,19 @@ impl Settler {
         let first_held = self.held.keys().next().copied().unwrap_or(u64::MAX);
         let one_by_one = ready.split_off(&first_held);
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let tags: Vec<u64> = ready.keys().chain(one_by_one.keys()).copied().collect();
+        self.confirm_claims(&tags).await;
         if let Some((_, last)) = ready.last_key_value() {
             let n = count(ready.len());
+            let tags: Vec<u64> = ready.keys().copied().collect();
             match last.ack(BasicAckOptions { multiple: true }).await {
                 Ok(true) => {
                     self.acked += n;
                     self.acked_notes(ready.keys().copied());
+                    self.end_claims(&tags, true).await;
                 }
                 _ => {
+                    self.end_claims(&tags, false).await;
                     tracing::warn!(
                         originals = n,
                         "ack of replayed dead-letters failed; they stay and may be replayed again (duplicates)"
@@ -129,8 +218,10 @@ impl Settler {
                 Ok(true) => {
                     self.acked += 1;
                     self.acked_notes(std::iter::once(*tag));
+                    self.end_claims(&[*tag], true).await;
                 }
                 _ => {
+                    self.end_claims(&[*tag], false).await;
                     tracing::warn!(
                         "ack of a replayed dead-letter failed; it stays and may be replayed again (a duplicate)"
                     );

@@ -12,6 +12,8 @@
 //!   fallback, which went silent;
 //! - [`dead_letters`]: how many messages wait in a dead-letter or parked queue, row by row,
 //!   counted as they enter and leave, so that looking never reads the queue;
+//! - [`moves`]: each dead letter a replay is moving, claimed before its copy is sent, so that
+//!   a replay cut off half-way never makes a job run twice;
 //! - [`runs`]: the last progress of each running replay or purge, so that one cut off says
 //!   where it stopped;
 //! - [`audit`]: a bounded Redis stream of every override, replay, purge and migration, with
@@ -19,6 +21,7 @@
 
 pub mod audit;
 pub mod dead_letters;
+pub mod moves;
 pub mod overrides;
 pub mod runs;
 pub mod status;
@@ -26,6 +29,7 @@ pub mod workers;
 
 pub use audit::{AuditEntry, AuditLog};
 pub use dead_letters::{DeadLetterIndex, IndexRows};
+pub use moves::{Claim, ReplayMoves};
 pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
 pub use runs::RunJournal;
 pub use status::{FleetStatus, fleet_status};
