@@ -261,3 +261,97 @@ async fn the_documented_users_run_the_leases_and_the_breaker() {
         "nothing may be refused"
     );
 }
+
+/// The dead letters under the documented users: a worker counts what it dead-letters into the
+/// index (`dead_letters.lua`, the worker's `Tally`) under `fleet-worker`, `dlq stats` reads it
+/// under `fleet-readonly`, and a replay (its intent, journal, claims, index changes and end
+/// entry) runs under `fleet-operator`, with nothing refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_users_count_look_at_and_replay_dead_letters() {
+    use fleet_budget::control::DeadLetterIndex;
+    use fleet_budget_amqp::dead_letters::{Row, Tally};
+    use fleet_budget_amqp::testing::TestBroker;
+
+    let server = server_with_users();
+    let broker = TestBroker::new("acl-dlq");
+    broker.migrate().await;
+    let publisher = broker.publisher().await;
+    let record = broker.dead_letter_record(
+        "search",
+        fleet_budget::DeadLetterReason::BudgetExhausted,
+        fleet_budget::clock::now_ms(),
+    );
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        ids.push(
+            broker
+                .publish_dead_letter(&publisher, &record, format!("job {i}").as_bytes())
+                .await,
+        );
+    }
+    publisher.close().await;
+
+    // The worker's count, under fleet-worker, as its dead-letter path does it.
+    let worker = std::sync::Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(url(&server, "fleet-worker")),
+            "fb",
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    );
+    let tally = Tally::new(DeadLetterIndex::new(worker));
+    let row = Row::of_record(&record);
+    for _ in 0..30 {
+        tally.entered(&broker.topology.dead_queue, &row);
+    }
+    tally.flush().await;
+    assert_eq!(tally.unrecorded(), 0, "the worker's counts recorded");
+
+    let config = crate::temp_file(
+        &format!("{}.toml", broker.settings.prefix),
+        &format!(
+            "[amqp]\nprefix = \"{}\"\nurl = \"{}\"\n",
+            broker.settings.prefix, broker.url
+        ),
+    );
+    let config = config.to_str().unwrap();
+    let readonly = url(&server, "fleet-readonly");
+    let stats = json(&run_with(
+        &["--config", config, "--redis-url", readonly.as_str()],
+        "dlq stats --json",
+    ));
+    assert_eq!(stats["dead_letter"]["exact"], true, "{stats}");
+    assert_eq!(stats["dead_letter"]["depth"], 30, "{stats}");
+
+    let operator = url(&server, "fleet-operator");
+    let replay = json(&run_with(
+        &["--config", config, "--redis-url", operator.as_str()],
+        "replay --dependency search --rate 1000 --actor ann@ops --note acl --json",
+    ));
+    assert_eq!(replay["moved"], 30, "{replay}");
+    assert_eq!(
+        broker.depth(&broker.topology.work_queue).await,
+        30,
+        "all moved"
+    );
+    let trail = json(&run_with(
+        &["--redis-url", readonly.as_str()],
+        "audit --json",
+    ));
+    let actions: Vec<&str> = trail["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        actions.contains(&"replay_started") && actions.contains(&"replay"),
+        "{actions:?}"
+    );
+    assert_eq!(
+        refused(&server),
+        Vec::<String>::new(),
+        "nothing may be refused"
+    );
+}
