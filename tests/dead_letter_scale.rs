@@ -162,6 +162,15 @@ fn budgetctl() -> PathBuf {
     bin
 }
 
+/// The workers' binary: `FLEET_BUDGET_DLS_WORKER` (`scripts/dead-letter-scale --as-user` builds
+/// it from the packaged crates, in `tests/outside-worker`), else this package's `fleet-worker`.
+fn worker_binary() -> PathBuf {
+    std::env::var("FLEET_BUDGET_DLS_WORKER")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleet-worker")), PathBuf::from)
+}
+
 /// The fleet's configuration (workers and `budgetctl`): the design's budget on `search`.
 fn config_toml(key_prefix: &str, amqp_prefix: &str) -> String {
     format!(
@@ -215,7 +224,7 @@ struct WorkerProcess {
 impl WorkerProcess {
     fn start(name: &str, config: &Path, logs: &Path, brownout: Option<&str>) -> Self {
         let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("a worker log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet-worker"));
+        let mut cmd = Command::new(worker_binary());
         cmd.arg("--config")
             .arg(config)
             .args(["--redis-url", &redis_url()])
@@ -712,6 +721,7 @@ async fn one_size(n: u64, summary: &mut Vec<Figures>, problems: &mut Vec<String>
         "# Dead letters at the design's scale: {} jobs, {WORKERS} worker processes\n",
         thousands(n)
     ));
+    say(format!("workers: {}", worker_binary().display()));
     say(format!("load average at the start: {}", load_average()));
     say(format!(
         "topology prefix `{run}`, Redis key prefix `{key_prefix}`; budget of `search`: ratio {RATIO}, \
