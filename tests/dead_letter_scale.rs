@@ -142,24 +142,7 @@ fn sizes() -> Vec<u64> {
 }
 
 fn budgetctl() -> PathBuf {
-    if let Ok(p) = std::env::var("FLEET_BUDGET_BUDGETCTL")
-        && !p.is_empty()
-    {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is not built: run `cargo build -p budgetctl` with this test's profile \
-         (scripts/dead-letter-scale does)",
-        bin.display()
-    );
-    bin
+    common::budgetctl_beside("scripts/dead-letter-scale")
 }
 
 /// The workers' binary: `FLEET_BUDGET_DLS_WORKER` (`scripts/dead-letter-scale --as-user` builds
@@ -168,7 +151,10 @@ fn worker_binary() -> PathBuf {
     std::env::var("FLEET_BUDGET_DLS_WORKER")
         .ok()
         .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleet-worker")), PathBuf::from)
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_fleet-worker")),
+            PathBuf::from,
+        )
 }
 
 /// The fleet's configuration (workers and `budgetctl`): the design's budget on `search`.

@@ -24,8 +24,10 @@
     missing_docs
 )]
 
+mod common;
+
 use std::collections::{BTreeSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,24 +51,7 @@ fn now_ms() -> u64 {
 }
 
 fn budgetctl() -> PathBuf {
-    if let Ok(p) = std::env::var("FLEET_BUDGET_BUDGETCTL")
-        && !p.is_empty()
-    {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is not built: run `cargo build -p budgetctl` with this test's profile \
-         (scripts/interrupted-at-scale does)",
-        bin.display()
-    );
-    bin
+    common::budgetctl_beside("scripts/interrupted-at-scale")
 }
 
 /// The operator's command line: the test's topology and key prefix.

@@ -27,3 +27,25 @@ pub(crate) fn block_on<F: Future>(test: F) -> F::Output {
         .expect("a tokio runtime")
         .block_on(test)
 }
+
+/// `budgetctl` as the ignored scale tests run it: `FLEET_BUDGET_BUDGETCTL`, else the binary
+/// beside the test's own (same profile), which `script` builds before running the test.
+pub(crate) fn budgetctl_beside(script: &str) -> PathBuf {
+    if let Ok(p) = std::env::var("FLEET_BUDGET_BUDGETCTL")
+        && !p.is_empty()
+    {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lies in target/<profile>/deps")
+        .join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is not built: run `cargo build -p budgetctl` with this test's profile ({script} does)",
+        bin.display()
+    );
+    bin
+}
