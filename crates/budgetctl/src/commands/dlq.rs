@@ -13,7 +13,7 @@ use fleet_budget::redact::redact_url;
 use fleet_budget::store::RedisStore;
 use fleet_budget::{DeadLetterReason, Dependency};
 use fleet_budget_amqp::dead_letters::UNREADABLE;
-use fleet_budget_amqp::replay::{Peek, QueuedMessage, peek_queue};
+use fleet_budget_amqp::replay::{Peek, QueuedMessage, SourceQueue, peek_queue};
 use fleet_budget_amqp::{AmqpError, ReplayFilter, Replayer, Topology, WorkerConfig};
 use serde::Serialize;
 
@@ -453,13 +453,9 @@ pub(crate) async fn index_unindexed(config: &WorkerConfig) -> Vec<ReindexedQueue
         return Vec::new();
     };
     let mut done = Vec::new();
-    for parked in [false, true] {
-        let replayer = if parked {
-            Replayer::parked(config.amqp.connection(), topology.clone(), None)
-        } else {
-            Replayer::new(config.amqp.connection(), topology.clone(), None)
-        }
-        .with_index(Some(index.clone()));
+    for queue in SourceQueue::BOTH {
+        let replayer = Replayer::of(queue, config.amqp.connection(), topology.clone(), None)
+            .with_index(Some(index.clone()));
         let counts = match replayer.counts().await {
             Ok(c) => c,
             Err(e) => {
@@ -505,18 +501,9 @@ pub(crate) async fn reindex(config: &WorkerConfig, json: bool) -> anyhow::Result
     .await?;
     let index = Some(DeadLetterIndex::new(store));
     let mut done = Vec::new();
-    for parked in [false, true] {
-        let replayer = if parked {
-            Replayer::parked(config.amqp.connection(), topology.clone(), None)
-        } else {
-            Replayer::new(config.amqp.connection(), topology.clone(), None)
-        };
-        let queue = if parked {
-            &topology.parked_queue
-        } else {
-            &topology.dead_queue
-        };
-        let r = replayer
+    for source in SourceQueue::BOTH {
+        let queue = source.name(&topology);
+        let r = Replayer::of(source, config.amqp.connection(), topology.clone(), None)
             .with_index(index.clone())
             .reindex()
             .await
@@ -536,7 +523,7 @@ pub(crate) async fn reindex(config: &WorkerConfig, json: bool) -> anyhow::Result
             }
         }
         done.push(ReindexedQueue {
-            queue: queue.clone(),
+            queue: queue.to_owned(),
             total: r.total,
             read: r.seen,
             indexed: r.indexed,
@@ -575,11 +562,12 @@ async fn queue_stats(
     parked: bool,
     index: Option<DeadLetterIndex>,
 ) -> Result<QueueStats, AmqpError> {
-    let replayer = if parked {
-        Replayer::parked(config.amqp.connection(), topology.clone(), None)
-    } else {
-        Replayer::new(config.amqp.connection(), topology.clone(), None)
-    };
+    let replayer = Replayer::of(
+        SourceQueue::parked_if(parked),
+        config.amqp.connection(),
+        topology.clone(),
+        None,
+    );
     let counts = replayer.with_index(index).counts().await?;
     let now = now_ms();
     #[allow(clippy::cast_precision_loss)]

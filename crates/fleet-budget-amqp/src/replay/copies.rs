@@ -123,13 +123,20 @@ impl Replayer {
             }
             Err(e) => e,
         };
-        // Refused or returned: certainly not delivered, moved again by the next run. Any other
-        // failure (no answer in time, a channel closed) may have delivered it: the claim stays,
+        // Nacked, returned, or refused alone on its channel (`exchanges`: a missing exchange):
+        // certainly not delivered, moved again by the next run. Any other failure (no answer in
+        // time, a channel closed under copies in flight) may have delivered it: the claim stays,
         // and the next run parks it rather than copy it twice.
-        if matches!(
-            e,
-            PublishError::Nacked { .. } | PublishError::Returned { .. }
-        ) {
+        let refused_alone = matches!(e, PublishError::Channel { .. })
+            && target
+                .as_ref()
+                .is_some_and(|t| t.alone && exchanges.refused.contains_key(&t.exchange));
+        if refused_alone
+            || matches!(
+                e,
+                PublishError::Nacked { .. } | PublishError::Returned { .. }
+            )
+        {
             settler.release_claim(tag).await;
         } else {
             settler.keep_claim(tag);

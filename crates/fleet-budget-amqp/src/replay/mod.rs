@@ -98,6 +98,39 @@ pub struct Replayer {
     index: Option<DeadLetterIndex>,
 }
 
+/// The queue a [`Replayer`] reads: the dead-letter queue, or the parked queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceQueue {
+    /// `topology.dead_queue` ([`Replayer::new`]).
+    DeadLetters,
+    /// `topology.parked_queue` ([`Replayer::parked`]).
+    Parked,
+}
+
+impl SourceQueue {
+    /// Its name in `topology`.
+    #[must_use]
+    pub fn name(self, topology: &Topology) -> &str {
+        match self {
+            Self::DeadLetters => &topology.dead_queue,
+            Self::Parked => &topology.parked_queue,
+        }
+    }
+
+    /// Both, the dead-letter queue first.
+    pub const BOTH: [Self; 2] = [Self::DeadLetters, Self::Parked];
+
+    /// The parked queue when `parked`.
+    #[must_use]
+    pub fn parked_if(parked: bool) -> Self {
+        if parked {
+            Self::Parked
+        } else {
+            Self::DeadLetters
+        }
+    }
+}
+
 impl Replayer {
     /// A replayer of `topology`'s dead-letter queue on the broker of `to` (a
     /// [`ConnectionConfig`], or a bare URL). With a `budget`, it pauses while a dependency's
@@ -154,6 +187,21 @@ impl Replayer {
             from_parked: true,
             source_queue,
             ..Self::new(to, topology, budget)
+        }
+    }
+
+    /// A replayer of `queue`: [`Replayer::new`] or [`Replayer::parked`], for tools that act on
+    /// either.
+    #[must_use]
+    pub fn of(
+        queue: SourceQueue,
+        to: impl Into<ConnectionConfig>,
+        topology: Topology,
+        budget: Option<FleetBudget>,
+    ) -> Self {
+        match queue {
+            SourceQueue::DeadLetters => Self::new(to, topology, budget),
+            SourceQueue::Parked => Self::parked(to, topology, budget),
         }
     }
 
