@@ -331,6 +331,16 @@ impl Replayer {
                                     headers::park_headers(&table, &reason),
                                 )
                             }
+                            Claimed::Twice => {
+                                report.matched -= 1;
+                                p.skipped += 1;
+                                (
+                                    Kind::Keep,
+                                    String::new(),
+                                    self.source_queue.clone(),
+                                    table.clone(),
+                                )
+                            }
                             Claimed::Keep => {
                                 p.failed += 1;
                                 (
@@ -563,7 +573,9 @@ enum Claimed {
     Moved,
     /// An interrupted run may have delivered its copy (its run named): park it.
     Uncertain(String),
-    /// Not moved now: claimed twice in this run, or the claim could not be written.
+    /// A second copy of a dead letter this run claimed: left in the queue, counted skipped.
+    Twice,
+    /// The claim could not be written: left in the queue, counted failed.
     Keep,
 }
 
@@ -601,7 +613,7 @@ async fn claim_move(
         }
         Ok(Claim::ThisRun) => {
             tracing::warn!("a second copy of a dead letter this run is moving; left in the queue");
-            Claimed::Keep
+            Claimed::Twice
         }
         Err(e) => {
             tracing::warn!(error = %e, "the move of a dead letter could not be claimed in Redis; left in the queue (a run cut off could otherwise copy it twice)");

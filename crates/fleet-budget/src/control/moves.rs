@@ -170,3 +170,85 @@ fn printable_run(run: &str) -> String {
     let cut: String = run.chars().take(64).collect();
     crate::printable::escape_text(&cut).into_owned()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::RedisTarget;
+    use crate::testing::RedisServer;
+
+    fn store(server: &RedisServer) -> Arc<RedisStore> {
+        Arc::new(
+            RedisStore::new(
+                RedisTarget::Single(server.url()),
+                "fb",
+                Duration::from_secs(2),
+            )
+            .unwrap(),
+        )
+    }
+
+    /// What each run learns of a dead letter from the claims, against a private redis-server:
+    /// its own, another run's confirmed or only sent, one written by someone else; deleted once
+    /// settled, and the hash expiring.
+    #[tokio::test]
+    async fn each_run_learns_what_a_cut_off_run_left() {
+        let server = RedisServer::start();
+        let first = ReplayMoves::new(store(&server), "q.dead", "run-1");
+        let second = ReplayMoves::new(store(&server), "q.dead", "run-2");
+        assert_eq!(first.claim("a 0 1").await.unwrap(), Claim::Mine);
+        assert_eq!(first.claim("b 0 1").await.unwrap(), Claim::Mine);
+        assert_eq!(first.claim("a 0 1").await.unwrap(), Claim::ThisRun);
+        first.confirmed(&["a 0 1".to_owned()]).await.unwrap();
+        // run-1 is killed here: a confirmed, b only sent.
+        assert_eq!(
+            second.claim("a 0 1").await.unwrap(),
+            Claim::Moved {
+                run: "run-1".to_owned()
+            }
+        );
+        assert_eq!(
+            second.claim("b 0 1").await.unwrap(),
+            Claim::Uncertain {
+                run: "run-1".to_owned()
+            }
+        );
+        // A dead letter dead-lettered again after a replay is another dead letter.
+        assert_eq!(second.claim("a 1 9").await.unwrap(), Claim::Mine);
+        second
+            .forget(&["a 0 1".to_owned(), "b 0 1".to_owned(), "a 1 9".to_owned()])
+            .await
+            .unwrap();
+        assert_eq!(second.held().await.unwrap(), 0);
+
+        // Written by someone else: in doubt, its text bounded and escaped.
+        let key = replay_moves_key("fb", "q.dead");
+        let hostile = format!("x\u{1b}[31m{}", "r".repeat(500));
+        let _: i64 = server.cmd(&["HSET", &key, "c 0 1", &hostile]);
+        let _: i64 = server.cmd(&["HSET", &key, "d 0 1", "garbage"]);
+        match second.claim("c 0 1").await.unwrap() {
+            Claim::Uncertain { run } => {
+                assert!(
+                    run.chars().count() <= 64 * 4 && !run.contains('\u{1b}'),
+                    "{run}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            second.claim("d 0 1").await.unwrap(),
+            Claim::Uncertain {
+                run: "?".to_owned()
+            }
+        );
+        let ttl: i64 = server.cmd(&["PTTL", &key]);
+        assert!(ttl > 0 && ttl <= i64::try_from(KEEP_MS).unwrap(), "{ttl}");
+        // Not a hash: an error, so no copy is sent unclaimed.
+        let _: i64 = server.cmd(&["DEL", &key]);
+        let _: String = server.cmd(&["SET", &key, "x"]);
+        assert!(second.claim("e 0 1").await.is_err());
+    }
+}
