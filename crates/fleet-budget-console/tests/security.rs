@@ -583,6 +583,8 @@ async fn half_sent_requests_never_stop_login_answering_and_are_closed_after_the_
         assert_eq!(closed, 1_100, "{phase}");
         assert_eq!(silent, 1_100, "{phase}");
     }
+    // A wrong token: logged with the address and the reason, never the token.
+    assert_eq!(login(from(3), to, WRONG).await.status, 401);
     let m = get(
         from(1),
         to,
@@ -616,9 +618,68 @@ async fn half_sent_requests_never_stop_login_answering_and_are_closed_after_the_
     child.start_kill().unwrap();
     let out = child.wait_with_output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains(OPERATOR));
+    assert!(
+        !stderr.contains(OPERATOR) && !stderr.contains(WRONG),
+        "{stderr}"
+    );
+    assert!(
+        stderr.lines().any(|l| l.contains("login refused")
+            && l.contains("127.0.0.3")
+            && l.contains("wrong_token")),
+        "{stderr}"
+    );
     println!("console's stderr (last lines):\n{}", tail(&stderr, 10));
     let _ = std::fs::remove_file(&config);
+}
+
+/// A client that asks and never reads: once the socket buffers are full the console's write
+/// stalls, and after the write deadline the connection is ended (counted as a write timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_dropped_after_the_write_deadline() {
+    let f = fleet("sec-write");
+    let c = console(&f, |s| {
+        s.viewers = Viewers::Open;
+        s.limits.write_idle_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let to = c.addr();
+    let mut s = connect(from(2), to).await.unwrap();
+    // 3,000 pipelined requests for the script (5 KB each): 15 MB of answers nobody reads.
+    let one = format!("GET /static/console.js HTTP/1.1\r\nHost: {to}\r\n\r\n");
+    let started = Instant::now();
+    let writer = tokio::spawn(async move {
+        for _ in 0..3_000 {
+            if s.write_all(one.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+        s
+    });
+    let mut stalled = 0;
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stalled = series(
+            &metrics(to).await,
+            "fleet_budget_console_timeouts_total{phase=\"write\"}",
+        );
+        if stalled > 0 {
+            break;
+        }
+    }
+    println!(
+        "a client that never reads: dropped after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stalled, 1);
+    let m = metrics(to).await;
+    // Only the /metrics connection of this read is open.
+    assert_eq!(
+        series(&m, "fleet_budget_console_connections_open"),
+        1,
+        "{m}"
+    );
+    drop(writer.await);
+    c.stop().await;
 }
 
 fn tail(text: &str, n: usize) -> String {
