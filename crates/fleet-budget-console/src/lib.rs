@@ -16,7 +16,12 @@
 //!   class, from a sample refreshed in the background (a page view never reads the queue);
 //! - `replay`: the one file that calls the replay library (dry run, run, purge);
 //! - `pages` and `routes`: the HTML (maud: templates are Rust, every value escaped unless
-//!   marked otherwise, and nothing here marks one) and the HTTP routes (axum's HTTP/1 server).
+//!   marked otherwise, and nothing here marks one) and the HTTP routes (axum's router), behind
+//!   one guard (the bounds of a request's head, the `Host` allow-list, the `Origin` of a change,
+//!   the body read within its deadline and size) that also puts the security headers on every
+//!   answer, refusals included;
+//! - `server`: hyper's HTTP/1 connections under the router, with the network's bounds
+//!   ([`NetLimits`]: the head and write deadlines, connections per address and in all).
 //!   Every response carries a Content-Security-Policy without inline scripts; the one script is
 //!   vendored in the crate (`crates/fleet-budget-console/static/console.js`, no build step) and writes text only
 //!   (`textContent`), never HTML.

@@ -338,6 +338,26 @@ async fn other_hosts_are_refused_and_an_https_public_url_makes_cookies_secure() 
         cookie.contains("fbc_session=") && cookie.contains("; secure"),
         "{cookie}"
     );
+    // A proxy that does not pass the Host on: a form posted from the public origin is ours,
+    // one from elsewhere is not.
+    for (origin, from_elsewhere) in [
+        ("https://console.example.com", false),
+        ("http://console.example.com", true),
+        ("https://evil.example", true),
+    ] {
+        let raw = format!(
+            "POST /login HTTP/1.1\r\nHost: {to}\r\nOrigin: {origin}\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 5\r\n\r\ntoken"
+        );
+        let r = exchange(from(2), to, raw.as_bytes()).await;
+        assert_eq!(r.status, 403, "{origin}: {r:?}");
+        assert_eq!(
+            r.body.contains("came from another site"),
+            from_elsewhere,
+            "{origin}: {}",
+            r.body
+        );
+    }
     let m = metrics(to).await;
     assert_eq!(series(&m, "fleet_budget_console_hosts_refused_total"), 13);
     c.stop().await;

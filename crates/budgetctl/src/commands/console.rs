@@ -112,6 +112,13 @@ fn tokens(
         .map_err(|e| usage(e.to_string()))
 }
 
+/// The soft limit on open files of this process (Linux: `/proc/self/limits`), when readable.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// A variable's name as given, refused (without printing it) unless it looks like one.
 fn var_name<'a>(
     given: Option<&'a String>,
@@ -206,6 +213,15 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ConsoleArgs) -> anyhow::Re
             .unwrap_or(usize::MAX),
         ..NetLimits::default()
     };
+    if let Some(files) = open_file_limit()
+        && args.max_connections.saturating_add(64) > files
+    {
+        eprintln!(
+            "warning: --max-connections {} is near the open-file limit ({files}, ulimit -n): \
+             past it connections wait unanswered; lower it or raise the limit",
+            args.max_connections
+        );
+    }
     let behind_tls = public_url.as_ref().is_some_and(PublicUrl::https);
     settings.public_url = public_url;
     if !args.bind.ip().is_loopback() && !behind_tls {

@@ -79,7 +79,10 @@ async fn admit(app: &App, mut request: Request) -> Result<Request, Response> {
              or its --public-url",
         ));
     }
-    if request.method() == Method::POST && !same_origin(request.headers()) {
+    if request.method() == Method::POST
+        && !same_origin(request.headers())
+        && !public_origin(&app.settings, request.headers())
+    {
         return Err(refused(
             StatusCode::FORBIDDEN,
             "the request came from another site",
@@ -148,6 +151,20 @@ fn closing(mut r: Response) -> Response {
     r.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// Whether the `Origin` is the public URL's (a proxy that does not pass the `Host` on).
+fn public_origin(settings: &crate::ConsoleSettings, h: &HeaderMap) -> bool {
+    let (Some(url), Some(origin)) = (
+        settings.public_url.as_ref(),
+        h.get(header::ORIGIN).and_then(|o| o.to_str().ok()),
+    ) else {
+        return false;
+    };
+    let scheme = if url.https() { "https://" } else { "http://" };
+    origin
+        .strip_prefix(scheme)
+        .is_some_and(|rest| host_part(rest).eq_ignore_ascii_case(url.host()))
 }
 
 /// The host of a `Host` value (`name`, `name:port`, `[v6]:port`), without the port.
