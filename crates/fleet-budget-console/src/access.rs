@@ -303,12 +303,35 @@ pub(crate) struct Access {
     viewers: Viewers,
     sessions: Mutex<HashMap<String, Session>>,
     actions: Mutex<Bucket>,
-    limits: Mutex<LoginLimits>,
+    login_limits: LoginLimits,
+    limits: Mutex<LoginBuckets>,
+}
+
+/// The login limits (defaults: [`LOGIN_FAILURES_PER_ADDRESS`] failures per address and
+/// [`LOGINS_PER_LABEL`] logins per label, each refilled evenly over a minute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// Failed logins one client address may make per `window`.
+    pub failures_per_address: u32,
+    /// Successful logins one token label may make per `window`.
+    pub logins_per_label: u32,
+    /// Over how long each allowance refills, evenly.
+    pub window: Duration,
+}
+
+impl Default for LoginLimits {
+    fn default() -> Self {
+        Self {
+            failures_per_address: LOGIN_FAILURES_PER_ADDRESS,
+            logins_per_label: LOGINS_PER_LABEL,
+            window: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The login limits: failures per client address, logins per label.
 #[derive(Debug, Default)]
-struct LoginLimits {
+struct LoginBuckets {
     failures: HashMap<IpAddr, Bucket>,
     per_label: HashMap<String, Bucket>,
 }
@@ -329,13 +352,19 @@ pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
 }
 
 impl Access {
-    pub(crate) fn new(operators: Vec<Token>, viewers: Viewers, actions_per_minute: u32) -> Self {
+    pub(crate) fn new(
+        operators: Vec<Token>,
+        viewers: Viewers,
+        actions_per_minute: u32,
+        login_limits: LoginLimits,
+    ) -> Self {
         Self {
             operators,
             viewers,
             sessions: Mutex::new(HashMap::new()),
             actions: Mutex::new(Bucket::per_minute(actions_per_minute)),
-            limits: Mutex::new(LoginLimits::default()),
+            login_limits,
+            limits: Mutex::new(LoginBuckets::default()),
         }
     }
 
@@ -399,7 +428,12 @@ impl Access {
         limits
             .failures
             .entry(key)
-            .or_insert_with(|| Bucket::per_minute(LOGIN_FAILURES_PER_ADDRESS))
+            .or_insert_with(|| {
+                Bucket::new(
+                    self.login_limits.failures_per_address,
+                    self.login_limits.window,
+                )
+            })
             .take();
         Err(Denied::NotLoggedIn)
     }
@@ -414,10 +448,9 @@ impl Access {
         let (role, label) = self.check(client, presented)?;
         {
             let mut limits = lock(&self.limits);
-            let bucket = limits
-                .per_label
-                .entry(label.clone())
-                .or_insert_with(|| Bucket::per_minute(LOGINS_PER_LABEL));
+            let bucket = limits.per_label.entry(label.clone()).or_insert_with(|| {
+                Bucket::new(self.login_limits.logins_per_label, self.login_limits.window)
+            });
             if !bucket.take() {
                 return Err(Denied::LabelLimited);
             }
@@ -507,27 +540,34 @@ impl Access {
     }
 }
 
-/// A token bucket: `capacity` takes, refilled evenly over a minute.
+/// A token bucket: `capacity` takes, refilled evenly over `window`.
 #[derive(Debug)]
 struct Bucket {
     capacity: f64,
     level: f64,
     at: Instant,
+    window_secs: f64,
 }
 
 impl Bucket {
     fn per_minute(n: u32) -> Self {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    fn new(n: u32, window: Duration) -> Self {
         let capacity = f64::from(n.max(1));
         Self {
             capacity,
             level: capacity,
             at: Instant::now(),
+            window_secs: window.as_secs_f64().max(0.001),
         }
     }
 
     /// The level now, refilled.
     fn level_at(&mut self, now: Instant) -> f64 {
-        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.capacity / 60.0;
+        let refill =
+            now.saturating_duration_since(self.at).as_secs_f64() * self.capacity / self.window_secs;
         self.level = (self.level + refill).min(self.capacity);
         self.at = now;
         self.level
@@ -602,7 +642,7 @@ mod tests {
     fn a_change_needs_the_operator_session_and_its_csrf_token() {
         let viewers =
             Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
-        let access = Access::new(operator(), Viewers::Tokens(viewers), 100);
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
         assert_eq!(access.reader(None), Err(Denied::NotLoggedIn));
         assert_eq!(
             access.login(A, "wrong-token-0123456789").err(),
@@ -639,12 +679,18 @@ mod tests {
         );
     }
 
+    /// Limits that refill over an hour: what a test reads does not depend on its speed.
+    const HOUR: LoginLimits = LoginLimits {
+        failures_per_address: LOGIN_FAILURES_PER_ADDRESS,
+        logins_per_label: LOGINS_PER_LABEL,
+        window: Duration::from_secs(3600),
+    };
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
 
     #[test]
     fn a_strangers_failures_lock_out_only_the_strangers_address() {
-        let access = Access::new(operator(), Viewers::Open, 100);
+        let access = Access::new(operator(), Viewers::Open, 100, HOUR);
         let mut refused = 0;
         for _ in 0..25 {
             match access.login(A, "wrong-token-0123456789") {
@@ -671,7 +717,7 @@ mod tests {
     fn a_label_logs_in_a_bounded_number_of_times_and_keeps_a_bounded_number_of_sessions() {
         let viewers =
             Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
-        let access = Access::new(operator(), Viewers::Tokens(viewers), 100);
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
         let mut first = None;
         for _ in 0..LOGINS_PER_LABEL {
             let Ok((id, _, label)) = access.login(A, "0123456789abcdef0123") else {
@@ -691,7 +737,7 @@ mod tests {
 
     #[test]
     fn actions_are_rate_limited() {
-        let access = Access::new(operator(), Viewers::Open, 2);
+        let access = Access::new(operator(), Viewers::Open, 2, HOUR);
         let Ok((id, _, _)) = access.login(A, "0123456789abcdef0123") else {
             unreachable!("the operator's token logs in")
         };

@@ -46,7 +46,7 @@ use fleet_budget::store::{RedisStore, RedisTarget};
 use fleet_budget_amqp::{Replayer, Topology, WorkerConfig};
 use tokio::sync::Notify;
 
-pub use access::{MIN_TOKEN_BYTES, Token, TokenError, Viewers};
+pub use access::{LoginLimits, MIN_TOKEN_BYTES, Token, TokenError, Viewers};
 
 use crate::access::{Access, Counters, lock};
 use crate::dead_letters::{Sample, Which};
@@ -84,6 +84,8 @@ pub struct ConsoleSettings {
     pub trusted_proxies: Vec<std::net::IpAddr>,
     /// The network's bounds (deadlines, connections).
     pub limits: NetLimits,
+    /// The login limits (per client address, per token label).
+    pub login_limits: LoginLimits,
 }
 
 /// The public address of the console, as given to `--public-url`.
@@ -195,6 +197,7 @@ impl ConsoleSettings {
             public_url: None,
             trusted_proxies: Vec::new(),
             limits: NetLimits::default(),
+            login_limits: LoginLimits::default(),
         }
     }
 }
@@ -340,6 +343,7 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
             settings.operators.clone(),
             settings.viewers.clone(),
             settings.actions_per_minute,
+            settings.login_limits,
         ),
         store: Arc::new(store),
         audit: budget.audit.log(),

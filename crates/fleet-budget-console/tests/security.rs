@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use fleet_budget::testing::{RedisServer, free_port};
 use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
-use fleet_budget_console::{ConsoleSettings, NetLimits, PublicUrl, RunningConsole, Token, Viewers};
+use fleet_budget_console::{
+    ConsoleSettings, LoginLimits, NetLimits, PublicUrl, RunningConsole, Token, Viewers,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -61,6 +63,9 @@ async fn console(f: &Fleet, change: impl FnOnce(&mut ConsoleSettings)) -> Runnin
     let viewers = Token::parse_list(&format!("vic:{VIEWER}"), "viewer", "test").unwrap();
     let mut settings = ConsoleSettings::new(f.config.clone(), operators, Viewers::Tokens(viewers));
     settings.bind = "127.0.0.1:0".parse().unwrap();
+    // The allowances refill over an hour, not a minute: what the test counts does not depend
+    // on how fast the machine runs it (the default limits are checked below).
+    settings.login_limits.window = Duration::from_secs(3_600);
     change(&mut settings);
     fleet_budget_console::start(settings).await.unwrap()
 }
@@ -727,6 +732,14 @@ fn budgetctl() -> std::path::PathBuf {
 /// The limits' defaults are what docs/console.md says.
 #[test]
 fn the_documented_defaults_are_the_defaults() {
+    assert_eq!(
+        LoginLimits::default(),
+        LoginLimits {
+            failures_per_address: 10,
+            logins_per_label: 30,
+            window: Duration::from_secs(60)
+        }
+    );
     let l = NetLimits::default();
     assert_eq!(
         (

@@ -21,6 +21,8 @@ async fn open_console(f: &Fleet) -> RunningConsole {
     let mut settings = ConsoleSettings::new(f.config.clone(), operators, Viewers::Open);
     settings.bind = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
     settings.history_every = Duration::from_secs(1);
+    // Refilled over an hour: the counts below do not depend on the machine's speed.
+    settings.login_limits.window = Duration::from_secs(3_600);
     fleet_budget_console::start(settings)
         .await
         .unwrap_or_else(|e| panic!("the console: {e}"))
