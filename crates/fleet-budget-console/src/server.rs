@@ -188,10 +188,16 @@ pub(crate) async fn serve(
             counters: Arc::clone(&counters),
         });
         let header_timeout = limits.header_timeout;
-        let table = Arc::clone(&table);
+        let slot = Slot {
+            table: Arc::clone(&table),
+            id,
+            counters: Arc::clone(&counters),
+        };
         let counters = Arc::clone(&counters);
         let mut shutting_down = shutting_down.clone();
         tasks.spawn(async move {
+            // Freed when the task ends, however it ends (a panic included).
+            let _slot = slot;
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
@@ -214,11 +220,6 @@ pub(crate) async fn serve(
                     tracing::debug!(error = %e, "console: a connection ended in error");
                 }
             }
-            let mut t = lock(&table);
-            t.forget(id);
-            counters
-                .conns_open
-                .store(t.conns.len() as u64, Ordering::Relaxed);
         });
     }
     let _ = shutdown.send(true);
@@ -227,6 +228,23 @@ pub(crate) async fn serve(
     })
     .await;
     Ok(())
+}
+
+/// A connection's place in the table, given back on drop.
+struct Slot {
+    table: Arc<Mutex<Table>>,
+    id: u64,
+    counters: Arc<Counters>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut t = lock(&self.table);
+        t.forget(self.id);
+        self.counters
+            .conns_open
+            .store(t.conns.len() as u64, Ordering::Relaxed);
+    }
 }
 
 /// A connection whose writes end it when the client reads nothing for `idle`.
