@@ -7,12 +7,23 @@
 //! cookie; the session carries the token's label (what the audit trail names, never the token)
 //! and a CSRF token of its own, which every form carries back and every change checks.
 //!
-//! Sessions are bounded in number and in age; a full table refuses new logins rather than
-//! forgetting live sessions. The token is never stored in a session, printed or logged.
+//! Logins are limited twice, and never by one bucket for everyone (issue 32: 20 wrong tokens
+//! from anywhere locked every operator out): failed logins per client address (an address that
+//! failed [`LOGIN_FAILURES_PER_ADDRESS`] times is refused, right token or wrong, until its
+//! bucket refills; a correct token from another address is never refused for them), and
+//! successful logins per token label ([`LOGINS_PER_LABEL`] a minute, at most
+//! [`SESSIONS_PER_LABEL`] live sessions: a label's next login ends its own oldest session, so
+//! one token cannot fill the table against the others). Only holders of a token consume its
+//! label's bucket.
+//!
+//! Sessions are bounded in number (labels × [`SESSIONS_PER_LABEL`]) and in age. The token is
+//! never stored in a session, printed or logged.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::RngCore;
@@ -20,8 +31,18 @@ use subtle::ConstantTimeEq;
 
 /// The shortest token accepted, in bytes: shorter ones are guessable at the login's rate.
 pub const MIN_TOKEN_BYTES: usize = 16;
-/// At most this many sessions live at once.
-const MAX_SESSIONS: usize = 1_000;
+/// Failed logins one client address may make in a minute (refilled evenly over the minute);
+/// past them the address is refused, whatever the token, until its bucket refills. IPv6
+/// addresses count by their /64 (one host usually holds a whole /64).
+pub const LOGIN_FAILURES_PER_ADDRESS: u32 = 10;
+/// Successful logins one token label may make in a minute.
+pub const LOGINS_PER_LABEL: u32 = 30;
+/// Live sessions one token label may hold; a login past them ends the label's oldest session.
+pub const SESSIONS_PER_LABEL: usize = 100;
+/// Client addresses whose failures are remembered at once. When full, the addresses whose
+/// buckets have refilled are forgotten first, then the one with the fewest recent failures:
+/// a flood of addresses weakens the limit for the flood, never locks out anyone else.
+const MAX_ADDRESSES: usize = 10_000;
 /// A session ends this long after its login.
 const SESSION_AGE: Duration = Duration::from_secs(12 * 3600);
 /// The name of the session cookie.
@@ -165,10 +186,115 @@ pub(crate) enum Denied {
     NotOperator,
     /// The form's CSRF token is missing or not the session's.
     Csrf,
-    /// Too many actions or logins in the last minute.
+    /// Too many actions in the last minute.
     TooMany,
-    /// The login table is full.
-    Full,
+    /// Too many failed logins from this client address in the last minute.
+    AddressLimited,
+    /// Too many logins with this token (label) in the last minute.
+    LabelLimited,
+}
+
+impl Denied {
+    /// The `reason` label of `fleet_budget_console_login_failures_total` for a refused login.
+    pub(crate) fn login_reason(&self) -> &'static str {
+        match self {
+            Self::AddressLimited => "address_limited",
+            Self::LabelLimited => "label_limited",
+            _ => "wrong_token",
+        }
+    }
+}
+
+/// Counters of the console's `/metrics` (bounded labels: the reasons are fixed).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) login_wrong_token: AtomicU64,
+    pub(crate) login_address_limited: AtomicU64,
+    pub(crate) login_label_limited: AtomicU64,
+    pub(crate) login_stale_form: AtomicU64,
+    pub(crate) logins: AtomicU64,
+    pub(crate) hosts_refused: AtomicU64,
+    pub(crate) timed_out_header: AtomicU64,
+    pub(crate) timed_out_body: AtomicU64,
+    pub(crate) timed_out_write: AtomicU64,
+    pub(crate) conns_refused_per_address: AtomicU64,
+    pub(crate) conns_refused_full: AtomicU64,
+    pub(crate) conns_evicted: AtomicU64,
+    pub(crate) conns_open: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub(crate) fn render(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, series: &[(&str, u64)]| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (labels, v) in series {
+                out.push_str(&format!("{name}{labels} {v}\n"));
+            }
+        };
+        family(
+            "fleet_budget_console_login_failures_total",
+            "counter",
+            "Logins refused, by reason.",
+            &[
+                ("{reason=\"wrong_token\"}", g(&self.login_wrong_token)),
+                (
+                    "{reason=\"address_limited\"}",
+                    g(&self.login_address_limited),
+                ),
+                ("{reason=\"label_limited\"}", g(&self.login_label_limited)),
+                ("{reason=\"stale_form\"}", g(&self.login_stale_form)),
+            ],
+        );
+        family(
+            "fleet_budget_console_logins_total",
+            "counter",
+            "Logins that opened a session.",
+            &[("", g(&self.logins))],
+        );
+        family(
+            "fleet_budget_console_hosts_refused_total",
+            "counter",
+            "Requests refused for a Host header not on the allow-list.",
+            &[("", g(&self.hosts_refused))],
+        );
+        family(
+            "fleet_budget_console_timeouts_total",
+            "counter",
+            "Connections or requests ended by a read or write deadline, by phase.",
+            &[
+                ("{phase=\"header\"}", g(&self.timed_out_header)),
+                ("{phase=\"body\"}", g(&self.timed_out_body)),
+                ("{phase=\"write\"}", g(&self.timed_out_write)),
+            ],
+        );
+        family(
+            "fleet_budget_console_connections_refused_total",
+            "counter",
+            "Connections closed on arrival or evicted to make room, by reason.",
+            &[
+                (
+                    "{reason=\"per_address\"}",
+                    g(&self.conns_refused_per_address),
+                ),
+                ("{reason=\"full\"}", g(&self.conns_refused_full)),
+                ("{reason=\"evicted_idle\"}", g(&self.conns_evicted)),
+            ],
+        );
+        family(
+            "fleet_budget_console_connections_open",
+            "gauge",
+            "Connections open now.",
+            &[("", g(&self.conns_open))],
+        );
+        out
+    }
 }
 
 /// Tokens, sessions and the action rate.
@@ -177,17 +303,68 @@ pub(crate) struct Access {
     viewers: Viewers,
     sessions: Mutex<HashMap<String, Session>>,
     actions: Mutex<Bucket>,
-    logins: Mutex<Bucket>,
+    login_limits: LoginLimits,
+    limits: Mutex<LoginBuckets>,
+}
+
+/// The login limits (defaults: [`LOGIN_FAILURES_PER_ADDRESS`] failures per address and
+/// [`LOGINS_PER_LABEL`] logins per label, each refilled evenly over a minute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// Failed logins one client address may make per `window`.
+    pub failures_per_address: u32,
+    /// Successful logins one token label may make per `window`.
+    pub logins_per_label: u32,
+    /// Over how long each allowance refills, evenly.
+    pub window: Duration,
+}
+
+impl Default for LoginLimits {
+    fn default() -> Self {
+        Self {
+            failures_per_address: LOGIN_FAILURES_PER_ADDRESS,
+            logins_per_label: LOGINS_PER_LABEL,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The login limits: failures per client address, logins per label.
+#[derive(Debug, Default)]
+struct LoginBuckets {
+    failures: HashMap<IpAddr, Bucket>,
+    per_label: HashMap<String, Bucket>,
+}
+
+/// The key an address's failures count under: IPv4 as is (an IPv4-mapped IPv6 address as its
+/// IPv4), IPv6 by its /64.
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            if let Some(host) = o.get_mut(8..) {
+                host.fill(0);
+            }
+            IpAddr::from(o)
+        }
+        v4 => v4,
+    }
 }
 
 impl Access {
-    pub(crate) fn new(operators: Vec<Token>, viewers: Viewers, actions_per_minute: u32) -> Self {
+    pub(crate) fn new(
+        operators: Vec<Token>,
+        viewers: Viewers,
+        actions_per_minute: u32,
+        login_limits: LoginLimits,
+    ) -> Self {
         Self {
             operators,
             viewers,
             sessions: Mutex::new(HashMap::new()),
             actions: Mutex::new(Bucket::per_minute(actions_per_minute)),
-            logins: Mutex::new(Bucket::per_minute(20)),
+            login_limits,
+            limits: Mutex::new(LoginBuckets::default()),
         }
     }
 
@@ -215,31 +392,94 @@ impl Access {
         found
     }
 
-    /// Exchanges a token for a new session: its id (the cookie's value).
-    pub(crate) fn login(&self, presented: &str) -> Result<(String, Role), Denied> {
-        if !lock(&self.logins).take() {
-            return Err(Denied::TooMany);
+    /// The role and label of `presented`, sent from `client`: refused without comparing when
+    /// the address has used up its failures; a wrong token counts against the address.
+    /// `Denied::NotLoggedIn` is a wrong token.
+    pub(crate) fn check(&self, client: IpAddr, presented: &str) -> Result<(Role, String), Denied> {
+        let key = address_key(client);
+        let now = Instant::now();
+        {
+            let mut limits = lock(&self.limits);
+            if limits
+                .failures
+                .get_mut(&key)
+                .is_some_and(|b| b.level_at(now) < 1.0)
+            {
+                return Err(Denied::AddressLimited);
+            }
         }
-        let (role, label) = self
-            .role_of(presented.trim().as_bytes())
-            .ok_or(Denied::NotLoggedIn)?;
+        if let Some(found) = self.role_of(presented.trim().as_bytes()) {
+            return Ok(found);
+        }
+        let mut limits = lock(&self.limits);
+        if !limits.failures.contains_key(&key) && limits.failures.len() >= MAX_ADDRESSES {
+            limits.failures.retain(|_, b| b.level_at(now) < b.capacity);
+            if limits.failures.len() >= MAX_ADDRESSES {
+                let fullest = limits
+                    .failures
+                    .iter()
+                    .max_by(|a, b| a.1.level.total_cmp(&b.1.level))
+                    .map(|(k, _)| *k);
+                if let Some(k) = fullest {
+                    limits.failures.remove(&k);
+                }
+            }
+        }
+        limits
+            .failures
+            .entry(key)
+            .or_insert_with(|| {
+                Bucket::new(
+                    self.login_limits.failures_per_address,
+                    self.login_limits.window,
+                )
+            })
+            .take();
+        Err(Denied::NotLoggedIn)
+    }
+
+    /// Exchanges a token sent from `client` for a new session: its id (the cookie's value),
+    /// the role and the token's label.
+    pub(crate) fn login(
+        &self,
+        client: IpAddr,
+        presented: &str,
+    ) -> Result<(String, Role, String), Denied> {
+        let (role, label) = self.check(client, presented)?;
+        {
+            let mut limits = lock(&self.limits);
+            let bucket = limits.per_label.entry(label.clone()).or_insert_with(|| {
+                Bucket::new(self.login_limits.logins_per_label, self.login_limits.window)
+            });
+            if !bucket.take() {
+                return Err(Denied::LabelLimited);
+            }
+        }
         let mut sessions = lock(&self.sessions);
         let now = Instant::now();
         sessions.retain(|_, s| s.ends > now);
-        if sessions.len() >= MAX_SESSIONS {
-            return Err(Denied::Full);
+        let mut own: Vec<(Instant, String)> = sessions
+            .iter()
+            .filter(|(_, s)| s.label == label)
+            .map(|(id, s)| (s.ends, id.clone()))
+            .collect();
+        if own.len() >= SESSIONS_PER_LABEL {
+            own.sort();
+            for (_, id) in own.iter().take(own.len() + 1 - SESSIONS_PER_LABEL) {
+                sessions.remove(id);
+            }
         }
         let id = random_hex();
         sessions.insert(
             id.clone(),
             Session {
-                label,
+                label: label.clone(),
                 role,
                 csrf: random_hex(),
                 ends: now + SESSION_AGE,
             },
         );
-        Ok((id, role))
+        Ok((id, role, label))
     }
 
     /// Ends the session `id`.
@@ -300,30 +540,41 @@ impl Access {
     }
 }
 
-/// A token bucket: `capacity` takes, refilled evenly over a minute.
+/// A token bucket: `capacity` takes, refilled evenly over `window`.
 #[derive(Debug)]
 struct Bucket {
     capacity: f64,
     level: f64,
     at: Instant,
+    window_secs: f64,
 }
 
 impl Bucket {
     fn per_minute(n: u32) -> Self {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    fn new(n: u32, window: Duration) -> Self {
         let capacity = f64::from(n.max(1));
         Self {
             capacity,
             level: capacity,
             at: Instant::now(),
+            window_secs: window.as_secs_f64().max(0.001),
         }
     }
 
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let refill = now.duration_since(self.at).as_secs_f64() * self.capacity / 60.0;
+    /// The level now, refilled.
+    fn level_at(&mut self, now: Instant) -> f64 {
+        let refill =
+            now.saturating_duration_since(self.at).as_secs_f64() * self.capacity / self.window_secs;
         self.level = (self.level + refill).min(self.capacity);
         self.at = now;
-        if self.level >= 1.0 {
+        self.level
+    }
+
+    fn take(&mut self) -> bool {
+        if self.level_at(Instant::now()) >= 1.0 {
             self.level -= 1.0;
             true
         } else {
@@ -391,13 +642,13 @@ mod tests {
     fn a_change_needs_the_operator_session_and_its_csrf_token() {
         let viewers =
             Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
-        let access = Access::new(operator(), Viewers::Tokens(viewers), 100);
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
         assert_eq!(access.reader(None), Err(Denied::NotLoggedIn));
         assert_eq!(
-            access.login("wrong-token-0123456789").err(),
+            access.login(A, "wrong-token-0123456789").err(),
             Some(Denied::NotLoggedIn)
         );
-        let Ok((id, role)) = access.login("0123456789abcdef0123") else {
+        let Ok((id, role, _)) = access.login(A, "0123456789abcdef0123") else {
             unreachable!("the operator's token logs in")
         };
         assert_eq!(role, Role::Operator);
@@ -409,7 +660,7 @@ mod tests {
         assert_eq!(access.changer(Some(&id), None), Err(Denied::Csrf));
         assert_eq!(access.changer(Some(&id), Some("nope")), Err(Denied::Csrf));
         assert_eq!(access.changer(Some(&id), Some(&csrf)), Ok("ann".to_owned()));
-        let Ok((vid, _)) = access.login("viewer-token-0123456") else {
+        let Ok((vid, _, _)) = access.login(A, "viewer-token-0123456") else {
             unreachable!("the viewer's token logs in")
         };
         let vcsrf = access
@@ -428,10 +679,66 @@ mod tests {
         );
     }
 
+    /// Limits that refill over an hour: what a test reads does not depend on its speed.
+    const HOUR: LoginLimits = LoginLimits {
+        failures_per_address: LOGIN_FAILURES_PER_ADDRESS,
+        logins_per_label: LOGINS_PER_LABEL,
+        window: Duration::from_secs(3600),
+    };
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    #[test]
+    fn a_strangers_failures_lock_out_only_the_strangers_address() {
+        let access = Access::new(operator(), Viewers::Open, 100, HOUR);
+        let mut refused = 0;
+        for _ in 0..25 {
+            match access.login(A, "wrong-token-0123456789") {
+                Err(Denied::NotLoggedIn) => {}
+                Err(Denied::AddressLimited) => refused += 1,
+                other => unreachable!("{other:?}"),
+            }
+        }
+        assert_eq!(refused, 25 - LOGIN_FAILURES_PER_ADDRESS as usize);
+        // A's own correct token waits for A's bucket; B's is never refused.
+        assert_eq!(
+            access.login(A, "0123456789abcdef0123").err(),
+            Some(Denied::AddressLimited)
+        );
+        assert!(access.login(B, "0123456789abcdef0123").is_ok());
+        // An IPv6 host counts by its /64.
+        let v6a: IpAddr = "2001:db8::1".parse().unwrap_or(A);
+        let v6b: IpAddr = "2001:db8::2".parse().unwrap_or(A);
+        assert_eq!(address_key(v6a), address_key(v6b));
+        assert_eq!(address_key("::ffff:10.0.0.1".parse().unwrap_or(B)), A);
+    }
+
+    #[test]
+    fn a_label_logs_in_a_bounded_number_of_times_and_keeps_a_bounded_number_of_sessions() {
+        let viewers =
+            Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
+        let mut first = None;
+        for _ in 0..LOGINS_PER_LABEL {
+            let Ok((id, _, label)) = access.login(A, "0123456789abcdef0123") else {
+                unreachable!("within the label's rate")
+            };
+            assert_eq!(label, "ann");
+            first.get_or_insert(id);
+        }
+        assert_eq!(
+            access.login(A, "0123456789abcdef0123").err(),
+            Some(Denied::LabelLimited)
+        );
+        assert!(access.login(A, "viewer-token-0123456").is_ok());
+        assert!(access.reader(first.as_deref()).is_ok());
+        assert!(lock(&access.sessions).len() <= SESSIONS_PER_LABEL * 2);
+    }
+
     #[test]
     fn actions_are_rate_limited() {
-        let access = Access::new(operator(), Viewers::Open, 2);
-        let Ok((id, _)) = access.login("0123456789abcdef0123") else {
+        let access = Access::new(operator(), Viewers::Open, 2, HOUR);
+        let Ok((id, _, _)) = access.login(A, "0123456789abcdef0123") else {
             unreachable!("the operator's token logs in")
         };
         let csrf = access

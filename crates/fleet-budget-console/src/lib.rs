@@ -16,7 +16,12 @@
 //!   class, from a sample refreshed in the background (a page view never reads the queue);
 //! - `replay`: the one file that calls the replay library (dry run, run, purge);
 //! - `pages` and `routes`: the HTML (maud: templates are Rust, every value escaped unless
-//!   marked otherwise, and nothing here marks one) and the HTTP routes (axum's HTTP/1 server).
+//!   marked otherwise, and nothing here marks one) and the HTTP routes (axum's router), behind
+//!   one guard (the bounds of a request's head, the `Host` allow-list, the `Origin` of a change,
+//!   the body read within its deadline and size) that also puts the security headers on every
+//!   answer, refusals included;
+//! - `server`: hyper's HTTP/1 connections under the router, with the network's bounds
+//!   ([`NetLimits`]: the head and write deadlines, connections per address and in all).
 //!   Every response carries a Content-Security-Policy without inline scripts; the one script is
 //!   vendored in the crate (`crates/fleet-budget-console/static/console.js`, no build step) and writes text only
 //!   (`textContent`), never HTML.
@@ -30,6 +35,7 @@ mod fleet;
 mod pages;
 mod replay;
 mod routes;
+mod server;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -40,9 +46,9 @@ use fleet_budget::store::{RedisStore, RedisTarget};
 use fleet_budget_amqp::{Replayer, Topology, WorkerConfig};
 use tokio::sync::Notify;
 
-pub use access::{MIN_TOKEN_BYTES, Token, TokenError, Viewers};
+pub use access::{LoginLimits, MIN_TOKEN_BYTES, Token, TokenError, Viewers};
 
-use crate::access::{Access, lock};
+use crate::access::{Access, Counters, lock};
 use crate::dead_letters::{Sample, Which};
 use crate::fleet::History;
 use crate::replay::Jobs;
@@ -69,6 +75,108 @@ pub struct ConsoleSettings {
     /// Actions (overrides, replays, purges, refreshes) accepted per minute, all operators
     /// together.
     pub actions_per_minute: u32,
+    /// The address browsers use when it is not the bind address (`https://console.example`
+    /// behind a TLS proxy): its host is allowed in the `Host` header beside the bind address's,
+    /// and an `https://` URL marks the cookies `Secure`.
+    pub public_url: Option<PublicUrl>,
+    /// Proxies whose `X-Forwarded-For` names the client (its last address): the login limits
+    /// and the connection limits count that client, not the proxy.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// The network's bounds (deadlines, connections).
+    pub limits: NetLimits,
+    /// The login limits (per client address, per token label).
+    pub login_limits: LoginLimits,
+}
+
+/// The public address of the console, as given to `--public-url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl {
+    https: bool,
+    host: String,
+}
+
+/// A `--public-url` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the public URL must be http://HOST[:PORT][/...] or https://HOST[:PORT][/...]: {0}")]
+pub struct PublicUrlError(String);
+
+impl PublicUrl {
+    /// Reads `http://HOST[:PORT][/PATH]` or `https://...` (no user, no password).
+    ///
+    /// # Errors
+    /// Another scheme, no host, or credentials in the URL.
+    pub fn parse(url: &str) -> Result<Self, PublicUrlError> {
+        let why = |w: &str| PublicUrlError(w.to_owned());
+        let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = url.strip_prefix("http://") {
+            (false, r)
+        } else {
+            return Err(why("the scheme is not http:// or https://"));
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        if authority.contains('@') {
+            return Err(why("a user or password in the URL"));
+        }
+        let host = routes::host_part(authority).to_ascii_lowercase();
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c))
+        {
+            return Err(why("no host, or a host with characters a host cannot have"));
+        }
+        Ok(Self { https, host })
+    }
+
+    /// Whether browsers reach the console over TLS.
+    #[must_use]
+    pub fn https(&self) -> bool {
+        self.https
+    }
+
+    /// The host (lower case, without the port).
+    #[must_use]
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+}
+
+/// The network's bounds. Why each: a request that never finishes its head or body, or a
+/// client that never reads its answer, would hold a connection (a file descriptor) for ever;
+/// 1,100 of them stopped `/login` answering under a 1,024-file limit (issue 32).
+#[derive(Debug, Clone)]
+pub struct NetLimits {
+    /// A request's head must arrive within this (an idle keep-alive connection waiting for
+    /// its next request is closed after it too). On expiry the connection is closed, without
+    /// an answer.
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this after its head; else 408 and the connection
+    /// closed.
+    pub body_timeout: Duration,
+    /// A write the client does not read for this long ends the connection.
+    pub write_idle_timeout: Duration,
+    /// Connections open at once. When full, a new connection closes the one that has waited
+    /// longest for a request head (a half-sent request or an idle keep-alive); if every one is
+    /// in a request, the new one is closed.
+    pub max_connections: usize,
+    /// Connections open at once from one client address (IPv6 by /64); more are closed on
+    /// arrival. Trusted proxies are exempt.
+    pub max_connections_per_address: usize,
+}
+
+impl Default for NetLimits {
+    /// 10 s for a head, 10 s for a body, 30 s for a stalled write, 512 connections, 64 from
+    /// one address.
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            write_idle_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_connections_per_address: 64,
+        }
+    }
 }
 
 impl ConsoleSettings {
@@ -86,6 +194,10 @@ impl ConsoleSettings {
             history_every: Duration::from_secs(5),
             upstream_timeout: Duration::from_secs(10),
             actions_per_minute: 30,
+            public_url: None,
+            trusted_proxies: Vec::new(),
+            limits: NetLimits::default(),
+            login_limits: LoginLimits::default(),
         }
     }
 }
@@ -131,6 +243,8 @@ pub(crate) struct App {
     /// move messages under it.
     pub(crate) queue_work: Arc<tokio::sync::Mutex<()>>,
     pub(crate) jobs: Jobs,
+    /// The counters of `/metrics`.
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl App {
@@ -229,6 +343,7 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
             settings.operators.clone(),
             settings.viewers.clone(),
             settings.actions_per_minute,
+            settings.login_limits,
         ),
         store: Arc::new(store),
         audit: budget.audit.log(),
@@ -239,6 +354,7 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         sample_wanted: Arc::default(),
         queue_work: Arc::new(tokio::sync::Mutex::new(())),
         jobs: Jobs::default(),
+        counters: Arc::new(Counters::default()),
         settings,
     });
     let background = vec![
@@ -246,14 +362,13 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         tokio::spawn(keep_samples(app.clone())),
     ];
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = app.settings.limits.clone();
+    let trusted = app.settings.trusted_proxies.clone();
+    let counters = Arc::clone(&app.counters);
     let router = routes::router(app);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(server::serve(
+        listener, router, limits, trusted, counters, stopped,
+    ));
     Ok(RunningConsole {
         addr,
         stop: Some(stop),

@@ -6,8 +6,10 @@ use super::*;
 pub(super) async fn login_page(State(app): State<Arc<App>>, h: HeaderMap) -> Response {
     let visitor = app.access.reader(session(&h)).ok();
     let nonce = random_hex();
-    let cookie =
-        format!("{LOGIN_COOKIE}={nonce}; Path=/login; HttpOnly; SameSite=Strict; Max-Age=600");
+    let cookie = format!(
+        "{LOGIN_COOKIE}={nonce}; Path=/login; {}; Max-Age=600",
+        cookie_attributes(&app)
+    );
     (
         [(header::SET_COOKIE, cookie)],
         pages::login(visitor.as_ref(), &nonce, None),
@@ -24,6 +26,7 @@ pub(super) struct LoginForm {
 
 pub(super) async fn login_action(
     State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
     h: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Response {
@@ -33,23 +36,25 @@ pub(super) async fn login_action(
     )
     .unwrap_or_default();
     if expected.is_empty() || expected != f.login_csrf {
+        Counters::add(&app.counters.login_stale_form);
+        tracing::warn!(client = %client.0, reason = "stale_form", via = "login", "console: login refused");
         return refused(
             StatusCode::FORBIDDEN,
             "the login form is stale: open /login again",
         );
     }
-    match app.access.login(&f.token) {
-        Ok((id, role)) => {
-            tracing::info!(role = ?role, "console: login");
-            let cookie =
-                format!("{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200");
+    let attributes = cookie_attributes(&app);
+    match app.access.login(client.0, &f.token) {
+        Ok((id, role, label)) => {
+            Counters::add(&app.counters.logins);
+            tracing::info!(role = ?role, label = %label, client = %client.0, "console: login");
+            let cookie = format!("{SESSION_COOKIE}={id}; Path=/; {attributes}; Max-Age=43200");
             ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
         }
         Err(Denied::NotLoggedIn) => {
+            login_failed(&app, client.0, &Denied::NotLoggedIn, "login");
             let nonce = random_hex();
-            let cookie = format!(
-                "{LOGIN_COOKIE}={nonce}; Path=/login; HttpOnly; SameSite=Strict; Max-Age=600"
-            );
+            let cookie = format!("{LOGIN_COOKIE}={nonce}; Path=/login; {attributes}; Max-Age=600");
             (
                 StatusCode::UNAUTHORIZED,
                 [(header::SET_COOKIE, cookie)],
@@ -61,7 +66,10 @@ pub(super) async fn login_action(
             )
                 .into_response()
         }
-        Err(d) => denied(&d, false),
+        Err(d) => {
+            login_failed(&app, client.0, &d, "login");
+            denied(&d, false)
+        }
     }
 }
 
@@ -77,6 +85,9 @@ pub(super) async fn logout_action(
     if let Some(id) = session(&h) {
         app.access.logout(id);
     }
-    let cookie = format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    let cookie = format!(
+        "{SESSION_COOKIE}=; Path=/; {}; Max-Age=0",
+        cookie_attributes(&app)
+    );
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response())
 }

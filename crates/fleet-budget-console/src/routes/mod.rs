@@ -11,11 +11,13 @@ mod login;
 mod reads;
 mod security;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Form, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Redirect, Response};
@@ -26,7 +28,9 @@ use fleet_budget::control::overrides::{self, MAX_OVERRIDE_DURATION};
 use serde::Deserialize;
 
 use crate::App;
-use crate::access::{Denied, LOGIN_COOKIE, SESSION_COOKIE, Visitor, cookie, lock, random_hex};
+use crate::access::{
+    Counters, Denied, LOGIN_COOKIE, SESSION_COOKIE, Visitor, cookie, lock, random_hex,
+};
 use crate::dead_letters::Which;
 use crate::filters::{FilterForm, some};
 use crate::pages;
@@ -35,6 +39,7 @@ use crate::replay::{self, RunContext};
 use actions::*;
 use login::*;
 use reads::*;
+pub(crate) use security::host_part;
 use security::*;
 
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -61,12 +66,12 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/logout", post(logout_action))
         .route("/static/console.js", get(script))
         .route("/static/console.css", get(style))
+        .merge(Router::new().route("/metrics", get(metrics)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(guard))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
         .with_state(app)
 }
 
-/// Security headers on every response; a change whose `Origin` is not this console refused
 fn refused(status: StatusCode, why: &str) -> Response {
     (status, pages::refusal(status, why)).into_response()
 }
@@ -84,7 +89,14 @@ fn denied(d: &Denied, page: bool) -> Response {
             StatusCode::TOO_MANY_REQUESTS,
             "too many actions in the last minute",
         ),
-        Denied::Full => refused(StatusCode::SERVICE_UNAVAILABLE, "too many sessions"),
+        Denied::AddressLimited => refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many failed logins from this address in the last minute: wait a minute",
+        ),
+        Denied::LabelLimited => refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many logins with this token in the last minute: wait a minute",
+        ),
     }
 }
 

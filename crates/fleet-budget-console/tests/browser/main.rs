@@ -13,6 +13,7 @@
 
 mod breaker;
 mod fleet;
+mod security;
 mod webdriver;
 
 use std::time::Duration;

@@ -118,11 +118,24 @@ impl Driver {
 
     /// A headless Chromium session.
     pub(crate) async fn browser(&self) -> Browser {
+        self.browser_with(&[]).await
+    }
+
+    /// A headless Chromium session with more command-line switches (`--host-resolver-rules=...`).
+    pub(crate) async fn browser_with(&self, more: &[&str]) -> Browser {
+        let mut args = vec![
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,900",
+        ];
+        args.extend_from_slice(more);
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
+                "args": args
             }
         }}});
         let v = call(&self.addr, "POST", "/session", Some(&caps)).await;
