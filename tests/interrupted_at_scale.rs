@@ -256,20 +256,39 @@ fn actions_cut_off_at_scale_copy_nothing_twice_and_lose_nothing() {
         "replay killed after {:.1}s with {moved_first} in the work queue",
         took.as_secs_f64()
     );
-    let (second, took) = ctl.json(&[
-        "replay",
-        "--dependency",
-        "search",
-        "--rate",
-        "20000",
-        "--fixed-rate",
-        "--actor",
-        "ann@ops",
-        "--note",
-        "INC-31 second",
-        "--json",
-    ]);
-    println!("second replay in {:.1}s: {second}", took.as_secs_f64());
+    // Run again until search's are all out (a move whose claim Redis did not answer in time is
+    // left in the queue, counted failed, exit 1: the next run takes it).
+    let mut already_moved = 0;
+    for run in 1..=3 {
+        let start = Instant::now();
+        let out = ctl
+            .command(&[
+                "replay",
+                "--dependency",
+                "search",
+                "--rate",
+                "20000",
+                "--fixed-rate",
+                "--actor",
+                "ann@ops",
+                "--note",
+                "INC-31 again",
+                "--json",
+            ])
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        let again: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        println!(
+            "replay again ({run}) in {:.1}s, exit {:?}: {again}",
+            start.elapsed().as_secs_f64(),
+            out.status.code()
+        );
+        already_moved += again["already_moved"].as_u64().unwrap_or(0);
+        if depth(&broker, &dead) == mail_n {
+            break;
+        }
+    }
     let moved = block_on(broker.drain(&work));
     let in_parked = block_on(broker.drain(&parked));
     let moved_ids = ids_of(&moved);
@@ -292,7 +311,7 @@ fn actions_cut_off_at_scale_copy_nothing_twice_and_lose_nothing() {
         unique.len(),
         doubt.len(),
         doubt.iter().filter(|d| unique.contains(d)).count(),
-        second["already_moved"],
+        already_moved,
     );
     assert_eq!(duplicates, 0, "no job copied twice");
     assert_eq!(lost, 0, "none lost");
@@ -388,10 +407,9 @@ fn actions_cut_off_at_scale_copy_nothing_twice_and_lose_nothing() {
     ] {
         assert!(actions.iter().any(|x| x == a), "{a} in {actions:?}");
     }
-    assert_eq!(
-        actions.iter().filter(|a| *a == "replay_started").count(),
-        2,
-        "both replays' intents"
+    assert!(
+        actions.iter().filter(|a| *a == "replay_started").count() >= 2,
+        "every replay's intent"
     );
     let claims = Command::new("redis-cli")
         .args(["HLEN", &format!("{key_prefix}:v1:replay-moves:{{{dead}}}")])

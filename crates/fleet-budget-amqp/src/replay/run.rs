@@ -596,7 +596,20 @@ async fn claim_move(
         return Claimed::Go;
     };
     let name = format!("{id} {} {}", record.replays, record.dead_lettered_ms);
-    match moves.claim(&name).await {
+    // A claim that passed its deadline may have landed all the same: tried again, "this run"
+    // then means it did. Three tries, 50 ms apart: a loaded Redis, not one that is down.
+    let mut claim = moves.claim(&name).await;
+    for _ in 0..2 {
+        if claim.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        claim = moves.claim(&name).await.map(|c| match c {
+            Claim::ThisRun => Claim::Mine,
+            other => other,
+        });
+    }
+    match claim {
         Ok(Claim::Mine) => {
             settler.claimed(tag, name, true);
             Claimed::Go
