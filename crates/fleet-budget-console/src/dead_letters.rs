@@ -791,7 +791,10 @@ mod tests {
             dependency: Some("search".into()),
             ..ReplayFilter::default()
         };
-        assert_eq!(sample.members(&search, "http_503", Sort::Default, 0, 10).1, 1);
+        assert_eq!(
+            sample.members(&search, "http_503", Sort::Default, 0, 10).1,
+            1
+        );
         assert!(sample.message("search-30").is_some());
     }
 }

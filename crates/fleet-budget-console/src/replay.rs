@@ -24,8 +24,8 @@ use fleet_budget::store::RedisStore;
 use fleet_budget_amqp::dead_letters::{Changes, Counted};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::replay::{
-    Breakers, HoldReason, InspectOptions, Look, Pace, PurgeReport, QueuedMessage, Rate,
-    ReplayMode, ReplayOutcome, audit, inspect_queue_with,
+    Breakers, HoldReason, InspectOptions, Look, Pace, PurgeReport, QueuedMessage, Rate, ReplayMode,
+    ReplayOutcome, audit, inspect_queue_with,
 };
 use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,

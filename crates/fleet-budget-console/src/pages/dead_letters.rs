@@ -13,7 +13,11 @@ pub(super) fn filter_fields(q: &FilterForm) -> Markup {
         input type="hidden" name="since" value=(v(&q.since));
         input type="hidden" name="until" value=(v(&q.until));
         input type="hidden" name="error_contains" value=(v(&q.error_contains));
-        input type="hidden" name="error_class" value=(v(&q.error_class));
+        @if q.g.is_some() {
+            input type="hidden" name="g" value=(v(&q.g));
+        } @else {
+            input type="hidden" name="error_class" value=(v(&q.error_class));
+        }
         input type="hidden" name="malformed" value=(v(&q.malformed));
     }
 }
@@ -57,7 +61,12 @@ pub(super) fn sample_note(sample: &Sample, bound: u64) -> Markup {
 }
 
 /// The address of a group's page: by its short key, with the page's filters.
-pub(crate) fn group_link(which: Which, key: &str, q: &FilterForm, extra: &[(&str, Option<&str>)]) -> String {
+pub(crate) fn group_link(
+    which: Which,
+    key: &str,
+    q: &FilterForm,
+    extra: &[(&str, Option<&str>)],
+) -> String {
     let mut pairs = vec![
         ("queue", Some(which.as_str())),
         ("g", Some(key)),
@@ -138,7 +147,7 @@ pub(crate) fn dead_letters(
                             td { (age(g.oldest_ms)) }
                             @if is_operator(v) {
                                 td.act {
-                                    @let group = FilterForm { queue: Some(which.as_str().to_owned()), dependency: Some(g.dependency.clone()), reason: Some(g.reason.clone()), error_class: Some(g.error_class.clone()), ..q.clone() };
+                                    @let group = FilterForm { queue: Some(which.as_str().to_owned()), dependency: None, reason: None, error_class: None, g: Some(g.key()), ..q.clone() };
                                     @if which == Which::Dead {
                                         form.inline.replay method="post" action="/replay/dry-run" {
                                             (csrf_input(v)) (filter_fields(&group))
@@ -194,13 +203,28 @@ pub(crate) fn group(
     let key = g.key();
     let link = |sort: Sort, n: usize| {
         let n = n.to_string();
-        group_link(which, &key, q, &[("sort", Some(sort.as_str())), ("page", Some(n.as_str()).filter(|p| *p != "1"))])
+        group_link(
+            which,
+            &key,
+            q,
+            &[
+                ("sort", Some(sort.as_str())),
+                ("page", Some(n.as_str()).filter(|p| *p != "1")),
+            ],
+        )
     };
     let title = format!(
         "{} × {} × {}",
         fleet_budget::redact::truncate(&t(&g.dependency), 60),
         fleet_budget::redact::truncate(&t(&g.reason), 60),
-        fleet_budget::redact::truncate(&t(if g.error_class.is_empty() { "(none)" } else { &g.error_class }), 60),
+        fleet_budget::redact::truncate(
+            &t(if g.error_class.is_empty() {
+                "(none)"
+            } else {
+                &g.error_class
+            }),
+            60
+        ),
     );
     layout(
         &title,
@@ -367,6 +391,7 @@ pub(crate) fn message(
 pub(crate) fn dry_run(
     v: &Visitor,
     q: &FilterForm,
+    shown: &FilterForm,
     p: &Prediction,
     rate: f64,
     limit: Option<u64>,
@@ -376,7 +401,8 @@ pub(crate) fn dry_run(
         "Replay: dry run",
         Some(v),
         html! {
-            p { "Nothing moved, nothing read: predicted from the dead-letter index. Of " (p.total) " messages in the dead-letter queue:" }
+            p #selection { "Selected: " code { (short(shown.dependency.as_deref().unwrap_or("any dependency"))) " × " (short(shown.reason.as_deref().unwrap_or("any reason"))) " × " (short(shown.error_class.as_deref().map_or("any error class", |c| if c.is_empty() { "(none)" } else { c }))) } }
+            p { "Nothing moved, nothing read: predicted from the dead-letter index. Of " (count(p.total)) " messages in the dead-letter queue:" }
             @if let Some(why) = &p.estimate {
                 p.warning #p-estimate { "An estimate, not exact: " (why) " (" (p.uncertain) " messages could not be placed; each is either moved or skipped)." }
             } @else {
@@ -407,7 +433,8 @@ pub(crate) fn purge_confirm(
     v: &Visitor,
     which: Which,
     q: &FilterForm,
-    count: u64,
+    shown: &FilterForm,
+    n: u64,
     sample: &Sample,
 ) -> Markup {
     layout(
@@ -415,8 +442,8 @@ pub(crate) fn purge_confirm(
         Some(v),
         html! {
             p.warning { "A purge removes messages for good. The " (which.name()) " queue's index counts "
-                strong #purge-count { (count) } " messages of "
-                code { (short(q.dependency.as_deref().unwrap_or("?"))) " × " (short(q.reason.as_deref().unwrap_or("?"))) " × " (short(q.error_class.as_deref().unwrap_or("-"))) }
+                strong #purge-count { (n) } " messages of "
+                code { (short(shown.dependency.as_deref().unwrap_or("?"))) " × " (short(shown.reason.as_deref().unwrap_or("?"))) " × " (short(shown.error_class.as_deref().unwrap_or("-"))) }
                 " (of " (sample.counts.as_ref().map_or(0, |c| c.depth)) " in the queue; " (exact_word(sample)) "); exactly the messages of this row go, nothing else. It runs in the background with a page of its own." }
             form #confirm-purge method="post" action="/dead-letters/purge" {
                 (csrf_input(v)) (filter_fields(q))

@@ -87,7 +87,13 @@ pub(crate) fn page_of(asked: Option<&str>, total: usize) -> (usize, usize) {
 
 /// What a page of a list shows ("1–50 of 2,931") and links to the pages before and after;
 /// `link(n)` is the address of page `n`.
-pub(crate) fn pager(id: &str, page: usize, total: usize, what: &str, link: &dyn Fn(usize) -> String) -> Markup {
+pub(crate) fn pager(
+    id: &str,
+    page: usize,
+    total: usize,
+    what: &str,
+    link: &dyn Fn(usize) -> String,
+) -> Markup {
     let pages = total.div_ceil(PER_PAGE).max(1);
     let first = (page - 1) * PER_PAGE + 1;
     let last = (page * PER_PAGE).min(total);

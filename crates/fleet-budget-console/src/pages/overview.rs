@@ -84,20 +84,43 @@ pub(super) fn dead_letter_counts(samples: [&Sample; 2]) -> Markup {
         .collect();
     deps.sort();
     deps.dedup();
-    let of = |s: &Sample, d: &str| s.per_dependency().into_iter().find(|(x, _)| x == d).map_or(0, |(_, n)| n);
-    let mut rows: Vec<(String, u64, u64)> = deps.into_iter().map(|d| { let (a, b) = (of(dead, &d), of(parked, &d)); (d, a, b) }).collect();
+    let of = |s: &Sample, d: &str| {
+        s.per_dependency()
+            .into_iter()
+            .find(|(x, _)| x == d)
+            .map_or(0, |(_, n)| n)
+    };
+    let mut rows: Vec<(String, u64, u64)> = deps
+        .into_iter()
+        .map(|d| {
+            let (a, b) = (of(dead, &d), of(parked, &d));
+            (d, a, b)
+        })
+        .collect();
     rows.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
     let total = rows.len();
     let label = |s: &Sample| -> (&'static str, String) {
         match &s.counts {
             None => ("unknown", "not read yet".to_owned()),
             Some(c) if c.exact() => ("exact", format!("exact: {} in the queue", count(c.depth))),
-            Some(c) => ("estimate", format!("estimate: {} in the queue, {} counted", count(c.depth), count(c.indexed()))),
+            Some(c) => (
+                "estimate",
+                format!(
+                    "estimate: {} in the queue, {} counted",
+                    count(c.depth),
+                    count(c.indexed())
+                ),
+            ),
         }
     };
     let (dead_kind, dead_words) = label(dead);
     let (parked_kind, parked_words) = label(parked);
-    let link = |which: &str, d: &str| format!("/dead-letters?{}", query(&[("queue", Some(which)), ("dependency", Some(d))]));
+    let link = |which: &str, d: &str| {
+        format!(
+            "/dead-letters?{}",
+            query(&[("queue", Some(which)), ("dependency", Some(d))])
+        )
+    };
     html! {
         h2 { "Dead letters per dependency" }
         table #dead-letter-counts {

@@ -2,6 +2,7 @@
 //! purge, a cancel.
 
 use super::*;
+use fleet_budget_amqp::ReplayFilter;
 
 /// An override from the page.
 #[derive(Debug, Deserialize)]
@@ -105,6 +106,47 @@ pub(super) async fn refresh_action(
     Ok(Redirect::to("/dead-letters").into_response())
 }
 
+/// What a form selects: the library's filter, and the form as the page shows it. A form from a
+/// group's row names the group by its short key (`g`): the group's text is never put in a page
+/// (an error class may hold a secret, which the page shows redacted), it is read here from the
+/// queue's index. An empty error class selects the messages without one.
+fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter), Response> {
+    let Some(key) = some(form.g.as_ref()) else {
+        let filter = form.filter().map_err(|e| bad(&e))?;
+        return Ok((form.clone(), filter));
+    };
+    let rest = FilterForm {
+        dependency: None,
+        reason: None,
+        error_class: None,
+        g: None,
+        ..form.clone()
+    };
+    let sample = app.sample(form.which());
+    let group = sample
+        .group_by_key(&rest.filter().map_err(|e| bad(&e))?, key)
+        .ok_or_else(|| {
+            refused(
+                StatusCode::NOT_FOUND,
+                "no such group in the queue's index now (replayed or purged since?)",
+            )
+        })?;
+    let shown = FilterForm {
+        dependency: Some(group.dependency.clone()),
+        reason: Some(group.reason.clone()),
+        error_class: Some(group.error_class.clone()),
+        ..rest
+    };
+    let mut filter = FilterForm {
+        error_class: None,
+        ..shown.clone()
+    }
+    .filter()
+    .map_err(|e| bad(&e))?;
+    filter.error_class = Some(group.error_class);
+    Ok((shown, filter))
+}
+
 fn run_context(app: &App) -> RunContext {
     RunContext {
         config: app.settings.config.clone(),
@@ -163,7 +205,7 @@ pub(super) async fn dry_run_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (shown, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
         return Err(bad(
             "a replay names its dependency (as `budgetctl replay --dependency`)",
@@ -180,7 +222,16 @@ pub(super) async fn dry_run_action(
     )
     .await;
     let prediction = prediction?;
-    Ok(pages::dry_run(&visitor, &f.filter, &prediction, rate, limit, &f.note).into_response())
+    Ok(pages::dry_run(
+        &visitor,
+        &f.filter,
+        &shown,
+        &prediction,
+        rate,
+        limit,
+        &f.note,
+    )
+    .into_response())
 }
 
 pub(super) async fn replay_action(
@@ -189,7 +240,7 @@ pub(super) async fn replay_action(
     Form(f): Form<ActionForm>,
 ) -> Page {
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (_, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
         return Err(bad("a replay names its dependency"));
     }
@@ -220,7 +271,7 @@ pub(super) async fn purge_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (shown, filter) = selection(&app, &f.filter)?;
     let which = f.filter.which();
     if filter.dependency.is_none() || filter.reason.is_none() {
         return Err(bad("a purge names a group: its dependency and reason"));
@@ -233,7 +284,8 @@ pub(super) async fn purge_action(
             c.matching(|row| filter.selects_row(row) != Some(false))
         });
         return Ok(
-            pages::purge_confirm(&visitor, which, &f.filter, count, &sample).into_response(),
+            pages::purge_confirm(&visitor, which, &f.filter, &shown, count, &sample)
+                .into_response(),
         );
     }
     // A job of its own: a purge is never cut off half-way by the request's deadline (a read
@@ -250,7 +302,9 @@ pub(super) async fn purge_action(
     )
     .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
     match wait_for_job(&app, &id).await {
-        Some(job) if job.error.is_none() => Ok(pages::purged(&visitor, which, &job).into_response()),
+        Some(job) if job.error.is_none() => {
+            Ok(pages::purged(&visitor, which, &job).into_response())
+        }
         Some(job) => Err(refused(
             StatusCode::BAD_GATEWAY,
             &format!("the purge failed: {}", job.error.unwrap_or_default()),
@@ -290,7 +344,10 @@ pub(super) struct MessageForm {
 
 impl MessageForm {
     /// The message, as the last sample read it, and the note; refused without them.
-    fn message(&self, app: &App) -> Result<(Which, fleet_budget_amqp::replay::QueuedMessage, String), Response> {
+    fn message(
+        &self,
+        app: &App,
+    ) -> Result<(Which, fleet_budget_amqp::replay::QueuedMessage, String), Response> {
         let which = Which::parse(self.queue.as_deref());
         let note = self.note.trim();
         if note.is_empty() {
@@ -320,18 +377,30 @@ pub(super) async fn message_replay_action(
     }
     let (which, m, note) = f.message(&app)?;
     if which != Which::Dead {
-        return Err(bad("only a dead letter is replayed from here (`budgetctl parked replay` replays parked messages)"));
+        return Err(bad(
+            "only a dead letter is replayed from here (`budgetctl parked replay` replays parked messages)",
+        ));
     }
     let Some(dependency) = m.dependency.clone().filter(|_| m.unreadable.is_none()) else {
-        return Err(bad("this message's dead-letter headers cannot be read: a replay would park it; purge it instead"));
+        return Err(bad(
+            "this message's dead-letter headers cannot be read: a replay would park it; purge it instead",
+        ));
     };
     let filter = fleet_budget_amqp::ReplayFilter {
         dependency: Some(dependency),
         message_id: Some(f.id.clone()),
         ..fleet_budget_amqp::ReplayFilter::default()
     };
-    let id = replay::start(&app.jobs, run_context(&app), filter, 50.0, Some(1), actor, note)
-        .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
+    let id = replay::start(
+        &app.jobs,
+        run_context(&app),
+        filter,
+        50.0,
+        Some(1),
+        actor,
+        note,
+    )
+    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
     Ok(Redirect::to(&format!("/replay/{id}")).into_response())
 }
 

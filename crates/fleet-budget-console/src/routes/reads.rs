@@ -52,7 +52,7 @@ pub(super) async fn dependency_page(
     Ok(pages::dependency(&visitor, &dep, &ov, &history, &trail).into_response())
 }
 
-/// A list's query: the filters, the page and the sort; `g`, a group's short key.
+/// A list's query: the filters (with `g`, a group's short key), the page and the sort.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ListQuery {
     #[serde(flatten)]
@@ -61,8 +61,6 @@ pub(super) struct ListQuery {
     page: Option<String>,
     #[serde(default)]
     sort: Option<String>,
-    #[serde(default)]
-    g: Option<String>,
 }
 
 pub(super) async fn dead_letters_page(
@@ -106,7 +104,7 @@ pub(super) async fn group_page(
     let which = q.filter.which();
     let sample = app.sample(which);
     // The group by its key (links carry it), or by its fields (older links, typed addresses).
-    let group = match some(q.g.as_ref()) {
+    let group = match some(q.filter.g.as_ref()) {
         Some(key) => {
             let filter = q.filter.filter().map_err(|e| bad(&e))?;
             sample.group_by_key(&filter, key).ok_or_else(|| {
@@ -125,6 +123,7 @@ pub(super) async fn group_page(
         },
     };
     let form = FilterForm {
+        g: None,
         dependency: Some(group.dependency.clone()).filter(|d| !d.is_empty()),
         reason: Some(group.reason.clone())
             .filter(|r| fleet_budget::DeadLetterReason::parse(r).is_some()),
@@ -132,7 +131,7 @@ pub(super) async fn group_page(
         ..q.filter.clone()
     };
     let filter = form.filter().map_err(|e| bad(&e))?;
-    let group = if q.g.is_none() {
+    let group = if q.filter.g.is_none() {
         let counted = sample.group_by_key(&filter, &group.key());
         counted.unwrap_or(group)
     } else {
@@ -141,8 +140,12 @@ pub(super) async fn group_page(
     let sort = Sort::parse(q.sort.as_deref());
     let (_, total) = sample.members(&filter, &group.error_class, sort, 0, 0);
     let (offset, page) = pages::page_of(q.page.as_deref(), total);
-    let (members, total) = sample.members(&filter, &group.error_class, sort, offset, pages::PER_PAGE);
-    Ok(pages::group(&visitor, which, &q.filter, &group, sort, page, &sample, &members, total).into_response())
+    let (members, total) =
+        sample.members(&filter, &group.error_class, sort, offset, pages::PER_PAGE);
+    Ok(pages::group(
+        &visitor, which, &q.filter, &group, sort, page, &sample, &members, total,
+    )
+    .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +201,12 @@ pub(super) async fn replay_json(
         .get(&id)
         .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
     // The run's fields, and the words its page shows for them (one wording, the server's).
+    // Its texts through the one door for outside text, as on its page.
+    let mut job = job;
+    job.selected = pages::t(&job.selected);
+    job.actor = pages::t(&job.actor);
+    job.error = job.error.as_deref().map(pages::t);
+    job.message_id = job.message_id.as_deref().map(pages::t);
     let mut body = serde_json::to_value(&job).unwrap_or_default();
     if let Some(o) = body.as_object_mut() {
         o.insert("state".to_owned(), job.state().into());
