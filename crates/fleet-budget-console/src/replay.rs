@@ -842,3 +842,40 @@ async fn purge(
 fn before_depth(d: &fleet_budget_amqp::QueueDepths, parked: bool) -> u64 {
     u64::from(if parked { d.parked } else { d.dead })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, done: bool) -> Arc<Job> {
+        Arc::new(Job {
+            state: Mutex::new(JobState {
+                id: id.to_owned(),
+                done,
+                ..JobState::default()
+            }),
+            cancel: watch::channel(false).0,
+        })
+    }
+
+    #[test]
+    fn a_job_that_has_not_ended_is_never_dropped_from_the_list() {
+        let jobs = Jobs::default();
+        jobs.add(job("held", false)).unwrap();
+        for i in 0..(JOBS_KEPT * 2) {
+            jobs.add(job(&format!("ended-{i}"), true)).unwrap();
+        }
+        assert!(jobs.get("held").is_some(), "the held replay keeps its page");
+        assert_eq!(jobs.all().len(), JOBS_KEPT + 1);
+        assert!(jobs.get("ended-0").is_none(), "the oldest ended ones go");
+        assert_eq!(jobs.cancel("held", "ann").0, Cancel::Asked);
+        for i in 1..JOBS_RUNNING_MAX {
+            jobs.add(job(&format!("running-{i}"), false)).unwrap();
+        }
+        assert!(
+            jobs.add(job("one-too-many", false)).is_err(),
+            "at most {JOBS_RUNNING_MAX} wait or run"
+        );
+        assert!(jobs.get("held").is_some());
+    }
+}

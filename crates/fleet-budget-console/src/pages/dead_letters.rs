@@ -270,6 +270,20 @@ const MESSAGE_PAGE_HEADERS_MAX: usize = 96 * 1024;
 /// Bytes of the body shown on the message page.
 const MESSAGE_PAGE_BODY_MAX: usize = 32 * 1024;
 
+/// Each header with the part of its value the page shows: [`MESSAGE_PAGE_HEADERS_MAX`] bytes
+/// in all, in order.
+fn fields_shown(d: &Detail) -> Vec<(&crate::dead_letters::Field, String)> {
+    let mut left = MESSAGE_PAGE_HEADERS_MAX;
+    d.headers
+        .iter()
+        .map(|f| {
+            let shown = fleet_budget::redact::truncate(&f.value, left.min(f.value.len()).max(16));
+            left = left.saturating_sub(shown.len());
+            (f, shown)
+        })
+        .collect()
+}
+
 /// One message: what it is, every error its headers carry, its body and its headers; an
 /// operator replays or purges it (that message only, by its id).
 pub(crate) fn message(
@@ -282,7 +296,6 @@ pub(crate) fn message(
     let m = &s.message;
     let id = m.message_id.clone().unwrap_or_default();
     let field = |name: &str, value: Option<&str>| html! { tr { th { (name) } td.value { (short_at(value.unwrap_or("-"), 2048)) } } };
-    let mut left = MESSAGE_PAGE_HEADERS_MAX;
     layout(
         &format!("Message {}", fleet_budget::redact::truncate(&t(&id), 80)),
         Some(v),
@@ -368,10 +381,7 @@ pub(crate) fn message(
                 tbody {
                     @match detail {
                         Some(d) => {
-                            @for f in &d.headers {
-                                @let room = left.min(f.value.len());
-                                @let shown = fleet_budget::redact::truncate(&f.value, room.max(16));
-                                @let _ = { left = left.saturating_sub(shown.len()); };
+                            @for (f, shown) in fields_shown(d) {
                                 tr {
                                     td.cut { (short_at(&f.name, 256)) }
                                     td { (f.kind) }

@@ -388,7 +388,7 @@ pub(super) async fn message_replay_action(
     };
     let filter = fleet_budget_amqp::ReplayFilter {
         dependency: Some(dependency),
-        message_id: Some(f.id.clone()),
+        message_id: Some(f.id),
         ..fleet_budget_amqp::ReplayFilter::default()
     };
     let id = replay::start(
@@ -418,7 +418,7 @@ pub(super) async fn message_purge_action(
     let (which, m, note) = f.message(&app)?;
     let filter = fleet_budget_amqp::ReplayFilter {
         dependency: m.dependency.clone().filter(|_| m.unreadable.is_none()),
-        message_id: Some(f.id.clone()),
+        message_id: Some(f.id),
         // A message whose headers cannot be read is selected only with `malformed`.
         malformed: m.unreadable.is_some(),
         ..fleet_budget_amqp::ReplayFilter::default()
