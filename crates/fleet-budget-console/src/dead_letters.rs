@@ -303,8 +303,9 @@ impl Sample {
         out
     }
 
-    /// The sampled messages of one group that `filter` selects, sorted: the page of `per`
-    /// messages from `offset`, and how many there are in all.
+    /// The sampled messages of one group that `filter` selects (`filter` without an error
+    /// class: a message's class is compared here as the index keeps it, cut at 256 bytes),
+    /// sorted: the page of `per` messages from `offset`, and how many there are in all.
     pub(crate) fn members(
         &self,
         filter: &ReplayFilter,
@@ -318,7 +319,7 @@ impl Sample {
             .iter()
             .filter(|s| {
                 s.message.selected_by(filter)
-                    && s.message.error_class.as_deref().unwrap_or("") == error_class
+                    && row_text(s.message.error_class.as_deref().unwrap_or("")) == error_class
             })
             .collect();
         match sort {
@@ -340,6 +341,20 @@ impl Sample {
     }
 }
 
+/// Bytes of a text the dead-letter index keeps in a row (`fleet_budget_amqp::dead_letters::Row`
+/// cuts each field there).
+const ROW_FIELD_MAX: usize = 256;
+
+/// `text` as a row of the index holds it: cut at [`ROW_FIELD_MAX`] bytes, on a character
+/// boundary, unmarked.
+fn row_text(text: &str) -> &str {
+    let mut end = text.len().min(ROW_FIELD_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or("")
+}
+
 /// `text` cut at `max` bytes on a character boundary (the cut marked `…`), and whether it was.
 pub(crate) fn cut(text: &str, max: usize) -> (String, bool) {
     if text.len() <= max {
@@ -354,7 +369,9 @@ fn kept(text: &str) -> String {
     cut(&redact_text(text), HEADER_VALUE_MAX).0
 }
 
-/// The message's text fields redacted and bounded (a 100 KB task name is kept as 8 KB).
+/// The message's text fields bounded: one longer than [`HEADER_VALUE_MAX`] is redacted whole
+/// and cut (a 100 KB task name is kept as 8 KB); shorter ones are kept as read, so that they
+/// still match the index's rows, and are redacted where shown (`crate::pages::t`).
 fn bounded(mut m: QueuedMessage) -> QueuedMessage {
     for f in [
         &mut m.message_id,
@@ -366,7 +383,9 @@ fn bounded(mut m: QueuedMessage) -> QueuedMessage {
         &mut m.park_reason,
         &mut m.unreadable,
     ] {
-        if let Some(v) = f.as_mut() {
+        if let Some(v) = f.as_mut()
+            && v.len() > HEADER_VALUE_MAX
+        {
             *v = kept(v);
         }
     }

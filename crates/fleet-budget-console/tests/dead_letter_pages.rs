@@ -300,6 +300,12 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
             .dead_letter_record("mail", DeadLetterReason::NonRetryable, now - 30_000)
     };
     let leaky_id = publish(&f, &p, &leaky, br#"{"to":"x@example.com","n":[1,2]}"#).await;
+    let long_class = DeadLetterRecord {
+        error_class: format!("{}:end", "c".repeat(20 * 1024)),
+        ..f.broker
+            .dead_letter_record("mail", DeadLetterReason::NonRetryable, now - 20_000)
+    };
+    let long_class_id = publish(&f, &p, &long_class, b"plain text body").await;
     let long_task = "t".repeat(100 * 1024);
     let wide = DeadLetterRecord {
         task: long_task.clone(),
@@ -393,6 +399,29 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
         page.contains("redis://admin:***@db.internal:6379/0"),
         "the class is shown, redacted"
     );
+
+    // Each group's page finds its sampled messages: the secret's, and the one whose class the
+    // index keeps cut at 256 bytes.
+    let group_links: Vec<String> = links(&page)
+        .into_iter()
+        .filter(|l| l.starts_with("/dead-letters/group?"))
+        .collect();
+    assert_eq!(group_links.len(), 3, "{group_links:?}");
+    let mut found = Vec::new();
+    for l in &group_links {
+        let (_, body) = ann.get(l).await;
+        for id in [&leaky_id, &long_class_id] {
+            if body.contains(id.as_str()) {
+                assert!(
+                    body.contains("1–1 of 1 sampled"),
+                    "{}",
+                    &body[..3000.min(body.len())]
+                );
+                found.push(id.clone());
+            }
+        }
+    }
+    assert_eq!(found.len(), 2, "{found:?}");
 
     // The wide group: 300 sampled, 50 a page, said; the second page is the next 50.
     let wide_group = links(&page)

@@ -127,7 +127,7 @@ pub(super) async fn group_page(
         dependency: Some(group.dependency.clone()).filter(|d| !d.is_empty()),
         reason: Some(group.reason.clone())
             .filter(|r| fleet_budget::DeadLetterReason::parse(r).is_some()),
-        error_class: Some(group.error_class.clone()).filter(|c| !c.is_empty()),
+        error_class: None,
         ..q.filter.clone()
     };
     let filter = form.filter().map_err(|e| bad(&e))?;
