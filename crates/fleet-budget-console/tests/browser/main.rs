@@ -13,6 +13,7 @@
 
 mod breaker;
 mod fleet;
+mod pages;
 mod webdriver;
 
 use std::time::Duration;
