@@ -347,7 +347,7 @@ const ROW_FIELD_MAX: usize = 256;
 
 /// `text` as a row of the index holds it: cut at [`ROW_FIELD_MAX`] bytes, on a character
 /// boundary, unmarked.
-fn row_text(text: &str) -> &str {
+pub(crate) fn row_text(text: &str) -> &str {
     let mut end = text.len().min(ROW_FIELD_MAX);
     while !text.is_char_boundary(end) {
         end -= 1;

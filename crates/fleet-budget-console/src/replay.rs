@@ -744,6 +744,11 @@ async fn purge(
     let removed = Arc::new(AtomicU64::new(0));
     let read = {
         let (seen, removed, filter) = (seen.clone(), removed.clone(), filter.clone());
+        let class = filter.error_class.clone();
+        let unclassed = ReplayFilter {
+            error_class: None,
+            ..filter.clone()
+        };
         let (to, queue) = (config.amqp.connection(), queue.clone());
         let cancelled = cancelled.clone();
         tokio::spawn(async move {
@@ -760,7 +765,14 @@ async fn purge(
                     .message_id
                     .as_deref()
                     .is_none_or(|id| headers::message_id(&d.properties) == Some(id));
-                if id_matches && QueuedMessage::read(d).selected_by(&filter) {
+                let m = QueuedMessage::read(d);
+                // The error class as given, or as the index keeps it (cut at 256 bytes): a row's
+                // Purge selects the row's messages even when their class is longer.
+                let class_matches = class.as_deref().is_none_or(|c| {
+                    let have = m.error_class.as_deref().unwrap_or("");
+                    have == c || crate::dead_letters::row_text(have) == c
+                });
+                if id_matches && class_matches && m.selected_by(&unclassed) {
                     chosen += 1;
                     removed.fetch_add(1, Ordering::Relaxed);
                     changes.add(&queue, counted, &headers::table(&d.properties), -1);

@@ -408,6 +408,7 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
         .collect();
     assert_eq!(group_links.len(), 3, "{group_links:?}");
     let mut found = Vec::new();
+    let mut long_group = String::new();
     for l in &group_links {
         let (_, body) = ann.get(l).await;
         for id in [&leaky_id, &long_class_id] {
@@ -418,6 +419,9 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
                     &body[..3000.min(body.len())]
                 );
                 found.push(id.clone());
+                if id == &long_class_id {
+                    long_group.clone_from(l);
+                }
             }
         }
     }
@@ -489,6 +493,47 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
         .get(&format!("/dead-letters/message?id={leaky_id}"))
         .await;
     assert!(!m.contains("purge-message"));
+
+    // The Purge of the row whose class the index keeps cut removes that row's message, and only
+    // it (the form names the row by its key).
+    let key = long_group
+        .split("g=")
+        .nth(1)
+        .unwrap()
+        .split('&')
+        .next()
+        .unwrap()
+        .to_owned();
+    let (status, _, confirm) = ann
+        .post("/dead-letters/purge", &[("queue", "dead"), ("g", &key)])
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        confirm.contains("id=\"purge-count\">1<"),
+        "{}",
+        &confirm[..3000.min(confirm.len())]
+    );
+    assert!(!confirm.contains(SECRET));
+    let (status, location, done) = ann
+        .post(
+            "/dead-letters/purge",
+            &[
+                ("queue", "dead"),
+                ("g", &key),
+                ("confirm", "purge"),
+                ("note", "INC-1 noise"),
+            ],
+        )
+        .await;
+    let removed = if status == 303 {
+        ann.job_ended(&location).await["removed"].as_u64()
+    } else {
+        assert_eq!(status, 200, "{done}");
+        assert!(done.contains("1 messages removed"), "{done}");
+        Some(1)
+    };
+    assert_eq!(removed, Some(1));
+    assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 301);
     c.stop().await;
 }
 
