@@ -27,7 +27,7 @@ pub(super) fn counts_note(sample: &Sample) -> Markup {
     html! {
         p.counts #counts {
             @match &sample.counts {
-                None => { "The counts of this queue are being read." }
+                None => { @if sample.counts_error.is_none() { "The counts of this queue are being read." } @else { "No counts of this queue." } }
                 Some(c) => {
                     (count(c.depth)) " messages in " code { (t(&c.queue)) } " (its depth, exact); the groups count "
                     (count(c.indexed())) " of them, from the dead-letter index, reading no message (read " (age(Some(sample.counts_ms))) " ago). "
@@ -38,7 +38,10 @@ pub(super) fn counts_note(sample: &Sample) -> Markup {
                     }
                 }
             }
-            @if let Some(e) = &sample.counts_error { br; span.error { "The last read of the counts failed: " (t(e)) } }
+            @if let Some(e) = &sample.counts_error {
+                br; span.error { "The last read of the counts failed: " (short_at(e, 1024)) }
+                @if sample.counts.is_none() { br; span #migrate-first { "A new fleet: run " code { "budgetctl migrate" } " first (it declares the queues and builds their dead-letter index)." } }
+            }
         }
     }
 }

@@ -94,7 +94,6 @@ async fn a_held_replay_blocks_no_dry_run_and_a_message_page_replays_that_message
         "the row's buttons stay on screen"
     );
     assert!(b.text("#groups-shown").await.starts_with("1–2 of 2 groups"));
-    b.screenshot("dead-letters-hostile").await;
 
     // A replay held by search's open breaker.
     prepare_search_replay(&b, &base, 4, "INC-9 search recovering").await;
@@ -136,7 +135,6 @@ async fn a_held_replay_blocks_no_dry_run_and_a_message_page_replays_that_message
     assert!(b.text("#errors").await.contains("redis://admin:***@"));
     assert!(b.text("#headers").await.contains("102,400 bytes in all"));
     assert!(!b.source().await.contains("hunter2"));
-    b.screenshot("message-hostile").await;
     b.type_into("#replay-message input[name=note]", "INC-9 this one too")
         .await;
     b.click("#replay-message button").await;
