@@ -76,27 +76,14 @@ pub(crate) fn workers_line(ov: &Overview) -> String {
 /// to it, and labelled exact or an estimate as the queue's counts are.
 pub(super) fn dead_letter_counts(samples: [&Sample; 2]) -> Markup {
     let [dead, parked] = samples;
-    let mut deps: Vec<String> = dead
-        .per_dependency()
-        .into_iter()
-        .chain(parked.per_dependency())
-        .map(|(d, _)| d)
-        .collect();
-    deps.sort();
-    deps.dedup();
-    let of = |s: &Sample, d: &str| {
-        s.per_dependency()
-            .into_iter()
-            .find(|(x, _)| x == d)
-            .map_or(0, |(_, n)| n)
-    };
-    let mut rows: Vec<(String, u64, u64)> = deps
-        .into_iter()
-        .map(|d| {
-            let (a, b) = (of(dead, &d), of(parked, &d));
-            (d, a, b)
-        })
-        .collect();
+    let mut by: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    for (d, n) in dead.per_dependency() {
+        by.entry(d).or_default().0 += n;
+    }
+    for (d, n) in parked.per_dependency() {
+        by.entry(d).or_default().1 += n;
+    }
+    let mut rows: Vec<(String, u64, u64)> = by.into_iter().map(|(d, (a, b))| (d, a, b)).collect();
     rows.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
     let total = rows.len();
     let label = |s: &Sample| -> (&'static str, String) {
