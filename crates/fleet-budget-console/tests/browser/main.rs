@@ -13,7 +13,6 @@
 
 mod breaker;
 mod fleet;
-mod pages;
 mod webdriver;
 
 use std::time::Duration;
@@ -26,6 +25,9 @@ use serde_json::Value;
 use crate::breaker::*;
 use crate::fleet::*;
 use crate::webdriver::{Driver, http};
+
+// The dead-letter pages (issue 32), in a group of their own.
+mod pages;
 
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
