@@ -343,7 +343,7 @@ impl Sample {
 
 /// Bytes of a text the dead-letter index keeps in a row (`fleet_budget_amqp::dead_letters::Row`
 /// cuts each field there).
-const ROW_FIELD_MAX: usize = 256;
+pub(crate) const ROW_FIELD_MAX: usize = 256;
 
 /// `text` as a row of the index holds it: cut at [`ROW_FIELD_MAX`] bytes, on a character
 /// boundary, unmarked.

@@ -416,6 +416,9 @@ pub(crate) fn dry_run(
         html! {
             p #selection { "Selected: " code { (short(shown.dependency.as_deref().unwrap_or("any dependency"))) " × " (short(shown.reason.as_deref().unwrap_or("any reason"))) " × " (short(shown.error_class.as_deref().map_or("any error class", |c| if c.is_empty() { "(none)" } else { c }))) } }
             p { "Nothing moved, nothing read: predicted from the dead-letter index. Of " (count(p.total)) " messages in the dead-letter queue:" }
+            @if shown.error_class.as_deref().is_some_and(|c| c.len() > crate::dead_letters::ROW_FIELD_MAX - 4) {
+                p.warning #class-cut { "This error class is as long as the dead-letter index keeps one (256 bytes): if these messages' class is longer, the replay library, which compares the class whole, moves none of them (a purge of the row does remove them)." }
+            }
             @if let Some(why) = &p.estimate {
                 p.warning #p-estimate { "An estimate, not exact: " (why) " (" (p.uncertain) " messages could not be placed; each is either moved or skipped)." }
             } @else {
