@@ -31,6 +31,10 @@ pub(crate) struct FilterForm {
     /// Any value: also the messages whose dead-letter headers cannot be read.
     #[serde(default)]
     pub(crate) malformed: Option<String>,
+    /// A group of the index by its short key (`crate::dead_letters::group_key`): its
+    /// dependency, reason and error class, read from the index by the route.
+    #[serde(default)]
+    pub(crate) g: Option<String>,
 }
 
 impl FilterForm {

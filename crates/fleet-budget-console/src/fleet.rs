@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use fleet_budget::breaker::{BreakerState, status_on};
 use fleet_budget::control::{FleetStatus, FleetWorkers, Overrides, fleet_status, fleet_workers};
-use fleet_budget::printable::escape_text;
 use fleet_budget::store::RedisStore;
 use fleet_budget::{Config, Dependency, StoreError, WindowCounters};
 use futures::StreamExt;
@@ -153,8 +152,31 @@ pub(crate) async fn workers(store: &RedisStore) -> Result<FleetWorkers, String> 
         .map_err(|e| shown(&fleet_budget::redact::redact_text(&e.to_string())))
 }
 
+/// Text from Redis as the overview and its JSON show it: redacted and escaped, through the
+/// console's one door for outside text ([`crate::pages::t`]).
 fn shown(s: &str) -> String {
-    escape_text(s).into_owned()
+    crate::pages::t(s)
+}
+
+/// The worker registry with every text a worker wrote redacted and escaped
+/// ([`crate::pages::t`]), for its page and its JSON.
+pub(crate) fn workers_shown(mut read: FleetWorkers) -> FleetWorkers {
+    let opt = |v: &mut Option<String>| {
+        if let Some(s) = v.as_mut() {
+            *s = shown(s);
+        }
+    };
+    for w in &mut read.workers {
+        w.id = shown(&w.id);
+        opt(&mut w.unreadable);
+        opt(&mut w.host);
+        opt(&mut w.lang);
+        opt(&mut w.version);
+        for f in &mut w.fallback {
+            f.dependency = shown(&f.dependency);
+        }
+    }
+    read
 }
 
 #[allow(clippy::cast_precision_loss)]

@@ -41,9 +41,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_budget::control::{AuditLog, DeadLetterIndex};
+use fleet_budget::control::AuditLog;
 use fleet_budget::store::{RedisStore, RedisTarget};
-use fleet_budget_amqp::{Replayer, Topology, WorkerConfig};
+use fleet_budget_amqp::{Topology, WorkerConfig};
 use tokio::sync::Notify;
 
 pub use access::{LoginLimits, MIN_TOKEN_BYTES, Token, TokenError, Viewers};
@@ -359,7 +359,7 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
     });
     let background = vec![
         tokio::spawn(keep_history(app.clone())),
-        tokio::spawn(keep_samples(app.clone())),
+        tokio::spawn(dead_letters::keep_samples(app.clone())),
     ];
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = app.settings.limits.clone();
@@ -393,104 +393,5 @@ async fn keep_history(app: Arc<App>) {
             Err(_) => tracing::warn!("console: reading the budgets for the history timed out"),
         }
         tokio::time::sleep(app.settings.history_every).await;
-    }
-}
-
-/// Refreshes the counts of the dead-letter and parked queues (depth and index: no message
-/// read) every `dead_letter_refresh`, or sooner when asked; and reads a sample of messages only
-/// when an operator asked for one (`App::sample_wanted`).
-async fn keep_samples(app: Arc<App>) {
-    loop {
-        let read_messages = app
-            .sample_wanted
-            .swap(false, std::sync::atomic::Ordering::Relaxed);
-        for (i, which) in [Which::Dead, Which::Parked].into_iter().enumerate() {
-            let queue = match which {
-                Which::Dead => app.topology.dead_queue.clone(),
-                Which::Parked => app.topology.parked_queue.clone(),
-            };
-            let source = match which {
-                Which::Dead => Replayer::new(
-                    app.settings.config.amqp.connection(),
-                    app.topology.clone(),
-                    None,
-                ),
-                Which::Parked => Replayer::parked(
-                    app.settings.config.amqp.connection(),
-                    app.topology.clone(),
-                    None,
-                ),
-            }
-            .with_index(Some(DeadLetterIndex::new(Arc::clone(&app.store))));
-            let counts = tokio::time::timeout(app.settings.upstream_timeout, source.counts()).await;
-            {
-                let mut samples = lock(&app.samples);
-                if let Some(slot) = samples.get_mut(i) {
-                    slot.queue.clone_from(&queue);
-                    match counts {
-                        Ok(Ok(c)) => {
-                            slot.counts = Some(c);
-                            slot.counts_error = None;
-                        }
-                        Ok(Err(e)) => {
-                            slot.counts_error =
-                                Some(fleet_budget::redact::redact_text(&e.to_string()));
-                        }
-                        Err(_) => {
-                            slot.counts_error = Some(format!(
-                                "the counts of {queue} passed {:?}",
-                                app.settings.upstream_timeout
-                            ));
-                        }
-                    }
-                }
-            }
-            if !read_messages {
-                continue;
-            }
-            let guard = app.queue_work.lock().await;
-            // A sample of a deep queue takes a while: its bound is the sample's size, each
-            // broker step has the connection's deadline, and the whole read the refresh period
-            // plus the upstream deadline.
-            let bound = app
-                .settings
-                .dead_letter_refresh
-                .max(Duration::from_secs(60))
-                + app.settings.upstream_timeout;
-            let read = tokio::time::timeout(
-                bound,
-                dead_letters::read_sample(
-                    app.settings.config.amqp.connection(),
-                    &queue,
-                    app.settings.dead_letter_sample,
-                ),
-            )
-            .await;
-            drop(guard);
-            let mut samples = lock(&app.samples);
-            let Some(slot) = samples.get_mut(i) else {
-                continue;
-            };
-            match read {
-                Ok(Ok(sample)) => {
-                    let (counts, counts_error) = (slot.counts.take(), slot.counts_error.take());
-                    *slot = Sample {
-                        counts,
-                        counts_error,
-                        ..sample
-                    };
-                }
-                Ok(Err(e)) => {
-                    slot.error = Some(fleet_budget::redact::redact_text(&e.to_string()));
-                }
-                Err(_) => {
-                    slot.error = Some(format!("the read of {queue} passed {bound:?}"));
-                }
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(app.settings.dead_letter_refresh) => {}
-            () = app.refresh_now.notified() => {}
-        }
     }
 }

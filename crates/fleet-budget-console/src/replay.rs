@@ -3,22 +3,29 @@
 //! library's API (a progress and cancel handle) changes this file only.
 //!
 //! A run is the library's started replay (`Replayer::start`, with the configured breakers):
-//! a task of the console follows its progress into a [`Job`] that the page polls (bounded:
-//! the last [`JOBS_KEPT`] runs are kept), and passes on a cancel asked on the page. Each run and purge is recorded in the audit trail with the
+//! a task of the console follows its progress into a [`Job`] that the page polls, and passes
+//! on a cancel asked on the page. A purge (of a group, or of one message) is a job too, with
+//! the same page, progress and cancel. Ended jobs are kept up to [`JOBS_KEPT`]; a job that has
+//! not ended is never dropped from the list (its page and its Cancel keep answering), and at
+//! most [`JOBS_RUNNING_MAX`] wait or run at once. Jobs that move messages take turns (a purge
+//! beside a replay would read what the other moves): one waiting for its turn says so
+//! (`queued`). A dry run reads no message and never waits for them. Each run and purge is recorded in the audit trail with the
 //! operator's label, the filter and the queue depths before and after, as `budgetctl replay`
 //! records it.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
 use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex, RunJournal};
 use fleet_budget::store::RedisStore;
-use fleet_budget_amqp::dead_letters::Counted;
-use fleet_budget_amqp::replay::purge::purge_queue;
+use fleet_budget_amqp::dead_letters::{Changes, Counted};
+use fleet_budget_amqp::headers;
 use fleet_budget_amqp::replay::{
-    Breakers, HoldReason, Pace, Rate, ReplayMode, ReplayOutcome, audit,
+    Breakers, HoldReason, InspectOptions, Look, Pace, PurgeReport, QueuedMessage, Rate, ReplayMode,
+    ReplayOutcome, audit, inspect_queue_with,
 };
 use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
@@ -30,8 +37,40 @@ use tokio::sync::watch;
 
 use crate::access::lock;
 
-/// Runs kept for their pages.
+/// Ended jobs kept for their pages.
 pub(crate) const JOBS_KEPT: usize = 20;
+/// Jobs waiting or running at once; more are refused (the page says so).
+pub(crate) const JOBS_RUNNING_MAX: usize = 50;
+
+/// What a job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Kind {
+    /// A replay of a selection of the dead-letter queue.
+    #[default]
+    Replay,
+    /// A purge of a selection (a group) of the dead-letter or parked queue.
+    Purge,
+    /// A replay of one message, by its id.
+    MessageReplay,
+    /// A purge of one message, by its id.
+    MessagePurge,
+}
+
+impl Kind {
+    pub(crate) fn words(self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Purge => "purge",
+            Self::MessageReplay => "replay of one message",
+            Self::MessagePurge => "purge of one message",
+        }
+    }
+
+    pub(crate) fn is_purge(self) -> bool {
+        matches!(self, Self::Purge | Self::MessagePurge)
+    }
+}
 
 /// What a replay would do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,6 +126,18 @@ const DLQ_PURGE: &str = "dlq_purge";
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct JobState {
     pub(crate) id: String,
+    /// What the job does.
+    pub(crate) kind: Kind,
+    /// The queue it acts on (`dead` or `parked`).
+    pub(crate) queue: &'static str,
+    /// The message it acts on, when it acts on one.
+    pub(crate) message_id: Option<String>,
+    /// Waiting for another job that moves messages to end.
+    pub(crate) queued: bool,
+    /// What the index counted of its selection when it started (purges).
+    pub(crate) expected: Option<u64>,
+    /// Messages removed for good (purges).
+    pub(crate) removed: u64,
     pub(crate) actor: String,
     pub(crate) selected: String,
     /// The dependency the run replays.
@@ -126,14 +177,15 @@ pub(crate) struct JobState {
 }
 
 impl JobState {
-    /// The run's state in a word, for its page: `held`, `running`, `cancelling`, `cancelled`,
-    /// `done` or `failed`.
+    /// The run's state in a word, for its page: `queued`, `held`, `running`, `cancelling`,
+    /// `cancelled`, `done` or `failed`.
     pub(crate) fn state(&self) -> &'static str {
         match (self.done, &self.error, self.cancelled) {
             (true, Some(_), _) => "failed",
             (true, None, true) => "cancelled",
             (true, None, false) => "done",
             (false, ..) if self.cancel_requested_by.is_some() => "cancelling",
+            (false, ..) if self.queued => "queued",
             (false, ..) if self.held.is_some() => "held",
             (false, ..) => "running",
         }
@@ -185,12 +237,26 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
-    fn add(&self, job: Arc<Job>) {
+    /// Adds `job`, dropping the oldest ended jobs beyond [`JOBS_KEPT`] (never one that has not
+    /// ended); refused when [`JOBS_RUNNING_MAX`] have not ended.
+    fn add(&self, job: Arc<Job>) -> Result<(), String> {
         let mut jobs = lock(&self.jobs);
-        jobs.push_back(job);
-        while jobs.len() > JOBS_KEPT {
-            jobs.pop_front();
+        let running = jobs.iter().filter(|j| !lock(&j.state).done).count();
+        if running >= JOBS_RUNNING_MAX {
+            return Err(format!(
+                "{running} replays and purges are waiting or running: wait for one to end"
+            ));
         }
+        jobs.push_back(job);
+        let mut ended = jobs.iter().filter(|j| lock(&j.state).done).count();
+        while ended > JOBS_KEPT {
+            let Some(i) = jobs.iter().position(|j| lock(&j.state).done) else {
+                break;
+            };
+            jobs.remove(i);
+            ended -= 1;
+        }
+        Ok(())
     }
 
     fn find(&self, id: &str) -> Option<Arc<Job>> {
@@ -243,6 +309,9 @@ pub(crate) struct RunContext {
 /// most `limit` messages) and returns its id at once. As `budgetctl replay`, the run is paced
 /// by the live budget, held while the dependency's budget is exhausted or its breaker open,
 /// and slowed when its failures rise (the replay library's pace).
+///
+/// # Errors
+/// Too many jobs have not ended ([`JOBS_RUNNING_MAX`]).
 pub(crate) fn start(
     jobs: &Jobs,
     cx: RunContext,
@@ -251,12 +320,20 @@ pub(crate) fn start(
     limit: Option<u64>,
     actor: String,
     note: String,
-) -> String {
+) -> Result<String, String> {
     let id = crate::access::random_hex();
     let (cancel, cancelled) = watch::channel(false);
     let job = Arc::new(Job {
         state: Mutex::new(JobState {
             id: id.clone(),
+            kind: if filter.message_id.is_some() {
+                Kind::MessageReplay
+            } else {
+                Kind::Replay
+            },
+            queue: "dead",
+            message_id: filter.message_id.clone(),
+            queued: true,
             actor: actor.clone(),
             selected: audit::describe(&filter),
             dependency: filter.dependency.clone(),
@@ -265,7 +342,7 @@ pub(crate) fn start(
         }),
         cancel,
     });
-    jobs.add(job.clone());
+    jobs.add(job.clone())?;
     tokio::spawn(async move {
         let started = Instant::now();
         let run = Run {
@@ -288,7 +365,7 @@ pub(crate) fn start(
         drop(state);
         cx.done.notify_one();
     });
-    id
+    Ok(id)
 }
 
 /// One run of [`start`], in its task.
@@ -309,6 +386,7 @@ impl Run<'_> {
         mut cancelled: watch::Receiver<bool>,
     ) -> Result<(), String> {
         let _queue = self.cx.queue_work.lock().await;
+        lock(&self.job.state).queued = false;
         let config = &self.cx.config;
         let topology = Topology::new(&config.amqp);
         let before = queue_depths(config.amqp.connection(), &topology)
@@ -520,8 +598,11 @@ pub(crate) async fn audit_cancel(
         CANCEL,
         job.dependency.as_deref(),
         &format!(
-            "cancelled the replay {} ({}) started by {}",
-            job.id, job.selected, job.actor
+            "cancelled the {} {} ({}) started by {}",
+            job.kind.words(),
+            job.id,
+            job.selected,
+            job.actor
         ),
     );
     cx.audit
@@ -534,32 +615,87 @@ pub(crate) async fn audit_cancel(
 /// The audit action of a cancel asked on the replay page.
 pub(crate) const CANCEL: &str = "replay_cancel";
 
-/// What a purge removed.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Purged {
-    pub(crate) removed: u64,
-    pub(crate) kept: u64,
+/// Starts a purge of the messages of the dead-letter (or parked) queue that `filter` selects
+/// (at most `limit`) as a job of its own, and returns its id at once: its page follows it
+/// (read, removed), a Cancel stops it at its next message, and a request's deadline never cuts
+/// it off (a read dropped half-way would leave copies beside their originals). Recorded as
+/// `budgetctl parked purge` records it (action `dlq_purge` or `parked_purge`), the intent
+/// before the first message goes.
+///
+/// # Errors
+/// Too many jobs have not ended ([`JOBS_RUNNING_MAX`]).
+pub(crate) fn start_purge(
+    jobs: &Jobs,
+    cx: RunContext,
+    parked: bool,
+    filter: ReplayFilter,
+    limit: Option<u64>,
+    actor: String,
+    note: String,
+) -> Result<String, String> {
+    let id = crate::access::random_hex();
+    let (cancel, cancelled) = watch::channel(false);
+    let job = Arc::new(Job {
+        state: Mutex::new(JobState {
+            id: id.clone(),
+            kind: if filter.message_id.is_some() {
+                Kind::MessagePurge
+            } else {
+                Kind::Purge
+            },
+            queue: if parked { "parked" } else { "dead" },
+            message_id: filter.message_id.clone(),
+            queued: true,
+            actor: actor.clone(),
+            selected: audit::describe(&filter),
+            dependency: filter.dependency.clone(),
+            ..JobState::default()
+        }),
+        cancel,
+    });
+    jobs.add(job.clone())?;
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let result = purge(&cx, &job, parked, &filter, limit, &actor, &note, cancelled).await;
+        let mut state = lock(&job.state);
+        state.done = true;
+        state.queued = false;
+        state.elapsed_secs = started.elapsed().as_secs_f64();
+        if let Err(e) = result {
+            state.error = Some(fleet_budget::redact::redact_text(&e));
+        }
+        drop(state);
+        cx.done.notify_one();
+    });
+    Ok(id)
 }
 
-/// Removes the messages of the dead-letter (or parked) queue that `filter` selects, and
-/// records it (action `dlq_purge` or `parked_purge`) with `actor`.
+/// Removes the messages of the dead-letter (or parked) queue that `filter` selects, as the
+/// library's `purge_queue` does (the messages present at the start that `filter` selects are
+/// acked without a copy, every other one read is put back), following its progress into `job`;
+/// with a `limit` it stops reading once that many are removed. Records it with `actor`.
 ///
 /// # Errors
 /// The broker failed; or the audit record did (the purge happened: the error says so).
-pub(crate) async fn purge(
+#[allow(clippy::too_many_arguments)] // one call site, each argument named there
+async fn purge(
     cx: &RunContext,
+    job: &Job,
     parked: bool,
     filter: &ReplayFilter,
+    limit: Option<u64>,
     actor: &str,
     note: &str,
-) -> Result<Purged, String> {
+    cancelled: watch::Receiver<bool>,
+) -> Result<(), String> {
     let _queue = cx.queue_work.lock().await;
+    lock(&job.state).queued = false;
     let config = &cx.config;
     let topology = Topology::new(&config.amqp);
     let queue = if parked {
-        &topology.parked_queue
+        topology.parked_queue.clone()
     } else {
-        &topology.dead_queue
+        topology.dead_queue.clone()
     };
     let before = queue_depths(config.amqp.connection(), &topology)
         .await
@@ -576,53 +712,182 @@ pub(crate) async fn purge(
         DLQ_PURGE
     };
     // The intent first; not recorded, nothing is deleted.
-    let run_id = crate::access::random_hex();
+    let run_id = lock(&job.state).id.clone();
     let source = if parked {
         Replayer::parked(config.amqp.connection(), topology.clone(), None)
     } else {
         Replayer::new(config.amqp.connection(), topology.clone(), None)
     };
-    let expected = source
-        .with_index(Some(index.clone()))
-        .counts()
-        .await
-        .map_or(Value::Null, |c| {
-            json!({
-                "purged": c.matching(|row| filter.selects_row(row) == Some(true)),
-                "exact": c.exact(),
-            })
-        });
+    let expected = source.with_index(Some(index.clone())).counts().await.ok();
+    let expected_count = expected.as_ref().map(|c| {
+        let n = c.matching(|row| filter.selects_row(row) != Some(false));
+        limit.map_or(n, |l| n.min(l))
+    });
+    {
+        let mut s = lock(&job.state);
+        s.expected = expected_count;
+        s.total = before_depth(&before, parked);
+    }
+    let expected = expected.as_ref().map_or(Value::Null, |c| {
+        json!({
+            "purged": expected_count,
+            "exact": c.exact() && filter.message_id.is_none() && filter.error_contains.is_none(),
+        })
+    });
     let intent = audit::intent_entry(actor, action, filter, note, &run_id, &before, &expected);
     cx.audit
         .record(&cx.store, &intent)
         .await
         .map_err(|e| format!("nothing deleted: the purge's intent could not be audited: {e}"))?;
-    let report = purge_queue(
-        config.amqp.connection(),
-        queue,
-        filter,
-        None,
-        Some((&index, counted)),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    // The read, in a task of its own; its counters followed here every 250 ms.
+    let seen = Arc::new(AtomicU64::new(0));
+    let removed = Arc::new(AtomicU64::new(0));
+    let read = {
+        let (seen, removed, filter) = (seen.clone(), removed.clone(), filter.clone());
+        let class = filter.error_class.clone();
+        let unclassed = ReplayFilter {
+            error_class: None,
+            ..filter.clone()
+        };
+        let (to, queue) = (config.amqp.connection(), queue.clone());
+        let cancelled = cancelled.clone();
+        tokio::spawn(async move {
+            let mut chosen = 0u64;
+            let mut changes = Changes::default();
+            let inspection = inspect_queue_with(to, &queue, &InspectOptions::default(), |d| {
+                seen.fetch_add(1, Ordering::Relaxed);
+                if *cancelled.borrow() || limit.is_some_and(|l| chosen >= l) {
+                    return Look::Stop;
+                }
+                // The id checked here too: the library's selection lets any unreadable message
+                // through a filter with `malformed`, whatever its id.
+                let id_matches = filter
+                    .message_id
+                    .as_deref()
+                    .is_none_or(|id| headers::message_id(&d.properties) == Some(id));
+                let m = QueuedMessage::read(d);
+                // The error class as given, or as the index keeps it (cut at 256 bytes): a row's
+                // Purge selects the row's messages even when their class is longer.
+                let class_matches = class.as_deref().is_none_or(|c| {
+                    let have = m.error_class.as_deref().unwrap_or("");
+                    have == c || crate::dead_letters::row_text(have) == c
+                });
+                if id_matches && class_matches && m.selected_by(&unclassed) {
+                    chosen += 1;
+                    removed.fetch_add(1, Ordering::Relaxed);
+                    changes.add(&queue, counted, &headers::table(&d.properties), -1);
+                    Look::Remove
+                } else {
+                    Look::Next
+                }
+            })
+            .await;
+            (inspection, chosen, changes)
+        })
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut read = read;
+    let (inspection, chosen, mut changes) = loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let mut s = lock(&job.state);
+                s.seen = seen.load(Ordering::Relaxed);
+                s.removed = removed.load(Ordering::Relaxed);
+            }
+            done = &mut read => break done.map_err(|e| format!("the purge's read ended without a report: {e}"))?,
+        }
+    };
+    let inspection = inspection.map_err(|e| e.to_string())?;
+    // The index is changed only when every chosen message was removed (as the library's purge).
+    if inspection.removed == chosen {
+        changes.apply(Some(&index)).await;
+    } else {
+        tracing::warn!(
+            removed = inspection.removed,
+            selected = chosen,
+            "not every selected message was removed; the dead-letter index is left as it was"
+        );
+    }
+    let report = PurgeReport {
+        total: inspection.total,
+        seen: inspection.seen,
+        removed: inspection.removed,
+        kept: inspection.put_back + inspection.requeued,
+        index_unrecorded: changes.unrecorded,
+    };
+    let was_cancelled = *cancelled.borrow();
+    {
+        let mut s = lock(&job.state);
+        s.total = report.total;
+        s.seen = report.seen;
+        s.removed = report.removed;
+        s.skipped = report.kept;
+        s.cancelled = was_cancelled;
+    }
     let after = queue_depths(config.amqp.connection(), &topology)
         .await
         .map_err(|e| e.to_string())?;
     let mut entry = audit::ended(
         audit::purge_entry(actor, filter, note, &before, &after, &report),
         &run_id,
-        "completed",
+        if was_cancelled {
+            "cancelled"
+        } else {
+            "completed"
+        },
     );
     if !parked {
         DLQ_PURGE.clone_into(&mut entry.action);
+    }
+    if was_cancelled && let Some(Value::Object(after)) = &mut entry.after {
+        let by = lock(&job.state).cancel_requested_by.clone();
+        after.insert("cancelled".to_owned(), json!(true));
+        after.insert("cancelled_by".to_owned(), json!(by));
     }
     cx.audit
         .record(&cx.store, &entry)
         .await
         .map_err(|e| format!("the purge happened, but its audit entry was not recorded: {e}"))?;
-    Ok(Purged {
-        removed: report.removed,
-        kept: report.kept,
-    })
+    Ok(())
+}
+
+fn before_depth(d: &fleet_budget_amqp::QueueDepths, parked: bool) -> u64 {
+    u64::from(if parked { d.parked } else { d.dead })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, done: bool) -> Arc<Job> {
+        Arc::new(Job {
+            state: Mutex::new(JobState {
+                id: id.to_owned(),
+                done,
+                ..JobState::default()
+            }),
+            cancel: watch::channel(false).0,
+        })
+    }
+
+    #[test]
+    fn a_job_that_has_not_ended_is_never_dropped_from_the_list() {
+        let jobs = Jobs::default();
+        jobs.add(job("held", false)).unwrap();
+        for i in 0..(JOBS_KEPT * 2) {
+            jobs.add(job(&format!("ended-{i}"), true)).unwrap();
+        }
+        assert!(jobs.get("held").is_some(), "the held replay keeps its page");
+        assert_eq!(jobs.all().len(), JOBS_KEPT + 1);
+        assert!(jobs.get("ended-0").is_none(), "the oldest ended ones go");
+        assert_eq!(jobs.cancel("held", "ann").0, Cancel::Asked);
+        for i in 1..JOBS_RUNNING_MAX {
+            jobs.add(job(&format!("running-{i}"), false)).unwrap();
+        }
+        assert!(
+            jobs.add(job("one-too-many", false)).is_err(),
+            "at most {JOBS_RUNNING_MAX} wait or run"
+        );
+        assert!(jobs.get("held").is_some());
+    }
 }

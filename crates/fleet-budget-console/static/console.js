@@ -97,6 +97,8 @@
       set("j-parked", String(j.parked));
       set("j-skipped", String(j.skipped));
       set("j-failed", String(j.failed));
+      set("j-removed", String(j.removed));
+      set("j-elapsed", j.elapsed_secs.toFixed(1) + " s");
       set("j-state", j.state);
       set("j-held", j.held_text);
       set("j-rate", j.rate_text);

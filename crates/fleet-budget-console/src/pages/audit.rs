@@ -13,8 +13,8 @@ pub(super) fn audit_table(trail: &[AuditEntry]) -> Markup {
                         td { (t(&e.actor)) }
                         td { (t(&e.action)) }
                         td { (t(e.dependency.as_deref().unwrap_or("-"))) }
-                        td { (t(&e.reason)) }
-                        td.json { (t(&e.after.as_ref().map(ToString::to_string).unwrap_or_default())) }
+                        td.cut { (short_at(&e.reason, 2048)) }
+                        td.json { (short_at(&e.after.as_ref().map(ToString::to_string).unwrap_or_default(), 4096)) }
                     }
                 }
             }

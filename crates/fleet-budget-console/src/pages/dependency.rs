@@ -71,7 +71,7 @@ pub(crate) fn dependency(
                     tr { th { "denied in the window" } td { (r.denied) " (" (format!("{:.2}", r.denials_per_sec)) "/s)" } }
                     tr { th { "amplification" } td { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) } }
                     tr { th { "policy in force" } td { (r.policy) } }
-                    tr { th { "conflict" } td { (r.conflict.clone().unwrap_or_else(|| "none".to_owned())) } }
+                    tr { th { "conflict" } td { (short_at(r.conflict.as_deref().unwrap_or("none"), 1024)) } }
                     tr { th { "overrides" } td #overrides { (overrides_cell(r)) @if r.frozen.is_none() && r.set.is_none() { "none" } } }
                     tr { th { "breaker" } td { (breaker_cell(r)) @if let Some(b) = &r.breaker { ", opened " (b.times_opened) " times" } } }
                     tr { th { "in flight / cap" } td { (r.concurrency.map_or_else(|| "no concurrency budget".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) } }

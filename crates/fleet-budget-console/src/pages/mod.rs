@@ -1,7 +1,12 @@
 //! The pages, as maud templates: Rust code, checked when the crate compiles, every value
-//! HTML-escaped (nothing here uses `PreEscaped`). Text that comes from a message or from Redis
-//! also goes through `fleet_budget::printable::escape_text` ([`t`]): control, bidirectional and
-//! invisible characters are shown by code point, so `pay\u{202E}lanoitan` reads as what it is.
+//! HTML-escaped (nothing here uses `PreEscaped`). Every text that comes from a message, from
+//! Redis (an override, the worker registry, the audit trail) or from a request goes through
+//! [`t`], the console's one door for outside text, on every page and in every JSON answer:
+//! redacted (`fleet_budget::redact::redact_text`: a `redis://admin:hunter2@host` error class
+//! shows as `redis://admin:***@host`), and with control, bidirectional and invisible characters
+//! shown by code point (`fleet_budget::printable::escape_text`), so `pay\u{202E}lanoitan` reads
+//! as what it is. Lists show at most [`LIST_TEXT_MAX`] bytes of each ([`short`]); the message
+//! page shows what the sample kept.
 
 mod audit;
 mod dead_letters;
@@ -16,10 +21,10 @@ use fleet_budget::printable::escape_text;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
-use crate::dead_letters::{Group, HEADERS_PER_GROUP, HeaderList, Sample, Sampled, Which};
+use crate::dead_letters::{Detail, Group, Sample, Sampled, Sort, Which};
 use crate::filters::FilterForm;
 use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
-use crate::replay::{JobState, Prediction, Purged};
+use crate::replay::{JobState, Prediction};
 
 pub(crate) use audit::*;
 pub(crate) use dead_letters::*;
@@ -28,9 +33,79 @@ pub(crate) use overview::*;
 pub(crate) use replay::*;
 pub(crate) use workers::*;
 
-/// Text from outside, with unsafe characters by code point (maud escapes the HTML).
+/// Text from outside, redacted, with unsafe characters by code point (maud escapes the HTML):
+/// the one door every such text passes, on the pages and in the JSON answers.
 pub(crate) fn t(s: &str) -> String {
-    escape_text(s).into_owned()
+    let redacted = fleet_budget::redact::redact_text(s);
+    escape_text(&redacted).into_owned()
+}
+
+/// Bytes of one outside text a list shows (the message page shows more).
+pub(crate) const LIST_TEXT_MAX: usize = 160;
+
+/// Text from outside for a list cell: [`t`], cut at [`LIST_TEXT_MAX`] bytes, the cut said.
+pub(crate) fn short(s: &str) -> Markup {
+    short_at(s, LIST_TEXT_MAX)
+}
+
+/// [`short`] at `max` bytes.
+pub(crate) fn short_at(s: &str, max: usize) -> Markup {
+    let shown = t(s);
+    if shown.len() <= max {
+        return html! { (shown) };
+    }
+    let cut = fleet_budget::redact::truncate(&shown, max);
+    html! { (cut) small.cut { " (" (count(shown.len() as u64)) " bytes)" } }
+}
+
+/// A count with thousands separators: `2,931`.
+pub(crate) fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Rows of a long list per page.
+pub(crate) const PER_PAGE: usize = 50;
+
+/// The page `asked` (1-based, clamped to the pages there are) of `total` rows: its first row's
+/// offset and its number.
+pub(crate) fn page_of(asked: Option<&str>, total: usize) -> (usize, usize) {
+    let pages = total.div_ceil(PER_PAGE).max(1);
+    let n = asked
+        .and_then(|p| p.trim().parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, pages);
+    ((n - 1) * PER_PAGE, n)
+}
+
+/// What a page of a list shows ("1–50 of 2,931") and links to the pages before and after;
+/// `link(n)` is the address of page `n`.
+pub(crate) fn pager(
+    id: &str,
+    page: usize,
+    total: usize,
+    what: &str,
+    link: &dyn Fn(usize) -> String,
+) -> Markup {
+    let pages = total.div_ceil(PER_PAGE).max(1);
+    let first = (page - 1) * PER_PAGE + 1;
+    let last = (page * PER_PAGE).min(total);
+    html! {
+        p.pager id=(id) {
+            @if total == 0 { "none of " (what) }
+            @else { span.shown { (count(first as u64)) "–" (count(last as u64)) " of " (count(total as u64)) " " (what) } }
+            @if page > 1 { " · " a.prev href=(link(page - 1)) { "← previous" } }
+            @if page < pages { " · " a.next href=(link(page + 1)) { "next →" } }
+            @if pages > 2 { " · page " (page) " of " (pages) }
+        }
+    }
 }
 
 /// `s` as one path segment (percent-encoded).
@@ -47,7 +122,7 @@ pub(crate) fn path_segment(s: &str) -> String {
 }
 
 /// A query string from pairs (values percent-encoded).
-fn query(pairs: &[(&str, Option<&str>)]) -> String {
+pub(crate) fn query(pairs: &[(&str, Option<&str>)]) -> String {
     let parts: Vec<String> = pairs
         .iter()
         .filter_map(|(k, v)| {
@@ -68,7 +143,7 @@ fn when(ms: Option<u64>) -> String {
     }
 }
 
-fn age(ms: Option<u64>) -> String {
+pub(crate) fn age(ms: Option<u64>) -> String {
     match ms {
         Some(ms) => {
             let secs = fleet_budget::clock::now_ms().saturating_sub(ms) / 1000;

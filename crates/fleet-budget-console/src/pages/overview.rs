@@ -5,10 +5,10 @@ use super::*;
 pub(super) fn overrides_cell(r: &DependencyRow) -> Markup {
     html! {
         @if let Some(f) = &r.frozen {
-            span.frozen { "FROZEN by " (f.actor) " (" (f.reason) "), " (format!("{:.0}s", f.expires_in_secs)) " left" } br;
+            span.frozen { "FROZEN by " (short(&f.actor)) " (" (short(&f.reason)) "), " (format!("{:.0}s", f.expires_in_secs)) " left" } br;
         }
         @if let Some(s) = &r.set {
-            span { (s.what) " by " (s.actor) " (" (s.reason) "), " (format!("{:.0}s", s.expires_in_secs)) " left" }
+            span { (s.what) " by " (short(&s.actor)) " (" (short(&s.reason)) "), " (format!("{:.0}s", s.expires_in_secs)) " left" }
         }
     }
 }
@@ -71,8 +71,69 @@ pub(crate) fn workers_line(ov: &Overview) -> String {
     }
 }
 
+/// Dead letters and parked messages per dependency, from each queue's dead-letter index (read
+/// in the background every refresh, no message read), each linked to its queue's page filtered
+/// to it, and labelled exact or an estimate as the queue's counts are.
+pub(super) fn dead_letter_counts(samples: [&Sample; 2]) -> Markup {
+    let [dead, parked] = samples;
+    let mut by: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    for (d, n) in dead.per_dependency() {
+        by.entry(d).or_default().0 += n;
+    }
+    for (d, n) in parked.per_dependency() {
+        by.entry(d).or_default().1 += n;
+    }
+    let mut rows: Vec<(String, u64, u64)> = by.into_iter().map(|(d, (a, b))| (d, a, b)).collect();
+    rows.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
+    let total = rows.len();
+    let label = |s: &Sample| -> (&'static str, String) {
+        match &s.counts {
+            None => ("unknown", "not read yet".to_owned()),
+            Some(c) if c.exact() => ("exact", format!("exact: {} in the queue", count(c.depth))),
+            Some(c) => (
+                "estimate",
+                format!(
+                    "estimate: {} in the queue, {} counted",
+                    count(c.depth),
+                    count(c.indexed())
+                ),
+            ),
+        }
+    };
+    let (dead_kind, dead_words) = label(dead);
+    let (parked_kind, parked_words) = label(parked);
+    let link = |which: &str, d: &str| {
+        format!(
+            "/dead-letters?{}",
+            query(&[("queue", Some(which)), ("dependency", Some(d))])
+        )
+    };
+    html! {
+        h2 { "Dead letters per dependency" }
+        table #dead-letter-counts {
+            thead { tr {
+                th { "dependency" }
+                th { "dead letters " small data-kind=(dead_kind) #dead-counts-kind { "(" (dead_words) ")" } }
+                th { "parked " small data-kind=(parked_kind) #parked-counts-kind { "(" (parked_words) ")" } }
+            } }
+            tbody {
+                @for (d, n, p) in rows.iter().take(PER_PAGE) {
+                    tr {
+                        td.cut { (short(if d.is_empty() { "(unknown)" } else { d })) }
+                        td.num { a href=(link("dead", d)) { (count(*n)) } }
+                        td.num { a href=(link("parked", d)) { (count(*p)) } }
+                    }
+                }
+            }
+        }
+        @if total > PER_PAGE { p.note { "The " (PER_PAGE) " dependencies with most messages of " (count(total as u64)) "; " a href="/dead-letters?sort=name" { "all groups" } "." } }
+        @if total == 0 && dead.counts.is_some() { p.note #no-dead-letters { "No dead letter and no parked message counted." } }
+        @if dead.counts.is_none() { p.note { "The dead-letter counts are being read (a new console reads them within seconds; with no dead-letter queue, run " code { "budgetctl migrate" } " first)." } }
+    }
+}
+
 /// The fleet overview.
-pub(crate) fn overview(v: &Visitor, ov: &Overview) -> Markup {
+pub(crate) fn overview(v: &Visitor, ov: &Overview, samples: [&Sample; 2]) -> Markup {
     layout(
         "Overview",
         Some(v),
@@ -88,9 +149,10 @@ pub(crate) fn overview(v: &Visitor, ov: &Overview) -> Markup {
                 } }
                 tbody { (overview_rows(ov)) }
             }
+            (dead_letter_counts(samples))
             @if !ov.unusable.is_empty() {
                 h2 { "Unusable keys" }
-                ul { @for u in &ov.unusable { li { (u.dependency) ": " (u.error) } } }
+                ul { @for u in &ov.unusable { li { (short(&u.dependency)) ": " (short_at(&u.error, 1024)) } } }
             }
         },
     )

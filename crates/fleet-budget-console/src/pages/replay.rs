@@ -1,4 +1,5 @@
-//! The replays: one run's page and the list, and the words both show for a run's state.
+//! The replays and purges (jobs): one job's page and the list, and the words both show for a
+//! job's state.
 
 use super::*;
 
@@ -15,6 +16,12 @@ pub(crate) fn held_text(j: &JobState) -> String {
 
 /// The rate moves go at now, why it is what it is, and the time left at that rate, in words.
 pub(crate) fn rate_text(j: &JobState) -> String {
+    if j.kind.is_purge() {
+        return "-".to_owned();
+    }
+    if j.queued {
+        return "0/s (waiting for its turn)".to_owned();
+    }
     if j.held.is_some() {
         // The last rate decided is not what a held run moves at.
         return "0/s (held)".to_owned();
@@ -41,18 +48,27 @@ pub(crate) fn rate_text(j: &JobState) -> String {
 pub(super) fn job_table(j: &JobState) -> Markup {
     html! {
         table #progress data-source={ "/api/replay/" (j.id) } {
-            tr { th { "selected" } td { (t(&j.selected)) } }
+            tr { th { "what" } td #j-kind { (j.kind.words()) " (" (j.queue) " queue)" } }
+            tr { th { "selected" } td.value { (short_at(&j.selected, 2048)) } }
             tr { th { "by" } td { (t(&j.actor)) } }
             tr { th { "state" } td #j-state { (j.state()) } }
-            tr { th { "held" } td #j-held { (held_text(j)) } }
-            tr { th { "rate now" } td #j-rate { (rate_text(j)) } }
-            tr { th { "rate at most" } td { (j.rate) " messages/s" } }
-            tr { th { "rate cuts" } td #j-slowdowns { (j.slowdowns) } }
-            tr { th { "read" } td #j-seen { (j.seen) " of " (j.total) } }
-            tr { th { "moved" } td #j-moved { (j.moved) } }
-            tr { th { "parked" } td #j-parked { (j.parked) } }
-            tr { th { "skipped" } td #j-skipped { (j.skipped) } }
-            tr { th { "failed" } td #j-failed { (j.failed) } }
+            @if j.kind.is_purge() {
+                tr { th { "expected (index)" } td #j-expected { (j.expected.map_or_else(|| "-".to_owned(), count)) } }
+                tr { th { "read" } td #j-seen { (j.seen) " of " (j.total) } }
+                tr { th { "removed" } td #j-removed { (j.removed) } }
+                tr { th { "kept" } td #j-skipped { (j.skipped) } }
+            } @else {
+                tr { th { "held" } td #j-held { (held_text(j)) } }
+                tr { th { "rate now" } td #j-rate { (rate_text(j)) } }
+                tr { th { "rate at most" } td { (j.rate) " messages/s" } }
+                tr { th { "rate cuts" } td #j-slowdowns { (j.slowdowns) } }
+                tr { th { "read" } td #j-seen { (j.seen) " of " (j.total) } }
+                tr { th { "moved" } td #j-moved { (j.moved) } }
+                tr { th { "parked" } td #j-parked { (j.parked) } }
+                tr { th { "skipped" } td #j-skipped { (j.skipped) } }
+                tr { th { "failed" } td #j-failed { (j.failed) } }
+            }
+            tr { th { "elapsed" } td #j-elapsed { (format!("{:.1}", j.elapsed_secs)) " s" } }
             tr { th { "cancelled by" } td #j-cancelled-by { (t(j.cancel_requested_by.as_deref().unwrap_or("-"))) } }
             tr { th { "error" } td #j-error { (t(j.error.as_deref().unwrap_or("-"))) } }
         }
@@ -61,8 +77,19 @@ pub(super) fn job_table(j: &JobState) -> Markup {
 
 /// A replay's progress; an operator may cancel it while it runs.
 pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
+    let title = match j.kind {
+        crate::replay::Kind::Replay => "Replay".to_owned(),
+        crate::replay::Kind::Purge => "Purge".to_owned(),
+        crate::replay::Kind::MessageReplay | crate::replay::Kind::MessagePurge => {
+            let what = if j.kind.is_purge() { "Purge" } else { "Replay" };
+            format!(
+                "{what} of message {}",
+                fleet_budget::redact::truncate(&t(j.message_id.as_deref().unwrap_or("?")), 80)
+            )
+        }
+    };
     layout(
-        "Replay",
+        &title,
         Some(v),
         html! {
             (job_table(j))
@@ -72,19 +99,37 @@ pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
                     button type="submit" { "Cancel" }
                 }
             }
+            @if j.kind.is_purge() {
+                p.note { "A purge reads the queue once: it removes the messages of its selection present at its start and puts every other one back. Cancel stops it at its next message; what it has not removed stays. Its intent is in the audit trail before the first message goes, its end when it ends." }
+            } @else {
             p.note { "The replay is paced by its dependency's health: it starts slow and doubles while the replayed jobs succeed, up to the rate asked; it is halved when they fail again and climbs back when they stop; it is held while the dependency's breaker is open or an operator froze its budget. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
+            }
         },
     )
 }
 
-/// The replays of this console.
+/// The replays and purges of this console.
 pub(crate) fn replays(v: &Visitor, jobs: &[JobState]) -> Markup {
     layout(
-        "Replays",
+        "Replays and purges",
         Some(v),
         html! {
-            @if jobs.is_empty() { p { "No replay since the console started." } }
-            ul { @for j in jobs { li { a href={ "/replay/" (j.id) } { (t(&j.selected)) } " by " (t(&j.actor)) ": moved " (j.moved) ", " (j.state()) } } }
+            @if jobs.is_empty() { p { "No replay or purge since the console started." } }
+            p.note { "Every job that has not ended is listed; of those that ended, the last " (crate::replay::JOBS_KEPT) "." }
+            table #jobs {
+                thead { tr { th { "what" } th { "selected" } th { "by" } th { "state" } th { "moved or removed" } } }
+                tbody {
+                    @for j in jobs {
+                        tr {
+                            td { a href={ "/replay/" (j.id) } { (j.kind.words()) } }
+                            td.cut { (short(&j.selected)) }
+                            td { (t(&j.actor)) }
+                            td { (j.state()) }
+                            td.num { (if j.kind.is_purge() { j.removed } else { j.moved }) }
+                        }
+                    }
+                }
+            }
         },
     )
 }

@@ -33,7 +33,7 @@ fn fallback_cell(w: &WorkerEntry) -> Markup {
         @if w.fallback.is_empty() && w.fallback_more == 0 { "-" }
         @for (i, f) in w.fallback.iter().enumerate() {
             @if i > 0 { ", " }
-            (f.dependency) " (" (duration(f.for_ms)) ")"
+            (short(&f.dependency)) " (" (duration(f.for_ms)) ")"
         }
         @if w.fallback_more > 0 { " +" (w.fallback_more) " more" }
     }
@@ -64,12 +64,12 @@ pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
                 tbody {
                     @for w in &read.workers {
                         tr data-state=(state(w)) {
-                            td { (w.id) }
-                            td { (state(w)) @if let Some(why) = &w.unreadable { br; small { (why) } } }
-                            td { (text(&w.host)) }
+                            td.cut { (short(&w.id)) }
+                            td { (state(w)) @if let Some(why) = &w.unreadable { br; small { (short(why)) } } }
+                            td.cut { (short(&text(&w.host))) }
                             td.num { (opt(w.pid)) }
-                            td { (text(&w.lang)) }
-                            td { (text(&w.version)) }
+                            td.cut { (short(&text(&w.lang))) }
+                            td.cut { (short(&text(&w.version))) }
                             td { (w.age_ms.map_or_else(|| "-".to_owned(), |a| format!("{} ago", duration(a)))) }
                             td.fallback { (fallback_cell(w)) }
                         }

@@ -2,6 +2,7 @@
 //! purge, a cancel.
 
 use super::*;
+use fleet_budget_amqp::ReplayFilter;
 
 /// An override from the page.
 #[derive(Debug, Deserialize)]
@@ -105,6 +106,47 @@ pub(super) async fn refresh_action(
     Ok(Redirect::to("/dead-letters").into_response())
 }
 
+/// What a form selects: the library's filter, and the form as the page shows it. A form from a
+/// group's row names the group by its short key (`g`): the group's text is never put in a page
+/// (an error class may hold a secret, which the page shows redacted), it is read here from the
+/// queue's index. An empty error class selects the messages without one.
+fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter), Response> {
+    let Some(key) = some(form.g.as_ref()) else {
+        let filter = form.filter().map_err(|e| bad(&e))?;
+        return Ok((form.clone(), filter));
+    };
+    let rest = FilterForm {
+        dependency: None,
+        reason: None,
+        error_class: None,
+        g: None,
+        ..form.clone()
+    };
+    let sample = app.sample(form.which());
+    let group = sample
+        .group_by_key(&rest.filter().map_err(|e| bad(&e))?, key)
+        .ok_or_else(|| {
+            refused(
+                StatusCode::NOT_FOUND,
+                "no such group in the queue's index now (replayed or purged since?)",
+            )
+        })?;
+    let shown = FilterForm {
+        dependency: Some(group.dependency.clone()),
+        reason: Some(group.reason.clone()),
+        error_class: Some(group.error_class.clone()),
+        ..rest
+    };
+    let mut filter = FilterForm {
+        error_class: None,
+        ..shown.clone()
+    }
+    .filter()
+    .map_err(|e| bad(&e))?;
+    filter.error_class = Some(group.error_class);
+    Ok((shown, filter))
+}
+
 fn run_context(app: &App) -> RunContext {
     RunContext {
         config: app.settings.config.clone(),
@@ -163,7 +205,7 @@ pub(super) async fn dry_run_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (shown, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
         return Err(bad(
             "a replay names its dependency (as `budgetctl replay --dependency`)",
@@ -171,25 +213,25 @@ pub(super) async fn dry_run_action(
     }
     let rate = f.rate()?;
     let limit = f.limit()?;
-    // One reader or mover of the queues at a time: a replay or a sample under way is waited
-    // for, within the upstream deadline.
-    let guard = tokio::time::timeout(app.settings.upstream_timeout, app.queue_work.lock())
-        .await
-        .map_err(|_| {
-            refused(
-                StatusCode::CONFLICT,
-                "a replay, purge or sample of the queue is under way: try again when it ends",
-            )
-        })?;
+    // A dry run reads no message (the index and the depth): it never waits for a replay, a
+    // purge or a sample that moves messages.
     let prediction = within(
         &app,
         "RabbitMQ",
         replay::dry_run(&app.settings.config, &app.store, &filter, limit),
     )
     .await;
-    drop(guard);
     let prediction = prediction?;
-    Ok(pages::dry_run(&visitor, &f.filter, &prediction, rate, limit, &f.note).into_response())
+    Ok(pages::dry_run(
+        &visitor,
+        &f.filter,
+        &shown,
+        &prediction,
+        rate,
+        limit,
+        &f.note,
+    )
+    .into_response())
 }
 
 pub(super) async fn replay_action(
@@ -198,7 +240,7 @@ pub(super) async fn replay_action(
     Form(f): Form<ActionForm>,
 ) -> Page {
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (_, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
         return Err(bad("a replay names its dependency"));
     }
@@ -217,7 +259,8 @@ pub(super) async fn replay_action(
         f.limit()?,
         actor,
         note.to_owned(),
-    );
+    )
+    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
     Ok(Redirect::to(&format!("/replay/{id}")).into_response())
 }
 
@@ -228,7 +271,7 @@ pub(super) async fn purge_action(
 ) -> Page {
     let visitor = reader(&app, &h, false)?;
     let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let filter = f.filter.filter().map_err(|e| bad(&e))?;
+    let (shown, filter) = selection(&app, &f.filter)?;
     let which = f.filter.which();
     if filter.dependency.is_none() || filter.reason.is_none() {
         return Err(bad("a purge names a group: its dependency and reason"));
@@ -241,32 +284,156 @@ pub(super) async fn purge_action(
             c.matching(|row| filter.selects_row(row) != Some(false))
         });
         return Ok(
-            pages::purge_confirm(&visitor, which, &f.filter, count, &sample).into_response(),
+            pages::purge_confirm(&visitor, which, &f.filter, &shown, count, &sample)
+                .into_response(),
         );
     }
-    let cx = run_context(&app);
-    // In a task of its own: a purge is never cut off half-way by the request's deadline (a read
-    // dropped there would leave copies beside their originals); past the deadline the page says
-    // it goes on, and the audit trail has its intent and, when it ends, its end.
-    let note = note.to_owned();
-    let parked = which == Which::Parked;
-    let task =
-        tokio::spawn(async move { replay::purge(&cx, parked, &filter, &actor, &note).await });
-    match tokio::time::timeout(app.settings.upstream_timeout, task).await {
-        Ok(Ok(Ok(purged))) => {
-            app.refresh_now.notify_one();
-            Ok(pages::purged(&visitor, which, &purged).into_response())
+    // A job of its own: a purge is never cut off half-way by the request's deadline (a read
+    // dropped there would leave copies beside their originals). One that ends within the
+    // deadline answers what it did; a longer one answers with its page, which follows it.
+    let id = replay::start_purge(
+        &app.jobs,
+        run_context(&app),
+        which == Which::Parked,
+        filter,
+        None,
+        actor,
+        note.to_owned(),
+    )
+    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
+    match wait_for_job(&app, &id).await {
+        Some(job) if job.error.is_none() => {
+            Ok(pages::purged(&visitor, which, &job).into_response())
         }
-        Ok(Ok(Err(e))) => Err(refused(
+        Some(job) => Err(refused(
             StatusCode::BAD_GATEWAY,
-            &format!("RabbitMQ: {}", fleet_budget::redact::redact_text(&e)),
+            &format!("the purge failed: {}", job.error.unwrap_or_default()),
         )),
-        Ok(Err(e)) => Err(refused(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("the purge's task ended without a report: {e}"),
-        )),
-        Err(_) => Ok((StatusCode::ACCEPTED, pages::purging(&visitor, which)).into_response()),
+        None => Ok(Redirect::to(&format!("/replay/{id}")).into_response()),
     }
+}
+
+/// Job `id` once it ended, within the upstream deadline; `None` if it has not.
+async fn wait_for_job(app: &App, id: &str) -> Option<replay::JobState> {
+    let deadline = tokio::time::Instant::now() + app.settings.upstream_timeout;
+    loop {
+        match app.jobs.get(id) {
+            Some(job) if job.done => return Some(job),
+            None => return None,
+            Some(_) => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A replay or purge of one message, from its page.
+#[derive(Debug, Deserialize)]
+pub(super) struct MessageForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
+    id: String,
+    #[serde(default)]
+    note: String,
+    #[serde(default)]
+    confirm: Option<String>,
+}
+
+impl MessageForm {
+    /// The message, as the last sample read it, and the note; refused without them.
+    fn message(
+        &self,
+        app: &App,
+    ) -> Result<(Which, fleet_budget_amqp::replay::QueuedMessage, String), Response> {
+        let which = Which::parse(self.queue.as_deref());
+        let note = self.note.trim();
+        if note.is_empty() {
+            return Err(bad("say why: the note goes into the audit trail"));
+        }
+        let sample = app.sample(which);
+        let Some((s, _)) = sample.message(&self.id) else {
+            return Err(refused(
+                StatusCode::NOT_FOUND,
+                "no such message in the last sample (it may have been replayed or purged)",
+            ));
+        };
+        Ok((which, s.message.clone(), note.to_owned()))
+    }
+}
+
+/// Replays one message of the dead-letter queue, selected by its id (and its dependency, which
+/// paces the replay), in the background; answers with the job's page.
+pub(super) async fn message_replay_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<MessageForm>,
+) -> Page {
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    if f.confirm.as_deref() != Some("replay") {
+        return Err(bad("confirm the replay on the message's page"));
+    }
+    let (which, m, note) = f.message(&app)?;
+    if which != Which::Dead {
+        return Err(bad(
+            "only a dead letter is replayed from here (`budgetctl parked replay` replays parked messages)",
+        ));
+    }
+    let Some(dependency) = m.dependency.clone().filter(|_| m.unreadable.is_none()) else {
+        return Err(bad(
+            "this message's dead-letter headers cannot be read: a replay would park it; purge it instead",
+        ));
+    };
+    let filter = fleet_budget_amqp::ReplayFilter {
+        dependency: Some(dependency),
+        message_id: Some(f.id),
+        ..fleet_budget_amqp::ReplayFilter::default()
+    };
+    let id = replay::start(
+        &app.jobs,
+        run_context(&app),
+        filter,
+        50.0,
+        Some(1),
+        actor,
+        note,
+    )
+    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
+    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+}
+
+/// Purges one message of the dead-letter or parked queue, selected by its id, in the
+/// background; answers with the job's page.
+pub(super) async fn message_purge_action(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Form(f): Form<MessageForm>,
+) -> Page {
+    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    if f.confirm.as_deref().map(str::trim) != Some("purge") {
+        return Err(bad("type `purge` to confirm"));
+    }
+    let (which, m, note) = f.message(&app)?;
+    let filter = fleet_budget_amqp::ReplayFilter {
+        dependency: m.dependency.clone().filter(|_| m.unreadable.is_none()),
+        message_id: Some(f.id),
+        // A message whose headers cannot be read is selected only with `malformed`.
+        malformed: m.unreadable.is_some(),
+        ..fleet_budget_amqp::ReplayFilter::default()
+    };
+    let id = replay::start_purge(
+        &app.jobs,
+        run_context(&app),
+        which == Which::Parked,
+        filter,
+        Some(1),
+        actor,
+        note,
+    )
+    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
+    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
 }
 
 /// A cancel from a replay's page: only the CSRF token.
@@ -287,12 +454,9 @@ pub(super) async fn cancel_action(
     let job = app
         .jobs
         .get(&id)
-        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
+        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay or purge"))?;
     if job.done {
-        return Err(refused(
-            StatusCode::CONFLICT,
-            "the replay has ended already",
-        ));
+        return Err(refused(StatusCode::CONFLICT, "it has ended already"));
     }
     let cx = run_context(&app);
     within(&app, "Redis", replay::audit_cancel(&cx, &job, &actor)).await?;

@@ -53,6 +53,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/dead-letters/message", get(message_page))
         .route("/dead-letters/refresh", post(refresh_action))
         .route("/dead-letters/purge", post(purge_action))
+        .route("/dead-letters/message/replay", post(message_replay_action))
+        .route("/dead-letters/message/purge", post(message_purge_action))
         .route("/replay/dry-run", post(dry_run_action))
         .route("/replay/start", post(replay_action))
         .route("/replays", get(replays_page))

@@ -27,6 +27,9 @@ use crate::breaker::*;
 use crate::fleet::*;
 use crate::webdriver::{Driver, http};
 
+// The dead-letter pages (issue 32), in a group of their own.
+mod pages;
+
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 
