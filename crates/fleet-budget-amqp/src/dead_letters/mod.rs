@@ -56,8 +56,10 @@ pub struct Row {
     pub minute: u64,
 }
 
-/// Cuts `text` to [`FIELD_MAX`] bytes at a character boundary.
-fn bounded(text: &str) -> String {
+/// Cuts `text` to [`FIELD_MAX`] bytes at a character boundary: a field as a row keeps it, and as
+/// a filter compares it (`ReplayFilter`), so that what a dry run counts by row is what a run
+/// selects by message.
+pub(crate) fn bounded(text: &str) -> String {
     let mut end = text.len().min(FIELD_MAX);
     while !text.is_char_boundary(end) {
         end -= 1;

@@ -104,20 +104,27 @@ impl QueuedMessage {
         if filter.is_empty() {
             return true;
         }
-        if self.unreadable.is_some() {
-            return filter.malformed;
-        }
         let is = |want: &Option<String>, have: &Option<String>| {
             want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
         };
+        if self.unreadable.is_some() {
+            // A message id names one message, malformed or not.
+            return filter.malformed && is(&filter.message_id, &self.message_id);
+        }
+        // As the index keeps them (`ReplayFilter::matches`).
+        let cut = |have: &Option<String>| have.as_deref().map(crate::dead_letters::bounded);
+        let same = |want: &Option<String>, have: &Option<String>| {
+            want.as_deref()
+                .is_none_or(|w| cut(have).as_deref() == Some(&*crate::dead_letters::bounded(w)))
+        };
         let at = self.dead_lettered_ms.unwrap_or(0);
-        is(&filter.dependency, &self.dependency)
-            && is(&filter.task, &self.task)
+        same(&filter.dependency, &self.dependency)
+            && same(&filter.task, &self.task)
             && is(&filter.message_id, &self.message_id)
             && filter
                 .reason
                 .is_none_or(|r| self.reason.as_deref() == Some(r.as_str()))
-            && is(&filter.error_class, &self.error_class)
+            && same(&filter.error_class, &self.error_class)
             && filter.since_ms.is_none_or(|t| at >= t)
             && filter.until_ms.is_none_or(|t| at < t)
             && filter

@@ -9,6 +9,7 @@ use lapin::message::Delivery;
 
 use super::control::RateControl;
 use crate::config::WorkerConfig;
+use crate::dead_letters::bounded;
 use crate::dead_letters::{Row, UNREADABLE};
 use crate::headers::{self, DeadLetterRecord};
 use crate::publish::SHORT_STRING_MAX;
@@ -24,13 +25,15 @@ pub struct ReplayFilter {
     pub since_ms: Option<u64>,
     /// Only messages dead-lettered before this time (Unix ms).
     pub until_ms: Option<u64>,
-    /// Only jobs of this task.
+    /// Only jobs of this task (compared on its first 256 bytes, as the dead-letter index keeps
+    /// it, like `dependency` and `error_class`).
     pub task: Option<String>,
     /// Only the message with this id.
     pub message_id: Option<String>,
     /// Only messages whose (redacted) error text contains this.
     pub error_contains: Option<String>,
-    /// Only messages of this error class.
+    /// Only messages of this error class (its first 256 bytes: a row of the index keeps no
+    /// more, so a longer class selects what its row counts).
     pub error_class: Option<String>,
     /// Also select the messages whose dead-letter headers cannot be read (a producer's garbage,
     /// the broker's own dead letters), which a run parks. An empty filter selects them anyway;
@@ -61,7 +64,8 @@ impl ReplayFilter {
         if row.reason == UNREADABLE {
             return Some(self.selects_malformed());
         }
-        let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        let same =
+            |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| bounded(w) == have);
         let fields = same(&self.dependency, &row.dependency)
             && same(&self.task, &row.task)
             && same(&self.error_class, &row.error_class)
@@ -106,20 +110,17 @@ impl ReplayFilter {
     /// Whether `record` is selected (every field but `message_id`, which the record lacks).
     #[must_use]
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {
-        self.task.as_ref().is_none_or(|t| *t == record.task)
+        let same = |want: &Option<String>, have: &str| {
+            want.as_deref().is_none_or(|w| bounded(w) == bounded(have))
+        };
+        same(&self.task, &record.task)
             && self
                 .error_contains
                 .as_deref()
                 .is_none_or(|e| record.error.contains(e))
-            && self
-                .dependency
-                .as_ref()
-                .is_none_or(|d| *d == record.dependency)
+            && same(&self.dependency, &record.dependency)
             && self.reason.is_none_or(|r| r == record.reason)
-            && self
-                .error_class
-                .as_ref()
-                .is_none_or(|c| *c == record.error_class)
+            && same(&self.error_class, &record.error_class)
             && self.since_ms.is_none_or(|t| record.dead_lettered_ms >= t)
             && self.until_ms.is_none_or(|t| record.dead_lettered_ms < t)
     }
@@ -199,8 +200,16 @@ impl<'a> Selection<'a> {
 
     /// Sorts the next message read.
     pub(super) fn sort(&mut self, delivery: &Delivery) -> Class {
+        let filter = &self.options.filter;
+        // A message id names one message, malformed or not.
+        let named = |id: Option<&str>| filter.message_id.as_deref().is_none_or(|w| id == Some(w));
         match self.sort_all(delivery) {
-            Class::Malformed(_) if !self.options.filter.selects_malformed() => Class::Skip,
+            Class::Malformed(_)
+                if !filter.selects_malformed()
+                    || !named(headers::message_id(&delivery.properties)) =>
+            {
+                Class::Skip
+            }
             class => class,
         }
     }
@@ -251,5 +260,53 @@ impl<'a> Selection<'a> {
             self.replays += 1;
             Class::Replay(record)
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn record(error_class: &str) -> DeadLetterRecord {
+        DeadLetterRecord {
+            task: "index".into(),
+            dependency: "search".into(),
+            reason: DeadLetterReason::BudgetExhausted,
+            original_exchange: "jobs".into(),
+            original_routing_key: "search".into(),
+            original_queue: "jobs".into(),
+            attempts: 3,
+            first_failure_ms: 1,
+            dead_lettered_ms: 120_000,
+            error_class: error_class.into(),
+            error: String::new(),
+            budget: None,
+            budget_source: None,
+            replays: 0,
+        }
+    }
+
+    /// A class longer than a row keeps (a console row's button, a filter typed from `dlq stats`)
+    /// selects the messages its row counts: the dry run by row and the run by message agree.
+    #[test]
+    fn a_long_error_class_selects_what_its_row_counts() {
+        let long = format!("{}tail", "é".repeat(200));
+        let r = record(&long);
+        let row = Row::of_record(&r);
+        for filter_class in [long.clone(), row.error_class.clone()] {
+            let filter = ReplayFilter {
+                error_class: Some(filter_class),
+                ..ReplayFilter::default()
+            };
+            assert!(filter.matches(&r));
+            assert_eq!(filter.selects_row(&row), Some(true));
+        }
+        let other = ReplayFilter {
+            error_class: Some("timeout".into()),
+            ..ReplayFilter::default()
+        };
+        assert!(!other.matches(&r));
+        assert_eq!(other.selects_row(&row), Some(false));
     }
 }
