@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub(super) struct Health {
     degraded_count: AtomicU64,
     /// Degraded dependencies → their episode.
     degraded: Mutex<HashMap<Dependency, Episode>>,
+    /// Whether "Redis's memory is full" was logged in this outage (reset when the last
+    /// dependency leaves the fallback): one line per episode, not one per call.
+    oom_logged: AtomicBool,
 }
 
 /// One dependency's time in the fallback.
@@ -60,6 +63,7 @@ impl Health {
             clock,
             degraded_count: AtomicU64::new(0),
             degraded: Mutex::new(HashMap::new()),
+            oom_logged: AtomicBool::new(false),
         }
     }
 
@@ -117,6 +121,7 @@ impl Health {
             metrics.fallback(dependency, false);
             tracing::debug!(%dependency, "fleet budget store answers for this dependency again");
             if left == 0 {
+                self.oom_logged.store(false, Ordering::Relaxed);
                 tracing::info!("fleet budget store answers again; leaving fallback");
             }
         }
@@ -130,6 +135,17 @@ impl Health {
         mode: FallbackMode,
     ) {
         metrics.store_error(error.kind_label());
+        if error.is_out_of_memory() && !self.oom_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                %error,
+                %dependency,
+                reason = "oom",
+                fallback = mode.as_str(),
+                "Redis refuses the budget's writes: its memory is full (maxmemory reached under \
+                 maxmemory-policy noeviction). Retry decisions come from the fallback until it \
+                 frees memory; counted in fleet_budget_store_errors_total{{kind=\"oom\"}}"
+            );
+        }
         let now = self.clock.now_ms();
         let next_probe = now.saturating_add(PROBE_INTERVAL_MS);
         let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
@@ -152,7 +168,7 @@ impl Health {
             metrics.fallback_dependencies(now_degraded);
             metrics.fallback(dependency, true);
             if now_degraded == 1 {
-                tracing::warn!(%error, %dependency, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+                tracing::warn!(%error, %dependency, reason = error.kind_label(), fallback = mode.as_str(), "fleet budget store failed; entering fallback");
             } else {
                 tracing::debug!(%error, %dependency, "fleet budget store failed for this dependency too");
             }

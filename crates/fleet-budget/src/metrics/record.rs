@@ -59,6 +59,9 @@ impl Metrics {
         if s.control.conflict {
             self.policy_conflict(d);
         }
+        if s.control.lost {
+            self.budget_lost(d, s);
+        }
         self.allowance
             .with_label_values(&[d.as_str()])
             .set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
@@ -84,6 +87,42 @@ impl Metrics {
                 "this worker's budget policy differs from the one in force in Redis, which \
                  decides instead (see `budgetctl status`); counted in \
                  fleet_budget_policy_conflicts_total"
+            );
+        }
+    }
+
+    /// Counts a call that found `d`'s budget hash lost and restored what this process
+    /// remembered, and logs it once per dependency per window.
+    fn budget_lost(&self, d: &Dependency, s: &BudgetSnapshot) {
+        self.budget_lost.with_label_values(&[d.as_str()]).inc();
+        let first = {
+            let mut logged = self
+                .lost_logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let room = logged.len() < CONFLICT_LOG_LIMIT;
+            match logged.get_mut(d) {
+                Some(window) if *window == s.window_index => false,
+                Some(window) => {
+                    *window = s.window_index;
+                    true
+                }
+                None if room => {
+                    logged.insert(d.clone(), s.window_index);
+                    true
+                }
+                None => false,
+            }
+        };
+        if first {
+            tracing::warn!(
+                dependency = %d,
+                frozen = s.control.frozen,
+                retries = s.current.retries,
+                "the dependency's budget hash was lost in Redis (evicted by a maxmemory-policy, \
+                 FLUSHALL, or a restart without persistence); restored what this worker \
+                 remembered (overrides in force, counters) before deciding; counted in \
+                 fleet_budget_budget_lost_total"
             );
         }
     }
