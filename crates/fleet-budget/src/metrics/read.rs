@@ -31,7 +31,7 @@ impl Metrics {
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
     /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`,
-    /// `retries_denied_in_process`, `policy_conflicts`).
+    /// `retries_denied_in_process`, `policy_conflicts`, `budget_lost`).
     #[must_use]
     pub fn counter(&self, name: &str, dependency: &str) -> u64 {
         let c = match name {
@@ -42,6 +42,7 @@ impl Metrics {
             "retries_denied" => &self.retries_denied,
             "retries_denied_in_process" => &self.retries_denied_in_process,
             "policy_conflicts" => &self.policy_conflicts,
+            "budget_lost" => &self.budget_lost,
             _ => return 0,
         };
         c.with_label_values(&[dependency]).get()
