@@ -258,3 +258,247 @@ async fn without_memory_a_lost_hash_grants_its_floor_again() {
         "nothing remembered, nothing restored: the documented limit"
     );
 }
+
+/// Keys without a TTL, 1 KiB each, written until Redis refuses one with `OOM` (under
+/// `noeviction`). Returns how many were written.
+fn fill_until_oom(server: &RedisServer) -> u64 {
+    let mut connection = server.connection().unwrap();
+    let value = "x".repeat(1024);
+    for written in 0..1_000_000u64 {
+        let result: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("cache:{written}"))
+            .arg(&value)
+            .query(&mut connection);
+        if let Err(e) = result {
+            assert_eq!(e.code(), Some("OOM"), "{e}");
+            // At the limit, buffers that shrink let the next write through now and then; a
+            // limit just under what is used holds memory full until keys go.
+            let used = info_field(server, "memory", "used_memory");
+            let _: () = server.cmd(&[
+                "CONFIG",
+                "SET",
+                "maxmemory",
+                &(used - 256 * 1024).to_string(),
+            ]);
+            return written;
+        }
+    }
+    panic!("memory never filled");
+}
+
+/// Item 3: under `noeviction` with memory full every script that writes fails with `OOM`. The
+/// decisions come from the fallback, the failures are counted as `oom`, and Redis decides
+/// again once memory frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_memory_decides_from_the_fallback_named_oom_and_comes_back() {
+    let server = RedisServer::start_with(
+        &["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"],
+        &[],
+    );
+    let a = worker(&server).await;
+    freeze(&server, "mail").await;
+    assert_eq!(ask(&a, "index", 3).await.0, 3, "Redis decides");
+    assert_eq!(ask(&a, "send", 1).await.0, 0, "frozen");
+    let written = fill_until_oom(&server);
+    let (granted, sources) = ask(&a, "index", 20).await;
+    let oom = a.metrics().store_errors("oom");
+    let fallback = sources
+        .iter()
+        .filter(|s| **s == BudgetSource::LocalFallback)
+        .count();
+    let (mail_in_oom, _) = ask(&a, "send", 20).await;
+    // Nothing was written meanwhile: the window's three grants are all Redis holds.
+    let cr: String = server.cmd(&["HGET", &key("search"), "cr"]);
+    println!(
+        "full memory (noeviction, maxmemory 8mb): cache keys written {written} until OOM; asked \
+         20: {fallback} decided by the fallback (local), granted {granted} (the local budget's \
+         floor {FLOOR}); frozen dependency asked 20, granted {mail_in_oom}; store errors \
+         counted oom {oom}; Redis's retries counter {cr}"
+    );
+    assert_eq!(
+        mail_in_oom, 0,
+        "the freeze this worker saw holds in the fallback"
+    );
+    assert_eq!(
+        fallback, 20,
+        "every decision from the fallback: {sources:?}"
+    );
+    assert!(oom >= 1, "counted as oom");
+    assert_eq!(
+        a.metrics().store_errors("server"),
+        0,
+        "named oom, not server"
+    );
+    assert!(granted <= FLOOR, "the local fallback's floor");
+    assert_eq!(cr, "3", "nothing written while memory is full");
+
+    // Memory frees (the cache goes): Redis decides again, the freeze included.
+    let mut connection = server.connection().unwrap();
+    for start in (0..written).step_by(1000) {
+        let mut pipe = redis::pipe();
+        for k in start..(start + 1000).min(written) {
+            pipe.cmd("UNLINK").arg(format!("cache:{k}")).ignore();
+        }
+        let _: () = pipe.query(&mut connection).unwrap();
+    }
+    fleet_budget::testing::eventually("Redis decides again", Duration::from_secs(10), async || {
+        source(
+            &a.on_failure("send", 1, &Failure::retryable("503"))
+                .await
+                .unwrap(),
+        ) == BudgetSource::Fleet
+    })
+    .await;
+    let (mail_granted, mail_sources) = ask(&a, "send", 5).await;
+    assert_eq!(mail_granted, 0, "the freeze holds again");
+    assert!(mail_sources.iter().all(|s| *s == BudgetSource::Fleet));
+    fleet_budget::testing::eventually(
+        "Redis decides search again",
+        Duration::from_secs(10),
+        async || {
+            source(
+                &a.on_failure("index", 1, &Failure::retryable("503"))
+                    .await
+                    .unwrap(),
+            ) == BudgetSource::Fleet
+        },
+    )
+    .await;
+    assert!(!a.in_fallback(), "every dependency back on Redis");
+}
+
+/// Item 7: state lost in Redis during a retry storm (three workers asking in a loop): FLUSHALL,
+/// SCRIPT FLUSH, then a restart without persistence. Scripts reload, the freeze holds on every
+/// decision (Redis's, and the fallback's during the restart), the exhausted budget's grants stay within the written bound, and the
+/// losses are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flushall_script_flush_and_a_restart_during_a_storm_stay_within_the_bound() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    #[derive(Default)]
+    struct Tally {
+        decisions: AtomicU64,
+        search_fleet: AtomicU64,
+        search_fallback: AtomicU64,
+        mail_fleet: AtomicU64,
+        mail_fallback: AtomicU64,
+    }
+
+    let mut server = RedisServer::start();
+    let workers: Vec<Arc<FleetBudget>> = vec![
+        Arc::new(worker(&server).await),
+        Arc::new(worker(&server).await),
+        Arc::new(worker(&server).await),
+    ];
+    freeze(&server, "mail").await;
+    for w in &workers {
+        assert_eq!(ask(w, "send", 1).await.0, 0, "every worker sees the freeze");
+    }
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm: Vec<_> = workers
+        .iter()
+        .map(|w| {
+            let (w, tally, stop) = (Arc::clone(w), Arc::clone(&tally), Arc::clone(&stop));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    for (task, fleet, fallback) in [
+                        ("index", &tally.search_fleet, &tally.search_fallback),
+                        ("send", &tally.mail_fleet, &tally.mail_fallback),
+                    ] {
+                        let d = w
+                            .on_failure(task, 1, &Failure::retryable("503"))
+                            .await
+                            .unwrap();
+                        if d.is_retry() {
+                            match source(&d) {
+                                BudgetSource::Fleet => fleet.fetch_add(1, Ordering::Relaxed),
+                                _ => fallback.fetch_add(1, Ordering::Relaxed),
+                            };
+                        }
+                    }
+                    tally.decisions.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    // Each step waits for the storm to make 300 more rounds of decisions (counts, not time).
+    let progress = async |tally: &Tally| {
+        let from = tally.decisions.load(Ordering::Relaxed);
+        fleet_budget::testing::eventually(
+            "the storm goes on",
+            Duration::from_secs(60),
+            async || tally.decisions.load(Ordering::Relaxed) >= from + 300,
+        )
+        .await;
+    };
+    progress(&tally).await;
+    let before = tally.search_fleet.load(Ordering::Relaxed);
+    let _: () = server.cmd(&["FLUSHALL"]);
+    progress(&tally).await;
+    let loads_before = server
+        .command_calls()
+        .get("script|load")
+        .copied()
+        .unwrap_or(0);
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    progress(&tally).await;
+    let loads_after = server
+        .command_calls()
+        .get("script|load")
+        .copied()
+        .unwrap_or(0);
+    tokio::task::block_in_place(|| server.restart());
+    progress(&tally).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in storm {
+        task.await.unwrap();
+    }
+
+    let search_fleet = tally.search_fleet.load(Ordering::Relaxed);
+    let search_fallback = tally.search_fallback.load(Ordering::Relaxed);
+    let mail_fleet = tally.mail_fleet.load(Ordering::Relaxed);
+    let mail_fallback = tally.mail_fallback.load(Ordering::Relaxed);
+    let lost: u64 = workers
+        .iter()
+        .map(|w| w.metrics().counter("budget_lost", "search"))
+        .sum();
+    let server_errors: u64 = workers
+        .iter()
+        .map(|w| w.metrics().store_errors("server"))
+        .sum();
+    // The bound (docs/semantics.md, "Lost budgets"): the window's allowance, plus, per loss
+    // (FLUSHALL, the restart; SCRIPT FLUSH loses no state), the retries the first worker to
+    // call after it had not seen (at most one allowance); the fallback's slack apart.
+    let losses = 2;
+    let bound = FLOOR * (1 + losses);
+    let fallback_bound = FLOOR * workers.len() as u64;
+    println!(
+        "state lost during a storm (3 workers, floor {FLOOR}, {} rounds): exhausted budget \
+         granted by Redis {search_fleet} (bound {bound}: {before} before FLUSHALL), by the \
+         fallback during the restart {search_fallback} (bound {fallback_bound}); frozen \
+         dependency granted by Redis {mail_fleet}, by the fallback {mail_fallback}; losses \
+         counted {lost}; scripts loaded again after SCRIPT FLUSH {}; server errors {server_errors}",
+        tally.decisions.load(Ordering::Relaxed),
+        loads_after - loads_before,
+    );
+    assert_eq!(before, FLOOR, "the storm spent the floor before the loss");
+    assert!(search_fleet <= bound, "{search_fleet} > {bound}");
+    assert!(search_fallback <= fallback_bound);
+    assert_eq!(
+        mail_fleet, 0,
+        "the freeze holds on every decision Redis makes"
+    );
+    assert_eq!(mail_fallback, 0, "and on every decision the fallback makes");
+    assert!(
+        lost >= losses,
+        "each loss counted by a worker that found it"
+    );
+    assert!(
+        loads_after > loads_before,
+        "NOSCRIPT: the scripts were loaded again"
+    );
+    assert_eq!(server_errors, 0, "no decision failed for a missing script");
+}

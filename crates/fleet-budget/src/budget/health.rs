@@ -46,6 +46,10 @@ pub(super) struct Health {
     /// Whether "Redis's memory is full" was logged in this outage (reset when the last
     /// dependency leaves the fallback): one line per episode, not one per call.
     oom_logged: AtomicBool,
+    /// Dependencies the fleet store last answered frozen → when that freeze ends (clock ms:
+    /// the call's own time plus the reply's wait, `next_grant_ms`). The fallback grants
+    /// nothing for them until then: an operator's freeze holds while Redis fails.
+    freezes: Mutex<HashMap<Dependency, u64>>,
 }
 
 /// One dependency's time in the fallback.
@@ -64,6 +68,7 @@ impl Health {
             degraded_count: AtomicU64::new(0),
             degraded: Mutex::new(HashMap::new()),
             oom_logged: AtomicBool::new(false),
+            freezes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -90,6 +95,35 @@ impl Health {
             }
             Some(_) => false,
         }
+    }
+
+    /// Remembers whether the fleet store's answer `withdrawal` for `dependency`, given at
+    /// clock ms `at`, showed a freeze in force, and until when.
+    pub(super) fn saw(&self, dependency: &Dependency, at: u64, withdrawal: &Withdrawal) {
+        let frozen = withdrawal.snapshot.control.frozen;
+        let mut freezes = self.freezes.lock().unwrap_or_else(PoisonError::into_inner);
+        if frozen {
+            // While frozen the wait is the freeze's remaining time (lua/README.md, "When a
+            // retry could next be granted"); never, without an end, is an hour at a time.
+            let wait = withdrawal.next_grant_ms.unwrap_or(3_600_000);
+            freezes.insert(dependency.clone(), at.saturating_add(wait));
+        } else if !freezes.is_empty() {
+            freezes.remove(dependency);
+        }
+    }
+
+    /// Whether the fleet store's last answer for `dependency` showed a freeze that has not
+    /// ended yet by this process's clock.
+    fn frozen(&self, dependency: &Dependency) -> bool {
+        let freezes = self.freezes.lock().unwrap_or_else(PoisonError::into_inner);
+        freezes
+            .get(dependency)
+            .is_some_and(|until| *until > self.clock.now_ms())
+    }
+
+    /// The clock's ms now.
+    pub(super) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// The dependencies in the fallback now, each with how long it has been (clock ms; 0 when
@@ -196,6 +230,23 @@ impl Inner {
         policy: &BudgetPolicy,
     ) -> (Withdrawal, BudgetSource) {
         self.metrics.fallback_decision(self.fallback.as_str());
+        if self.health.frozen(dependency) {
+            // An operator's freeze the fleet store showed, not ended: whatever the fallback
+            // mode, nothing is granted (the dead letter says `budget_frozen`).
+            let mut snapshot = self.local.status_now(dependency, policy);
+            snapshot.allowance = 0;
+            snapshot.control.frozen = true;
+            let withdrawal = Withdrawal {
+                granted: false,
+                snapshot,
+                next_grant_ms: Some(0),
+            };
+            let source = match self.fallback {
+                FallbackMode::Local => BudgetSource::LocalFallback,
+                FallbackMode::Deny | FallbackMode::Allow => BudgetSource::Blind,
+            };
+            return (withdrawal, source);
+        }
         let blind = |granted| {
             let snapshot = self.local.status_now(dependency, policy);
             let withdrawal = Withdrawal {
