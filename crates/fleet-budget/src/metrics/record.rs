@@ -133,10 +133,12 @@ impl Metrics {
             .set(i64::from(active));
     }
 
-    /// Makes `fleet_budget_fallback_active` show 0 for `d` before its first failure, so that
-    /// a dashboard and an alert see a series for every configured dependency.
+    /// Makes `fleet_budget_fallback_active` and `fleet_budget_budget_lost_total` show 0 for `d`
+    /// before its first failure or loss, so that a dashboard and an alert see a series for
+    /// every configured dependency.
     pub(crate) fn healthy(&self, d: &Dependency) {
         let _ = self.fallback_active.with_label_values(&[d.as_str()]);
+        let _ = self.budget_lost.with_label_values(&[d.as_str()]);
     }
 
     pub(crate) fn store_call(&self, op: StoreOp, elapsed: std::time::Duration) {
