@@ -1214,8 +1214,12 @@ async fn python_restores_a_freeze_under_allkeys_lru_as_rust_does() {
     let rust = FleetBudget::from_config(&Config::from_toml(&text, "rust").unwrap())
         .await
         .unwrap();
-    let operator =
-        RedisStore::new(RedisTarget::Single(server.url()), "mix", Duration::from_secs(5)).unwrap();
+    let operator = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "mix",
+        Duration::from_secs(5),
+    )
+    .unwrap();
     overrides::apply(
         &operator,
         &AuditLog::default(),
@@ -1285,7 +1289,10 @@ async fn python_restores_a_freeze_under_allkeys_lru_as_rust_does() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
     }
-    assert!(gone("mix:v1:{mail}") && gone("mix:v1:{search}"), "both evicted");
+    assert!(
+        gone("mix:v1:{mail}") && gone("mix:v1:{search}"),
+        "both evicted"
+    );
 
     let py_frozen = ask(r#"["ask", "send", 20]"#);
     let py_search = ask(r#"["ask", "index", 20]"#);
@@ -1302,7 +1309,10 @@ async fn python_restores_a_freeze_under_allkeys_lru_as_rust_does() {
     assert_eq!((py_frozen, rust_frozen), (0, 0), "the freeze holds");
     assert_eq!((py_search, rust_search), (0, 0), "within the bound");
     assert_eq!(py_lost, 2, "one loss per hash, found by Python");
-    assert_eq!(restored_until, freeze_until, "the same freeze, to the same end");
+    assert_eq!(
+        restored_until, freeze_until,
+        "the same freeze, to the same end"
+    );
     drop(to_py);
     assert!(child.wait().unwrap().success());
 }

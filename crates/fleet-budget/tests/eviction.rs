@@ -502,3 +502,70 @@ async fn flushall_script_flush_and_a_restart_during_a_storm_stay_within_the_boun
     );
     assert_eq!(server_errors, 0, "no decision failed for a missing script");
 }
+
+/// An open circuit breaker has no TTL while it is open: under `volatile-lru` a cache filling
+/// memory evicts the closed state's keys around it, not the breaker, which stays open (no call
+/// goes through to the failing dependency). Under `allkeys-lru` it goes, and comes back closed:
+/// the documented bound (`docs/semantics.md`, "Lost budgets": at most `min_volume` calls per loss).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_stays_open_under_volatile_lru_and_comes_back_closed_under_allkeys_lru() {
+    use std::sync::Arc;
+
+    use fleet_budget::breaker::{Breaker, BreakerPolicy, BreakerState, Verdict};
+
+    for policy in ["volatile-lru", "allkeys-lru"] {
+        let server =
+            RedisServer::start_with(&["--maxmemory", "8mb", "--maxmemory-policy", policy], &[]);
+        let store = RedisStore::new(
+            RedisTarget::Single(server.url()),
+            PREFIX,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let breaker = Breaker::new(Arc::new(store));
+        let p = BreakerPolicy {
+            window: Duration::from_secs(60),
+            failure_ratio: 0.5,
+            min_volume: 4,
+            open: Duration::from_secs(3600),
+            half_open_probes: 1,
+            close_after: 1,
+            probe_timeout: Duration::from_secs(60),
+            max_wait: Duration::from_secs(60),
+        }
+        .checked()
+        .unwrap();
+        let search = dep("search");
+        for _ in 0..4 {
+            breaker.record(&search, &p, false, None).await.unwrap();
+        }
+        let key = format!("{PREFIX}:v1:{{search}}:cb");
+        assert_eq!(
+            breaker.status(&search, &p).await.unwrap().state,
+            BreakerState::Open
+        );
+        assert_eq!(server.cmd::<i64>(&["PTTL", &key]), -1, "no TTL while open");
+        let gone = if policy == "allkeys-lru" {
+            vec![key.clone()]
+        } else {
+            Vec::new()
+        };
+        let (written, evicted) = fill_cache(&server, 30_000, &gone);
+        let kept = exists(&server, &key);
+        let verdict = breaker.admit(&search, &p).await.unwrap().verdict;
+        println!(
+            "open breaker ({policy}, maxmemory 8mb): cache keys written {written}, evicted \
+             {evicted}; breaker kept {kept}; next call: {verdict:?}"
+        );
+        if policy == "volatile-lru" {
+            assert!(kept, "volatile-*: a key without TTL is never evicted");
+            assert!(matches!(verdict, Verdict::Wait), "still open: {verdict:?}");
+        } else {
+            assert!(!kept);
+            assert!(
+                matches!(verdict, Verdict::Run),
+                "comes back closed: {verdict:?}"
+            );
+        }
+    }
+}
