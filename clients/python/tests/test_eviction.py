@@ -117,3 +117,27 @@ def test_full_memory_decides_from_the_fallback_named_oom_and_comes_back(redis_ur
         __import__("time").sleep(0.01)
     assert d.source == "fleet" and not isinstance(d, Retry)
     budget.close()
+
+
+def test_a_breaker_lost_while_open_is_counted(redis_url):
+    """An open breaker has no TTL (out of volatile-*'s reach); lost anyway (FLUSHALL, allkeys-*)
+    it comes back closed, and a worker that saw it open says so (``to="lost"``), as in Rust."""
+    from fleet_budget import FAILED, SUCCEEDED
+    from fleet_budget.admission import Call, Hold
+
+    raw = redis.Redis.from_url(redis_url)
+    toml = ("[redis]\nheartbeat_ms = 0\n[dependencies.search]\ntasks = [\"index\"]\n"
+            "[dependencies.search.breaker]\nmin_volume = 4\nfailure_ratio = 0.5\nopen_secs = 3600\n")
+    budget = FleetBudget(Config.from_toml(toml), redis_url=redis_url)
+    for _ in range(4):
+        call = budget.admit("index", 1)
+        assert isinstance(call, Call)
+        budget.finish(call, FAILED)
+    assert isinstance(budget.admit("index", 1), Hold), "open"
+    assert raw.pttl("fb:v1:{search}:cb") == -1, "no TTL while open"
+    raw.flushall()
+    after = budget.admit("index", 1)
+    assert isinstance(after, Call), "closed again"
+    assert budget.metrics.value("fleet_budget_breaker_transitions_total", dependency="search", to="lost") == 1
+    budget.finish(after, SUCCEEDED)
+    budget.close()

@@ -569,3 +569,54 @@ async fn an_open_breaker_stays_open_under_volatile_lru_and_comes_back_closed_und
         }
     }
 }
+
+/// A worker that saw its breaker open and finds it closed before the open period ended (its key
+/// evicted under `allkeys-lru`) says so: `fleet_budget_breaker_transitions_total{to="lost"}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_lost_while_open_is_counted() {
+    use fleet_budget::{Admission, CallOutcome};
+
+    let server = RedisServer::start_with(
+        &["--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"],
+        &[],
+    );
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"{PREFIX}\"\nheartbeat_ms = 0\n\
+         [dependencies.search]\ntasks = [\"index\"]\n[dependencies.search.breaker]\n\
+         min_volume = 4\nfailure_ratio = 0.5\nopen_secs = 3600\n",
+        server.url()
+    );
+    let budget = FleetBudget::from_config(&Config::from_toml(&text, "test").unwrap())
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        match budget.admit("index", 1, None).await.unwrap() {
+            Admission::Run(call) => budget.finish(call, CallOutcome::Failed).await,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        matches!(
+            budget.admit("index", 1, None).await.unwrap(),
+            Admission::Wait(_)
+        ),
+        "open"
+    );
+    let key = format!("{PREFIX}:v1:{{search}}:cb");
+    let (written, evicted) = fill_cache(&server, 30_000, std::slice::from_ref(&key));
+    let after = budget.admit("index", 1, None).await.unwrap();
+    let lost = budget.metrics().breaker_transitions("search", "lost");
+    println!(
+        "breaker lost while open (allkeys-lru): cache keys written {written}, evicted {evicted}; \
+         next call runs {}; counted lost {lost}",
+        matches!(after, Admission::Run(_))
+    );
+    assert!(
+        matches!(after, Admission::Run(_)),
+        "closed again: {after:?}"
+    );
+    assert_eq!(lost, 1);
+    if let Admission::Run(call) = after {
+        budget.finish(call, CallOutcome::Succeeded).await;
+    }
+}

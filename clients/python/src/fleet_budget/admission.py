@@ -301,6 +301,22 @@ class AdmissionSteps:
     def _breaker_seen(self: "FleetBudget", dependency: str, decided: cb.Decided) -> None:
         """Shows the state seen; logs and counts a change made by this call (once fleet-wide)."""
         self.metrics.breaker_state.labels(dependency).set(decided.state)
+        # A breaker this process saw open, found closed before its open period ended without this
+        # call closing it, was lost (evicted, flushed): an open breaker only closes through
+        # half-open (the Rust ``Health::breaker_lost``).
+        with self._health_lock:
+            until = self._open_breakers.get(dependency, 0)
+            lost = decided.state == cb.CLOSED and not decided.changed and until > decided.now_ms
+            if decided.state == cb.OPEN:
+                self._open_breakers[dependency] = decided.open_until_ms
+            else:
+                self._open_breakers.pop(dependency, None)
+        if lost:
+            self.metrics.breaker_transitions.labels(dependency, "lost").inc()
+            log.warning("circuit breaker of %s found closed before its open period ended: its key was lost in "
+                        "Redis (evicted by a maxmemory-policy, FLUSHALL, or a restart without persistence); it "
+                        "opens again after min_volume calls; counted in "
+                        "fleet_budget_breaker_transitions_total{to=\"lost\"}", dependency)
         if decided.changed:
             self.metrics.breaker_transitions.labels(dependency, decided.state_name).inc()
             log.warning("circuit breaker of %s changed state to %s (open until %d ms)", dependency,

@@ -103,6 +103,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         # Dependencies Redis last answered frozen -> when that freeze ends (clock ms): the
         # fallback grants nothing for them until then (the Rust ``Health::saw``).
         self._freezes: dict[str, int] = {}
+        # Dependencies whose breaker this process last saw open -> when it half-opens (server ms).
+        self._open_breakers: dict[str, int] = {}
         self._oom_logged = False
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
@@ -179,6 +181,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
         self._pending, self._degraded, self._fallback_since = {}, {}, {}
         self._memory, self._freezes, self._oom_logged = Memory(), {}, False
+        self._open_breakers = {}
         # Children of one parent would otherwise draw the same jitter, and retry together.
         self._rng = random.Random()
         self.local = LocalStore(self._clock)

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Inner;
+use crate::breaker::{BreakerState, Decided};
 use crate::clock::Clock;
 use crate::config::FallbackMode;
 use crate::decision::BudgetSource;
@@ -50,6 +51,9 @@ pub(super) struct Health {
     /// the call's own time plus the reply's wait, `next_grant_ms`). The fallback grants
     /// nothing for them until then: an operator's freeze holds while Redis fails.
     freezes: Mutex<HashMap<Dependency, u64>>,
+    /// Dependencies whose breaker this process last saw open → when its open period ends
+    /// (server ms): one found closed before then was lost (evicted, flushed).
+    open_breakers: Mutex<HashMap<Dependency, u64>>,
 }
 
 /// One dependency's time in the fallback.
@@ -69,6 +73,7 @@ impl Health {
             degraded: Mutex::new(HashMap::new()),
             oom_logged: AtomicBool::new(false),
             freezes: Mutex::new(HashMap::new()),
+            open_breakers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -119,6 +124,27 @@ impl Health {
         freezes
             .get(dependency)
             .is_some_and(|until| *until > self.clock.now_ms())
+    }
+
+    /// Remembers the breaker state `decided` shows for `dependency`, and says whether it shows
+    /// the breaker this process last saw open closed before its open period ended, without
+    /// this call closing it: its key was lost (an open breaker only closes through half-open).
+    pub(super) fn breaker_lost(&self, dependency: &Dependency, decided: &Decided) -> bool {
+        let mut open = self
+            .open_breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let lost = decided.state == BreakerState::Closed
+            && !decided.changed
+            && open
+                .get(dependency)
+                .is_some_and(|until| *until > decided.now_ms);
+        if decided.state == BreakerState::Open {
+            open.insert(dependency.clone(), decided.open_until_ms);
+        } else if !open.is_empty() {
+            open.remove(dependency);
+        }
+        lost
     }
 
     /// The clock's ms now.
