@@ -232,6 +232,8 @@ if seen_birth then
   if #seen_birth > 18 or not string.find(seen_birth, '^%d*$') then
     return redis.error_reply('fleet-budget: ARGV[' .. mem .. '] birth must be empty or an integer of at most 18 digits')
   end
+  -- A birth that is not one (written by hand) is none: this call writes a new one.
+  if birth and (#birth > 18 or not string.find(birth, '^%d+$')) then birth = false end
   if seen_birth ~= '' and seen_birth ~= birth then
     -- The hash is not the one the caller saw. Its memory: fu,su,sr,sm,w,i, then the counters
     -- cs,ca,cr,cd,ps,pa,pr,pd of window i (14 fields; sr and sm may be empty).
