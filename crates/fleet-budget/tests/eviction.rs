@@ -620,3 +620,87 @@ async fn a_breaker_lost_while_open_is_counted() {
         budget.finish(call, CallOutcome::Succeeded).await;
     }
 }
+
+/// The contract of the optional memory arguments (`lua/README.md`, "Lost budgets"), on the raw
+/// scripts: a caller without them gets the reply it always got (17 fields, and `next_grant_ms`
+/// for a spend), one with them six more; a malformed memory is refused by name and writes
+/// nothing; `spend_batch.lua` takes six or eight arguments per entry, nothing else.
+#[test]
+fn memory_arguments_are_optional_and_checked() {
+    use fleet_budget::store::{DEPOSIT_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_SCRIPT};
+    use redis::Value;
+
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let policy = ["60000", "0.2", "2", "s", "sliding"];
+    let run = |c: &mut redis::Connection, script: &redis::Script, key: &str, args: &[&str]| {
+        let mut invocation = script.key(key);
+        for a in args {
+            invocation.arg(*a);
+        }
+        invocation.invoke::<Value>(c)
+    };
+    let len = |v: &Value| match v {
+        Value::Array(a) => a.len(),
+        other => panic!("{other:?}"),
+    };
+    let old = run(&mut c, &SPEND_SCRIPT, "fbe:v1:{a}", &policy).unwrap();
+    assert_eq!(len(&old), 18, "an older caller's reply");
+    let mut with = policy.to_vec();
+    with.extend(["", ""]);
+    let new = run(&mut c, &SPEND_SCRIPT, "fbe:v1:{a}", &with).unwrap();
+    assert_eq!(len(&new), 24, "six more fields");
+    let deposit_old = run(
+        &mut c,
+        &DEPOSIT_SCRIPT,
+        "fbe:v1:{a}",
+        &["60000", "1", "0", "0.2", "2", "s", "sliding"],
+    )
+    .unwrap();
+    assert_eq!(len(&deposit_old), 17);
+    let deposit_new = run(
+        &mut c,
+        &DEPOSIT_SCRIPT,
+        "fbe:v1:{a}",
+        &["60000", "1", "0", "0.2", "2", "s", "sliding", "0", "", ""],
+    )
+    .unwrap();
+    assert_eq!(len(&deposit_new), 23);
+
+    let before: std::collections::BTreeMap<String, String> = server.cmd(&["HGETALL", "fbe:v1:{a}"]);
+    for (memory, named) in [
+        (["x", ""], "ARGV[6] birth"),
+        (["1", "1,2,3"], "ARGV[7] memory"),
+        (["1", "0,0,,,60000,1,0,0,0,0,0,0,0,-1"], "ARGV[7] memory"),
+        (["1", "0,0,abc,,60000,1,0,0,0,0,0,0,0,0"], "ARGV[7] memory"),
+    ] {
+        let mut args = policy.to_vec();
+        args.extend(memory);
+        let e = run(&mut c, &SPEND_SCRIPT, "fbe:v1:{a}", &args).unwrap_err();
+        assert!(e.to_string().contains(named), "{memory:?}: {e}");
+    }
+    let after: std::collections::BTreeMap<String, String> = server.cmd(&["HGETALL", "fbe:v1:{a}"]);
+    assert_eq!(before, after, "a refused memory writes nothing");
+
+    let mut batch = SPEND_BATCH_SCRIPT.prepare_invoke();
+    batch.key("fbe:v1:{a}").key("fbe:v1:{b}");
+    for _ in 0..2 {
+        batch
+            .arg("60000")
+            .arg(1)
+            .arg("0.2")
+            .arg(2)
+            .arg("s")
+            .arg("sliding")
+            .arg("")
+            .arg("");
+    }
+    let replies: Vec<Value> = batch.invoke(&mut c).unwrap();
+    assert!(replies.iter().all(|r| len(r) == 24), "{replies:?}");
+    let mut seven = SPEND_BATCH_SCRIPT.prepare_invoke();
+    seven.key("fbe:v1:{a}");
+    for a in ["60000", "1", "0.2", "2", "s", "sliding", ""] {
+        seven.arg(a);
+    }
+    assert!(seven.invoke::<Value>(&mut c).is_err(), "6 or 8 per entry");
+}

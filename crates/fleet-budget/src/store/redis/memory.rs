@@ -148,3 +148,94 @@ pub(super) fn split(
         },
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(tail: Vec<Value>) -> Vec<Value> {
+        let mut r: Vec<Value> = (0..17).map(|_| Value::Int(0)).collect();
+        r.extend(tail);
+        r
+    }
+
+    #[test]
+    fn the_six_fields_are_read_and_nothing_else_is_taken_for_them() {
+        let good = reply(vec![
+            Value::Int(7),
+            Value::Int(100),
+            Value::Int(0),
+            Value::BulkString(b"0.5".to_vec()),
+            Value::BulkString(Vec::new()),
+            Value::Int(1),
+        ]);
+        let (at, state) = split("spend", &good).unwrap();
+        assert_eq!(at, 17);
+        assert_eq!(
+            state,
+            HashState {
+                birth: 7,
+                freeze_until: 100,
+                set_until: 0,
+                set_ratio: "0.5".to_owned(),
+                set_min: String::new(),
+                lost: true,
+            }
+        );
+        assert!(
+            split("spend", &reply(Vec::new())).is_err(),
+            "no memory fields"
+        );
+        for (index, bad) in [
+            (17, Value::Int(-1)),
+            (20, Value::BulkString(b"1,2".to_vec())),
+            (21, Value::BulkString(vec![b'1'; 33])),
+            (22, Value::BulkString(b"1".to_vec())),
+        ] {
+            let mut r = good.clone();
+            r[index] = bad;
+            assert!(split("spend", &r).is_err(), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn memory_is_sent_as_the_scripts_read_it_and_bounded() {
+        let memory = Memory::default();
+        assert_eq!(memory.args("k"), [String::new(), String::new()]);
+        let snapshot = BudgetSnapshot {
+            window_ms: 60_000,
+            window_index: 9,
+            current: WindowCounters {
+                successes: 1,
+                first_attempts: 2,
+                retries: 3,
+                denied: 4,
+            },
+            previous: WindowCounters {
+                successes: 5,
+                first_attempts: 6,
+                retries: 7,
+                denied: 8,
+            },
+            ..BudgetSnapshot::default()
+        };
+        let state = HashState {
+            birth: 42,
+            freeze_until: 99,
+            set_until: 0,
+            set_ratio: String::new(),
+            set_min: "3".to_owned(),
+            lost: true,
+        };
+        memory.learn("k", &state, &snapshot);
+        assert_eq!(
+            memory.args("k"),
+            [
+                "42".to_owned(),
+                "99,0,,3,60000,9,1,2,3,4,5,6,7,8".to_owned()
+            ]
+        );
+        memory.clear();
+        assert_eq!(memory.args("k")[0], "");
+    }
+}
