@@ -141,3 +141,23 @@ def test_a_breaker_lost_while_open_is_counted(redis_url):
     assert budget.metrics.value("fleet_budget_breaker_transitions_total", dependency="search", to="lost") == 1
     budget.finish(after, SUCCEEDED)
     budget.close()
+
+
+def test_a_lease_lost_before_its_expiry_is_counted(redis_url):
+    from fleet_budget import SUCCEEDED
+    from fleet_budget.admission import Call
+
+    raw = redis.Redis.from_url(redis_url)
+    toml = ("[redis]\nheartbeat_ms = 0\n[dependencies.paid-api]\ntasks = [\"charge\"]\n"
+            "[dependencies.paid-api.concurrency]\ncap = 6\nplanned_primary = 6\nlease_secs = 600\n")
+    budget = FleetBudget(Config.from_toml(toml), redis_url=redis_url)
+    kept = budget.admit("charge", 1)
+    assert isinstance(kept, Call)
+    budget.finish(kept, SUCCEEDED)
+    assert budget.metrics.value("fleet_budget_leases_lost_total", dependency="paid-api") == 0
+    held = [budget.admit("charge", 1) for _ in range(2)]
+    raw.flushall()
+    for call in held:
+        budget.finish(call, SUCCEEDED)
+    assert budget.metrics.value("fleet_budget_leases_lost_total", dependency="paid-api") == 2
+    budget.close()

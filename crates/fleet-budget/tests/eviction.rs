@@ -704,3 +704,40 @@ fn memory_arguments_are_optional_and_checked() {
     }
     assert!(seven.invoke::<Value>(&mut c).is_err(), "6 or 8 per entry");
 }
+
+/// Concurrency leases are not restored (they would only hold slots), but a worker that gives
+/// back a lease gone from Redis before its expiry (`FLUSHALL` here; an eviction alike) says so:
+/// `fleet_budget_leases_lost_total`. A lease given back in time counts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_before_its_expiry_is_counted() {
+    use fleet_budget::{Admission, CallOutcome};
+
+    let server = RedisServer::start();
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"{PREFIX}\"\nheartbeat_ms = 0\n\
+         [dependencies.paid-api]\ntasks = [\"charge\"]\n[dependencies.paid-api.concurrency]\n\
+         cap = 6\nplanned_primary = 6\nlease_secs = 600\n",
+        server.url()
+    );
+    let budget = FleetBudget::from_config(&Config::from_toml(&text, "test").unwrap())
+        .await
+        .unwrap();
+    let run = async || match budget.admit("charge", 1, None).await.unwrap() {
+        Admission::Run(call) => call,
+        other => panic!("{other:?}"),
+    };
+    let kept = run().await;
+    budget.finish(kept, CallOutcome::Succeeded).await;
+    assert_eq!(
+        budget.metrics().leases_lost("paid-api"),
+        0,
+        "given back in time"
+    );
+    let (a, b) = (run().await, run().await);
+    let _: () = server.cmd(&["FLUSHALL"]);
+    budget.finish(a, CallOutcome::Succeeded).await;
+    budget.finish(b, CallOutcome::Succeeded).await;
+    let lost = budget.metrics().leases_lost("paid-api");
+    println!("leases lost to FLUSHALL: 2 held, counted lost {lost}");
+    assert_eq!(lost, 2);
+}

@@ -74,6 +74,10 @@ class Metrics:
             "fleet_budget_hedges",
             "Hedged requests asked for, by outcome (granted, refused); never counted as retries.",
             ["dependency", "outcome"], registry=r)
+        self.leases_lost = Counter(
+            "fleet_budget_leases_lost",
+            "Leases given back that were gone from Redis before their expiry (evicted, flushed): their "
+            "slots were free meanwhile.", dep, registry=r)
         self.breaker_transitions = Counter(
             "fleet_budget_breaker_transitions",
             "Circuit breaker state changes this process made, by the state entered.", ["dependency", "to"], registry=r)
@@ -143,6 +147,7 @@ class Metrics:
         self.calls_in_flight.labels(dependency, "primary").set(primaries)
         self.calls_in_flight.labels(dependency, "retry").set(retries)
         self.retry_fraction.labels(dependency).set(retries / primaries if primaries else 0.0)
+        self.leases_lost.labels(dependency)  # a series from zero for every dependency with leases
 
     def timed(self, op: str, call: Callable[..., Any]) -> Callable[..., Any]:
         """``call`` (a registered script), each call's duration observed under ``op`` (``spend``,

@@ -384,10 +384,15 @@ impl FleetBudget {
     pub async fn finish(&self, call: Call, outcome: CallOutcome) {
         let inner = &self.inner;
         if let (Some(lease), Some(leases)) = (&call.lease, &inner.leases) {
-            let result = leases.release(lease).await;
+            let result = leases.release_checked(lease).await;
             inner.record(&call.dependency, &result);
             match result {
-                Ok(in_flight) => inner.metrics.in_flight(&call.dependency, in_flight),
+                Ok((in_flight, lost)) => {
+                    inner.metrics.in_flight(&call.dependency, in_flight);
+                    if lost {
+                        inner.metrics.lease_lost(&call.dependency);
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, dependency = %call.dependency, "lease not released; it expires by itself");
                 }

@@ -28,6 +28,7 @@
 //! | `fleet_budget_retry_fraction` | gauge | dependency | retries in flight over primary calls in flight, fleet-wide, at the last lease call: it moves before p99 does |
 //! | `fleet_budget_hedges_total` | counter | dependency, outcome | hedges asked for (`granted`, `refused`), never counted as retries |
 //! | `fleet_budget_breaker_transitions_total` | counter | dependency, to | circuit breaker state changes made by this process (`open`, `half_open`, `closed`), and `lost`: a breaker this process saw open found closed before its open period ended (its key evicted or flushed) |
+//! | `fleet_budget_leases_lost_total` | counter | dependency | concurrency leases given back that were gone from Redis before their expiry (evicted by a `maxmemory-policy`, flushed, Redis restarted empty): their slots were free for others meanwhile (logged) |
 //! | `fleet_budget_breaker_state` | gauge | dependency | breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open |
 //!
 //! Every label is bounded: `dependency` by the configuration plus at most

@@ -23,6 +23,12 @@ impl Metrics {
         self.calls.retry_fraction(dependency)
     }
 
+    /// Leases given back that were gone from Redis before their expiry, for `dependency`.
+    #[must_use]
+    pub fn leases_lost(&self, dependency: &str) -> u64 {
+        self.calls.leases_lost(dependency)
+    }
+
     /// Calls in flight of `kind` (`primary`, `retry`) at the last lease call for `dependency`.
     #[must_use]
     pub fn calls_in_flight(&self, dependency: &str, kind: &str) -> i64 {

@@ -173,6 +173,17 @@ impl Metrics {
         self.calls.hedge(d, granted);
     }
 
+    /// Counts a lease given back that was gone from Redis before its expiry, and logs it.
+    pub(crate) fn lease_lost(&self, d: &Dependency) {
+        self.calls.lease_lost(d);
+        tracing::warn!(
+            dependency = %d,
+            "a concurrency lease was gone from Redis before its expiry (evicted by a \
+             maxmemory-policy, FLUSHALL, or a restart without persistence): its slot was free \
+             for others meanwhile; counted in fleet_budget_leases_lost_total"
+        );
+    }
+
     pub(crate) fn breaker_transition(&self, d: &Dependency, to: &str) {
         self.calls.breaker_transition(d, to);
     }
