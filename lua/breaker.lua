@@ -177,6 +177,12 @@ for k = 1, #names do
 end
 redis.call('HSET', key, unpack(fields))
 -- An idle breaker leaves no key once its counts and its open period can no longer matter; it
--- comes back closed.
-redis.call('PEXPIRE', key, 2 * w + open_ms + probe_timeout)
+-- comes back closed. An open breaker has no expiry (since 0.2.0): a volatile-* maxmemory-policy
+-- evicts only keys with one, and an evicted open breaker would come back closed. The first call
+-- once it may half-open (now >= ou) writes the expiry again.
+if s.st == 1 then
+  redis.call('PERSIST', key)
+else
+  redis.call('PEXPIRE', key, 2 * w + open_ms + probe_timeout)
+end
 return reply

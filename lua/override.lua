@@ -49,9 +49,10 @@ if action == 'freeze' or action == 'set' then
     if ratio ~= '' then redis.call('HSET', KEYS[1], 'sr', ratio) end
     if floor ~= '' then redis.call('HSET', KEYS[1], 'sm', floor) end
   end
-  -- The budget hash lives at least as long as the override (the scripts keep it so too).
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 or now + ttl < ends then redis.call('PEXPIREAT', KEYS[1], ends) end
+  -- While the override is in force the budget hash has no expiry: a volatile-* maxmemory-policy
+  -- evicts only keys with one, so it cannot take the override (the scripts keep it so; the
+  -- first roll after the override ends sets the expiry again).
+  redis.call('PERSIST', KEYS[1])
 elseif action == 'unfreeze' then
   redis.call('HDEL', KEYS[1], 'fu', 'fa', 'fy', 'ft')
 elseif action == 'clear' then
@@ -59,5 +60,21 @@ elseif action == 'clear' then
 else
   return redis.error_reply('fleet-budget: ARGV[1] action must be "freeze", "set", "unfreeze" or "clear"')
 end
-if redis.call('HLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
+if redis.call('HLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1])
+elseif action == 'unfreeze' or action == 'clear' then
+  -- No override left in force: the hash expires again, at the end of the next window as the
+  -- scripts set it (at least one window from now, 60 s without a window), so that its birth
+  -- (field e) outlives the lift and workers that remember the freeze learn it was lifted.
+  local left = redis.call('HMGET', KEYS[1], 'fu', 'su', 'w', 'i')
+  local fu, su = tonumber(left[1]) or 0, tonumber(left[2]) or 0
+  if fu <= now and su <= now and redis.call('PTTL', KEYS[1]) == -1 then
+    local w, i = tonumber(left[3]), tonumber(left[4])
+    local at = now + 60000
+    if w and i and w >= 1 and w <= 86400000 and w == math.floor(w) then
+      at = math.max((i + 2) * w, now + w)
+    end
+    redis.call('PEXPIREAT', KEYS[1], math.floor(at))
+  end
+end
 return reply

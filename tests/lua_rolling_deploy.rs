@@ -194,9 +194,16 @@ fn old_and_new_spend_scripts_share_one_key() {
         );
         now_us += rng.random_range(0..20_000u64);
     }
+    // The birth (`e`, 0.2.0) is written by the first script of this version to meet the hash:
+    // on `{old}` that is a later call than on the others, by design (lua/README.md, "Lost
+    // budgets"); everything else must be equal.
     let hashes: Vec<BTreeMap<String, String>> = keys
         .iter()
-        .map(|key| server.cmd(&["HGETALL", key]))
+        .map(|key| {
+            let mut hash: BTreeMap<String, String> = server.cmd(&["HGETALL", key]);
+            assert!(hash.remove("e").is_some(), "{key} has a birth");
+            hash
+        })
         .collect();
     let expiries: Vec<i64> = keys
         .iter()

@@ -15,6 +15,9 @@
 //! A third (issue 13) holds one dependency's concurrency cap from both languages at once, and
 //! opens, probes and reopens one circuit breaker from both.
 //!
+//! A Python worker restores a frozen dependency's and an exhausted budget's hashes evicted under
+//! `allkeys-lru` as the Rust library does (issue 33, "Lost budgets" in `lua/README.md`).
+//!
 //! Needs the `.venv` scripts/test makes (Python 3.11, `redis`, `prometheus_client`, the client
 //! installed editable); `FLEET_BUDGET_PYTHON` names another interpreter. Never skipped.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
@@ -1169,4 +1172,147 @@ async fn rust_reads_a_python_workers_report_and_its_fallback() {
     writeln!(to_py, "close").unwrap();
     assert!(child.wait().unwrap().success(), "the Python driver failed");
     assert_eq!(find(&id).await, None, "close() leaves the registry");
+}
+
+/// Asks retries of a task and reads the loss counter (issue 33): `["ask", task, n]` prints the
+/// grants; `["lost", dependency]` prints `fleet_budget_budget_lost_total` for it.
+const EVICTION_DRIVER: &str = r#"
+import json, sys
+from fleet_budget import Config, Failure, FleetBudget, Retry
+budget = FleetBudget(Config.from_toml(sys.argv[1]), seed=1)
+for line in sys.stdin:
+    op = json.loads(line)
+    if op[0] == "ask":
+        out = sum(isinstance(budget.on_failure(op[1], 1, Failure.retryable("503")), Retry) for _ in range(op[2]))
+    else:
+        out = budget.metrics.value("fleet_budget_budget_lost_total", dependency=op[1])
+    print(json.dumps(out), flush=True)
+budget.close()
+"#;
+
+/// A cache filling an 8 MB Redis under `allkeys-lru` (keys with a TTL, until at least 30,000
+/// are evicted and the budget hashes are gone) evicts a frozen dependency's hash and an
+/// exhausted one's. The Python worker, which saw the freeze and every grant, restores both with
+/// its next calls (its memory of the hashes, the same optional arguments as Rust's): no retry is
+/// granted on the frozen dependency, none past the floor on the exhausted one, from Python or
+/// from the Rust worker after it (which saw half the grants: its memory raises nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_restores_a_freeze_under_allkeys_lru_as_rust_does() {
+    use fleet_budget::control::{AuditLog, OverrideAction, overrides};
+
+    let server = RedisServer::start_with(
+        &["--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"],
+        &[],
+    );
+    let text = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"mix\"\ndeposit_flush_ms = 0\ndeny_cache_ms = 0\n\
+         heartbeat_ms = 0\ntimeout_ms = 5000\n\
+         [dependencies.mail]\ntasks = [\"send\"]\nwindow_secs = 600\nmin_allowance = 10\n\
+         [dependencies.search]\ntasks = [\"index\"]\nwindow_secs = 600\nmin_allowance = 10\n",
+        server.url()
+    );
+    let rust = FleetBudget::from_config(&Config::from_toml(&text, "rust").unwrap())
+        .await
+        .unwrap();
+    let operator = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "mix",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    overrides::apply(
+        &operator,
+        &AuditLog::default(),
+        &Dependency::new("mail").unwrap(),
+        OverrideAction::Freeze {
+            duration: Duration::from_secs(3600),
+        },
+        "ops",
+        "incident",
+    )
+    .await
+    .unwrap();
+    let freeze_until: String = server.cmd(&["HGET", "mix:v1:{mail}", "fu"]);
+    let mut child = Command::new(python())
+        .args(["-c", EVICTION_DRIVER, &text])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Python driver (scripts/test makes .venv)");
+    let mut to_py = child.stdin.take().unwrap();
+    let mut from_py = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |op: &str| {
+        writeln!(to_py, "{op}").unwrap();
+        let mut answer = String::new();
+        from_py.read_line(&mut answer).unwrap();
+        answer.trim().parse::<f64>().unwrap() as u64
+    };
+    let rust_granted = async |task: &str, n: u64| {
+        let mut granted = 0;
+        for _ in 0..n {
+            let d = rust
+                .on_failure(task, 1, &Failure::retryable("503"))
+                .await
+                .unwrap();
+            granted += u64::from(d.is_retry());
+        }
+        granted
+    };
+    assert_eq!(ask(r#"["ask", "send", 1]"#), 0, "Python sees the freeze");
+    assert_eq!(rust_granted("index", 5).await, 5);
+    assert_eq!(ask(r#"["ask", "index", 6]"#), 5, "the floor is spent");
+
+    // The cache.
+    let mut connection = server.connection().unwrap();
+    let value = "x".repeat(1024);
+    let (mut written, mut evicted) = (0u64, 0u64);
+    let gone = |k: &str| server.cmd::<i64>(&["EXISTS", k]) == 0;
+    while written < 2_000_000
+        && (evicted < 30_000 || !gone("mix:v1:{mail}") || !gone("mix:v1:{search}"))
+    {
+        let mut pipe = redis::pipe();
+        for _ in 0..1000 {
+            pipe.cmd("SET")
+                .arg(format!("cache:{written}"))
+                .arg(&value)
+                .arg("EX")
+                .arg(3600)
+                .ignore();
+            written += 1;
+        }
+        let _: () = pipe.query(&mut connection).unwrap();
+        let info: String = server.cmd(&["INFO", "stats"]);
+        evicted = info
+            .lines()
+            .find_map(|l| l.strip_prefix("evicted_keys:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+    }
+    assert!(
+        gone("mix:v1:{mail}") && gone("mix:v1:{search}"),
+        "both evicted"
+    );
+
+    let py_frozen = ask(r#"["ask", "send", 20]"#);
+    let py_search = ask(r#"["ask", "index", 20]"#);
+    let rust_frozen = rust_granted("send", 20).await;
+    let rust_search = rust_granted("index", 20).await;
+    let py_lost = ask(r#"["lost", "mail"]"#) + ask(r#"["lost", "search"]"#);
+    let restored_until: String = server.cmd(&["HGET", "mix:v1:{mail}", "fu"]);
+    println!(
+        "allkeys-lru, maxmemory 8mb: cache keys written {written}, evicted {evicted}; after: \
+         frozen dependency asked 20 + 20, granted {py_frozen} (Python) + {rust_frozen} (Rust); \
+         exhausted budget asked 20 + 20, granted {py_search} + {rust_search} (bound 0: Python, \
+         first to call, had seen every grant); losses counted by Python {py_lost}"
+    );
+    assert_eq!((py_frozen, rust_frozen), (0, 0), "the freeze holds");
+    assert_eq!((py_search, rust_search), (0, 0), "within the bound");
+    assert_eq!(py_lost, 2, "one loss per hash, found by Python");
+    assert_eq!(
+        restored_until, freeze_until,
+        "the same freeze, to the same end"
+    );
+    drop(to_py);
+    assert!(child.wait().unwrap().success());
 }

@@ -7,7 +7,9 @@
 --          ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed")
 --          (the caller's policy: see lua/README.md, "The policy in force"),
 --          then optionally denied (n >= 0, since 0.2.0: denials answered in the caller's process,
---          added to the window's denial counter cd; callers before 0.2.0 send 7 arguments)
+--          added to the window's denial counter cd; callers before 0.2.0 send 7 arguments),
+--          then optionally (since 0.2.0, with ARGV 8) the caller's memory as in spend.lua (ARGV 9
+--          and 10; the reply then ends with spend.lua's six memory fields)
 -- Reply    {-1, allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
@@ -26,8 +28,10 @@ local denied_text = ARGV[8] or '0'
 local denied = 0
 local at = 4
 local propose = true
+local mem = 9
 -- @include clock.lua
 -- @include budget.lua
+-- @include restore.lua
 if not string.match(denied_text, '^%d+$') or #denied_text > 15 then
   return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 10^15')
 end
@@ -49,4 +53,5 @@ if not rolled then
 end
 -- @include heard.lua
 -- @include reply.lua
+-- @include memory_reply.lua
 return reply

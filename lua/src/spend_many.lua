@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  budget hash, e.g. "fb:v1:{search}"
 -- ARGV     window_ms, n (1 to 10000), ratio, min_allowance, basis ("s" | "a"),
---          mode ("sliding" | "fixed")
+--          mode ("sliding" | "fixed"), then optionally (since 0.2.0) the caller's memory as in
+--          spend.lua (ARGV 7 and 8)
 -- Reply    {g (granted, 0..n), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
@@ -16,8 +17,10 @@
 -- @include n_arg.lua
 local at = 3
 local propose = true
+local mem = 7
 -- @include clock.lua
 -- @include budget.lua
+-- @include restore.lua
 -- @include estimate.lua
 -- @include decide_n.lua
 -- @include save.lua
@@ -25,5 +28,6 @@ local propose = true
 -- @include conflicts_n.lua
 -- @include reply.lua
 -- @include next_grant.lua
+-- @include memory_reply.lua
 reply[1] = g
 return reply

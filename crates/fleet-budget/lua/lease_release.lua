@@ -8,7 +8,8 @@
 -- KEYS[2]  retry leases (ZSET), e.g. "fb:v1:{search}:lr"
 -- ARGV     lease id (1-128 bytes)
 -- Reply    leases removed (0 or 1; 2 only when the id was written into both sets by hand),
---          primaries in flight, retries in flight (after the call)
+--          primaries in flight, retries in flight (after the call), then (since 0.2.0) the
+--          server's ms: a lease not removed before its expiry was lost (evicted, flushed)
 -- Errors   as lease_acquire.lua: a bad argument, or a key of another type; either writes nothing.
 local id = ARGV[1] or ''
 if #id < 1 or #id > 128 then
@@ -43,4 +44,4 @@ for k = 1, 2 do
     n[k] = n[k] - redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
   end
 end
-return {removed, n[1], n[2]}
+return {removed, n[1], n[2], now}

@@ -5,17 +5,20 @@
 --
 -- KEYS[1]  budget hash, e.g. "fb:v1:{search}"
 -- ARGV     window_ms, ratio, min_allowance, basis ("s" successes | "a" first attempts),
---          mode ("sliding" | "fixed")
+--          mode ("sliding" | "fixed"), then optionally (since 0.2.0) the caller's memory of the
+--          hash: the birth it last saw ("" none) and fu,su,sr,sm,w,i,cs,ca,cr,cd,ps,pa,pr,pd
+--          (lua/README.md, "Lost budgets")
 -- Reply    {granted (1|0), allowance, window_index, window_ms, elapsed_ms, previous_weight_ms,
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
 --           conflict, frozen, overridden, [ratio, min_allowance, basis, mode,] next_grant_ms}
 --          (window_ms and the bracketed four, sent only on a conflict: the policy in force, which
 --          may differ from ARGV; next_grant_ms, the last field: ms until one more spend could be
---          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply")
+--          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply"), then, for a
+--          caller that sent its memory: birth, fu, su, sr, sm, lost
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
--- without an expiry is never made.
+-- without an expiry is never made by accident (only while an operator's override is in force).
 -- Sets: window.
 local window = tonumber(ARGV[1])
 if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then
@@ -23,6 +26,7 @@ if not window or window < 1 or window > 86400000 or window ~= math.floor(window)
 end
 local at = 2
 local propose = true
+local mem = 6
 -- [shared/clock.lua] Server time, never the caller's clock: workers with skewed clocks share the
 -- same windows. Read once per call (spend_batch.lua: once for all its entries, one instant).
 -- Sets: now (server ms).
@@ -39,7 +43,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- override end), frozen and overridden (1 while they are in force) and eratio, emin (the ratio and floor the allowance uses: the policy's,
 -- or the set override's); i (window index), cur and prev (the current and
 -- previous window's successes, first attempts, retries granted, retries denied: fields cs ca cr
--- cd and ps pa pr pd), rolled (the whole hash must be written).
+-- cd and ps pa pr pd), rolled (the whole hash must be written), birth (field e, or false).
 local ratio_text = ARGV[at] or ''
 local ratio = tonumber(ratio_text)
 if not ratio or ratio ~= ratio or ratio < 0 or ratio > 10 or #ratio_text > 32 then
@@ -74,10 +78,14 @@ end
 -- and each field is checked on its own.
 local key = KEYS[1]
 local h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-  'r', 'm', 'b', 'o', 'fu', 'su')
+  'r', 'm', 'b', 'o', 'fu', 'su', 'e')
 if h.err then
   return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
 end
+-- The hash's birth (field e: server ms when a script created it, kept for its whole life; false
+-- when it has none: new, or written by a script older than 0.2.0). shared/restore.lua compares
+-- it with the one a caller remembers, and shared/save.lua writes it when missing.
+local birth = h[17]
 local sw, i, cur, prev, fu, su
 local conflict = 0
 local ask = nil
@@ -196,6 +204,103 @@ local d = 1
 if basis == 'a' then d = 2 end
 local sliding = mode == 'sliding'
 
+-- [shared/restore.lua] A budget hash lost mid-window (evicted under an allkeys-* or volatile-*
+-- maxmemory-policy, FLUSHALL, a restart without persistence) is detected and restored from what
+-- the caller remembers of it (lua/README.md, "Lost budgets"). Optional: a caller that sends no
+-- memory (every caller before 0.2.0) is served exactly as before.
+-- Needs: `mem` (the ARGV index of the remembered birth, the remembered state at mem + 1; ARGV[mem]
+-- absent: no memory), and what shared/budget.lua sets. Sets: lost (1 when the hash the caller
+-- remembers is gone while what it remembered still counts: an override in force, or counters of
+-- this window or the last one), extra (field/value pairs shared/save.lua writes: the birth when the
+-- hash has none, the restored override's fields); may raise fu, su, frozen, overridden, eratio,
+-- emin and the counters (never lower them), and sets rolled when it restored anything.
+local lost = 0
+local extra = {}
+local seen_birth = ARGV[mem]
+if seen_birth then
+  if #seen_birth > 18 or not string.find(seen_birth, '^%d*$') then
+    return redis.error_reply('fleet-budget: ARGV[' .. mem .. '] birth must be empty or an integer of at most 18 digits')
+  end
+  -- A birth that is not one (written by hand) is none: this call writes a new one.
+  if birth and (#birth > 18 or not string.find(birth, '^%d+$')) then birth = false end
+  if seen_birth ~= '' and seen_birth ~= birth then
+    -- The hash is not the one the caller saw. Its memory: fu,su,sr,sm,w,i, then the counters
+    -- cs,ca,cr,cd,ps,pa,pr,pd of window i (14 fields; sr and sm may be empty).
+    local text = ARGV[mem + 1] or ''
+    local m = {}
+    if #text <= 400 then
+      for v in string.gmatch(text .. ',', '([^,]*),') do m[#m + 1] = v end
+    end
+    local ok = #m == 14
+    for k = 1, 14 do
+      if not ok then break end
+      local v = m[k]
+      if k == 3 then
+        local x = tonumber(v)
+        ok = v == '' or (x and x == x and x >= 0 and x <= 1000 and #v <= 32)
+      elseif k == 4 then
+        ok = v == '' or (#v <= 10 and string.find(v, '^%d+$'))
+      else
+        ok = #v <= 18 and string.find(v, '^%d+$')
+        if ok then m[k] = v + 0 end
+      end
+    end
+    if not ok then
+      return redis.error_reply('fleet-budget: ARGV[' .. (mem + 1) .. '] memory must be 14 comma-separated fields: fu,su,sr,sm,w,i,cs,ca,cr,cd,ps,pa,pr,pd')
+    end
+    -- An override the caller saw, still in force, comes back (unless one in force now ends later).
+    if m[1] > now then
+      lost = 1
+      if m[1] > fu then
+        fu = m[1]; frozen = 1; rolled = true
+        for _, v in ipairs({ 'fu', string.format('%d', fu), 'fa', 'fleet-budget (restored)',
+            'fy', 'restored from a worker: the budget hash was lost', 'ft', string.format('%d', now) }) do
+          extra[#extra + 1] = v
+        end
+      end
+    end
+    if m[2] > now then
+      lost = 1
+      if su <= now then
+        su = m[2]; rolled = true
+        for _, v in ipairs({ 'su', string.format('%d', su), 'sa', 'fleet-budget (restored)',
+            'sy', 'restored from a worker: the budget hash was lost', 'st', string.format('%d', now) }) do
+          extra[#extra + 1] = v
+        end
+        if m[3] ~= '' then
+          overridden = 1; eratio = tonumber(m[3])
+          extra[#extra + 1] = 'sr'; extra[#extra + 1] = m[3]
+        end
+        if m[4] ~= '' then
+          overridden = 1; emin = tonumber(m[4])
+          extra[#extra + 1] = 'sm'; extra[#extra + 1] = m[4]
+        end
+      end
+    end
+    -- Counters the caller saw, of this window or the last (same window length): each is raised
+    -- to what the caller saw, never lowered (what the caller saw had been counted).
+    if m[5] == window and (m[6] == i or m[6] == i - 1) then
+      local seen_cur = { m[7], m[8], m[9], m[10] }
+      local seen_prev = { m[11], m[12], m[13], m[14] }
+      local into_cur, into_prev = nil, nil
+      if m[6] == i then into_cur = seen_cur; into_prev = seen_prev else into_prev = seen_cur end
+      for k = 1, 4 do
+        if into_cur and into_cur[k] > 0 then
+          lost = 1
+          if into_cur[k] > cur[k] then cur[k] = into_cur[k]; rolled = true end
+        end
+        if into_prev[k] > 0 then
+          lost = 1
+          if into_prev[k] > prev[k] then prev[k] = into_prev[k]; rolled = true end
+        end
+      end
+    end
+  end
+end
+if not birth then
+  birth = string.format('%d', now)
+  extra[#extra + 1] = 'e'; extra[#extra + 1] = birth
+end
 -- [shared/estimate.lua] The allowance, from estimates scaled by window_ms so that every
 -- comparison is exact in integers (crates/fleet-budget/src/allowance.rs does the same
 -- operations in the same order, so both floor to the same integer).
@@ -238,7 +343,8 @@ end
 -- the script put in `changed` (the counters it moved, set to their new values: the script read
 -- them in this same atomic call). With either, `h` (now) when the caller sent the policy in
 -- force (heard).
--- Needs: changed, and what shared/budget.lua sets.
+-- Needs: changed, extra (shared/restore.lua: the birth, a restored override), and what
+-- shared/budget.lua sets. While an override is in force the hash has no expiry (PERSIST).
 if rolled then
   changed = { 'w', window, 'i', i, 'cs', cur[1], 'ca', cur[2], 'cr', cur[3], 'cd', cur[4],
     'ps', prev[1], 'pa', prev[2], 'pr', prev[3], 'pd', prev[4],
@@ -248,14 +354,22 @@ if heard then
   changed[#changed + 1] = 'h'
   changed[#changed + 1] = string.format('%d', now)
 end
+for k = 1, #extra do changed[#changed + 1] = extra[k] end
 if #changed > 0 then
   redis.call('HSET', key, unpack(changed))
 end
 if rolled then
-  local expire_at = (i + 2) * window
-  if fu > expire_at then expire_at = fu end
-  if su > expire_at then expire_at = su end
-  redis.call('PEXPIREAT', key, expire_at)
+  if fu > now or su > now then
+    -- An operator's override in force: no expiry at all, so that a volatile-* maxmemory-policy
+    -- (which evicts only keys with one) cannot take it. The first roll after it ends (or
+    -- override.lua's unfreeze or clear) sets the expiry again.
+    redis.call('PERSIST', key)
+  else
+    local expire_at = (i + 2) * window
+    if fu > expire_at then expire_at = fu end
+    if su > expire_at then expire_at = su end
+    redis.call('PEXPIREAT', key, expire_at)
+  end
 end
 -- [shared/heard.lua] Records a caller whose policy differs from the one in force: the conflict
 -- (xn: count, xp: its policy, xt: server ms). A caller that sent the policy in force refreshed
@@ -312,5 +426,24 @@ elseif allowance >= 1 then
 end
 if overridden == 1 and frozen == 0 and (wait < 0 or su - now < wait) then wait = su - now end
 reply[#reply + 1] = wait
+-- [shared/memory_reply.lua] For a caller that sent its memory (shared/restore.lua), six fields
+-- after the reply as it was, so that it remembers this hash: its birth, the freeze's end (fu, 0
+-- none), the set override's end (su, 0 none), its ratio and floor (text, "" when absent or no set
+-- override is in force), and lost (1 when this call found the hash the caller remembered gone).
+-- A caller without memory gets the reply it always got.
+if seen_birth then
+  local sr_text, sm_text = '', ''
+  if su > now then
+    local s = redis.call('HMGET', key, 'sr', 'sm')
+    sr_text = s[1] or ''; sm_text = s[2] or ''
+  end
+  local n_reply = #reply
+  reply[n_reply + 1] = tonumber(birth)
+  reply[n_reply + 2] = fu
+  reply[n_reply + 3] = su
+  reply[n_reply + 4] = sr_text
+  reply[n_reply + 5] = sm_text
+  reply[n_reply + 6] = lost
+end
 reply[1] = granted
 return reply

@@ -19,7 +19,7 @@
 --          the policy in force's, or an operator's set override's in their place)
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
--- without an expiry is never made.
+-- without an expiry is never made by accident (only while an operator's override is in force).
 -- Sets: window.
 local window = tonumber(ARGV[1])
 if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then
@@ -43,7 +43,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- override end), frozen and overridden (1 while they are in force) and eratio, emin (the ratio and floor the allowance uses: the policy's,
 -- or the set override's); i (window index), cur and prev (the current and
 -- previous window's successes, first attempts, retries granted, retries denied: fields cs ca cr
--- cd and ps pa pr pd), rolled (the whole hash must be written).
+-- cd and ps pa pr pd), rolled (the whole hash must be written), birth (field e, or false).
 local ratio_text = ARGV[at] or ''
 local ratio = tonumber(ratio_text)
 if not ratio or ratio ~= ratio or ratio < 0 or ratio > 10 or #ratio_text > 32 then
@@ -78,10 +78,14 @@ end
 -- and each field is checked on its own.
 local key = KEYS[1]
 local h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
-  'r', 'm', 'b', 'o', 'fu', 'su')
+  'r', 'm', 'b', 'o', 'fu', 'su', 'e')
 if h.err then
   return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
 end
+-- The hash's birth (field e: server ms when a script created it, kept for its whole life; false
+-- when it has none: new, or written by a script older than 0.2.0). shared/restore.lua compares
+-- it with the one a caller remembers, and shared/save.lua writes it when missing.
+local birth = h[17]
 local sw, i, cur, prev, fu, su
 local conflict = 0
 local ask = nil

@@ -69,13 +69,32 @@ impl StoreError {
         }
     }
 
-    /// A short label for metrics: `timeout`, `connection`, `server`, `bad_reply` or `bad_key`.
+    /// Whether Redis refused a write because its memory is full (`OOM command not allowed
+    /// when used memory > 'maxmemory'`: `maxmemory-policy noeviction`, or nothing left to
+    /// evict). Scripts that write fail so, at their first write, having written nothing.
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.code() == Some("OOM")
+                    || e.detail()
+                        .is_some_and(|d| d.contains("OOM command not allowed"))
+                    || e.to_string().contains("OOM command not allowed")
+            }
+            Self::Timeout(_) | Self::BadReply { .. } | Self::BadKey { .. } => false,
+        }
+    }
+
+    /// A short label for metrics: `timeout`, `connection`, `oom`, `server`, `bad_reply` or
+    /// `bad_key`.
     #[must_use]
     pub fn kind_label(&self) -> &'static str {
         if self.is_timeout() {
             "timeout"
         } else if self.is_connection_error() {
             "connection"
+        } else if self.is_out_of_memory() {
+            "oom"
         } else if matches!(self, Self::BadReply { .. }) {
             "bad_reply"
         } else if matches!(self, Self::BadKey { .. }) {

@@ -6,7 +6,8 @@
 -- the script put in `changed` (the counters it moved, set to their new values: the script read
 -- them in this same atomic call). With either, `h` (now) when the caller sent the policy in
 -- force (heard).
--- Needs: changed, and what shared/budget.lua sets.
+-- Needs: changed, extra (shared/restore.lua: the birth, a restored override), and what
+-- shared/budget.lua sets. While an override is in force the hash has no expiry (PERSIST).
 if rolled then
   changed = { 'w', window, 'i', i, 'cs', cur[1], 'ca', cur[2], 'cr', cur[3], 'cd', cur[4],
     'ps', prev[1], 'pa', prev[2], 'pr', prev[3], 'pd', prev[4],
@@ -16,12 +17,20 @@ if heard then
   changed[#changed + 1] = 'h'
   changed[#changed + 1] = string.format('%d', now)
 end
+for k = 1, #extra do changed[#changed + 1] = extra[k] end
 if #changed > 0 then
   redis.call('HSET', key, unpack(changed))
 end
 if rolled then
-  local expire_at = (i + 2) * window
-  if fu > expire_at then expire_at = fu end
-  if su > expire_at then expire_at = su end
-  redis.call('PEXPIREAT', key, expire_at)
+  if fu > now or su > now then
+    -- An operator's override in force: no expiry at all, so that a volatile-* maxmemory-policy
+    -- (which evicts only keys with one) cannot take it. The first roll after it ends (or
+    -- override.lua's unfreeze or clear) sets the expiry again.
+    redis.call('PERSIST', key)
+  else
+    local expire_at = (i + 2) * window
+    if fu > expire_at then expire_at = fu end
+    if su > expire_at then expire_at = su end
+    redis.call('PEXPIREAT', key, expire_at)
+  end
 end

@@ -1,6 +1,6 @@
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
--- without an expiry is never made.
+-- without an expiry is never made by accident (only while an operator's override is in force).
 -- Sets: window.
 local window = tonumber(ARGV[1])
 if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then

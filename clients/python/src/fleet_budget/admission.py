@@ -202,14 +202,22 @@ class AdmissionSteps:
         if lease is not None:
             call.lease = None
             try:
-                in_flight = parse_release((yield lambda: self._lease_release(
-                    keys=lease_keys(prefix, dependency), args=[lease.id])))
+                reply = yield lambda: self._lease_release(keys=lease_keys(prefix, dependency), args=[lease.id])
+                in_flight = parse_release(reply)
             except _STORE_ERRORS as e:
                 self._failed(dependency, e)
                 log.debug("lease of %s not released (%s); it expires by itself", dependency, redact_url(str(e)))
             else:
                 self._ok(dependency)
                 self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
+                # Not removed, though not expired by the server's ms (field 4 since 0.2.0): the
+                # lease was lost (evicted, flushed), its slot free meanwhile (the Rust
+                # ``release_checked``).
+                if reply[0] == 0 and len(reply) > 3 and isinstance(reply[3], int) and reply[3] < lease.expires_at_ms:
+                    self.metrics.leases_lost.labels(dependency).inc()
+                    log.warning("a concurrency lease of %s was gone from Redis before its expiry (evicted by a "
+                                "maxmemory-policy, FLUSHALL, or a restart without persistence): its slot was free "
+                                "for others meanwhile; counted in fleet_budget_leases_lost_total", dependency)
         policy = self.config.breakers.get(dependency)
         if not call.judged or policy is None or (outcome == INCONCLUSIVE and call.probe is None):
             return
@@ -301,6 +309,22 @@ class AdmissionSteps:
     def _breaker_seen(self: "FleetBudget", dependency: str, decided: cb.Decided) -> None:
         """Shows the state seen; logs and counts a change made by this call (once fleet-wide)."""
         self.metrics.breaker_state.labels(dependency).set(decided.state)
+        # A breaker this process saw open, found closed before its open period ended without this
+        # call closing it, was lost (evicted, flushed): an open breaker only closes through
+        # half-open (the Rust ``Health::breaker_lost``).
+        with self._health_lock:
+            until = self._open_breakers.get(dependency, 0)
+            lost = decided.state == cb.CLOSED and not decided.changed and until > decided.now_ms
+            if decided.state == cb.OPEN:
+                self._open_breakers[dependency] = decided.open_until_ms
+            else:
+                self._open_breakers.pop(dependency, None)
+        if lost:
+            self.metrics.breaker_transitions.labels(dependency, "lost").inc()
+            log.warning("circuit breaker of %s found closed before its open period ended: its key was lost in "
+                        "Redis (evicted by a maxmemory-policy, FLUSHALL, or a restart without persistence); it "
+                        "opens again after min_volume calls; counted in "
+                        "fleet_budget_breaker_transitions_total{to=\"lost\"}", dependency)
         if decided.changed:
             self.metrics.breaker_transitions.labels(dependency, decided.state_name).inc()
             log.warning("circuit breaker of %s changed state to %s (open until %d ms)", dependency,

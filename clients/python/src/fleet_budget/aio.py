@@ -114,15 +114,17 @@ class FleetBudget(_sync.FleetBudget):
             return False, cached, FLEET_CACHE
         if self._should_try(dependency):
             sent = self._denials.now()
+            asked = self._clock()
             try:
                 reply = await self._spend(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                          args=scripts.spend_args(policy))
-                granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
-                wait = next_grant_ms("spend", reply)
+                                          args=scripts.spend_args(policy, self._memory_args(dependency)))
+                granted, snapshot, base = self._remembered("spend", dependency, reply, policy)
+                wait = next_grant_ms("spend", base)
             except (redis.exceptions.RedisError, scripts.BadReply) as e:
                 self._failed(dependency, e)
             else:
                 self._ok(dependency)
+                self._saw(dependency, asked, snapshot, wait)
                 self._denials.remember(dependency, epoch, sent, granted == 1, snapshot, wait)
                 return granted == 1, snapshot, "fleet"
         return self._fallback(dependency)
@@ -193,9 +195,10 @@ class FleetBudget(_sync.FleetBudget):
                                   denied: int = 0) -> bool:
         policy = self.config.policy(dependency)
         try:
+            memory = self._memory_args(dependency)
             reply = await self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                        args=scripts.deposit_args(policy, successes, first_attempts, denied))
-            scripts.parse_reply("deposit", reply, policy)
+                                        args=scripts.deposit_args(policy, successes, first_attempts, denied, memory))
+            self._remembered("deposit", dependency, reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e, denied)
             return False

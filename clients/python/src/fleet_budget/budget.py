@@ -8,6 +8,7 @@ import random
 import threading
 import time
 import weakref
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import redis
@@ -25,6 +26,8 @@ from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELA
                        Decision, Failure, Retry)
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
+from .memory import Memory
+from .memory import split as split_memory
 from .metrics import Metrics
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot
@@ -94,6 +97,15 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             except ValueError as e:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
         self._connect(client)
+        # What this process last saw of each budget hash, sent with every budget call so that a
+        # hash lost mid-window is restored (memory.py, lua/README.md "Lost budgets").
+        self._memory = Memory()
+        # Dependencies Redis last answered frozen -> when that freeze ends (clock ms): the
+        # fallback grants nothing for them until then (the Rust ``Health::saw``).
+        self._freezes: dict[str, int] = {}
+        # Dependencies whose breaker this process last saw open -> when it half-opens (server ms).
+        self._open_breakers: dict[str, int] = {}
+        self._oom_logged = False
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
         # Exhausted budgets answered in the process (redis.deny_cache_ms): see deny_cache.py.
@@ -168,6 +180,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
         self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
         self._pending, self._degraded, self._fallback_since = {}, {}, {}
+        self._memory, self._freezes, self._oom_logged = Memory(), {}, False
+        self._open_breakers = {}
         # Children of one parent would otherwise draw the same jitter, and retry together.
         self._rng = random.Random()
         self.local = LocalStore(self._clock)
@@ -213,6 +227,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         # A series for every configured dependency before its first failure, as in Rust.
         for dependency in self.config.policies:
             self.metrics.fallback_active.labels(dependency).set(0)
+            self.metrics.budget_lost.labels(dependency)
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.Redis.from_url(
@@ -340,6 +355,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             return False, cached, FLEET_CACHE
         if self._should_try(dependency):
             sent = self._denials.now()
+            asked = self._clock()
             try:
                 if self._group is None:
                     granted, snapshot, wait = self._spend_answers(dependency, policy, 1)[0]
@@ -350,9 +366,37 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                 self._failed(dependency, e)
             else:
                 self._ok(dependency)
+                self._saw(dependency, asked, snapshot, wait)
                 self._denials.remember(dependency, epoch, sent, granted, snapshot, wait)
                 return granted, snapshot, "fleet"
         return self._fallback(dependency)
+
+    def _saw(self, dependency: str, at: int, snapshot: BudgetSnapshot, wait: Optional[int]) -> None:
+        """Remembers whether Redis's answer for ``dependency``, asked at clock ms ``at``, showed a
+        freeze in force and until when (while frozen the wait is the freeze's remaining time;
+        never, without an end, is an hour at a time)."""
+        with self._health_lock:
+            if snapshot.control.frozen:
+                self._freezes[dependency] = at + (wait if wait is not None else 3_600_000)
+            else:
+                self._freezes.pop(dependency, None)
+
+    def _remembered(self, script: str, dependency: str, reply: Any,
+                    policy: BudgetPolicy) -> tuple[int, BudgetSnapshot, Any]:
+        """Decodes the reply of a budget script called with this process's memory of the hash
+        (the six fields after the reply as it was), remembers what it says, and marks the
+        snapshot ``lost`` (counted, logged once per dependency per window) when the call found
+        the hash it remembered gone. Returns granted, the snapshot and the reply as it was."""
+        base, state = split_memory(script, reply)
+        granted, snapshot, _ = scripts.parse_reply(script, base, policy)
+        self._memory.learn(scripts.keys(self.config.redis.key_prefix, dependency)[0], state, snapshot)
+        if state.lost:
+            snapshot = replace(snapshot, control=replace(snapshot.control, lost=True))
+            self.metrics.budget_lost_seen(dependency, snapshot)
+        return granted, snapshot, base
+
+    def _memory_args(self, dependency: str) -> list[str]:
+        return self._memory.args(scripts.keys(self.config.redis.key_prefix, dependency)[0])
 
     def _send_spend(self, dependency: str, policy: BudgetPolicy, n: int) -> list[tuple[bool, BudgetSnapshot]]:
         """One store call deciding ``n`` requests: ``spend.lua`` for one, ``spend_many.lua`` for more."""
@@ -362,19 +406,28 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                        n: int) -> list[tuple[bool, BudgetSnapshot, Optional[int]]]:
         """:meth:`_send_spend`'s answers with each one's wait for the next grant (``next_grant_ms``)."""
         keys = scripts.keys(self.config.redis.key_prefix, dependency)
+        memory = self._memory_args(dependency)
         if n == 1:
-            reply = self._spend(keys=keys, args=scripts.spend_args(policy))
-            granted, snapshot, _ = scripts.parse_reply("spend", reply, policy)
-            return [(granted == 1, snapshot, next_grant_ms("spend", reply))]
-        reply = self._spend_many(keys=keys, args=scripts.spend_many_args(policy, n))
-        granted, snapshot, _ = scripts.parse_reply("spend_many", reply, policy)
-        wait = next_grant_ms("spend_many", reply)
+            reply = self._spend(keys=keys, args=scripts.spend_args(policy, memory))
+            granted, snapshot, base = self._remembered("spend", dependency, reply, policy)
+            return [(granted == 1, snapshot, next_grant_ms("spend", base))]
+        reply = self._spend_many(keys=keys, args=scripts.spend_many_args(policy, n, memory))
+        granted, snapshot, base = self._remembered("spend_many", dependency, reply, policy)
+        wait = next_grant_ms("spend_many", base)
         return [(*batch_answer(snapshot, n, granted, k), batch_next(wait, granted, k)) for k in range(n)]
 
     def _fallback(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         policy = self.config.policy(dependency)
         mode = self.config.redis.fallback
         self.metrics.fallback_decisions.labels(mode).inc()
+        with self._health_lock:
+            frozen_until = self._freezes.get(dependency, 0)
+        if frozen_until > self._clock():
+            # An operator's freeze Redis showed, not ended: whatever the fallback mode, nothing
+            # is granted (the dead letter says budget_frozen).
+            snapshot = self.local.status(dependency, policy)
+            snapshot = replace(snapshot, allowance=0, control=replace(snapshot.control, frozen=True))
+            return False, snapshot, "local_fallback" if mode == "local" else "blind"
         if mode == "local":
             granted, snapshot = self.local.withdraw(dependency, policy)
             return granted, snapshot, "local_fallback"

@@ -98,9 +98,10 @@ class DepositSteps:
                       denied: int = 0) -> bool:
         policy = self.config.policy(dependency)
         try:
+            memory = self._memory_args(dependency)
             reply = self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                  args=scripts.deposit_args(policy, successes, first_attempts, denied))
-            scripts.parse_reply("deposit", reply, policy)
+                                  args=scripts.deposit_args(policy, successes, first_attempts, denied, memory))
+            self._remembered("deposit", dependency, reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e, denied)
             return False

@@ -23,11 +23,17 @@ PROBE_INTERVAL_MS = 200
 
 
 def error_kind(error: BaseException) -> str:
-    """The ``kind`` label of a failed store call: timeout, connection, server, bad_reply, bad_key."""
+    """The ``kind`` label of a failed store call: timeout, connection, oom (Redis's memory is
+    full: ``OOM command not allowed ...`` under ``maxmemory-policy noeviction``), server,
+    bad_reply, bad_key."""
     if isinstance(error, (redis.exceptions.TimeoutError, GroupTimeout)):
         return "timeout"
     if isinstance(error, redis.exceptions.ConnectionError):
         return "connection"
+    if isinstance(error, redis.exceptions.ResponseError) and (
+            isinstance(error, getattr(redis.exceptions, "OutOfMemoryError", ()))
+            or "OOM command not allowed" in str(error)):
+        return "oom"
     if isinstance(error, scripts.BadReply):
         return "bad_reply"
     if isinstance(error, redis.exceptions.ResponseError) and _is_key_refusal(str(error)):
@@ -85,10 +91,18 @@ class StoreHealth:
         self.metrics.fallback_dependencies.set(left)
         self.metrics.fallback_active.labels(dependency).set(0)
         if left == 0:
+            self._oom_logged = False
             log.info("fleet budget store answers again; leaving fallback")
 
     def _failed(self: "FleetBudget", dependency: str, error: BaseException) -> None:
-        self.metrics.store_errors.labels(error_kind(error)).inc()
+        kind = error_kind(error)
+        self.metrics.store_errors.labels(kind).inc()
+        if kind == "oom" and not self._oom_logged:
+            self._oom_logged = True  # one line per outage, not one per call (reset on recovery)
+            log.error("Redis refuses the budget's writes for %s: its memory is full (maxmemory reached "
+                      "under maxmemory-policy noeviction; reason oom). Retry decisions come from the "
+                      "fallback %s until it frees memory; counted in fleet_budget_store_errors_total"
+                      "{kind=\"oom\"}", dependency, self.config.redis.fallback)
         with self._health_lock:
             new = dependency not in self._degraded
             now = self._clock()

@@ -74,6 +74,10 @@ class Metrics:
             "fleet_budget_hedges",
             "Hedged requests asked for, by outcome (granted, refused); never counted as retries.",
             ["dependency", "outcome"], registry=r)
+        self.leases_lost = Counter(
+            "fleet_budget_leases_lost",
+            "Leases given back that were gone from Redis before their expiry (evicted, flushed): their "
+            "slots were free meanwhile.", dep, registry=r)
         self.breaker_transitions = Counter(
             "fleet_budget_breaker_transitions",
             "Circuit breaker state changes this process made, by the state entered.", ["dependency", "to"], registry=r)
@@ -81,7 +85,13 @@ class Metrics:
             "fleet_budget_breaker_state",
             "Circuit breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open.",
             dep, registry=r)
+        self.budget_lost = Counter(
+            "fleet_budget_budget_lost",
+            "Store calls that found the dependency's budget hash lost (evicted, flushed, Redis restarted "
+            "empty) and restored what this process remembered.", dep, registry=r)
         self._conflicts_logged: set[str] = set()
+        # Dependency -> the window index whose lost budget was logged (one line per window).
+        self._lost_logged: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def for_child(self) -> "Metrics":
@@ -117,10 +127,27 @@ class Metrics:
         self.allowance.labels(dependency).set(snap.allowance)
         self.headroom.labels(dependency).set(snap.remaining())
 
+    def budget_lost_seen(self, dependency: str, snap: BudgetSnapshot) -> None:
+        """Counts a call that found ``dependency``'s budget hash lost and restored what this
+        process remembered; logs it once per dependency per window (the Rust ``budget_lost``)."""
+        self.budget_lost.labels(dependency).inc()
+        with self._lock:
+            logged = self._lost_logged.get(dependency)
+            first = logged != snap.window_index and (
+                logged is not None or len(self._lost_logged) < CONFLICT_LOG_LIMIT)
+            if first:
+                self._lost_logged[dependency] = snap.window_index
+        if first:
+            log.warning("the budget hash of %s was lost in Redis (evicted by a maxmemory-policy, FLUSHALL, or a "
+                        "restart without persistence); restored what this worker remembered (overrides in "
+                        "force, counters) before deciding (frozen %s, retries %d); counted in "
+                        "fleet_budget_budget_lost_total", dependency, snap.control.frozen, snap.current.retries)
+
     def in_flight(self, dependency: str, primaries: int, retries: int) -> None:
         self.calls_in_flight.labels(dependency, "primary").set(primaries)
         self.calls_in_flight.labels(dependency, "retry").set(retries)
         self.retry_fraction.labels(dependency).set(retries / primaries if primaries else 0.0)
+        self.leases_lost.labels(dependency)  # a series from zero for every dependency with leases
 
     def timed(self, op: str, call: Callable[..., Any]) -> Callable[..., Any]:
         """``call`` (a registered script), each call's duration observed under ``op`` (``spend``,

@@ -46,26 +46,30 @@ def policy_args(policy: BudgetPolicy) -> list[str]:
     return [ratio_text(policy.ratio), str(policy.min_allowance), policy.basis_code, policy.mode]
 
 
-def spend_args(policy: BudgetPolicy) -> list[str]:
-    return [str(policy.window_ms), *policy_args(policy)]
+def spend_args(policy: BudgetPolicy, memory: Sequence[str] = ()) -> list[str]:
+    """``spend.lua``: window_ms, the policy, then (since 0.2.0) this process's memory of the hash
+    (``memory.Memory.args``: birth, state), when given."""
+    return [str(policy.window_ms), *policy_args(policy), *memory]
 
 
-def spend_many_args(policy: BudgetPolicy, n: int) -> list[str]:
-    """``spend_many.lua``: window_ms, n (1 to 10,000), then the policy."""
-    return [str(policy.window_ms), str(n), *policy_args(policy)]
+def spend_many_args(policy: BudgetPolicy, n: int, memory: Sequence[str] = ()) -> list[str]:
+    """``spend_many.lua``: window_ms, n (1 to 10,000), then the policy, then the memory."""
+    return [str(policy.window_ms), str(n), *policy_args(policy), *memory]
 
 
 def status_args(policy: BudgetPolicy) -> list[str]:
     return spend_args(policy)
 
 
-def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int, denied: int = 0) -> list[str]:
+def deposit_args(policy: BudgetPolicy, successes: int, first_attempts: int, denied: int = 0,
+                 memory: Sequence[str] = ()) -> list[str]:
     """``deposit.lua``'s arguments; ``denied``, the denials answered in the process (the deny
-    cache), goes last (ARGV 8, since 0.2.0) and only when there are some: the call of older
-    callers otherwise."""
+    cache), as ARGV 8 (since 0.2.0), then the memory of the hash (ARGV 9 and 10) when given;
+    without either, the call of older callers."""
     args = [str(policy.window_ms), str(successes), str(first_attempts), *policy_args(policy)]
-    if denied > 0:
+    if denied > 0 or memory:
         args.append(str(min(denied, 999_999_999_999_999)))
+    args.extend(memory)
     return args
 
 

@@ -20,6 +20,9 @@ class Control:
     conflict: bool = False  # the caller's policy differs from the one in force, which decided
     frozen: bool = False  # a freeze is in force: no retry is granted, the floor included
     overridden: bool = False  # a set override replaces the ratio and/or the floor
+    # The call found the budget hash this process remembered gone (evicted, flushed, Redis
+    # restarted empty) and restored what still counted (lua/README.md, "Lost budgets").
+    lost: bool = False
 
 
 @dataclass(frozen=True)

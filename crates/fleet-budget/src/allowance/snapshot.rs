@@ -41,6 +41,11 @@ pub struct Control {
     pub frozen: bool,
     /// A `set` override replaces the ratio and/or the floor.
     pub overridden: bool,
+    /// The call found the budget hash this process remembered gone (evicted, flushed, or
+    /// Redis restarted empty) and restored what still counted before deciding (`lua/README.md`,
+    /// "Lost budgets"). Counted in `fleet_budget_budget_lost_total`; not serialized.
+    #[serde(skip)]
+    pub lost: bool,
 }
 
 impl BudgetSnapshot {

@@ -311,10 +311,20 @@ impl FleetBudget {
     }
 
     /// Logs and counts a change of a breaker's state (made by this call, so once fleet-wide),
-    /// and shows the state seen.
+    /// and a breaker lost while open (`to = "lost"`), and shows the state seen.
     fn breaker_seen(&self, dependency: &Dependency, decided: &Decided) {
         let metrics = &self.inner.metrics;
         metrics.breaker_state(dependency, decided.state.code());
+        if self.inner.health.breaker_lost(dependency, decided) {
+            metrics.breaker_transition(dependency, "lost");
+            tracing::warn!(
+                dependency = %dependency,
+                "circuit breaker found closed before its open period ended: its key was lost in \
+                 Redis (evicted by a maxmemory-policy, FLUSHALL, or a restart without \
+                 persistence); it opens again after min_volume calls; counted in \
+                 fleet_budget_breaker_transitions_total{{to=\"lost\"}}"
+            );
+        }
         if decided.changed {
             metrics.breaker_transition(dependency, decided.state.as_str());
             tracing::warn!(
@@ -374,10 +384,15 @@ impl FleetBudget {
     pub async fn finish(&self, call: Call, outcome: CallOutcome) {
         let inner = &self.inner;
         if let (Some(lease), Some(leases)) = (&call.lease, &inner.leases) {
-            let result = leases.release(lease).await;
+            let result = leases.release_checked(lease).await;
             inner.record(&call.dependency, &result);
             match result {
-                Ok(in_flight) => inner.metrics.in_flight(&call.dependency, in_flight),
+                Ok((in_flight, lost)) => {
+                    inner.metrics.in_flight(&call.dependency, in_flight);
+                    if lost {
+                        inner.metrics.lease_lost(&call.dependency);
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, dependency = %call.dependency, "lease not released; it expires by itself");
                 }

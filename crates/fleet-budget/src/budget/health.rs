@@ -11,11 +11,12 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Inner;
+use crate::breaker::{BreakerState, Decided};
 use crate::clock::Clock;
 use crate::config::FallbackMode;
 use crate::decision::BudgetSource;
@@ -43,6 +44,16 @@ pub(super) struct Health {
     degraded_count: AtomicU64,
     /// Degraded dependencies → their episode.
     degraded: Mutex<HashMap<Dependency, Episode>>,
+    /// Whether "Redis's memory is full" was logged in this outage (reset when the last
+    /// dependency leaves the fallback): one line per episode, not one per call.
+    oom_logged: AtomicBool,
+    /// Dependencies the fleet store last answered frozen → when that freeze ends (clock ms:
+    /// the call's own time plus the reply's wait, `next_grant_ms`). The fallback grants
+    /// nothing for them until then: an operator's freeze holds while Redis fails.
+    freezes: Mutex<HashMap<Dependency, u64>>,
+    /// Dependencies whose breaker this process last saw open → when its open period ends
+    /// (server ms): one found closed before then was lost (evicted, flushed).
+    open_breakers: Mutex<HashMap<Dependency, u64>>,
 }
 
 /// One dependency's time in the fallback.
@@ -60,6 +71,9 @@ impl Health {
             clock,
             degraded_count: AtomicU64::new(0),
             degraded: Mutex::new(HashMap::new()),
+            oom_logged: AtomicBool::new(false),
+            freezes: Mutex::new(HashMap::new()),
+            open_breakers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -86,6 +100,56 @@ impl Health {
             }
             Some(_) => false,
         }
+    }
+
+    /// Remembers whether the fleet store's answer `withdrawal` for `dependency`, given at
+    /// clock ms `at`, showed a freeze in force, and until when.
+    pub(super) fn saw(&self, dependency: &Dependency, at: u64, withdrawal: &Withdrawal) {
+        let frozen = withdrawal.snapshot.control.frozen;
+        let mut freezes = self.freezes.lock().unwrap_or_else(PoisonError::into_inner);
+        if frozen {
+            // While frozen the wait is the freeze's remaining time (lua/README.md, "When a
+            // retry could next be granted"); never, without an end, is an hour at a time.
+            let wait = withdrawal.next_grant_ms.unwrap_or(3_600_000);
+            freezes.insert(dependency.clone(), at.saturating_add(wait));
+        } else if !freezes.is_empty() {
+            freezes.remove(dependency);
+        }
+    }
+
+    /// Whether the fleet store's last answer for `dependency` showed a freeze that has not
+    /// ended yet by this process's clock.
+    fn frozen(&self, dependency: &Dependency) -> bool {
+        let freezes = self.freezes.lock().unwrap_or_else(PoisonError::into_inner);
+        freezes
+            .get(dependency)
+            .is_some_and(|until| *until > self.clock.now_ms())
+    }
+
+    /// Remembers the breaker state `decided` shows for `dependency`, and says whether it shows
+    /// the breaker this process last saw open closed before its open period ended, without
+    /// this call closing it: its key was lost (an open breaker only closes through half-open).
+    pub(super) fn breaker_lost(&self, dependency: &Dependency, decided: &Decided) -> bool {
+        let mut open = self
+            .open_breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let lost = decided.state == BreakerState::Closed
+            && !decided.changed
+            && open
+                .get(dependency)
+                .is_some_and(|until| *until > decided.now_ms);
+        if decided.state == BreakerState::Open {
+            open.insert(dependency.clone(), decided.open_until_ms);
+        } else if !open.is_empty() {
+            open.remove(dependency);
+        }
+        lost
+    }
+
+    /// The clock's ms now.
+    pub(super) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// The dependencies in the fallback now, each with how long it has been (clock ms; 0 when
@@ -117,6 +181,7 @@ impl Health {
             metrics.fallback(dependency, false);
             tracing::debug!(%dependency, "fleet budget store answers for this dependency again");
             if left == 0 {
+                self.oom_logged.store(false, Ordering::Relaxed);
                 tracing::info!("fleet budget store answers again; leaving fallback");
             }
         }
@@ -130,6 +195,17 @@ impl Health {
         mode: FallbackMode,
     ) {
         metrics.store_error(error.kind_label());
+        if error.is_out_of_memory() && !self.oom_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                %error,
+                %dependency,
+                reason = "oom",
+                fallback = mode.as_str(),
+                "Redis refuses the budget's writes: its memory is full (maxmemory reached under \
+                 maxmemory-policy noeviction). Retry decisions come from the fallback until it \
+                 frees memory; counted in fleet_budget_store_errors_total{{kind=\"oom\"}}"
+            );
+        }
         let now = self.clock.now_ms();
         let next_probe = now.saturating_add(PROBE_INTERVAL_MS);
         let mut degraded = self.degraded.lock().unwrap_or_else(PoisonError::into_inner);
@@ -152,7 +228,7 @@ impl Health {
             metrics.fallback_dependencies(now_degraded);
             metrics.fallback(dependency, true);
             if now_degraded == 1 {
-                tracing::warn!(%error, %dependency, fallback = mode.as_str(), "fleet budget store failed; entering fallback");
+                tracing::warn!(%error, %dependency, reason = error.kind_label(), fallback = mode.as_str(), "fleet budget store failed; entering fallback");
             } else {
                 tracing::debug!(%error, %dependency, "fleet budget store failed for this dependency too");
             }
@@ -180,6 +256,23 @@ impl Inner {
         policy: &BudgetPolicy,
     ) -> (Withdrawal, BudgetSource) {
         self.metrics.fallback_decision(self.fallback.as_str());
+        if self.health.frozen(dependency) {
+            // An operator's freeze the fleet store showed, not ended: whatever the fallback
+            // mode, nothing is granted (the dead letter says `budget_frozen`).
+            let mut snapshot = self.local.status_now(dependency, policy);
+            snapshot.allowance = 0;
+            snapshot.control.frozen = true;
+            let withdrawal = Withdrawal {
+                granted: false,
+                snapshot,
+                next_grant_ms: Some(0),
+            };
+            let source = match self.fallback {
+                FallbackMode::Local => BudgetSource::LocalFallback,
+                FallbackMode::Deny | FallbackMode::Allow => BudgetSource::Blind,
+            };
+            return (withdrawal, source);
+        }
         let blind = |granted| {
             let snapshot = self.local.status_now(dependency, policy);
             let withdrawal = Withdrawal {

@@ -268,9 +268,11 @@ impl FleetBudget {
         };
         if inner.health.should_try(dependency) {
             let sent = std::time::Instant::now();
+            let asked_ms = inner.health.now_ms();
             let result = fleet.withdraw(dependency, policy).await;
             inner.record(dependency, &result);
             if let Ok(withdrawal) = result {
+                inner.health.saw(dependency, asked_ms, &withdrawal);
                 inner.denials.remember(dependency, epoch, sent, &withdrawal);
                 return (withdrawal, BudgetSource::Fleet);
             }

@@ -199,14 +199,30 @@ impl ConcurrencyBudget {
     /// The store failed, passed its deadline, or answered out of contract. The slot then comes
     /// back when the lease expires.
     pub async fn release(&self, lease: &Lease) -> Result<InFlight, StoreError> {
+        Ok(self.release_checked(lease).await?.0)
+    }
+
+    /// [`ConcurrencyBudget::release`], and whether the lease was lost: not in Redis any more
+    /// though it had not expired by the server's clock (its set evicted by a
+    /// `maxmemory-policy`, flushed, or Redis restarted empty), so its slot was free for others
+    /// meanwhile (`docs/semantics.md`, "Lost budgets").
+    ///
+    /// # Errors
+    /// As [`ConcurrencyBudget::release`].
+    pub async fn release_checked(&self, lease: &Lease) -> Result<(InFlight, bool), StoreError> {
         let reply = self
             .store
             .lease_release(&lease.dependency, &lease.id)
             .await?;
         let field = |i| count_at("lease_release", &reply, i);
-        Ok(InFlight {
-            primaries: field(1)?,
-            retries: field(2)?,
-        })
+        // The server's ms, field 4 since 0.2.0 (a script without it says nothing).
+        let lost = field(0)? == 0 && reply.len() > 3 && field(3)? < lease.expires_at_ms;
+        Ok((
+            InFlight {
+                primaries: field(1)?,
+                retries: field(2)?,
+            },
+            lost,
+        ))
     }
 }

@@ -18,7 +18,8 @@ pub struct FleetStatus {
     /// The policy in force (the reader's own when the key has none yet).
     #[serde(serialize_with = "policy_json")]
     pub policy: BudgetPolicy,
-    /// The key's time to live in ms (`None` when there is no key).
+    /// The key's time to live in ms (`None` when there is no key, or while it has no expiry:
+    /// an operator's override in force, `lua/README.md` "Lost budgets").
     pub ttl_ms: Option<u64>,
     /// Calls that sent another policy, since the key was created.
     pub conflicts: u64,

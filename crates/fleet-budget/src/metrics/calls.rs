@@ -12,6 +12,7 @@ pub(super) struct CallMetrics {
     retry_fraction: GaugeVec,
     hedges: IntCounterVec,
     breaker_transitions: IntCounterVec,
+    leases_lost: IntCounterVec,
     breaker_state: IntGaugeVec,
 }
 
@@ -39,6 +40,13 @@ impl CallMetrics {
                 ),
                 &["dependency", "outcome"],
             )?,
+            leases_lost: IntCounterVec::new(
+                Opts::new(
+                    "fleet_budget_leases_lost_total",
+                    "Leases given back that were gone from Redis before their expiry (evicted, flushed): their slots were free meanwhile.",
+                ),
+                &["dependency"],
+            )?,
             breaker_transitions: IntCounterVec::new(
                 Opts::new(
                     "fleet_budget_breaker_transitions_total",
@@ -61,6 +69,7 @@ impl CallMetrics {
         registry.register(Box::new(self.retry_fraction.clone()))?;
         registry.register(Box::new(self.hedges.clone()))?;
         registry.register(Box::new(self.breaker_transitions.clone()))?;
+        registry.register(Box::new(self.leases_lost.clone()))?;
         registry.register(Box::new(self.breaker_state.clone()))
     }
 
@@ -81,6 +90,8 @@ impl CallMetrics {
         self.retry_fraction
             .with_label_values(&[d.as_str()])
             .set(fraction);
+        // A series from zero for every dependency with leases, so that an alert sees it.
+        let _ = self.leases_lost.with_label_values(&[d.as_str()]);
     }
 
     pub(super) fn hedge(&self, d: &Dependency, granted: bool) {
@@ -91,6 +102,14 @@ impl CallMetrics {
     pub(super) fn hedges(&self, d: &str, granted: bool) -> u64 {
         let outcome = if granted { "granted" } else { "refused" };
         self.hedges.with_label_values(&[d, outcome]).get()
+    }
+
+    pub(super) fn lease_lost(&self, d: &Dependency) {
+        self.leases_lost.with_label_values(&[d.as_str()]).inc();
+    }
+
+    pub(super) fn leases_lost(&self, d: &str) -> u64 {
+        self.leases_lost.with_label_values(&[d]).get()
     }
 
     pub(super) fn breaker_transition(&self, d: &Dependency, to: &str) {

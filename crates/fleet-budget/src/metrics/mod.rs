@@ -19,14 +19,16 @@
 //! | `fleet_budget_fallback_active` | gauge | dependency | 1 while the fleet store fails for the dependency and the fallback decides, else 0 |
 //! | `fleet_budget_fallback_dependencies` | gauge | — | dependencies in fallback now (on a Redis Cluster, those on a failed master) |
 //! | `fleet_budget_fallback_decisions_total` | counter | mode | retry decisions taken by the fallback (`local`, `deny`, `allow`) |
-//! | `fleet_budget_store_errors_total` | counter | kind | store calls that failed (`timeout`, `connection`, `server`, `bad_reply`) |
+//! | `fleet_budget_store_errors_total` | counter | kind | store calls that failed (`timeout`, `connection`, `server`, `bad_reply`, `bad_key`, `oom`: Redis's memory is full under `maxmemory-policy noeviction`, the fallback decides) |
+//! | `fleet_budget_budget_lost_total` | counter | dependency | store calls that found the dependency's budget hash gone mid-window (evicted under a `maxmemory-policy`, `FLUSHALL`, Redis restarted empty) and restored what this process remembered of it: overrides in force, counters (`lua/README.md`, "Lost budgets"; logged once per dependency per window) |
 //! | `fleet_budget_store_call_duration_seconds` | histogram | op | budget store calls (`deposit`, `spend`, `status`), failed ones included; buckets around the 50 ms default deadline |
 //! | `fleet_budget_deposits_pending` | gauge | — | deposits counted locally, not yet flushed |
 //! | `fleet_budget_policy_conflicts_total` | counter | dependency | store calls whose policy differed from the one in force in Redis (served by that one; logged once per dependency) |
 //! | `fleet_budget_calls_in_flight` | gauge | dependency, kind | calls in flight fleet-wide (`primary`, `retry`; hedges count as retries) at this process's last lease call (dependencies with a concurrency budget) |
 //! | `fleet_budget_retry_fraction` | gauge | dependency | retries in flight over primary calls in flight, fleet-wide, at the last lease call: it moves before p99 does |
 //! | `fleet_budget_hedges_total` | counter | dependency, outcome | hedges asked for (`granted`, `refused`), never counted as retries |
-//! | `fleet_budget_breaker_transitions_total` | counter | dependency, to | circuit breaker state changes made by this process (`open`, `half_open`, `closed`) |
+//! | `fleet_budget_breaker_transitions_total` | counter | dependency, to | circuit breaker state changes made by this process (`open`, `half_open`, `closed`), and `lost`: a breaker this process saw open found closed before its open period ended (its key evicted or flushed) |
+//! | `fleet_budget_leases_lost_total` | counter | dependency | concurrency leases given back that were gone from Redis before their expiry (evicted by a `maxmemory-policy`, flushed, Redis restarted empty): their slots were free for others meanwhile (logged) |
 //! | `fleet_budget_breaker_state` | gauge | dependency | breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open |
 //!
 //! Every label is bounded: `dependency` by the configuration plus at most
@@ -116,6 +118,10 @@ pub struct Metrics {
     policy_conflicts: IntCounterVec,
     /// Dependencies whose policy conflict was logged (at most [`CONFLICT_LOG_LIMIT`]).
     conflicts_logged: Arc<Mutex<HashSet<Dependency>>>,
+    budget_lost: IntCounterVec,
+    /// Dependency → the window index whose lost budget was logged (at most
+    /// [`CONFLICT_LOG_LIMIT`] dependencies): one line per dependency per window.
+    lost_logged: Arc<Mutex<HashMap<Dependency, u64>>>,
     extensions: Extensions,
     calls: calls::CallMetrics,
 }
@@ -159,6 +165,7 @@ impl Metrics {
             &m.store_errors,
             &m.fallback_decisions,
             &m.policy_conflicts,
+            &m.budget_lost,
         ] {
             registry.register(Box::new(c.clone()))?;
         }
@@ -260,6 +267,12 @@ impl Metrics {
                 dep,
             )?,
             conflicts_logged: Arc::new(Mutex::new(HashSet::new())),
+            budget_lost: counter(
+                "fleet_budget_budget_lost_total",
+                "Store calls that found the dependency's budget hash lost (evicted, flushed, Redis restarted empty) and restored what this process remembered.",
+                dep,
+            )?,
+            lost_logged: Arc::new(Mutex::new(HashMap::new())),
             calls: calls::CallMetrics::build()?,
             registry,
         })

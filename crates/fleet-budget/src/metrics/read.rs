@@ -23,6 +23,12 @@ impl Metrics {
         self.calls.retry_fraction(dependency)
     }
 
+    /// Leases given back that were gone from Redis before their expiry, for `dependency`.
+    #[must_use]
+    pub fn leases_lost(&self, dependency: &str) -> u64 {
+        self.calls.leases_lost(dependency)
+    }
+
     /// Calls in flight of `kind` (`primary`, `retry`) at the last lease call for `dependency`.
     #[must_use]
     pub fn calls_in_flight(&self, dependency: &str, kind: &str) -> i64 {
@@ -31,7 +37,7 @@ impl Metrics {
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
     /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`,
-    /// `retries_denied_in_process`, `policy_conflicts`).
+    /// `retries_denied_in_process`, `policy_conflicts`, `budget_lost`).
     #[must_use]
     pub fn counter(&self, name: &str, dependency: &str) -> u64 {
         let c = match name {
@@ -42,6 +48,7 @@ impl Metrics {
             "retries_denied" => &self.retries_denied,
             "retries_denied_in_process" => &self.retries_denied_in_process,
             "policy_conflicts" => &self.policy_conflicts,
+            "budget_lost" => &self.budget_lost,
             _ => return 0,
         };
         c.with_label_values(&[dependency]).get()

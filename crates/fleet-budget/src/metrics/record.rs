@@ -59,6 +59,9 @@ impl Metrics {
         if s.control.conflict {
             self.policy_conflict(d);
         }
+        if s.control.lost {
+            self.budget_lost(d, s);
+        }
         self.allowance
             .with_label_values(&[d.as_str()])
             .set(i64::try_from(s.allowance).unwrap_or(i64::MAX));
@@ -88,16 +91,54 @@ impl Metrics {
         }
     }
 
+    /// Counts a call that found `d`'s budget hash lost and restored what this process
+    /// remembered, and logs it once per dependency per window.
+    fn budget_lost(&self, d: &Dependency, s: &BudgetSnapshot) {
+        self.budget_lost.with_label_values(&[d.as_str()]).inc();
+        let first = {
+            let mut logged = self
+                .lost_logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let room = logged.len() < CONFLICT_LOG_LIMIT;
+            match logged.get_mut(d) {
+                Some(window) if *window == s.window_index => false,
+                Some(window) => {
+                    *window = s.window_index;
+                    true
+                }
+                None if room => {
+                    logged.insert(d.clone(), s.window_index);
+                    true
+                }
+                None => false,
+            }
+        };
+        if first {
+            tracing::warn!(
+                dependency = %d,
+                frozen = s.control.frozen,
+                retries = s.current.retries,
+                "the dependency's budget hash was lost in Redis (evicted by a maxmemory-policy, \
+                 FLUSHALL, or a restart without persistence); restored what this worker \
+                 remembered (overrides in force, counters) before deciding; counted in \
+                 fleet_budget_budget_lost_total"
+            );
+        }
+    }
+
     pub(crate) fn fallback(&self, d: &Dependency, active: bool) {
         self.fallback_active
             .with_label_values(&[d.as_str()])
             .set(i64::from(active));
     }
 
-    /// Makes `fleet_budget_fallback_active` show 0 for `d` before its first failure, so that
-    /// a dashboard and an alert see a series for every configured dependency.
+    /// Makes `fleet_budget_fallback_active` and `fleet_budget_budget_lost_total` show 0 for `d`
+    /// before its first failure or loss, so that a dashboard and an alert see a series for
+    /// every configured dependency.
     pub(crate) fn healthy(&self, d: &Dependency) {
         let _ = self.fallback_active.with_label_values(&[d.as_str()]);
+        let _ = self.budget_lost.with_label_values(&[d.as_str()]);
     }
 
     pub(crate) fn store_call(&self, op: StoreOp, elapsed: std::time::Duration) {
@@ -130,6 +171,17 @@ impl Metrics {
 
     pub(crate) fn hedge(&self, d: &Dependency, granted: bool) {
         self.calls.hedge(d, granted);
+    }
+
+    /// Counts a lease given back that was gone from Redis before its expiry, and logs it.
+    pub(crate) fn lease_lost(&self, d: &Dependency) {
+        self.calls.lease_lost(d);
+        tracing::warn!(
+            dependency = %d,
+            "a concurrency lease was gone from Redis before its expiry (evicted by a \
+             maxmemory-policy, FLUSHALL, or a restart without persistence): its slot was free \
+             for others meanwhile; counted in fleet_budget_leases_lost_total"
+        );
     }
 
     pub(crate) fn breaker_transition(&self, d: &Dependency, to: &str) {

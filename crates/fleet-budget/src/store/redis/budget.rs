@@ -5,7 +5,7 @@
 
 use super::RedisStore;
 use super::connect::RedisTarget;
-use super::reply::{ScriptReply, parse_reply, parse_status};
+use super::reply::{ScriptReply, parse_status};
 use super::scripts::{DEPOSIT_SCRIPT, STATUS_SCRIPT, policy_args};
 use super::spend::{Entry, batch_answer};
 use crate::allowance::BudgetSnapshot;
@@ -105,8 +105,10 @@ impl BudgetStore for RedisStore {
     ) -> StoreFuture<'a, BudgetSnapshot> {
         Box::pin(async move {
             // ARGV: window, successes, first attempts, the policy, then (0.2.0) the denials
-            // answered in this process, left out when there are none: the call of older callers.
-            let mut invocation = DEPOSIT_SCRIPT.key(self.key(dependency));
+            // answered in this process (the script takes at most 15 digits; more is not a
+            // count a process makes) and this store's memory of the hash (ARGV 9 and 10).
+            let key = self.key(dependency);
+            let mut invocation = DEPOSIT_SCRIPT.key(&key);
             invocation
                 .arg(policy.window_ms())
                 .arg(deposits.successes)
@@ -114,12 +116,12 @@ impl BudgetStore for RedisStore {
             for arg in policy_args(policy) {
                 invocation.arg(arg);
             }
-            if denied > 0 {
-                // The script takes at most 15 digits; more is not a count a process makes.
-                invocation.arg(denied.min(999_999_999_999_999));
+            invocation.arg(denied.min(999_999_999_999_999));
+            for arg in self.memory.args(&key) {
+                invocation.arg(arg);
             }
             let reply = self.invoke("deposit", invocation).await?;
-            let ScriptReply { snapshot, .. } = parse_reply("deposit", &reply, policy)?;
+            let ScriptReply { snapshot, .. } = self.remembered("deposit", &key, &reply, policy)?;
             Ok(snapshot)
         })
     }

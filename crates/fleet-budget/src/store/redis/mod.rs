@@ -32,6 +32,7 @@ mod dead_letters;
 mod discovery;
 mod group_commit;
 mod leases;
+mod memory;
 mod overrides;
 mod reply;
 mod scripts;
@@ -80,6 +81,9 @@ pub struct RedisStore {
     /// The certificates of `rediss://` connections, when files were given (for the other
     /// connections this store opens: discovery's `SCAN` of each node).
     certificates: Option<TlsCertificates>,
+    /// What this process last saw of each budget hash, sent with every budget call so that a
+    /// hash lost mid-window is restored (`memory.rs`).
+    memory: memory::Memory,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -137,6 +141,7 @@ impl RedisStore {
             across_dependencies: across_keys,
             tls_address,
             certificates,
+            memory: memory::Memory::default(),
         })
     }
 
@@ -212,6 +217,13 @@ impl RedisStore {
     #[must_use]
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Forgets what this store remembers of the budget hashes (`lua/README.md`, "Lost
+    /// budgets"): its next calls restore nothing. For tests and tools that empty Redis on
+    /// purpose.
+    pub fn forget_budgets(&self) {
+        self.memory.clear();
     }
 
     /// The budget key of `dependency`.

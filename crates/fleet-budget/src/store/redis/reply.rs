@@ -138,6 +138,7 @@ pub fn parse_reply(
                 conflict: conflict == 1,
                 frozen: frozen == 1,
                 overridden: overridden == 1,
+                lost: false,
             },
         },
         policy,

@@ -6,6 +6,7 @@
 use redis::{Script, Value};
 
 use super::RedisStore;
+use super::memory;
 use super::reply::{ScriptReply, key_refusal, parse_reply, text_at};
 use super::scripts::{SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT, policy_args};
 use crate::allowance::BudgetSnapshot;
@@ -42,8 +43,28 @@ impl RedisStore {
         for arg in policy_args(policy) {
             invocation.arg(arg);
         }
+        for arg in self.memory.args(key) {
+            invocation.arg(arg);
+        }
         let reply = self.invoke(name, invocation).await?;
-        parse_reply(name, &reply, policy)
+        self.remembered(name, key, &reply, policy)
+    }
+
+    /// Decodes the reply of a budget script called with this store's memory of `key` (the six
+    /// fields after the reply as it was), remembers what it says of the hash, and marks the
+    /// snapshot `lost` when the call found the hash it remembered gone.
+    pub(super) fn remembered(
+        &self,
+        name: &'static str,
+        key: &str,
+        reply: &[Value],
+        policy: &BudgetPolicy,
+    ) -> Result<ScriptReply, StoreError> {
+        let (at, state) = memory::split(name, reply)?;
+        let mut parsed = parse_reply(name, reply.get(..at).unwrap_or_default(), policy)?;
+        self.memory.learn(key, &state, &parsed.snapshot);
+        parsed.snapshot.control.lost = state.lost;
+        Ok(parsed)
     }
 
     /// One `spend.lua` call on `key`.
@@ -108,6 +129,9 @@ impl RedisStore {
             for arg in policy_args(entry.policy) {
                 invocation.arg(arg);
             }
+            for arg in self.memory.args(entry.key) {
+                invocation.arg(arg);
+            }
         }
         let reply = self.invoke("spend_batch", invocation).await?;
         if reply.len() != entries.len() {
@@ -119,44 +143,58 @@ impl RedisStore {
         Ok(reply
             .iter()
             .zip(entries)
-            .map(|(value, entry)| entry_reply(value, entry.policy))
+            .map(|(value, entry)| self.entry_reply(value, entry))
             .collect())
+    }
+
+    /// One element of a `spend_batch.lua` reply: `spend_many.lua`'s reply to `entry`, or its
+    /// error's text.
+    fn entry_reply(&self, value: &Value, entry: &Entry<'_>) -> EntryReply {
+        let bad = |detail: String| StoreError::BadReply {
+            script: "spend_batch",
+            detail,
+        };
+        match value {
+            Value::Array(fields) => {
+                let ScriptReply {
+                    granted,
+                    snapshot,
+                    next_grant_ms,
+                    ..
+                } = self.remembered("spend_batch", entry.key, fields, entry.policy)?;
+                let granted =
+                    u64::try_from(granted).map_err(|_| bad(format!("granted is {granted}")))?;
+                Ok((granted, snapshot, next_grant_ms))
+            }
+            other => Err(entry_refusal(other)),
+        }
     }
 }
 
-/// One element of a `spend_batch.lua` reply: `spend_many.lua`'s reply to a caller of `policy`,
-/// or its error's text.
-fn entry_reply(value: &Value, policy: &BudgetPolicy) -> EntryReply {
+/// A `spend_batch.lua` entry that is not an array: the text of its error (a script's refusal of
+/// the key, or another error), or a value the script never sends.
+fn entry_refusal(value: &Value) -> StoreError {
     let bad = |detail: String| StoreError::BadReply {
         script: "spend_batch",
         detail,
     };
     match value {
-        Value::Array(fields) => {
-            let ScriptReply {
-                granted,
-                snapshot,
-                next_grant_ms,
-                ..
-            } = parse_reply("spend_batch", fields, policy)?;
-            let granted =
-                u64::try_from(granted).map_err(|_| bad(format!("granted is {granted}")))?;
-            Ok((granted, snapshot, next_grant_ms))
-        }
         Value::BulkString(_) | Value::SimpleString(_) => {
-            let text = text_at(std::slice::from_ref(value), 0).map_err(bad)?;
-            Err(text
-                .strip_prefix("fleet-budget: ")
-                .and_then(key_refusal)
-                .unwrap_or_else(|| {
-                    StoreError::Redis(redis::RedisError::from((
-                        redis::ErrorKind::Extension,
-                        "spend_batch.lua refused a budget",
-                        text,
-                    )))
-                }))
+            match text_at(std::slice::from_ref(value), 0) {
+                Err(detail) => bad(detail),
+                Ok(text) => text
+                    .strip_prefix("fleet-budget: ")
+                    .and_then(key_refusal)
+                    .unwrap_or_else(|| {
+                        StoreError::Redis(redis::RedisError::from((
+                            redis::ErrorKind::Extension,
+                            "spend_batch.lua refused a budget",
+                            text,
+                        )))
+                    }),
+            }
         }
-        other => Err(bad(format!("a budget's reply is {other:?}"))),
+        other => bad(format!("a budget's reply is {other:?}")),
     }
 }
 
@@ -199,6 +237,8 @@ pub fn batch_answer(
         ))
     })?;
     let mut answer = *snapshot;
+    // A lost hash is the call's news, told once: with the batch's first answer.
+    answer.control.lost = snapshot.control.lost && k == 0;
     let seen = k.saturating_add(1);
     answer.current.retries = retries_before + seen.min(granted);
     answer.current.denied = denied_before + seen.saturating_sub(granted).min(denied);
