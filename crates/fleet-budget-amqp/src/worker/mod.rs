@@ -292,6 +292,8 @@ pub struct Worker {
     stop: Arc<watch::Sender<bool>>,
     /// What it dead-letters and parks, counted for the dead-letter index (with a fleet store).
     tally: Option<Tally>,
+    /// The causes of copies the broker did not confirm, said once each across reconnects.
+    refusals: Arc<settle::Refusals>,
 }
 
 impl Worker {
@@ -307,6 +309,7 @@ impl Worker {
             options,
             stats: Arc::default(),
             stop: Arc::new(stop),
+            refusals: Arc::default(),
         }
     }
 
