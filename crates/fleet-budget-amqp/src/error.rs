@@ -345,7 +345,10 @@ mod tests {
             Some(std::time::Duration::from_secs(5))
         );
         assert!(lost(Some(e)).is_consumer_timeout());
-        let other = closed(PRECONDITION_FAILED, "PRECONDITION_FAILED - inequivalent arg");
+        let other = closed(
+            PRECONDITION_FAILED,
+            "PRECONDITION_FAILED - inequivalent arg",
+        );
         assert_eq!(consumer_timeout_of(&other), None);
         assert!(!lost(None).is_consumer_timeout());
     }

@@ -301,9 +301,9 @@ impl Publisher {
                 after,
             })?
             .map_err(|source| PublishError::Channel {
-                    exchange: exchange.to_owned(),
-                    source,
-                })?;
+                exchange: exchange.to_owned(),
+                source,
+            })?;
         Ok(PendingConfirm {
             confirm,
             exchange: exchange.to_owned(),

@@ -381,7 +381,10 @@ impl ConnectionWatch {
             "RabbitMQ blocked the connection (a resource alarm): nothing is published, acked or \
              nacked until it is unblocked; the jobs in flight wait unacked, no new job starts"
         );
-        let gauge = self.metrics.as_ref().map(|m| m.connection_blocked(resource));
+        let gauge = self
+            .metrics
+            .as_ref()
+            .map(|m| m.connection_blocked(resource));
         let blocked = Blocked {
             reason,
             resource,
@@ -404,7 +407,11 @@ impl ConnectionWatch {
             .as_ref()
             .map(|(b, _)| (b.reason.as_str(), b.since.elapsed()))
             .unwrap_or_default();
-        tracing::info!(reason, ?blocked_for, "RabbitMQ unblocked the connection; the jobs in flight go on");
+        tracing::info!(
+            reason,
+            ?blocked_for,
+            "RabbitMQ unblocked the connection; the jobs in flight go on"
+        );
     }
 
     /// Resolves once the connection is lost, with the error that ended it when lapin reported

@@ -329,7 +329,10 @@ impl AmqpMetrics {
 
     /// The broker blocked a connection for `resource`: counted, and in the gauge until the
     /// guard is dropped (unblocked, or the connection gone).
-    pub(crate) fn connection_blocked(&self, resource: crate::connection::BlockedBy) -> BlockedGauge {
+    pub(crate) fn connection_blocked(
+        &self,
+        resource: crate::connection::BlockedBy,
+    ) -> BlockedGauge {
         self.blocks.with_label_values(&[resource.as_str()]).inc();
         self.blocked.inc();
         BlockedGauge(self.blocked.clone())

@@ -236,7 +236,9 @@ impl Worker {
                 "the broker closed the worker's channel for its consumer_timeout: a job stayed unacked longer; it goes back to the queue and runs again (size consumer_timeout above the longest task: docs/guides/operations.md)");
         }
         for (message_id, task, ran_for) in late {
-            let message_id = message_id.as_deref().map(fleet_budget::printable::escape_text);
+            let message_id = message_id
+                .as_deref()
+                .map(fleet_budget::printable::escape_text);
             tracing::error!(
                 message_id = message_id.as_deref().unwrap_or("-"),
                 task = %fleet_budget::printable::escape_text(&task),

@@ -134,7 +134,11 @@ impl Refusals {
             }
         });
         if cleared > 0 {
-            tracing::info!(kind = kind.as_str(), not_confirmed = cleared, "copies confirmed again after {cleared} not confirmed");
+            tracing::info!(
+                kind = kind.as_str(),
+                not_confirmed = cleared,
+                "copies confirmed again after {cleared} not confirmed"
+            );
         }
     }
 }
@@ -142,9 +146,15 @@ impl Refusals {
 /// What a copy not confirmed for `cause` most likely means.
 fn explain(cause: RefusalCause) -> &'static str {
     match cause {
-        RefusalCause::Nacked => "the broker refused the copy (nack): most likely a queue it routes to is full under a max-length or max-length-bytes policy with overflow reject-publish (budgetctl doctor names such policies)",
-        RefusalCause::Returned => "the broker returned the copy: no queue is bound to its exchange (run budgetctl migrate)",
-        RefusalCause::Timeout => "the broker did not confirm the copy in time on a connection it did not block",
+        RefusalCause::Nacked => {
+            "the broker refused the copy (nack): most likely a queue it routes to is full under a max-length or max-length-bytes policy with overflow reject-publish (budgetctl doctor names such policies)"
+        }
+        RefusalCause::Returned => {
+            "the broker returned the copy: no queue is bound to its exchange (run budgetctl migrate)"
+        }
+        RefusalCause::Timeout => {
+            "the broker did not confirm the copy in time on a connection it did not block"
+        }
         _ => "the copy's channel failed before the broker confirmed it",
     }
 }
