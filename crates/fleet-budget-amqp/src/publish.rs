@@ -310,6 +310,7 @@ impl Publisher {
             routing_key: routing_key.to_owned(),
             after,
             status,
+            channel_id: ch.id(),
         })
     }
 
@@ -324,11 +325,41 @@ impl Publisher {
         payload: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        confirmed(
-            self.send(exchange, routing_key, payload, properties)
-                .await?,
-        )
-        .await
+        let pending = self
+            .send(exchange, routing_key, payload, properties)
+            .await?;
+        let channel_id = pending.channel_id;
+        let answer = confirmed(pending).await;
+        if matches!(answer, Err(PublishError::Nacked { .. })) && self.wait_out_blocks {
+            self.retire(channel_id).await;
+        }
+        answer
+    }
+
+    /// Takes the channel `id` out of use after the broker nacked a publish on it: RabbitMQ
+    /// 3.10 keeps nacking on a channel that met a quorum queue's `reject-publish` limit after
+    /// the limit is gone (the policy cleared, the queue emptied), so the next publish opens a
+    /// fresh channel. The old one is closed after the operation deadline, once the confirms
+    /// still pending on it had their time.
+    async fn retire(&self, id: lapin::types::ChannelId) {
+        if !matches!(self.opener, ChannelSource::Own) {
+            return;
+        }
+        let retired = {
+            let mut guard = self.channel.lock().await;
+            if guard.as_ref().is_some_and(|ch| ch.id() == id) {
+                guard.take()
+            } else {
+                None
+            }
+        };
+        if let Some(ch) = retired {
+            let t = self.timeouts;
+            tokio::spawn(async move {
+                tokio::time::sleep(t.operation).await;
+                t.close_channel(&ch, "nacked; replaced").await;
+            });
+        }
     }
 
     /// Publishes a new job: persistent, with a fresh message id (returned) and the task as AMQP
@@ -381,6 +412,8 @@ pub struct PendingConfirm {
     after: std::time::Duration,
     /// The connection whose blocks that deadline waits out, if it does.
     status: Option<ConnectionStatus>,
+    /// The channel it was sent on.
+    channel_id: lapin::types::ChannelId,
 }
 
 /// Awaits a confirmation, within the operation deadline of the publisher that sent it: `Ok`
@@ -395,6 +428,7 @@ pub async fn confirmed(pending: PendingConfirm) -> Result<(), PublishError> {
         routing_key,
         after,
         status,
+        ..
     } = pending;
     let Some(answer) = Publisher::bounded(status.as_ref(), after, confirm).await else {
         return Err(PublishError::Timeout { exchange, after });

@@ -67,6 +67,9 @@ pub(super) enum Settled {
 /// most 512 bytes, `fb-parked-ms`).
 const PARK_ROOM: usize = 600;
 
+/// The longest pause before a job whose copies keep being refused is requeued.
+const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(10);
+
 /// What settling the deliveries of one connection needs.
 pub(super) struct Settler {
     pub(super) topology: Arc<Topology>,
@@ -92,27 +95,31 @@ pub(super) struct Refusals {
 }
 
 impl Refusals {
-    /// A copy of `kind` was not confirmed (`e`): counted, and said when its cause is new.
-    fn refused(&self, kind: CopyKind, e: &PublishError, metrics: Option<&AmqpMetrics>) {
+    /// A copy of `kind` was not confirmed (`e`): counted, and said when its cause is new. Returns
+    /// how many copies of the kind were not confirmed for this cause since one was last
+    /// confirmed (1 for the first).
+    fn refused(&self, kind: CopyKind, e: &PublishError, metrics: Option<&AmqpMetrics>) -> u64 {
         let cause = RefusalCause::of(e);
         if let Some(m) = metrics {
             m.not_confirmed(kind, cause);
         }
-        let first = {
+        let n = {
             let mut said = self
                 .since_confirmed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let n = said.entry((kind, cause)).or_default();
             *n += 1;
-            *n == 1
+            *n
         };
+        let first = n == 1;
         let (kind, why) = (kind.as_str(), cause.as_str());
         if first {
             tracing::warn!(error = %e, kind, cause = why, "{}; the job is kept: requeued, not acked, and runs again (said once per cause until a copy is confirmed again; counted in fleet_budget_amqp_copies_not_confirmed_total)", explain(cause));
         } else {
             tracing::debug!(error = %e, kind, cause = why, "copy not confirmed; the job is requeued");
         }
+        n
     }
 
     /// A copy of `kind` was confirmed: the causes said for the kind are cleared.
@@ -339,15 +346,16 @@ impl Settler {
                         return Settled::Rejected;
                     }
                     Err(e) => {
-                        self.refusals
+                        let n = self
+                            .refusals
                             .refused(CopyKind::Parked, &e, self.metrics.as_ref());
-                        return self.requeue(delivery).await;
+                        return self.requeue_after(delivery, n).await;
                     }
                 }
             }
             Err(e) => {
-                self.refusals.refused(kind, &e, self.metrics.as_ref());
-                return self.requeue(delivery).await;
+                let n = self.refusals.refused(kind, &e, self.metrics.as_ref());
+                return self.requeue_after(delivery, n).await;
             }
         };
         let acking = delivery.acker.ack(BasicAckOptions::default());
@@ -362,7 +370,21 @@ impl Settler {
 
     /// Puts `delivery` back after the pause (nack with requeue).
     async fn requeue(&self, delivery: &Delivery) -> Settled {
-        tokio::time::sleep(self.unconfirmed_pause).await;
+        self.requeue_after(delivery, 1).await
+    }
+
+    /// Puts `delivery` back after its copy was the `n`th in a row not confirmed for one cause:
+    /// the pause doubles with each, up to [`REFUSED_PAUSE_MAX`]. A queue that keeps refusing
+    /// (full under `reject-publish`) then holds the worker's deliveries unacked, a few at a
+    /// time, instead of running their handlers again every `unconfirmed_pause` and spending the
+    /// work queue's delivery limit.
+    async fn requeue_after(&self, delivery: &Delivery, n: u64) -> Settled {
+        let doublings = u32::try_from(n.saturating_sub(1).min(16)).unwrap_or(16);
+        let pause = self
+            .unconfirmed_pause
+            .saturating_mul(1_u32 << doublings)
+            .min(REFUSED_PAUSE_MAX.max(self.unconfirmed_pause));
+        tokio::time::sleep(pause).await;
         self.nack(delivery, true).await;
         Settled::Requeued
     }
