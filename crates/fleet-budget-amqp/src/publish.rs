@@ -148,7 +148,7 @@ impl Publisher {
 
     /// The publisher, its deadlines running only while the broker does not block its
     /// connection (a memory or disk alarm: `connection.blocked`; see
-    /// [`unless_blocked`](crate::connection::unless_blocked)). lapin writes nothing on a
+    /// [`crate::connection::unless_blocked`]). lapin writes nothing on a
     /// blocked connection and writes what it holds once the alarm clears: a publish timed out
     /// meanwhile is published all the same, so a caller that took the timeout for "not
     /// delivered" and sent the message again, or requeued the job it copies, makes a duplicate.

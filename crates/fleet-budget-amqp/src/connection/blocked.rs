@@ -79,7 +79,7 @@ impl BlockedBy {
 /// blocked: while the broker blocks it, the step waits (lapin writes nothing then, and what it
 /// holds is written once the block is lifted), and once it is unblocked the step has the whole
 /// of `after` again, for lapin to write what it queued meanwhile and the broker to answer.
-/// The state is read every [`BLOCK_POLL`]. `None` when the deadline passed.
+/// The state is read every 200 ms. `None` when the deadline passed.
 ///
 /// A connection that stays blocked keeps the step waiting as long as the alarm lasts: what
 /// waits is bounded by what was in flight when the block came (a worker's `prefetch`), not by
@@ -111,7 +111,7 @@ pub async fn unless_blocked<F: Future>(
 }
 
 /// Waits until the connection of `status` is not blocked (at once when it is not), reading the
-/// state every [`BLOCK_POLL`]; also returns when the connection is lost, for the step after to
+/// state every 200 ms; also returns when the connection is lost, for the step after to
 /// fail with its error.
 pub async fn until_unblocked(status: &ConnectionStatus) {
     while status.blocked() && !(status.errored() || status.closed() || status.closing()) {

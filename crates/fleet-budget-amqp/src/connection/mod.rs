@@ -298,7 +298,7 @@ impl ConnectionWatch {
 
     /// The broker's block of the connection in force (a resource alarm), as of the events read
     /// so far; `None` when it is not blocked. The watch logs each block once, with the broker's
-    /// reason, and its end (see [`blocked`](self::blocked) for what a block does to the steps).
+    /// reason, and its end (see [`unless_blocked`] for what a block does to the steps).
     #[must_use]
     pub fn blocked(&self) -> Option<Blocked> {
         self.read_events();
