@@ -155,7 +155,9 @@ impl Publisher {
     /// Waiting out the block, a publish fails only on a connection that is not blocked and does
     /// not answer, or on its loss. The worker's copies are published so; a publisher on a
     /// borrowed channel ([`Publisher::on_channel`]) has no connection to watch and is not
-    /// changed.
+    /// changed. Such a publisher also replaces a channel on which the broker nacked a publish
+    /// (RabbitMQ 3.10 goes on nacking there after a quorum queue's `reject-publish` limit is
+    /// gone).
     #[must_use]
     pub fn waiting_out_blocks(mut self) -> Self {
         self.wait_out_blocks = true;
