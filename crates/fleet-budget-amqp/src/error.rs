@@ -202,7 +202,36 @@ impl AmqpError {
     pub fn is_unreadable_message(&self) -> bool {
         self.lapin_error().is_some_and(is_unreadable_message)
     }
+
+    /// Whether the broker closed the channel because a delivery stayed unacked past its
+    /// `consumer_timeout` ([`consumer_timeout_of`]).
+    #[must_use]
+    pub fn is_consumer_timeout(&self) -> bool {
+        self.lapin_error()
+            .is_some_and(|e| consumer_timeout_of(e).is_some())
+    }
 }
+
+/// When `e` is the broker's close of a channel for a delivery left unacked past its
+/// `consumer_timeout` (`406 PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed
+/// out. Timeout value used: 5000 ms. ...`): the timeout it used, when its text says (zero when
+/// it does not).
+#[must_use]
+pub fn consumer_timeout_of(e: &lapin::Error) -> Option<std::time::Duration> {
+    let (code, text) = protocol_message(e)?;
+    if code != PRECONDITION_FAILED || !text.contains("delivery acknowledgement") {
+        return None;
+    }
+    let ms = text
+        .split_once("Timeout value used:")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    Some(std::time::Duration::from_millis(ms))
+}
+
+/// AMQP's `PRECONDITION_FAILED` reply code.
+const PRECONDITION_FAILED: u16 = 406;
 
 /// Whether `e` is lapin's failure to read a frame the broker sent: a parse error (the frame
 /// guard passes no header lapin cannot read, see `frame_guard`, so this is now rare) or a frame
@@ -303,6 +332,25 @@ mod tests {
                 && text.contains("Likely cause: a message this client cannot read"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_consumer_timeout_is_told_from_other_preconditions() {
+        let e = closed(
+            PRECONDITION_FAILED,
+            "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value used: 5000 ms. This timeout value can be configured, see consumers doc guide to learn more",
+        );
+        assert_eq!(
+            consumer_timeout_of(&e),
+            Some(std::time::Duration::from_secs(5))
+        );
+        assert!(lost(Some(e)).is_consumer_timeout());
+        let other = closed(
+            PRECONDITION_FAILED,
+            "PRECONDITION_FAILED - inequivalent arg",
+        );
+        assert_eq!(consumer_timeout_of(&other), None);
+        assert!(!lost(None).is_consumer_timeout());
     }
 
     #[test]

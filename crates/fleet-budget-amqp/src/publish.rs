@@ -4,10 +4,12 @@
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionStatus, PublisherConfirm,
+};
 use tokio::sync::Mutex;
 
-use crate::connection::{ConnectionConfig, Timeouts, connect};
+use crate::connection::{ConnectionConfig, Timeouts, connect, unless_blocked};
 use crate::error::AmqpError;
 use crate::headers;
 
@@ -44,7 +46,9 @@ pub enum PublishError {
     #[error("{0}")]
     InvalidName(String),
     /// The broker did not confirm (or open the channel) within the operation deadline
-    /// ([`crate::connection::Timeouts::operation`]): not known to be delivered.
+    /// ([`crate::connection::Timeouts::operation`]): not known to be delivered. For a publisher
+    /// that waits out blocks ([`Publisher::waiting_out_blocks`]), time spent while the broker
+    /// blocked the connection does not count.
     #[error("publish to {exchange:?}: no answer from the broker within {after:?}")]
     Timeout {
         /// The exchange.
@@ -107,6 +111,9 @@ pub struct Publisher {
     opener: ChannelSource,
     /// The deadlines of opening the channel, each publish and each confirm.
     timeouts: Timeouts,
+    /// Whether those deadlines stop while the broker blocks the connection
+    /// ([`Publisher::waiting_out_blocks`]).
+    wait_out_blocks: bool,
 }
 
 #[derive(Debug)]
@@ -135,6 +142,45 @@ impl Publisher {
             channel: Mutex::new(None),
             opener: ChannelSource::Own,
             timeouts,
+            wait_out_blocks: false,
+        }
+    }
+
+    /// The publisher, its deadlines running only while the broker does not block its
+    /// connection (a memory or disk alarm: `connection.blocked`; see
+    /// [`crate::connection::unless_blocked`]). lapin writes nothing on a
+    /// blocked connection and writes what it holds once the alarm clears: a publish timed out
+    /// meanwhile is published all the same, so a caller that took the timeout for "not
+    /// delivered" and sent the message again, or requeued the job it copies, makes a duplicate.
+    /// Waiting out the block, a publish fails only on a connection that is not blocked and does
+    /// not answer, or on its loss. The worker's copies are published so; a publisher on a
+    /// borrowed channel ([`Publisher::on_channel`]) has no connection to watch and is not
+    /// changed. Such a publisher also replaces a channel on which the broker nacked a publish
+    /// (RabbitMQ 3.10 goes on nacking there after a quorum queue's `reject-publish` limit is
+    /// gone).
+    #[must_use]
+    pub fn waiting_out_blocks(mut self) -> Self {
+        self.wait_out_blocks = true;
+        self
+    }
+
+    /// The state of the connection whose blocks the deadlines wait out, if they do.
+    fn blockable(&self) -> Option<ConnectionStatus> {
+        self.connection
+            .as_ref()
+            .filter(|_| self.wait_out_blocks)
+            .map(|c| c.status().clone())
+    }
+
+    /// `step` within `after`, not counting time blocked when the publisher waits out blocks.
+    async fn bounded<F: std::future::Future>(
+        status: Option<&ConnectionStatus>,
+        after: std::time::Duration,
+        step: F,
+    ) -> Option<F::Output> {
+        match status {
+            Some(status) => unless_blocked(status, after, step).await,
+            None => tokio::time::timeout(after, step).await.ok(),
         }
     }
 
@@ -149,6 +195,7 @@ impl Publisher {
             channel: Mutex::new(Some(channel.clone())),
             opener: ChannelSource::Borrowed(channel),
             timeouts,
+            wait_out_blocks: false,
         }
     }
 
@@ -209,9 +256,9 @@ impl Publisher {
                         .map_err(fail)?;
                     Ok(ch)
                 };
-                tokio::time::timeout(self.timeouts.operation, open)
+                Self::bounded(self.blockable().as_ref(), self.timeouts.operation, open)
                     .await
-                    .map_err(|_| timeout())??
+                    .ok_or_else(timeout)??
             }
             (ChannelSource::Own, None) => {
                 return Err(PublishError::InvalidName(
@@ -247,22 +294,25 @@ impl Publisher {
         // Bounded like the confirm: a publish racing the broker's close of the channel (a copy
         // it refused) must not wait for ever.
         let after = self.timeouts.operation;
-        let confirm =
-            tokio::time::timeout(after, ch.basic_publish(ex, rk, opts, payload, properties))
-                .await
-                .map_err(|_| PublishError::Timeout {
-                    exchange: exchange.to_owned(),
-                    after,
-                })?
-                .map_err(|source| PublishError::Channel {
-                    exchange: exchange.to_owned(),
-                    source,
-                })?;
+        let status = self.blockable();
+        let publishing = ch.basic_publish(ex, rk, opts, payload, properties);
+        let confirm = Self::bounded(status.as_ref(), after, publishing)
+            .await
+            .ok_or_else(|| PublishError::Timeout {
+                exchange: exchange.to_owned(),
+                after,
+            })?
+            .map_err(|source| PublishError::Channel {
+                exchange: exchange.to_owned(),
+                source,
+            })?;
         Ok(PendingConfirm {
             confirm,
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),
             after,
+            status,
+            channel_id: ch.id(),
         })
     }
 
@@ -277,11 +327,41 @@ impl Publisher {
         payload: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        confirmed(
-            self.send(exchange, routing_key, payload, properties)
-                .await?,
-        )
-        .await
+        let pending = self
+            .send(exchange, routing_key, payload, properties)
+            .await?;
+        let channel_id = pending.channel_id;
+        let answer = confirmed(pending).await;
+        if matches!(answer, Err(PublishError::Nacked { .. })) && self.wait_out_blocks {
+            self.retire(channel_id).await;
+        }
+        answer
+    }
+
+    /// Takes the channel `id` out of use after the broker nacked a publish on it: RabbitMQ
+    /// 3.10 keeps nacking on a channel that met a quorum queue's `reject-publish` limit after
+    /// the limit is gone (the policy cleared, the queue emptied), so the next publish opens a
+    /// fresh channel. The old one is closed after the operation deadline, once the confirms
+    /// still pending on it had their time.
+    async fn retire(&self, id: lapin::types::ChannelId) {
+        if !matches!(self.opener, ChannelSource::Own) {
+            return;
+        }
+        let retired = {
+            let mut guard = self.channel.lock().await;
+            if guard.as_ref().is_some_and(|ch| ch.id() == id) {
+                guard.take()
+            } else {
+                None
+            }
+        };
+        if let Some(ch) = retired {
+            let t = self.timeouts;
+            tokio::spawn(async move {
+                tokio::time::sleep(t.operation).await;
+                t.close_channel(&ch, "nacked; replaced").await;
+            });
+        }
     }
 
     /// Publishes a new job: persistent, with a fresh message id (returned) and the task as AMQP
@@ -332,6 +412,10 @@ pub struct PendingConfirm {
     routing_key: String,
     /// The operation deadline of the publisher that sent it.
     after: std::time::Duration,
+    /// The connection whose blocks that deadline waits out, if it does.
+    status: Option<ConnectionStatus>,
+    /// The channel it was sent on.
+    channel_id: lapin::types::ChannelId,
 }
 
 /// Awaits a confirmation, within the operation deadline of the publisher that sent it: `Ok`
@@ -345,8 +429,10 @@ pub async fn confirmed(pending: PendingConfirm) -> Result<(), PublishError> {
         exchange,
         routing_key,
         after,
+        status,
+        ..
     } = pending;
-    let Ok(answer) = tokio::time::timeout(after, confirm).await else {
+    let Some(answer) = Publisher::bounded(status.as_ref(), after, confirm).await else {
         return Err(PublishError::Timeout { exchange, after });
     };
     match answer {

@@ -36,8 +36,12 @@ use lapin::types::{LongString, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, Event};
 
 use crate::error::AmqpError;
+use crate::metrics::{AmqpMetrics, BlockedGauge};
 
+mod blocked;
 mod process_wide;
+
+pub use self::blocked::{Blocked, BlockedBy, unless_blocked, until_unblocked};
 
 /// How long each network step may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +239,9 @@ const LOSS_POLL: Duration = Duration::from_millis(100);
 /// machine can put off well past one poll. A hang check: lapin ends the closing state itself.
 pub(crate) const LOSS_REASON_WAIT: Duration = Duration::from_secs(5);
 
+/// A block in force and its place in the gauge of blocked connections (left when dropped).
+type BlockedNow = (Blocked, Option<BlockedGauge>);
+
 /// Watches one connection for its loss, for the steps that lapin would leave waiting on it (see
 /// the module documentation). Cheap to clone; the clones share what they saw.
 ///
@@ -246,6 +253,11 @@ pub struct ConnectionWatch {
     status: ConnectionStatus,
     events: Arc<Mutex<Pin<Box<dyn Stream<Item = Event> + Send>>>>,
     error: Arc<Mutex<Option<lapin::Error>>>,
+    /// The broker's block in force, with its place in the metrics (released when it is lifted
+    /// or the last clone of the watch goes).
+    blocked: Arc<Mutex<Option<BlockedNow>>>,
+    /// Where a block is counted (the worker's metrics), if anywhere.
+    metrics: Option<AmqpMetrics>,
     /// The deadlines of the watched connection's steps ([`ConnectionWatch::within`]).
     timeouts: Timeouts,
 }
@@ -255,6 +267,7 @@ impl fmt::Debug for ConnectionWatch {
         f.debug_struct("ConnectionWatch")
             .field("status", &self.status)
             .field("error", &self.last_error())
+            .field("blocked", &self.blocked())
             .finish_non_exhaustive()
     }
 }
@@ -269,8 +282,37 @@ impl ConnectionWatch {
             status: conn.status().clone(),
             events: Arc::new(Mutex::new(Box::pin(conn.events_listener()))),
             error: Arc::new(Mutex::new(None)),
+            blocked: Arc::new(Mutex::new(None)),
+            metrics: None,
             timeouts: process_wide().0,
         }
+    }
+
+    /// The watch, counting the broker's blocks of the connection in `metrics`
+    /// (`fleet_budget_amqp_connection_blocked`, `fleet_budget_amqp_connection_blocks_total`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<AmqpMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The broker's block of the connection in force (a resource alarm), as of the events read
+    /// so far; `None` when it is not blocked. The watch logs each block once, with the broker's
+    /// reason, and its end (see [`unless_blocked`] for what a block does to the steps).
+    #[must_use]
+    pub fn blocked(&self) -> Option<Blocked> {
+        self.read_events();
+        self.blocked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|(b, _)| b.clone())
+    }
+
+    /// The connection's state as lapin keeps it (blocked or not, at once: [`unless_blocked`]).
+    #[must_use]
+    pub fn status(&self) -> &ConnectionStatus {
+        &self.status
     }
 
     /// The watch with the deadlines of the connection's configuration
@@ -315,15 +357,61 @@ impl ConnectionWatch {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some(Some(event)) = events.next().now_or_never() {
-            if let Event::Error(e) = event
-                && names_a_loss(&e)
-            {
-                *self
-                    .error
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            match event {
+                Event::Error(e) if names_a_loss(&e) => {
+                    *self
+                        .error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                }
+                Event::ConnectionBlocked(reason) => self.block(&reason),
+                Event::ConnectionUnblocked => self.unblock(),
+                _ => {}
             }
         }
+    }
+
+    /// The broker blocked the connection: said once, with its reason, and counted.
+    fn block(&self, reason: &str) {
+        let reason = fleet_budget::printable::escape_text(reason).into_owned();
+        let resource = BlockedBy::of(&reason);
+        tracing::warn!(
+            reason = %reason,
+            resource = resource.as_str(),
+            "RabbitMQ blocked the connection (a resource alarm): nothing is published, acked or \
+             nacked until it is unblocked; the jobs in flight wait unacked, no new job starts"
+        );
+        let gauge = self
+            .metrics
+            .as_ref()
+            .map(|m| m.connection_blocked(resource));
+        let blocked = Blocked {
+            reason,
+            resource,
+            since: std::time::Instant::now(),
+        };
+        *self
+            .blocked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((blocked, gauge));
+    }
+
+    /// The broker unblocked the connection: said once.
+    fn unblock(&self) {
+        let was = self
+            .blocked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let (reason, blocked_for) = was
+            .as_ref()
+            .map(|(b, _)| (b.reason.as_str(), b.since.elapsed()))
+            .unwrap_or_default();
+        tracing::info!(
+            reason,
+            ?blocked_for,
+            "RabbitMQ unblocked the connection; the jobs in flight go on"
+        );
     }
 
     /// Resolves once the connection is lost, with the error that ended it when lapin reported

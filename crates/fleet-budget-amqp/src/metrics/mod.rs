@@ -9,8 +9,12 @@
 //! | `fleet_budget_amqp_publish_confirm_duration_seconds` | histogram | kind | publish to confirm of the worker's copies (`retry`, `dead_letter`, `wait_again`), failed ones included |
 //! | `fleet_budget_amqp_requeued_total` | counter | — | deliveries put back because their copy was not confirmed |
 //! | `fleet_budget_amqp_replayed_messages_total` | counter | outcome | messages a replay moved back, parked, or failed to move (`moved`, `parked`, `failed`) |
-//! | `fleet_budget_amqp_connections_lost_total` | counter | lived, cause | worker connections lost after consuming had started: `lived` is `short` (lost before `reconnect_reset_after` without settling a delivery: the reconnect delay keeps growing) or `long`; `cause` is [`LossCause`] (`unreadable_message`, `broker_closed`, `io`, `heartbeat`, `timeout`, `other`) |
+//! | `fleet_budget_amqp_connections_lost_total` | counter | lived, cause | worker connections lost after consuming had started: `lived` is `short` (lost before `reconnect_reset_after` without settling a delivery: the reconnect delay keeps growing) or `long`; `cause` is [`LossCause`] (`unreadable_message`, `broker_closed`, `io`, `heartbeat`, `timeout`, `consumer_timeout`, `other`) |
 //! | `fleet_budget_amqp_short_lived_connections_in_a_row` | gauge | — | connections lost in a row shortly after connecting, summed over the process's workers; back to 0 once a connection stays up or settles a delivery |
+//! | `fleet_budget_amqp_connection_blocked` | gauge | — | worker connections the broker blocks now (a memory or disk alarm: `connection.blocked`), summed over the process's workers; 0 once unblocked |
+//! | `fleet_budget_amqp_connection_blocks_total` | counter | resource | times the broker blocked a worker connection, by the alarm its reason names (`memory`, `disk`, `other`) |
+//! | `fleet_budget_amqp_copies_not_confirmed_total` | counter | kind, cause | copies of the worker (`retry`, `dead_letter`, `wait_again`, `parked`) the broker did not confirm, by [`RefusalCause`] (`nacked`: refused, e.g. a `max-length` with `overflow reject-publish`; `returned`; `timeout`; `channel`): the job was kept (requeued) |
+//! | `fleet_budget_amqp_consumer_timeouts_total` | counter | — | worker channels the broker closed because a delivery stayed unacked past its `consumer_timeout` (the job comes back) |
 //!
 //! The queues themselves (depth, oldest message) are the fleet exporter's
 //! ([`QueueSource`]): one reading for the fleet rather than one per worker.
@@ -33,19 +37,61 @@ pub const CONFIRM_BUCKETS: [f64; 11] = [
 ];
 
 /// A copy the worker publishes, the `kind` label of the confirm latency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum CopyKind {
     Retry,
     DeadLetter,
     WaitAgain,
+    Parked,
 }
 
 impl CopyKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Retry => "retry",
             Self::DeadLetter => "dead_letter",
             Self::WaitAgain => "wait_again",
+            Self::Parked => "parked",
+        }
+    }
+}
+
+/// Why the broker did not confirm a copy, the `cause` label of
+/// `fleet_budget_amqp_copies_not_confirmed_total` (bounded: the error goes to the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RefusalCause {
+    /// The broker answered `Nack`: a queue refused it (`max-length` or `max-length-bytes` with
+    /// `overflow reject-publish`, a quorum queue without a majority).
+    Nacked,
+    /// The broker returned it: no queue is bound.
+    Returned,
+    /// No answer within the deadline (counted only while the connection was not blocked).
+    Timeout,
+    /// The channel or connection failed first.
+    Channel,
+}
+
+impl RefusalCause {
+    /// The cause of `e`.
+    #[must_use]
+    pub fn of(e: &crate::PublishError) -> Self {
+        match e {
+            crate::PublishError::Nacked { .. } => Self::Nacked,
+            crate::PublishError::Returned { .. } => Self::Returned,
+            crate::PublishError::Timeout { .. } => Self::Timeout,
+            _ => Self::Channel,
+        }
+    }
+
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nacked => "nacked",
+            Self::Returned => "returned",
+            Self::Timeout => "timeout",
+            Self::Channel => "channel",
         }
     }
 }
@@ -67,6 +113,8 @@ pub enum LossCause {
     Heartbeat,
     /// A step did not finish within its deadline.
     Timeout,
+    /// The broker closed the channel: a delivery stayed unacked past its `consumer_timeout`.
+    ConsumerTimeout,
     /// Anything else.
     Other,
 }
@@ -80,6 +128,9 @@ impl LossCause {
         }
         if e.is_timeout() {
             return Self::Timeout;
+        }
+        if e.is_consumer_timeout() {
+            return Self::ConsumerTimeout;
         }
         match e.lapin_error().map(lapin::Error::kind) {
             Some(lapin::ErrorKind::ProtocolError(_)) => Self::BrokerClosed,
@@ -98,6 +149,7 @@ impl LossCause {
             Self::Io => "io",
             Self::Heartbeat => "heartbeat",
             Self::Timeout => "timeout",
+            Self::ConsumerTimeout => "consumer_timeout",
             Self::Other => "other",
         }
     }
@@ -113,6 +165,10 @@ pub struct AmqpMetrics {
     replayed: IntCounterVec,
     connections_lost: IntCounterVec,
     short_lived_in_a_row: IntGauge,
+    blocked: IntGauge,
+    blocks: IntCounterVec,
+    not_confirmed: IntCounterVec,
+    consumer_timeouts: IntCounter,
 }
 
 impl AmqpMetrics {
@@ -129,6 +185,10 @@ impl AmqpMetrics {
         registry.register(Box::new(m.replayed.clone()))?;
         registry.register(Box::new(m.connections_lost.clone()))?;
         registry.register(Box::new(m.short_lived_in_a_row.clone()))?;
+        registry.register(Box::new(m.blocked.clone()))?;
+        registry.register(Box::new(m.blocks.clone()))?;
+        registry.register(Box::new(m.not_confirmed.clone()))?;
+        registry.register(Box::new(m.consumer_timeouts.clone()))?;
         Ok(m)
     }
 
@@ -176,6 +236,30 @@ impl AmqpMetrics {
                 "fleet_budget_amqp_short_lived_connections_in_a_row",
                 "Worker connections lost in a row shortly after connecting (summed over the \
                  process's workers; 0 once a connection stays up or settles a delivery).",
+            )?,
+            blocked: IntGauge::new(
+                "fleet_budget_amqp_connection_blocked",
+                "Worker connections the broker blocks now (a memory or disk alarm), summed over \
+                 the process's workers.",
+            )?,
+            blocks: IntCounterVec::new(
+                Opts::new(
+                    "fleet_budget_amqp_connection_blocks_total",
+                    "Times the broker blocked a worker connection, by the alarm its reason names.",
+                ),
+                &["resource"],
+            )?,
+            not_confirmed: IntCounterVec::new(
+                Opts::new(
+                    "fleet_budget_amqp_copies_not_confirmed_total",
+                    "Copies of the worker the broker did not confirm (the job was requeued), by \
+                     kind and cause.",
+                ),
+                &["kind", "cause"],
+            )?,
+            consumer_timeouts: IntCounter::new(
+                "fleet_budget_amqp_consumer_timeouts_total",
+                "Worker channels the broker closed for a delivery unacked past consumer_timeout.",
             )?,
         })
     }
@@ -243,6 +327,61 @@ impl AmqpMetrics {
             .get()
     }
 
+    /// The broker blocked a connection for `resource`: counted, and in the gauge until the
+    /// guard is dropped (unblocked, or the connection gone).
+    pub(crate) fn connection_blocked(
+        &self,
+        resource: crate::connection::BlockedBy,
+    ) -> BlockedGauge {
+        self.blocks.with_label_values(&[resource.as_str()]).inc();
+        self.blocked.inc();
+        BlockedGauge(self.blocked.clone())
+    }
+
+    /// A copy of `kind` was not confirmed, for `cause`.
+    pub(crate) fn not_confirmed(&self, kind: CopyKind, cause: RefusalCause) {
+        self.not_confirmed
+            .with_label_values(&[kind.as_str(), cause.as_str()])
+            .inc();
+    }
+
+    /// The broker closed a worker channel for its `consumer_timeout`.
+    pub(crate) fn consumer_timed_out(&self) {
+        self.consumer_timeouts.inc();
+    }
+
+    /// Worker connections blocked by the broker now.
+    #[must_use]
+    pub fn connections_blocked(&self) -> i64 {
+        self.blocked.get()
+    }
+
+    /// Times the broker blocked a worker connection for `resource` so far.
+    #[must_use]
+    pub fn connection_blocks(&self, resource: crate::connection::BlockedBy) -> u64 {
+        self.blocks.with_label_values(&[resource.as_str()]).get()
+    }
+
+    /// Copies the broker did not confirm so far: of the dead-letter kind when `dead_letter`,
+    /// else retries, for `cause`.
+    #[must_use]
+    pub fn copies_not_confirmed(&self, dead_letter: bool, cause: RefusalCause) -> u64 {
+        let kind = if dead_letter {
+            CopyKind::DeadLetter
+        } else {
+            CopyKind::Retry
+        };
+        self.not_confirmed
+            .with_label_values(&[kind.as_str(), cause.as_str()])
+            .get()
+    }
+
+    /// Worker channels closed by the broker's `consumer_timeout` so far.
+    #[must_use]
+    pub fn consumer_timeouts(&self) -> u64 {
+        self.consumer_timeouts.get()
+    }
+
     /// Connections lost in a row shortly after connecting, summed over the workers.
     #[must_use]
     pub fn short_lived_connections_in_a_row(&self) -> i64 {
@@ -261,6 +400,16 @@ impl AmqpMetrics {
     #[must_use]
     pub fn in_flight(&self) -> i64 {
         self.in_flight.get()
+    }
+}
+
+/// A blocked connection in `fleet_budget_amqp_connection_blocked`, until dropped.
+#[derive(Debug)]
+pub(crate) struct BlockedGauge(IntGauge);
+
+impl Drop for BlockedGauge {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

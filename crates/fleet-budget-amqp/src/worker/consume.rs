@@ -13,12 +13,12 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::backoff::Backoff;
-use super::delivery::{Deliveries, process};
+use super::delivery::{Deliveries, Running, process};
 use super::settle::Settler;
 use super::{Job, Worker, WorkerCounts, bump};
 use crate::connection::{ConnectionWatch, LOSS_REASON_WAIT, connect, is_state_error};
 use crate::dead_letters::Tally;
-use crate::error::AmqpError;
+use crate::error::{AmqpError, consumer_timeout_of};
 use crate::headers;
 use crate::metrics::AmqpMetrics;
 use crate::publish::Publisher;
@@ -95,7 +95,12 @@ impl Worker {
         let to = o.connection();
         let t = to.timeouts;
         let conn = connect(&to, &o.name).await?;
-        let lost = ConnectionWatch::new(&conn).with_timeouts(t);
+        let metrics = AmqpMetrics::of(&self.budget);
+        // The watch also says when the broker blocks the connection (a resource alarm), once,
+        // with its reason, and counts it: it reads lapin's events as `lost` below polls it.
+        let lost = ConnectionWatch::new(&conn)
+            .with_timeouts(t)
+            .with_metrics(metrics.clone());
         let channel = lost.within("open a channel", conn.create_channel()).await?;
         lost.within(
             "set prefetch",
@@ -118,20 +123,23 @@ impl Worker {
         backoff.consuming();
         bump(&self.stats.connections);
         tracing::info!(queue = %o.queue, prefetch = o.prefetch, "worker consuming");
-        let metrics = AmqpMetrics::of(&self.budget);
         let deliveries = Arc::new(Deliveries {
             budget: self.budget.clone(),
             handler: Arc::clone(handler),
             settler: Settler {
                 topology: Arc::clone(&self.topology),
                 queue: o.queue.clone(),
-                publisher: Publisher::on(conn, t),
+                // A copy is not timed out while the broker blocks the connection: lapin would
+                // write it once unblocked, after its job was requeued (a second copy).
+                publisher: Publisher::on(conn, t).waiting_out_blocks(),
                 unconfirmed_pause: o.unconfirmed_pause,
                 metrics: metrics.clone(),
                 tally: self.tally.clone(),
+                refusals: Arc::clone(&self.refusals),
             },
             stats: Arc::clone(&self.stats),
             metrics,
+            running: Running::default(),
         });
         let mut tasks = JoinSet::new();
         let connection_lost = lost.lost();
@@ -165,6 +173,11 @@ impl Worker {
                 })),
             }
         };
+        if let Err(Some(e)) = &ended
+            && let Some(e) = e.lapin_error()
+        {
+            self.consumer_timed_out(e, &deliveries.running);
+        }
         let ended = match ended {
             Ok(()) => Ok(()),
             Err(Some(e)) => Err(e),
@@ -201,6 +214,39 @@ impl Worker {
                 deliveries.settler.publisher.close().await;
                 Err(e)
             }
+        }
+    }
+}
+
+impl Worker {
+    /// When `e` is the broker's close of the consuming channel for its `consumer_timeout`:
+    /// names the jobs unsettled past the timeout (the longest first: the one the broker timed
+    /// out, and any other that would have been next) and counts it. They go back to the queue
+    /// with the channel, and run again on the next connection.
+    fn consumer_timed_out(&self, e: &lapin::Error, running: &Running) {
+        let Some(timeout) = consumer_timeout_of(e) else {
+            return;
+        };
+        if let Some(m) = AmqpMetrics::of(&self.budget) {
+            m.consumer_timed_out();
+        }
+        let late = running.older_than(timeout);
+        if late.is_empty() {
+            tracing::error!(error = %e, consumer_timeout = ?timeout, queue = %self.options.queue,
+                "the broker closed the worker's channel for its consumer_timeout: a job stayed unacked longer; it goes back to the queue and runs again (size consumer_timeout above the longest task: docs/guides/operations.md)");
+        }
+        for (message_id, task, ran_for) in late {
+            let message_id = message_id
+                .as_deref()
+                .map(fleet_budget::printable::escape_text);
+            tracing::error!(
+                message_id = message_id.as_deref().unwrap_or("-"),
+                task = %fleet_budget::printable::escape_text(&task),
+                ran_for = ?ran_for,
+                consumer_timeout = ?timeout,
+                queue = %self.options.queue,
+                "job ran past the broker's consumer_timeout: the broker closed the worker's channel; the job goes back to the queue and runs again (size consumer_timeout above the longest task: docs/guides/operations.md)"
+            );
         }
     }
 }

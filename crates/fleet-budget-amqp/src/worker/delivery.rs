@@ -8,10 +8,11 @@
 //! The steps are those of the module documentation of [`super`]; the consume loop
 //! (`super::consume`) spawns [`process`] once per delivery.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fleet_budget::printable::escape_text;
 use fleet_budget::{Admission, CallOutcome, DeadLetterReason, Error, Failure, FleetBudget, Route};
@@ -21,6 +22,7 @@ use lapin::message::Delivery;
 use super::outcome::{JobContext, Outcome, held_since};
 use super::settle::{Ended, Settled, Settler};
 use super::{Job, Stats, bump};
+use crate::connection::until_unblocked;
 use crate::headers::{self, JobHeaders};
 use crate::metrics::AmqpMetrics;
 
@@ -31,6 +33,57 @@ pub(super) struct Deliveries<H> {
     pub(super) settler: Settler,
     pub(super) stats: Arc<Stats>,
     pub(super) metrics: Option<AmqpMetrics>,
+    /// The deliveries of the connection not settled yet, to name the one the broker's
+    /// `consumer_timeout` ended.
+    pub(super) running: Running,
+}
+
+/// The deliveries in flight on a connection, by delivery tag: their message id, task, and
+/// when they arrived.
+#[derive(Debug, Default)]
+pub(super) struct Running(Mutex<HashMap<u64, Arrived>>);
+
+/// A delivery in flight: its message id, task, and when it arrived.
+type Arrived = (Option<String>, String, Instant);
+
+impl Running {
+    fn add(&self, tag: u64, message_id: Option<String>, task: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(tag, (message_id, task, Instant::now()));
+    }
+
+    fn remove(&self, tag: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&tag);
+    }
+
+    /// The deliveries unsettled for at least `at_least`, the longest first (the one the broker
+    /// timed out among them): message id, task, and for how long.
+    pub(super) fn older_than(&self, at_least: Duration) -> Vec<(Option<String>, String, Duration)> {
+        let mut old: Vec<_> = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|(id, task, since)| (id.clone(), task.clone(), since.elapsed()))
+            .filter(|(_, _, age)| *age >= at_least)
+            .collect();
+        old.sort_by_key(|b| std::cmp::Reverse(b.2));
+        old
+    }
+}
+
+/// Takes a delivery out of [`Running`] when its task ends, however it ends.
+struct Unsettled<'a>(&'a Running, u64);
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
+    }
 }
 
 /// Steps 1–4 of one delivery (see the module documentation of [`super`]), then its count.
@@ -44,6 +97,17 @@ where
     let table = headers::without_broker_headers(&headers::table(&delivery.properties));
     let parsed = JobHeaders::parse(&table);
     let task = task_of(&delivery, parsed.as_ref().ok());
+    d.running.add(
+        delivery.delivery_tag,
+        headers::message_id(&delivery.properties).map(str::to_owned),
+        task.clone(),
+    );
+    let _unsettled = Unsettled(&d.running, delivery.delivery_tag);
+    // No job starts on a connection the broker blocks (a resource alarm): its outcome could
+    // not be published before the alarm clears. It waits unacked; at most `prefetch` do.
+    if let Some(conn) = d.settler.publisher.connection() {
+        until_unblocked(conn.status()).await;
+    }
     let route = d.budget.route(&task);
     let mut job = job_context(&delivery, parsed.as_ref().ok(), &task, &d.settler.queue);
     let outcome = match &parsed {

@@ -13,7 +13,15 @@
 //!      [`DeadLetterRecord`];
 //! 4. the original is acked only after the broker confirmed the copy (`Ack`, not returned).
 //!    Otherwise it is nacked with requeue after a short pause and comes back: nothing is lost,
-//!    duplicates are possible (deduplicate on the message id, which never changes).
+//!    duplicates are possible (deduplicate on the message id, which never changes). The pause
+//!    doubles while copies keep being refused for one cause (up to 10 s), and the cause is
+//!    logged once.
+//!
+//! While the broker blocks the connection (a memory or disk alarm: `connection.blocked`) the
+//! worker says so once, starts no job, and waits: no copy, ack or requeue is timed out while
+//! blocked, since lapin writes them all once the alarm clears and a requeue behind a copy
+//! made a second copy. A channel the broker closes for `consumer_timeout` names the job and
+//! the worker consumes again (see `docs/semantics.md`).
 //!
 //! A handler that panics counts as a retryable failure of class `panic`. A delivery whose
 //! headers of this crate are malformed is dead-lettered as `non_retryable` (class
@@ -292,6 +300,8 @@ pub struct Worker {
     stop: Arc<watch::Sender<bool>>,
     /// What it dead-letters and parks, counted for the dead-letter index (with a fleet store).
     tally: Option<Tally>,
+    /// The causes of copies the broker did not confirm, said once each across reconnects.
+    refusals: Arc<settle::Refusals>,
 }
 
 impl Worker {
@@ -307,6 +317,7 @@ impl Worker {
             options,
             stats: Arc::default(),
             stop: Arc::new(stop),
+            refusals: Arc::default(),
         }
     }
 

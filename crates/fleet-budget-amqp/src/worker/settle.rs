@@ -5,8 +5,17 @@
 //! one [`Settler::publish_then_ack`]: published with confirms, and the original acked only after
 //! `Ack` without a return. When the copy is not confirmed the original is nacked with requeue
 //! after a pause and comes back: nothing is lost, a duplicate is possible.
+//!
+//! While the broker blocks the connection (a resource alarm) nothing of this is written, and
+//! nothing here times out: the publisher waits out the block ([`Publisher::waiting_out_blocks`])
+//! and so do the ack and the requeue ([`unless_blocked`]), so a copy lapin still holds is never
+//! followed by a requeue of its job (which made a second copy, the duplicates measured
+//! 2026-12-06). A copy the broker refuses (`Nack`: a queue over a `max-length` with `overflow
+//! reject-publish`) keeps its job, requeued; each cause is said once ([`Refusals`]) and counted
+//! every time (`fleet_budget_amqp_copies_not_confirmed_total`).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet_budget::DeadLetterReason;
@@ -15,10 +24,11 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::FieldTable;
 
 use super::outcome::Outcome;
+use crate::connection::unless_blocked;
 use crate::dead_letters::{Row, Tally};
 use crate::headers;
-use crate::metrics::{AmqpMetrics, CopyKind};
-use crate::publish::{Publisher, fanout_key};
+use crate::metrics::{AmqpMetrics, CopyKind, RefusalCause};
+use crate::publish::{PublishError, Publisher, fanout_key};
 use crate::topology::{RetryTier, Topology};
 
 /// What became of a delivery whose original was acked (or whose ack failed): the job
@@ -57,6 +67,9 @@ pub(super) enum Settled {
 /// most 512 bytes, `fb-parked-ms`).
 const PARK_ROOM: usize = 600;
 
+/// The longest pause before a job whose copies keep being refused is requeued.
+const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(10);
+
 /// What settling the deliveries of one connection needs.
 pub(super) struct Settler {
     pub(super) topology: Arc<Topology>,
@@ -68,6 +81,89 @@ pub(super) struct Settler {
     pub(super) metrics: Option<AmqpMetrics>,
     /// Counts the confirmed dead letters and parked copies for the dead-letter index.
     pub(super) tally: Option<Tally>,
+    /// The causes of copies not confirmed, said once each (shared by the worker's sessions).
+    pub(super) refusals: Arc<Refusals>,
+}
+
+/// Copies the broker did not confirm, by kind and cause, since a copy of that kind was last
+/// confirmed: the first of each cause is logged as a warning with what it likely means, the
+/// next ones at debug level only, until a copy of the kind is confirmed again (then one line
+/// says how many were not). The counter counts each.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    since_confirmed: Mutex<BTreeMap<(CopyKind, RefusalCause), u64>>,
+}
+
+impl Refusals {
+    /// A copy of `kind` was not confirmed (`e`): counted, and said when its cause is new. Returns
+    /// how many copies of the kind were not confirmed for this cause since one was last
+    /// confirmed (1 for the first).
+    fn refused(&self, kind: CopyKind, e: &PublishError, metrics: Option<&AmqpMetrics>) -> u64 {
+        let cause = RefusalCause::of(e);
+        if let Some(m) = metrics {
+            m.not_confirmed(kind, cause);
+        }
+        let n = {
+            let mut said = self
+                .since_confirmed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = said.entry((kind, cause)).or_default();
+            *n += 1;
+            *n
+        };
+        let first = n == 1;
+        let (kind, why) = (kind.as_str(), cause.as_str());
+        if first {
+            tracing::warn!(error = %e, kind, cause = why, "{}; the job is kept: requeued, not acked, and runs again (said once per cause until a copy is confirmed again; counted in fleet_budget_amqp_copies_not_confirmed_total)", explain(cause));
+        } else {
+            tracing::debug!(error = %e, kind, cause = why, "copy not confirmed; the job is requeued");
+        }
+        n
+    }
+
+    /// A copy of `kind` was confirmed: the causes said for the kind are cleared.
+    fn confirmed(&self, kind: CopyKind) {
+        let mut said = self
+            .since_confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if said.is_empty() {
+            return;
+        }
+        let mut cleared = 0;
+        said.retain(|(k, _), n| {
+            if *k == kind {
+                cleared += *n;
+                false
+            } else {
+                true
+            }
+        });
+        if cleared > 0 {
+            tracing::info!(
+                kind = kind.as_str(),
+                not_confirmed = cleared,
+                "copies confirmed again after {cleared} not confirmed"
+            );
+        }
+    }
+}
+
+/// What a copy not confirmed for `cause` most likely means.
+fn explain(cause: RefusalCause) -> &'static str {
+    match cause {
+        RefusalCause::Nacked => {
+            "the broker refused the copy (nack): most likely a queue it routes to is full under a max-length or max-length-bytes policy with overflow reject-publish (budgetctl doctor names such policies)"
+        }
+        RefusalCause::Returned => {
+            "the broker returned the copy: no queue is bound to its exchange (run budgetctl migrate)"
+        }
+        RefusalCause::Timeout => {
+            "the broker did not confirm the copy in time on a connection it did not block"
+        }
+        _ => "the copy's channel failed before the broker confirmed it",
+    }
 }
 
 impl Settler {
@@ -80,7 +176,10 @@ impl Settler {
         outcome: Outcome,
     ) -> Settled {
         match outcome {
-            Outcome::Ack => match delivery.acker.ack(BasicAckOptions::default()).await {
+            Outcome::Ack => match self
+                .bounded("ack", delivery.acker.ack(BasicAckOptions::default()))
+                .await
+            {
                 Ok(_) => Settled::Acked(Ended::Succeeded),
                 Err(e) => {
                     tracing::warn!(error = %e, "ack failed; the broker will redeliver the job");
@@ -205,6 +304,7 @@ impl Settler {
         }
         let ended = match published {
             Ok(()) => {
+                self.refusals.confirmed(kind);
                 if let (Some(tally), CopyKind::DeadLetter) = (&self.tally, kind) {
                     // Read back from the headers as sent, the way a replay will read them.
                     if let Some(row) = Row::in_dead_letters(&headers::table(&properties)) {
@@ -242,22 +342,25 @@ impl Settler {
                         // dead-letter queue through the work queue's dead-letter exchange. It
                         // arrives without fb- headers; replay parks it, saying so.
                         tracing::warn!(error = %e, "no copy can be published; the broker dead-letters the original");
-                        nack(delivery, false).await;
+                        self.nack(delivery, false).await;
                         return Settled::Rejected;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "parked copy not confirmed; the original is requeued, not acked");
-                        return self.requeue(delivery).await;
+                        let n = self
+                            .refusals
+                            .refused(CopyKind::Parked, &e, self.metrics.as_ref());
+                        return self.requeue_after(delivery, n).await;
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "copy not confirmed; the original is requeued, not acked");
-                return self.requeue(delivery).await;
+                let n = self.refusals.refused(kind, &e, self.metrics.as_ref());
+                return self.requeue_after(delivery, n).await;
             }
         };
-        match delivery.acker.ack(BasicAckOptions::default()).await {
-            Ok(_) => Settled::Acked(ended),
+        let acking = delivery.acker.ack(BasicAckOptions::default());
+        match self.bounded("ack", acking).await {
+            Ok(()) => Settled::Acked(ended),
             Err(e) => {
                 tracing::warn!(error = %e, "ack after a confirmed copy failed; the broker will redeliver (a duplicate)");
                 Settled::AckFailed(ended)
@@ -267,21 +370,57 @@ impl Settler {
 
     /// Puts `delivery` back after the pause (nack with requeue).
     async fn requeue(&self, delivery: &Delivery) -> Settled {
-        tokio::time::sleep(self.unconfirmed_pause).await;
-        nack(delivery, true).await;
+        self.requeue_after(delivery, 1).await
+    }
+
+    /// Puts `delivery` back after its copy was the `n`th in a row not confirmed for one cause:
+    /// the pause doubles with each, up to [`REFUSED_PAUSE_MAX`]. A queue that keeps refusing
+    /// (full under `reject-publish`) then holds the worker's deliveries unacked, a few at a
+    /// time, instead of running their handlers again every `unconfirmed_pause` and spending the
+    /// work queue's delivery limit.
+    async fn requeue_after(&self, delivery: &Delivery, n: u64) -> Settled {
+        let doublings = u32::try_from(n.saturating_sub(1).min(16)).unwrap_or(16);
+        let pause = self
+            .unconfirmed_pause
+            .saturating_mul(1_u32 << doublings)
+            .min(REFUSED_PAUSE_MAX.max(self.unconfirmed_pause));
+        tokio::time::sleep(pause).await;
+        self.nack(delivery, true).await;
         Settled::Requeued
     }
-}
 
-/// Nacks `delivery`, with `requeue` or without (a reject). A failure only logs: the broker
-/// redelivers what a closed channel left unsettled.
-async fn nack(delivery: &Delivery, requeue: bool) {
-    let options = BasicNackOptions {
-        requeue,
-        ..BasicNackOptions::default()
-    };
-    if let Err(e) = delivery.acker.nack(options).await {
-        let what = if requeue { "nack" } else { "reject" };
-        tracing::warn!(error = %e, "{what} failed; the broker redelivers when the channel closes");
+    /// Nacks `delivery`, with `requeue` or without (a reject), within the operation deadline
+    /// (not counting time blocked). A failure only logs: the broker redelivers what a closed
+    /// channel left unsettled.
+    async fn nack(&self, delivery: &Delivery, requeue: bool) {
+        let options = BasicNackOptions {
+            requeue,
+            ..BasicNackOptions::default()
+        };
+        if let Err(e) = self.bounded("nack", delivery.acker.nack(options)).await {
+            let what = if requeue { "requeue (nack)" } else { "reject" };
+            tracing::warn!(error = %e, "{what} failed; the broker redelivers when the channel closes");
+        }
+    }
+
+    /// An ack or nack of a delivery: lapin resolves it once written, which a blocked
+    /// connection puts off until the alarm clears (not counted against the deadline; the
+    /// delivery stays unacked meanwhile); a connection that does not take it within the
+    /// deadline otherwise is given up on (the broker redelivers when the channel closes).
+    async fn bounded(
+        &self,
+        step: &'static str,
+        settling: impl std::future::Future<Output = Result<bool, lapin::Error>>,
+    ) -> Result<(), String> {
+        let after = self.publisher.timeouts().operation;
+        let answer = match self.publisher.connection() {
+            Some(conn) => unless_blocked(conn.status(), after, settling).await,
+            None => tokio::time::timeout(after, settling).await.ok(),
+        };
+        match answer {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err(format!("{step} not written within {after:?}")),
+        }
     }
 }
