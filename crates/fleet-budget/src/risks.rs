@@ -119,6 +119,28 @@ pub const PERSISTENCE_ACTION: &str = "turn on AOF (`appendonly yes`, `appendfsyn
      or RDB snapshots (`save 60 1000`) on the budgets' Redis, or accept that a restart resets \
      budgets and lifts freezes (re-apply them after a restart)";
 
+/// Every script of `lua/` by file name, with its text: what `budgetctl doctor` loads with
+/// `SCRIPT LOAD` to prove each is loadable under the user it runs as.
+pub const SCRIPTS: [(&str, &str); 11] = [
+    ("spend.lua", include_str!("../lua/spend.lua")),
+    ("spend_many.lua", include_str!("../lua/spend_many.lua")),
+    ("spend_batch.lua", include_str!("../lua/spend_batch.lua")),
+    ("deposit.lua", include_str!("../lua/deposit.lua")),
+    ("status.lua", include_str!("../lua/status.lua")),
+    ("override.lua", include_str!("../lua/override.lua")),
+    (
+        "lease_acquire.lua",
+        include_str!("../lua/lease_acquire.lua"),
+    ),
+    (
+        "lease_release.lua",
+        include_str!("../lua/lease_release.lua"),
+    ),
+    ("breaker.lua", include_str!("../lua/breaker.lua")),
+    ("heartbeat.lua", include_str!("../lua/heartbeat.lua")),
+    ("dead_letters.lua", include_str!("../lua/dead_letters.lua")),
+];
+
 /// Reads every [`RedisCheck`] from the server of `store` (`CONFIG GET`, else `INFO`); never
 /// fails: what cannot be read is [`Finding::NotChecked`].
 pub async fn read_redis_risks(store: &RedisStore) -> Vec<RedisRisk> {
