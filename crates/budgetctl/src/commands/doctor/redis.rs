@@ -238,7 +238,8 @@ async fn evalsha_and_latency(store: &RedisStore) -> (Check, Option<Latency>) {
     let policy = BudgetPolicy::default();
     if let Err(e) = store.read_status(&dependency, &policy).await {
         let text = short(&e.to_string());
-        let refused = text.contains("NOPERM") || text.contains("unknown command");
+        let lower = text.to_ascii_lowercase();
+        let refused = lower.contains("noperm") || lower.contains("unknown command");
         let check = if refused {
             Check::risk(
                 SERVICE,
