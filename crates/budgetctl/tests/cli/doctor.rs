@@ -316,3 +316,95 @@ async fn a_missing_topology_is_named_and_the_management_url_is_not_required() {
     assert_eq!(check(&v, "rabbitmq", "policies")["state"], "not_checked");
     assert_eq!(code, 3);
 }
+
+#[test]
+fn the_exporter_serves_the_redis_risks() {
+    let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"], &[]);
+    let run =
+        crate::redaction::exporter_once(&["--redis-url", &evicting.url()], &["--no-rabbitmq"], &[]);
+    let risks: Vec<&str> = run
+        .scrape
+        .lines()
+        .filter(|l| l.starts_with("fleet_budget_redis_risk"))
+        .collect();
+    eprintln!("{risks:#?}");
+    assert!(
+        risks.contains(&"fleet_budget_redis_risk{check=\"maxmemory_policy\"} 1"),
+        "{}",
+        run.scrape
+    );
+    assert!(
+        risks.contains(&"fleet_budget_redis_risk{check=\"persistence\"} 1"),
+        "{}",
+        run.scrape
+    );
+
+    let safe = RedisServer::start_with(
+        &["--maxmemory-policy", "noeviction", "--appendonly", "yes"],
+        &[],
+    );
+    let run =
+        crate::redaction::exporter_once(&["--redis-url", &safe.url()], &["--no-rabbitmq"], &[]);
+    for check in ["maxmemory_policy", "persistence"] {
+        let line = format!("fleet_budget_redis_risk{{check=\"{check}\"}} 0");
+        assert!(run.scrape.contains(&line), "{line}: {}", run.scrape);
+    }
+}
+
+/// What a subscriber wrote, shared with the test.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A worker's budget logs the Redis risks once when its store is made (the task it spawns runs on
+/// this test's one thread, under this test's subscriber).
+#[tokio::test(flavor = "current_thread")]
+async fn a_worker_logs_the_redis_risks_once_at_start() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"], &[]);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let config = fleet_budget::Config::from_toml(
+        &format!("[redis]\nurl = \"{}\"\n", server.url()),
+        "inline",
+    )
+    .unwrap();
+    let budget = fleet_budget::FleetBudget::from_config(&config)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !captured.text().contains("persistence") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = captured.text();
+    eprintln!("{text}");
+    assert_eq!(
+        text.matches("Redis risk: maxmemory-policy volatile-lru")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(text.matches("Redis risk: RDB off").count(), 1, "{text}");
+    assert!(text.contains("budgetctl doctor"), "{text}");
+    budget.shutdown().await.unwrap();
+}
