@@ -254,13 +254,24 @@ async fn a_length_limit_policy_on_the_dead_letter_queue_is_named() {
         r#"{"max-length":1000}"#,
     ])
     .unwrap();
+    // And an operator policy (set by whoever runs the broker) deleting parked jobs after a minute.
+    node.ctl(&[
+        "set_operator_policy",
+        "--apply-to",
+        "queues",
+        "parked-ttl",
+        r"^fleet\.parked$",
+        r#"{"message-ttl":60000}"#,
+    ])
+    .unwrap();
     let url = format!("http://guest:guest@127.0.0.1:{management}");
     // The management API shows a queue's policy once its statistics are collected (every
     // 500 ms here): asked again until it does, within a bound.
     let deadline = Instant::now() + Duration::from_secs(90);
     let (code, v) = loop {
         let (code, v) = doctor(&global, &["--no-redis", "--rabbitmq-management-url", &url]);
-        let named = check(&v, "rabbitmq", "policies")["state"] == "risk";
+        let found = check(&v, "rabbitmq", "policies")["found"].to_string();
+        let named = found.contains("max-length") && found.contains("message-ttl");
         if named || Instant::now() > deadline {
             break (code, v);
         }
@@ -272,6 +283,10 @@ async fn a_length_limit_policy_on_the_dead_letter_queue_is_named() {
     let found = c["found"].as_str().unwrap();
     assert!(found.contains("fleet.dead: max-length=1000"), "{found}");
     assert!(found.contains("dl-cap"), "{found}");
+    assert!(
+        found.contains("fleet.parked: message-ttl=60000 (operator policy \"parked-ttl\")"),
+        "{found}"
+    );
     assert!(c["cost"].as_str().unwrap().contains("dead letter"), "{c}");
     for name in [
         "reachable",
@@ -290,6 +305,7 @@ async fn a_length_limit_policy_on_the_dead_letter_queue_is_named() {
 
     // Without the policy: the same queues, no risk named by the policies check.
     node.ctl(&["clear_policy", "dl-cap"]).unwrap();
+    node.ctl(&["clear_operator_policy", "parked-ttl"]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(90);
     let v = loop {
         let (_, v) = doctor(&global, &["--no-redis", "--rabbitmq-management-url", &url]);
