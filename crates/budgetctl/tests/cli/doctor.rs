@@ -318,9 +318,10 @@ async fn a_length_limit_policy_on_the_dead_letter_queue_is_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_topology_is_named_and_the_management_url_is_not_required() {
-    let (node, _) = node_with_management().await;
+async fn a_missing_topology_a_memory_alarm_and_a_lease_past_consumer_timeout_are_named() {
+    let (node, management) = node_with_management().await;
     let amqp = node.url();
+    // Without the management API: the topology is still checked, the rest says why not.
     let (code, v) = doctor(&["--amqp-url", &amqp], &["--no-redis"]);
     let c = check(&v, "rabbitmq", "topology");
     assert_eq!(c["state"], "risk", "{v:#}");
@@ -331,6 +332,47 @@ async fn a_missing_topology_is_named_and_the_management_url_is_not_required() {
     );
     assert_eq!(check(&v, "rabbitmq", "policies")["state"], "not_checked");
     assert_eq!(code, 3);
+
+    // A lease of an hour: a job may hold its delivery past the default consumer_timeout.
+    let config = crate::temp_file(
+        "doctor-long-lease.toml",
+        "[dependencies.slow]\ntasks = [\"t\"]\n[dependencies.slow.concurrency]\ncap = 4\n\
+         planned_primary = 2\nlease_secs = 3600\n",
+    );
+    // The memory alarm: a watermark no node is under.
+    node.ctl(&["set_vm_memory_high_watermark", "0.000001"])
+        .unwrap();
+    // No credentials in the management URL: those of the AMQP URL.
+    let url = format!("http://127.0.0.1:{management}");
+    let global = [
+        "--config",
+        config.to_str().unwrap(),
+        "--amqp-url",
+        amqp.as_str(),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let v = loop {
+        let (_, v) = doctor(&global, &["--no-redis", "--rabbitmq-management-url", &url]);
+        if check(&v, "rabbitmq", "alarms")["state"] == "risk" || Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("{v:#}");
+    let alarms = check(&v, "rabbitmq", "alarms");
+    assert_eq!(alarms["state"], "risk", "{v:#}");
+    assert!(
+        alarms["found"].as_str().unwrap().contains("memory alarm"),
+        "{alarms}"
+    );
+    let timeout = check(&v, "rabbitmq", "consumer_timeout");
+    assert_eq!(timeout["state"], "risk", "{v:#}");
+    assert!(
+        timeout["found"].as_str().unwrap().contains("1h"),
+        "{timeout}"
+    );
+    assert!(!v.to_string().contains("guest:guest"), "{v}");
+    node.ctl(&["set_vm_memory_high_watermark", "0.4"]).unwrap();
 }
 
 #[test]

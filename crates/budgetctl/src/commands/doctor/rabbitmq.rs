@@ -366,22 +366,11 @@ async fn alarms(m: &Management) -> Check {
 }
 
 /// `consumer_timeout` beside how long a delivery may stay unacknowledged under the
-/// configuration: a concurrency slot's wait and lease (the lease outlives the call).
+/// configuration: a concurrency lease, which outlives the call it covers (a job waiting for a
+/// slot waits in a delay tier, its delivery settled).
 fn consumer_timeout(config: &WorkerConfig) -> Check {
     const CHECK: &str = "consumer_timeout";
-    let longest = config
-        .budget
-        .concurrency
-        .values()
-        .map(|p| {
-            p.lease
-                + if p.primary_waits {
-                    p.max_wait
-                } else {
-                    Duration::ZERO
-                }
-        })
-        .max();
+    let longest = config.budget.concurrency.values().map(|p| p.lease).max();
     let not_shown = "RabbitMQ's management API does not show consumer_timeout (read it with \
                      `rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).'`; \
                      default 30 min)";
@@ -390,21 +379,21 @@ fn consumer_timeout(config: &WorkerConfig) -> Check {
             SERVICE,
             CHECK,
             format!(
-                "a job may hold its delivery {} (concurrency wait + lease), above the default \
-                 consumer_timeout of 30 min; {not_shown}",
+                "a job may hold its delivery {} (its concurrency lease, longer than the call), \
+                 above the default consumer_timeout of 30 min; {not_shown}",
                 humantime::format_duration(longest)
             ),
             "a delivery unacknowledged past consumer_timeout closes the worker's channel: every \
              job in flight on it comes back and runs again",
             "raise consumer_timeout above the longest job (rabbitmq.conf `consumer_timeout`, in \
-             ms), or shorten the leases",
+             ms), or the job's timeout and lease below it",
         ),
         Some(longest) => Check::not_checked(
             SERVICE,
             CHECK,
             format!(
-                "the longest a job may hold its delivery under the configuration: {} \
-                 (concurrency wait + lease), within the default 30 min; {not_shown}",
+                "the longest a job may hold its delivery under the configuration: {} (its \
+                 concurrency lease, longer than the call), within the default 30 min; {not_shown}",
                 humantime::format_duration(longest)
             ),
         ),
