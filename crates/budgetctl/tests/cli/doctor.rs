@@ -466,3 +466,30 @@ async fn a_worker_logs_the_redis_risks_once_at_start() {
     assert!(text.contains("budgetctl doctor"), "{text}");
     budget.shutdown().await.unwrap();
 }
+
+#[test]
+fn a_cluster_s_mode_and_slots_are_checked() {
+    let cluster =
+        fleet_budget::testing::RedisCluster::start_with(3, &["--maxmemory-policy", "volatile-lru"]);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let config = crate::temp_file(
+        "doctor-cluster.toml",
+        &format!("[redis]\ncluster_urls = [{}]\n", urls.join(", ")),
+    );
+    let (code, v) = doctor(&["--config", config.to_str().unwrap()], &["--no-rabbitmq"]);
+    eprintln!("exit {code}: {v:#}");
+    let mode = check(&v, "redis", "mode");
+    assert!(
+        mode["found"].as_str().unwrap().starts_with("cluster"),
+        "{mode}"
+    );
+    assert_eq!(check(&v, "redis", "cluster_slots")["state"], "ok", "{v:#}");
+    assert_eq!(
+        check(&v, "redis", "maxmemory_policy")["state"],
+        "risk",
+        "{v:#}"
+    );
+    assert_eq!(check(&v, "redis", "scripts")["state"], "ok", "{v:#}");
+    assert_eq!(check(&v, "redis", "evalsha")["state"], "ok", "{v:#}");
+    assert_eq!(code, 3);
+}
