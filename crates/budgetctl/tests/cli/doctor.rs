@@ -493,3 +493,23 @@ fn a_cluster_s_mode_and_slots_are_checked() {
     assert_eq!(check(&v, "redis", "evalsha")["state"], "ok", "{v:#}");
     assert_eq!(code, 3);
 }
+
+#[test]
+fn a_replica_is_named() {
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port], &[]);
+    let (code, v) = redis_doctor(&replica.url());
+    let mode = check(&v, "redis", "mode");
+    eprintln!("exit {code}; mode: {mode:#}");
+    assert_eq!(mode["state"], "risk", "{v:#}");
+    assert!(
+        mode["found"].as_str().unwrap().contains("role slave"),
+        "{mode}"
+    );
+    assert!(
+        mode["cost"].as_str().unwrap().contains("READONLY"),
+        "{mode}"
+    );
+    assert_eq!(code, 3);
+}

@@ -107,7 +107,16 @@ async fn server(store: &RedisStore) -> Vec<Check> {
     let mode = facts.mode.clone().unwrap_or_else(|| "unknown".to_owned());
     let role = facts.role.clone().unwrap_or_else(|| "unknown".to_owned());
     let found = format!("{mode}, role {role}");
-    out.push(if role == "slave" || role == "replica" {
+    out.push(if mode == "sentinel" {
+        Check::risk(
+            SERVICE,
+            "mode",
+            found,
+            "a Sentinel keeps no data and runs no scripts: every decision comes from the \
+             workers' fallback",
+            "point redis.url at the primary Sentinel names (SENTINEL get-master-addr-by-name)",
+        )
+    } else if role == "slave" || role == "replica" {
         Check::risk(
             SERVICE,
             "mode",
