@@ -504,7 +504,7 @@ fn a_replica_is_named() {
     eprintln!("exit {code}; mode: {mode:#}");
     assert_eq!(mode["state"], "risk", "{v:#}");
     assert!(
-        mode["found"].as_str().unwrap().contains("role slave"),
+        mode["found"].as_str().unwrap().contains("role replica"),
         "{mode}"
     );
     assert!(
