@@ -322,32 +322,34 @@ async fn acl_keys(store: &RedisStore, config: &WorkerConfig) -> Check {
     };
     let budget = budget_key(prefix, &dependency);
     let dead = dead_letters_key(prefix, &Topology::new(&config.amqp).dead_queue);
+    // The commands of the worker's ACL line (lua/README.md) that the scripts run, each on the
+    // kind of key it runs on.
+    let workers = workers_key(prefix);
+    let seen = workers_seen_key(prefix);
+    let line = |what: &'static str, words: &[&str]| -> (&'static str, Vec<String>) {
+        (what, words.iter().map(|w| (*w).to_owned()).collect())
+    };
     let probes: Vec<(&str, Vec<String>)> = vec![
-        (
-            "budget",
-            vec!["HSET".into(), budget.clone(), "f".into(), "1".into()],
-        ),
-        ("budget", vec!["HMGET".into(), budget.clone(), "f".into()]),
-        ("budget", vec!["PEXPIREAT".into(), budget, "1".into()]),
-        (
-            "worker registry",
-            vec!["HSET".into(), workers_key(prefix), "f".into(), "1".into()],
-        ),
-        (
-            "worker registry",
-            vec![
-                "ZADD".into(),
-                workers_seen_key(prefix),
-                "1".into(),
-                "f".into(),
-            ],
-        ),
-        (
-            "dead-letter index",
-            vec!["HINCRBY".into(), dead, "f".into(), "1".into()],
-        ),
+        line("server", &["TIME"]),
+        line("budget", &["HMGET", &budget, "f"]),
+        line("budget", &["HSET", &budget, "f", "1"]),
+        line("budget", &["HINCRBY", &budget, "f", "1"]),
+        line("budget", &["HDEL", &budget, "f"]),
+        line("budget", &["PEXPIREAT", &budget, "1"]),
+        line("budget", &["PTTL", &budget]),
+        line("budget", &["TYPE", &budget]),
+        line("budget", &["ZADD", &budget, "1", "f"]),
+        line("budget", &["ZREMRANGEBYSCORE", &budget, "0", "1"]),
+        line("worker registry", &["HSET", &workers, "f", "1"]),
+        line("worker registry", &["HDEL", &workers, "f"]),
+        line("worker registry", &["ZADD", &seen, "1", "f"]),
+        line("worker registry", &["ZRANGE", &seen, "0", "1"]),
+        line("worker registry", &["ZREM", &seen, "f"]),
+        line("dead-letter index", &["HINCRBY", &dead, "f", "1"]),
+        line("dead-letter index", &["HGET", &dead, "f"]),
+        line("dead-letter index", &["HLEN", &dead]),
     ];
-    let mut denied = Vec::new();
+    let mut denied: Vec<(String, String)> = Vec::new();
     for (what, args) in &probes {
         let mut cmd = redis::cmd("ACL");
         cmd.arg("DRYRUN").arg(&user);
@@ -362,7 +364,9 @@ async fn acl_keys(store: &RedisStore, config: &WorkerConfig) -> Check {
                 all_texts(&v, &mut texts, 0);
                 let text = texts.join(" ");
                 if text != "OK" {
-                    denied.push(format!("{what} {}: {}", args.join(" "), short(&text)));
+                    let key = args.get(1).map_or("", String::as_str);
+                    let command = args.first().map_or("", String::as_str);
+                    denied.push((format!("{what} {command} {key}"), short(&text)));
                 }
             }
             Err(e) => {
@@ -389,7 +393,17 @@ async fn acl_keys(store: &RedisStore, config: &WorkerConfig) -> Check {
         Check::risk(
             SERVICE,
             CHECK,
-            format!("user {user:?}: {}", denied.join("; ")),
+            format!(
+                "user {user:?} is refused {} of {} commands the workers run: {} (first: {})",
+                denied.len(),
+                probes.len(),
+                denied
+                    .iter()
+                    .map(|(what, _)| what.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                denied.first().map_or("", |(_, why)| why.as_str())
+            ),
             "a script whose command is refused fails the decision: it comes from the workers' \
              fallback (budget keys), or the worker registry or dead-letter index stops counting",
             "grant the keys ~<prefix>:v1:* and the commands of lua/README.md's ACL lines",
