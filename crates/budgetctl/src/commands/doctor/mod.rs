@@ -13,7 +13,8 @@
 //!   (a dry run of `migrate`: nothing is declared), and through the management HTTP API
 //!   (`management.rs`), policies on our queues, resource alarms and `consumer_timeout`.
 //!
-//! Nothing is written: the script calls read a budget key of doctor's own that never exists.
+//! No key is written and nothing declared: the scripts are loaded into the script cache (as every
+//! worker does), and the script calls read a budget key of doctor's own that never exists.
 //! Exit 0 when no check finds a risk, 3 when one does, 4 when none does but some could not
 //! check ([`crate::exit`]).
 
