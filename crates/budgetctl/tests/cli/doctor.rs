@@ -303,6 +303,18 @@ async fn a_length_limit_policy_on_the_dead_letter_queue_is_named() {
         "credentials printed: {v}"
     );
 
+    // Wrong credentials: the management checks are not made, say why, and print no password.
+    let wrong = format!("http://guest:not-the-password@127.0.0.1:{management}");
+    let (code, v) = doctor(
+        &global,
+        &["--no-redis", "--rabbitmq-management-url", &wrong],
+    );
+    let c = check(&v, "rabbitmq", "policies");
+    assert_eq!(c["state"], "not_checked", "{v:#}");
+    assert!(c["found"].as_str().unwrap().contains("401"), "{c}");
+    assert!(!v.to_string().contains("not-the-password"), "{v}");
+    assert_eq!(code, 4, "{v:#}");
+
     // Without the policy: the same queues, no risk named by the policies check.
     node.ctl(&["clear_policy", "dl-cap"]).unwrap();
     node.ctl(&["clear_operator_policy", "parked-ttl"]).unwrap();
