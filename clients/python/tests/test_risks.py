@@ -74,3 +74,26 @@ def test_an_acl_user_is_not_asked():
     assert acl_user("redis://fleet-worker:pw@h:6379/0") == "fleet-worker"
     assert acl_user("redis://:pw@h:6379") is None
     assert acl_user("redis://default:pw@h") is None
+
+
+@pytest.mark.parametrize("server", [["--maxmemory-policy", "volatile-lru"]], indirect=True)
+def test_the_asyncio_budget_logs_them_too(server, caplog):
+    import asyncio
+
+    from fleet_budget.aio import FleetBudget as AsyncFleetBudget
+
+    caplog.set_level(logging.INFO, logger="fleet_budget")
+
+    async def main() -> list[str]:
+        budget = AsyncFleetBudget(redis_url=server)
+        try:
+            for _ in range(300):
+                if len(_risk_lines(caplog)) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            return _risk_lines(caplog)
+        finally:
+            await budget.close()
+
+    lines = asyncio.run(main())
+    assert sum("maxmemory-policy volatile-lru" in line for line in lines) == 1, lines
