@@ -7,16 +7,16 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
-    console::ConsoleArgs, demo::DemoArgs, dlq::DlqCommand, exporter::ExporterArgs,
-    migrate::MigrateArgs, parked::ParkedCommand, plan::PlanArgs, replay::ReplayArgs,
-    simulate::SimulateCommand, status::StatusArgs,
+    console::ConsoleArgs, demo::DemoArgs, dlq::DlqCommand, doctor::DoctorArgs,
+    exporter::ExporterArgs, migrate::MigrateArgs, parked::ParkedCommand, plan::PlanArgs,
+    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
 /// Redis, benchmark them, and replay dead-lettered jobs after an incident.
 ///
 /// Exit codes: 0 success; 1 runtime failure (a service unreachable, a broker error); 2 usage or
-/// configuration error.
+/// configuration error; `doctor`: 3 a risk found, 4 no risk found but some checks could not run.
 #[derive(Debug, Parser)]
 #[command(
     name = "budgetctl",
@@ -105,6 +105,10 @@ pub(crate) enum Command {
     Parked(ParkedCommand),
     /// Declare or upgrade the broker topology (exchanges, queues) the workers use.
     Migrate(MigrateArgs),
+    /// Check what the budgets depend on in Redis and RabbitMQ (eviction, persistence, rights,
+    /// policies on our queues, alarms, timeouts) and say what each risk costs and what to do.
+    /// Exit 0 no risk, 3 a risk, 4 some checks could not run.
+    Doctor(DoctorArgs),
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -153,6 +157,7 @@ mod tests {
             &["parked", "replay"],
             &["parked", "purge"],
             &["migrate"],
+            &["doctor"],
             &["console"],
             &["config", "check"],
         ] {

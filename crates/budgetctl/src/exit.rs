@@ -6,6 +6,23 @@ use std::fmt;
 pub(crate) const FAILURE: u8 = 1;
 /// A usage or configuration error.
 pub(crate) const USAGE: u8 = 2;
+/// `doctor`: a check found a risk.
+pub(crate) const RISK: u8 = 3;
+/// `doctor`: no check found a risk, and some could not check.
+pub(crate) const NOT_CHECKED: u8 = 4;
+
+/// A command that ran and printed its result, and whose result is an exit code of its own
+/// ([`RISK`], [`NOT_CHECKED`]): `main` exits with it and prints nothing more.
+#[derive(Debug)]
+pub(crate) struct Verdict(pub(crate) u8);
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for Verdict {}
 
 /// A usage or configuration error (exit code 2). The message names the flag or key at fault.
 #[derive(Debug)]

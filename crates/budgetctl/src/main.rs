@@ -2,7 +2,8 @@
 //!
 //! A thin binary over the libraries: it parses, resolves the configuration, calls
 //! `fleet-budget` / `fleet-budget-amqp`, and prints. Exit codes: 0 success, 1 runtime failure (a
-//! service unreachable, a broker error), 2 usage or configuration error. With `--json` exactly
+//! service unreachable, a broker error), 2 usage or configuration error; `doctor` adds 3 (a risk
+//! found) and 4 (no risk found, some checks could not run). With `--json` exactly
 //! one JSON object goes to stdout; logs and progress go to stderr.
 
 #[macro_use]
@@ -25,8 +26,8 @@ use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{
-    audit, bench, budget, console, demo, dlq, exporter, migrate, parked, plan, replay, simulate,
-    status,
+    audit, bench, budget, console, demo, dlq, doctor, exporter, migrate, parked, plan, replay,
+    simulate, status,
 };
 use crate::exit::UsageError;
 
@@ -39,6 +40,10 @@ fn main() -> ExitCode {
     init_logging();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<exit::Verdict>().is_some() => ExitCode::from(
+            e.downcast_ref::<exit::Verdict>()
+                .map_or(exit::FAILURE, |v| v.0),
+        ),
         Err(e) => {
             let usage = e.downcast_ref::<UsageError>().is_some();
             eprintln!(
@@ -97,6 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Exporter(args) => with_config(global, async |c| exporter::run(c, &args).await),
         Command::Console(args) => with_config(global, async |c| console::run(c, &args).await),
         Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
+        Command::Doctor(args) => with_config(global, async |c| doctor::run(c, &args).await),
     }
 }
 

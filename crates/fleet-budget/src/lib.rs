@@ -56,6 +56,7 @@ pub mod metrics;
 pub mod policy;
 pub mod printable;
 pub mod redact;
+pub mod risks;
 pub mod store;
 #[cfg(feature = "test-harness")]
 pub mod testing;

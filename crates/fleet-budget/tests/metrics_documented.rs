@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_budget::metrics::FleetExporter;
+use fleet_budget::risks::RedisRiskSource;
 use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
 use fleet_budget::{
@@ -219,6 +220,20 @@ async fn expositions() -> (String, String) {
     }
     budget.flush().await.unwrap();
     let exporter = FleetExporter::new(Arc::clone(&store), &config).unwrap();
+    // The Redis risks `budgetctl exporter` adds (`fleet_budget_redis_risk`).
+    let risks = RedisRiskSource::register(
+        Arc::new(
+            RedisStore::new(
+                RedisTarget::Single(server.url()),
+                "fbt",
+                Duration::from_secs(5),
+            )
+            .unwrap(),
+        ),
+        exporter.registry(),
+    )
+    .unwrap();
+    let exporter = exporter.source(Box::new(risks));
     let exported = exporter.scrape().await;
     // Redis gone: store errors, and the fallback decides (for `mail`: a denial of `search`
     // still stands in the process, without a call).

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from . import forks, registry, scripts
+from . import forks, registry, risks, scripts
 from .admission import AdmissionSteps
 from .deposits import DepositSteps
 from .health import PROBE_INTERVAL_MS, StoreHealth, error_kind  # noqa: F401  (their old home)
@@ -131,6 +131,10 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._start_heartbeat()
         forks.register(self)
         forks.flush_at_exit(self)
+        # The Redis settings that drop budgets silently (eviction, no persistence), logged once
+        # (risks.py); not for a client the caller made, whose server the configuration may not name.
+        if self._own_client:
+            risks.start(self.config)
 
     def _connect(self, client: Any) -> None:
         """The store calls, on ``client``, timed in this process's metrics."""

@@ -1,5 +1,6 @@
 //! `budgetctl exporter`: one Prometheus scrape target for the whole fleet — every dependency's
-//! budget read from Redis at scrape time (`fleet_budget::metrics::FleetExporter`), and the work,
+//! budget read from Redis at scrape time (`fleet_budget::metrics::FleetExporter`), the Redis
+//! settings that drop budgets silently (`fleet_budget::risks::RedisRiskSource`), and the work,
 //! dead-letter and parked queues from RabbitMQ (`fleet_budget_amqp::QueueSource`, over one
 //! connection kept across scrapes and named `fleet-budget exporter` on the broker), served by
 //! `MetricsServer`.
@@ -12,6 +13,7 @@ use clap::Args;
 use fleet_budget::control::DeadLetterIndex;
 use fleet_budget::metrics::{FleetExporter, MetricsServer};
 use fleet_budget::redact::{redact_text, redact_url};
+use fleet_budget::risks::RedisRiskSource;
 use fleet_budget::store::{BudgetStore, RedisStore};
 use fleet_budget_amqp::{QueueSource, Topology, WorkerConfig};
 
@@ -48,6 +50,10 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
     );
     let mut exporter = FleetExporter::new(Arc::clone(&store) as Arc<dyn BudgetStore>, budget)?
         .max_dependencies(args.max_dependencies);
+    // `fleet_budget_redis_risk{check}`: the settings that drop budgets silently (eviction, no
+    // persistence), read at each scrape.
+    let risks = RedisRiskSource::register(Arc::clone(&store), exporter.registry())?;
+    exporter = exporter.source(Box::new(risks));
     if !args.no_rabbitmq {
         let queues = QueueSource::register(
             config.amqp.connection(),

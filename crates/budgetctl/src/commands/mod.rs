@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod demo;
 pub(crate) mod dlq;
+pub(crate) mod doctor;
 pub(crate) mod exporter;
 pub(crate) mod migrate;
 pub(crate) mod parked;

@@ -15,6 +15,7 @@ mod colour;
 mod config_check;
 mod dead_letters;
 mod demo;
+mod doctor;
 mod hostile;
 mod hostile_entries;
 mod hostile_names;

@@ -114,6 +114,10 @@ impl FleetBudget {
     /// A Redis URL that cannot be parsed.
     pub async fn from_config(config: &Config) -> Result<Self, Error> {
         let store = Arc::new(RedisStore::from_settings(&config.redis)?);
+        // Settings that drop budgets without an error (eviction, no persistence), logged once.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(crate::risks::log_redis_risks_once(Arc::clone(&store)));
+        }
         Ok(Self::builder(config)
             .fleet_store(store.clone())
             .worker_registry(store.clone())

@@ -1,0 +1,417 @@
+//! The RabbitMQ checks of `doctor`: the broker reachable, the topology against `migrations/`
+//! (a dry run of `migrate`, passive declares only), and through the management HTTP API (when
+//! given): the version and quorum queues, policies and operator policies in force on our queues,
+//! resource alarms, and `consumer_timeout` beside the longest task the configuration allows.
+
+use std::time::Duration;
+
+use fleet_budget::redact::redact_text;
+use fleet_budget_amqp::{AmqpError, Migrations, Object, StepState, Topology, WorkerConfig};
+use serde_json::Value;
+
+use super::Check;
+use super::management::{Management, segment, vhost_of};
+
+const SERVICE: &str = "rabbitmq";
+/// RabbitMQ's default `consumer_timeout` (30 minutes).
+const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Policy keys that drop or refuse messages in any of our queues.
+const DROPPING: [&str; 4] = ["max-length", "max-length-bytes", "message-ttl", "expires"];
+/// Where a message is the only copy of a failed job and nothing is expected to limit it.
+const KEEPING: [&str; 5] = [
+    "max-length",
+    "max-length-bytes",
+    "message-ttl",
+    "expires",
+    "overflow",
+];
+/// The longest text kept from a broker answer.
+const MAX_TEXT: usize = 300;
+
+/// Every RabbitMQ check.
+pub(super) async fn checks(config: &WorkerConfig, management: Option<&Management>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let topology = Topology::new(&config.amqp);
+    match topology_check(config).await {
+        Ok(check) => {
+            out.push(Check::ok(SERVICE, "reachable", config.amqp.shown_urls()));
+            out.push(check);
+        }
+        Err(check) => {
+            out.push(check);
+            return out;
+        }
+    }
+    let Some(m) = management else {
+        let why = "give --rabbitmq-management-url (the management HTTP API) to check it";
+        for check in [
+            "version",
+            "quorum_queues",
+            "policies",
+            "alarms",
+            "consumer_timeout",
+        ] {
+            out.push(Check::not_checked(SERVICE, check, why));
+        }
+        return out;
+    };
+    let vhost = vhost_of(&config.amqp.url);
+    out.extend(version_and_quorum(m).await);
+    out.push(policies(m, &vhost, &topology).await);
+    out.push(alarms(m).await);
+    out.push(consumer_timeout(config));
+    out
+}
+
+/// The topology present and at the version of the embedded migrations (`migrate --dry-run`).
+/// `Err` when the broker cannot be reached (the `reachable` check).
+async fn topology_check(config: &WorkerConfig) -> Result<Check, Check> {
+    let migrations = match Migrations::embedded() {
+        Ok(m) => m,
+        Err(e) => {
+            return Ok(Check::not_checked(
+                SERVICE,
+                "topology",
+                short(&e.to_string()),
+            ));
+        }
+    };
+    let report = match fleet_budget_amqp::migrate(&config.amqp.url, &config.amqp, &migrations, true)
+        .await
+    {
+        Ok(r) => r,
+        Err(e @ AmqpError::ArgumentsDiffer { .. }) => {
+            return Ok(Check::risk(
+                SERVICE,
+                "topology",
+                short(&e.to_string()),
+                "a queue declared with other arguments than the migrations': workers declaring \
+                 it are refused (PRECONDITION_FAILED), and the delivery limit or dead-lettering \
+                 the budget relies on may not be what the queue does",
+                "see `budgetctl migrate --dry-run`; move the messages off and declare the queue \
+                 again, or use another amqp.prefix",
+            ));
+        }
+        Err(e) if e.is_connection_error() => {
+            return Err(Check::risk(
+                SERVICE,
+                "reachable",
+                short(&format!("{}: {e}", config.amqp.shown_urls())),
+                "workers cannot take jobs, retry them or dead-letter them",
+                "start RabbitMQ or point --amqp-url / amqp.url at it",
+            ));
+        }
+        Err(e) => {
+            return Err(Check::not_checked(
+                SERVICE,
+                "reachable",
+                short(&format!("{}: {e}", config.amqp.shown_urls())),
+            ));
+        }
+    };
+    let expected = report
+        .steps
+        .iter()
+        .map(|(op, _)| op.version)
+        .max()
+        .unwrap_or(0);
+    let behind: Vec<(u32, String, StepState)> = report
+        .steps
+        .iter()
+        .filter(|(op, _)| !matches!(op.object, Object::Binding { .. }))
+        .filter(|(_, s)| matches!(s, StepState::WouldCreate | StepState::NeedsPolicy))
+        .map(|(op, s)| (op.version, op.object.to_string(), *s))
+        .collect();
+    let present = behind
+        .iter()
+        .map(|(v, _, _)| v.saturating_sub(1))
+        .min()
+        .unwrap_or(expected);
+    let prefix = &config.amqp.prefix;
+    if behind.is_empty() {
+        return Ok(Check::ok(
+            SERVICE,
+            "topology",
+            format!("the topology under {prefix:?} is at version {expected} of {expected}"),
+        ));
+    }
+    let missing = behind
+        .iter()
+        .filter(|(_, _, s)| matches!(s, StepState::WouldCreate))
+        .count();
+    let policy = behind.len() - missing;
+    let (first_version, first) = behind
+        .first()
+        .map(|(v, o, _)| (*v, short(o)))
+        .unwrap_or_default();
+    Ok(Check::risk(
+        SERVICE,
+        "topology",
+        format!(
+            "the topology under {prefix:?} is at version {present} of {expected}: {missing} \
+             object(s) missing, {policy} queue(s) needing a policy (first: v{} {})",
+            first_version, first
+        ),
+        "a missing queue or exchange: workers publishing a retry or a dead letter there are \
+         refused (the job stays unacked and comes back) or the message is routed nowhere; a \
+         queue without the later arguments keeps its older behaviour (dead-lettering at most once)",
+        "run `budgetctl migrate` (see `budgetctl migrate --dry-run` first)",
+    ))
+}
+
+async fn version_and_quorum(m: &Management) -> Vec<Check> {
+    let overview = match m.get("/api/overview").await {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            let why = "GET /api/overview: 404 (is this the management API?)";
+            return vec![
+                Check::not_checked(SERVICE, "version", why),
+                Check::not_checked(SERVICE, "quorum_queues", why),
+            ];
+        }
+        Err(e) => {
+            return vec![
+                Check::not_checked(SERVICE, "version", short(&e)),
+                Check::not_checked(SERVICE, "quorum_queues", short(&e)),
+            ];
+        }
+    };
+    let version = overview
+        .get("rabbitmq_version")
+        .and_then(Value::as_str)
+        .map(short)
+        .unwrap_or_default();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let old = (major, minor) < (3, 8);
+    let mut out = vec![if old {
+        Check::risk(
+            SERVICE,
+            "version",
+            format!("RabbitMQ {version}"),
+            "quorum queues (the work queue and its delivery limit) need RabbitMQ 3.8 or later",
+            "upgrade RabbitMQ (3.10 or later is what the project is tested on)",
+        )
+    } else {
+        Check::ok(SERVICE, "version", format!("RabbitMQ {version}"))
+    }];
+    out.push(match m.get("/api/feature-flags").await {
+        Ok(Some(Value::Array(flags))) => {
+            let state = flags
+                .iter()
+                .find(|f| f.get("name").and_then(Value::as_str) == Some("quorum_queue"))
+                .and_then(|f| f.get("state").and_then(Value::as_str))
+                .map(short);
+            match state.as_deref() {
+                Some("enabled") => Check::ok(
+                    SERVICE,
+                    "quorum_queues",
+                    "feature flag quorum_queue enabled",
+                ),
+                other => Check::risk(
+                    SERVICE,
+                    "quorum_queues",
+                    format!("feature flag quorum_queue {}", other.unwrap_or("absent")),
+                    "the work queue is a quorum queue: `migrate` cannot declare it, and workers \
+                     find no queue to consume",
+                    "rabbitmqctl enable_feature_flag quorum_queue (or upgrade RabbitMQ)",
+                ),
+            }
+        }
+        Ok(_) if !old => Check::ok(
+            SERVICE,
+            "quorum_queues",
+            format!("RabbitMQ {version} has quorum queues (feature flags not listed)"),
+        ),
+        Ok(_) => Check::not_checked(
+            SERVICE,
+            "quorum_queues",
+            "GET /api/feature-flags gave no list",
+        ),
+        Err(e) => Check::not_checked(SERVICE, "quorum_queues", short(&e)),
+    });
+    out
+}
+
+/// The policy and operator policy in force on each of our queues, and the keys of their
+/// effective definition that drop or limit messages.
+async fn policies(m: &Management, vhost: &str, topology: &Topology) -> Check {
+    const CHECK: &str = "policies";
+    let v = segment(vhost);
+    let mut listed = Vec::new();
+    for (kind, path) in [
+        ("policies", format!("/api/policies/{v}")),
+        ("operator policies", format!("/api/operator-policies/{v}")),
+    ] {
+        match m.get(&path).await {
+            Ok(Some(Value::Array(items))) => listed.push(format!("{} {kind}", items.len())),
+            Ok(_) => listed.push(format!("{kind}: none listed")),
+            Err(e) => return Check::not_checked(SERVICE, CHECK, short(&e)),
+        }
+    }
+    let keeping = [topology.dead_queue.as_str(), topology.parked_queue.as_str()];
+    let mut risky = Vec::new();
+    let mut applied = Vec::new();
+    for queue in topology.queues() {
+        let q = match m.get(&format!("/api/queues/{v}/{}", segment(&queue))).await {
+            Ok(Some(q)) => q,
+            Ok(None) => continue,
+            Err(e) => return Check::not_checked(SERVICE, CHECK, short(&e)),
+        };
+        let name_of = |field: &str| {
+            q.get(field)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(short)
+        };
+        let policy = name_of("policy");
+        let operator = name_of("operator_policy");
+        let empty = serde_json::Map::new();
+        let definition = q
+            .get("effective_policy_definition")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        if policy.is_some() || operator.is_some() {
+            applied.push(format!(
+                "{queue}: policy {}, operator policy {}",
+                policy.as_deref().unwrap_or("none"),
+                operator.as_deref().unwrap_or("none")
+            ));
+        }
+        let watched: &[&str] = if keeping.contains(&queue.as_str()) {
+            &KEEPING
+        } else {
+            &DROPPING
+        };
+        for key in watched {
+            if let Some(value) = definition.get(*key) {
+                let by = match (&policy, &operator) {
+                    (Some(p), Some(o)) => format!("policy {p:?} / operator policy {o:?}"),
+                    (Some(p), None) => format!("policy {p:?}"),
+                    (None, Some(o)) => format!("operator policy {o:?}"),
+                    (None, None) => "a policy".to_owned(),
+                };
+                risky.push(format!(
+                    "{queue}: {key}={} ({by})",
+                    short(&value.to_string())
+                ));
+            }
+        }
+    }
+    let listed = listed.join(", ");
+    if risky.is_empty() {
+        Check::ok(
+            SERVICE,
+            CHECK,
+            if applied.is_empty() {
+                format!("no policy applies to our queues ({listed} in vhost {vhost:?})")
+            } else {
+                format!(
+                    "no key that drops messages; {} ({listed} in vhost {vhost:?})",
+                    applied.join("; ")
+                )
+            },
+        )
+    } else {
+        Check::risk(
+            SERVICE,
+            CHECK,
+            risky.join("; "),
+            "a length limit drops the oldest dead letters (or refuses new ones with overflow \
+             reject-publish), a message-ttl or expires deletes them: a dead letter is the only \
+             copy of a failed job, and replay cannot bring back what the broker dropped",
+            "exclude our queues from the policy's pattern (or give them a policy of higher \
+             priority without these keys); for an operator policy, ask whoever runs the broker",
+        )
+    }
+}
+
+async fn alarms(m: &Management) -> Check {
+    const CHECK: &str = "alarms";
+    let nodes = match m.get("/api/nodes").await {
+        Ok(Some(Value::Array(nodes))) => nodes,
+        Ok(_) => return Check::not_checked(SERVICE, CHECK, "GET /api/nodes gave no list"),
+        Err(e) => return Check::not_checked(SERVICE, CHECK, short(&e)),
+    };
+    let mut raised = Vec::new();
+    for node in &nodes {
+        let name = node
+            .get("name")
+            .and_then(Value::as_str)
+            .map(short)
+            .unwrap_or_default();
+        for (field, what) in [("mem_alarm", "memory"), ("disk_free_alarm", "disk")] {
+            if node.get(field).and_then(Value::as_bool) == Some(true) {
+                raised.push(format!("{what} alarm on {name}"));
+            }
+        }
+    }
+    if raised.is_empty() {
+        Check::ok(
+            SERVICE,
+            CHECK,
+            format!("no resource alarm on {} node(s)", nodes.len()),
+        )
+    } else {
+        Check::risk(
+            SERVICE,
+            CHECK,
+            raised.join(", "),
+            "while an alarm is in force the broker blocks every publishing connection: retries, \
+             dead letters and replays wait, and jobs stay unacked until it clears",
+            "free memory or disk on the node (drain or purge large queues, raise the watermark \
+             or the disk limit)",
+        )
+    }
+}
+
+/// `consumer_timeout` beside how long a delivery may stay unacknowledged under the
+/// configuration: a concurrency lease, which outlives the call it covers (a job waiting for a
+/// slot waits in a delay tier, its delivery settled).
+fn consumer_timeout(config: &WorkerConfig) -> Check {
+    const CHECK: &str = "consumer_timeout";
+    let longest = config.budget.concurrency.values().map(|p| p.lease).max();
+    let not_shown = "RabbitMQ's management API does not show consumer_timeout (read it with \
+                     `rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).'`; \
+                     default 30 min)";
+    match longest {
+        Some(longest) if longest > DEFAULT_CONSUMER_TIMEOUT => Check::risk(
+            SERVICE,
+            CHECK,
+            format!(
+                "a job may hold its delivery {} (its concurrency lease, longer than the call), \
+                 above the default consumer_timeout of 30 min; {not_shown}",
+                humantime::format_duration(longest)
+            ),
+            "a delivery unacknowledged past consumer_timeout closes the worker's channel: every \
+             job in flight on it comes back and runs again",
+            "raise consumer_timeout above the longest job (rabbitmq.conf `consumer_timeout`, in \
+             ms), or the job's timeout and lease below it",
+        ),
+        Some(longest) => Check::not_checked(
+            SERVICE,
+            CHECK,
+            format!(
+                "the longest a job may hold its delivery under the configuration: {} (its \
+                 concurrency lease, longer than the call), within the default 30 min; {not_shown}",
+                humantime::format_duration(longest)
+            ),
+        ),
+        None => Check::not_checked(
+            SERVICE,
+            CHECK,
+            format!("the configuration bounds no job's length (no concurrency lease); {not_shown}"),
+        ),
+    }
+}
+
+fn short(text: &str) -> String {
+    let text = redact_text(text);
+    if text.chars().count() > MAX_TEXT {
+        let mut cut: String = text.chars().take(MAX_TEXT).collect();
+        cut.push('…');
+        cut
+    } else {
+        text
+    }
+}
