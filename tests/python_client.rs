@@ -1246,7 +1246,12 @@ async fn python_restores_a_freeze_under_allkeys_lru_as_rust_does() {
         writeln!(to_py, "{op}").unwrap();
         let mut answer = String::new();
         from_py.read_line(&mut answer).unwrap();
-        answer.trim().parse::<f64>().unwrap() as u64
+        // Python prints counts as floats ("10.0"): whole, small, never negative.
+        let n = answer.trim().parse::<f64>().unwrap();
+        assert!(n >= 0.0 && n.fract() == 0.0 && n < 1e15, "{n}");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = n as u64;
+        n
     };
     let rust_granted = async |task: &str, n: u64| {
         let mut granted = 0;

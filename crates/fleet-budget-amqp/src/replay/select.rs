@@ -294,7 +294,7 @@ mod tests {
         let long = format!("{}tail", "é".repeat(200));
         let r = record(&long);
         let row = Row::of_record(&r);
-        for filter_class in [long.clone(), row.error_class.clone()] {
+        for filter_class in [long, row.error_class.clone()] {
             let filter = ReplayFilter {
                 error_class: Some(filter_class),
                 ..ReplayFilter::default()
