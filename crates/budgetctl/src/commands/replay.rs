@@ -358,7 +358,14 @@ async fn replay_queue(
     // fail) and its freeze holds it; the breakers hold it while one is open.
     let budget = FleetBudget::from_config(&config.budget).await?;
     let breakers = Breakers::from_config(&config.budget)?;
-    let replayer = replayer(Some(budget.clone())).with_breakers(breakers);
+    // Its moves are claimed and counted with the command line's Redis deadline (at least 1 s),
+    // not the workers' (50 ms by default): a loaded Redis slows a replay, it does not fail its
+    // moves.
+    let index = crate::commands::dlq::dead_letter_index(config)
+        .or_else(|| budget.dead_letter_index().cloned());
+    let replayer = replayer(Some(budget.clone()))
+        .with_breakers(breakers)
+        .with_index(index);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_line = Instant::now();
@@ -565,7 +572,7 @@ async fn finish(
     }
     if out.failed > 0 && !out.dry_run {
         anyhow::bail!(
-            "{} copies were not confirmed by the broker (or their exchange is missing); they stay in the {queue} queue",
+            "{} messages were not moved (a copy not confirmed by the broker, its exchange missing, or its move not recorded in Redis: see the warnings); they stay in the {queue} queue",
             out.failed
         );
     }
