@@ -25,7 +25,7 @@ use fleet_budget_amqp::dead_letters::{Changes, Counted};
 use fleet_budget_amqp::headers;
 use fleet_budget_amqp::replay::{
     Breakers, HoldReason, InspectOptions, Look, Pace, PurgeReport, QueuedMessage, Rate, ReplayMode,
-    ReplayOutcome, audit, inspect_queue_with,
+    ReplayOutcome, SourceQueue, audit, inspect_queue_with,
 };
 use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
@@ -429,12 +429,15 @@ impl Run<'_> {
                 "nothing moved: the replay's intent could not be audited: {e}"
             ));
         }
+        // Claimed and counted in the console's store, whose deadline is an operator tool's,
+        // not the workers' 50 ms (see `budgetctl replay`).
         let handle = Replayer::new(
             config.amqp.connection(),
             topology.clone(),
             Some(budget.clone()),
         )
         .with_breakers(breakers)
+        .with_index(Some(DeadLetterIndex::new(Arc::clone(&self.cx.store))))
         .start(options.clone(), ReplayMode::Run);
         // Follow the run until its progress sender is gone (the run ended); pass on a cancel.
         let mut updates = handle.subscribe();
@@ -713,11 +716,12 @@ async fn purge(
     };
     // The intent first; not recorded, nothing is deleted.
     let run_id = lock(&job.state).id.clone();
-    let source = if parked {
-        Replayer::parked(config.amqp.connection(), topology.clone(), None)
-    } else {
-        Replayer::new(config.amqp.connection(), topology.clone(), None)
-    };
+    let source = Replayer::of(
+        SourceQueue::parked_if(parked),
+        config.amqp.connection(),
+        topology.clone(),
+        None,
+    );
     let expected = source.with_index(Some(index.clone())).counts().await.ok();
     let expected_count = expected.as_ref().map(|c| {
         let n = c.matching(|row| filter.selects_row(row) != Some(false));
