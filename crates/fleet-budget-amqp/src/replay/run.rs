@@ -62,12 +62,16 @@ impl Replayer {
         let options = &self.effective(options);
         let started = Instant::now();
         let (publisher, ch, total, watch) = self.open("fleet-budget replay").await?;
+        // Through a resource alarm the copies wait, their deadline counting only unblocked
+        // time: a copy timed out while lapin still holds it would be written after the alarm
+        // all the same, and its dead letter, claimed "sent", parked in doubt by the next run.
+        let publisher = publisher.waiting_out_blocks();
         // Parks and put-back copies go out on a connection of their own: a copy the broker
         // refuses (a body over its maximum) closes the channel it was sent on, and every copy in
         // flight there ends with an unknown outcome; moves must not be among them.
         let t = self.connection.timeouts;
         let keeper = match Publisher::connect(&self.connection).await {
-            Ok(k) => k,
+            Ok(k) => k.waiting_out_blocks(),
             Err(e) => {
                 t.close_channel(&ch, "replay not started").await;
                 publisher.close().await;
