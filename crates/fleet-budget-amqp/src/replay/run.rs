@@ -361,88 +361,87 @@ impl Replayer {
             let notes = self.index_notes(kind, &table, &new_table);
             let (tag, acker) = (d.delivery_tag, d.acker);
             if matches!(kind, Kind::Drop) {
-                // Its copy was delivered by the run that claimed it: the original goes, no copy.
+                // Its copy was delivered by the run that claimed it: the original goes, no
+                // copy (acked with the others, below).
                 settler.note(tag, notes);
                 settler.confirmed(tag, acker, true);
-                settler.ack(false).await;
-                progress(&p);
-                continue;
-            }
-            let via = if matches!(kind, Kind::Move) {
-                &publisher
             } else {
-                &keeper
-            };
-            // A copy can outgrow the frame its original fitted (an id given, `expiration` and
-            // `user_id` moved into headers, replay and park headers added).
-            let copy = via.fit(match kind {
-                Kind::Keep | Kind::Return | Kind::Drop => headers::put_back(&props),
-                Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
-            });
-            let mut route = matches!(kind, Kind::Move).then(|| exchanges.route(&exchange));
-            let scout = match route {
-                Some(Route::Scout) => {
-                    let scout = open_scout(&publisher).await;
-                    if scout.is_none() {
-                        // Alone on the moves' channel instead, as safe and slower.
-                        route = Some(Route::Alone);
+                let via = if matches!(kind, Kind::Move) {
+                    &publisher
+                } else {
+                    &keeper
+                };
+                // A copy can outgrow the frame its original fitted (an id given, `expiration` and
+                // `user_id` moved into headers, replay and park headers added).
+                let copy = via.fit(match kind {
+                    Kind::Keep | Kind::Return | Kind::Drop => headers::put_back(&props),
+                    Kind::Move | Kind::Park => headers::without_expiration(&props, new_table),
+                });
+                let mut route = matches!(kind, Kind::Move).then(|| exchanges.route(&exchange));
+                let scout = match route {
+                    Some(Route::Scout) => {
+                        let scout = open_scout(&publisher).await;
+                        if scout.is_none() {
+                            // Alone on the moves' channel instead, as safe and slower.
+                            route = Some(Route::Alone);
+                        }
+                        scout
                     }
-                    scout
-                }
-                _ => None,
-            };
-            let target = route.map(|r| Target {
-                alone: r != Route::Pipelined,
-                exchange: exchange.clone(),
-            });
-            let alone = route == Some(Route::Alone);
-            if alone {
-                // No other move may share its channel's fate: settle every copy in flight.
-                self.settle_all(
-                    &mut p,
-                    &mut settler,
-                    (&keeper, &mut exchanges),
-                    &mut inflight,
-                )
-                .await;
-            }
-            let sent: Result<Confirm, PublishError> = match scout {
-                Some(ch) => {
-                    exchanges.scouting.insert(exchange.clone());
-                    Ok(
-                        scout_move(t, ch, exchange.clone(), routing_key, d.data.clone(), copy)
-                            .boxed(),
+                    _ => None,
+                };
+                let target = route.map(|r| Target {
+                    alone: r != Route::Pipelined,
+                    exchange: exchange.clone(),
+                });
+                let alone = route == Some(Route::Alone);
+                if alone {
+                    // No other move may share its channel's fate: settle every copy in flight.
+                    self.settle_all(
+                        &mut p,
+                        &mut settler,
+                        (&keeper, &mut exchanges),
+                        &mut inflight,
                     )
+                    .await;
                 }
-                None => via
-                    .send(&exchange, &routing_key, &d.data, copy)
-                    .await
-                    .map(|pending| confirmed(pending).boxed()),
-            };
-            match sent {
-                Ok(confirm) => {
-                    settler.sent(tag);
-                    settler.note(tag, notes);
-                    let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
-                    inflight.push(await_copy(tag, acker, kind, confirm, kept, target));
-                    if alone {
-                        // Its outcome decides whether the moves after it may be pipelined.
-                        self.settle_all(
-                            &mut p,
-                            &mut settler,
-                            (&keeper, &mut exchanges),
-                            &mut inflight,
+                let sent: Result<Confirm, PublishError> = match scout {
+                    Some(ch) => {
+                        exchanges.scouting.insert(exchange.clone());
+                        Ok(
+                            scout_move(t, ch, exchange.clone(), routing_key, d.data.clone(), copy)
+                                .boxed(),
                         )
-                        .await;
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
-                    // A Return was counted failed when its exchange was found missing.
-                    if !matches!(kind, Kind::Keep | Kind::Return) {
-                        p.failed += 1;
+                    None => via
+                        .send(&exchange, &routing_key, &d.data, copy)
+                        .await
+                        .map(|pending| confirmed(pending).boxed()),
+                };
+                match sent {
+                    Ok(confirm) => {
+                        settler.sent(tag);
+                        settler.note(tag, notes);
+                        let kept = matches!(kind, Kind::Move | Kind::Park).then(|| (d.data, props));
+                        inflight.push(await_copy(tag, acker, kind, confirm, kept, target));
+                        if alone {
+                            // Its outcome decides whether the moves after it may be pipelined.
+                            self.settle_all(
+                                &mut p,
+                                &mut settler,
+                                (&keeper, &mut exchanges),
+                                &mut inflight,
+                            )
+                            .await;
+                        }
                     }
-                    settler.hold(tag, acker);
+                    Err(e) => {
+                        tracing::warn!(error = %e, "replay publish failed; message left in the dead-letter queue");
+                        // A Return was counted failed when its exchange was found missing.
+                        if !matches!(kind, Kind::Keep | Kind::Return) {
+                            p.failed += 1;
+                        }
+                        settler.hold(tag, acker);
+                    }
                 }
             }
             loop {
