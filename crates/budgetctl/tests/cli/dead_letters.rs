@@ -549,3 +549,77 @@ fn a_killed_replay_leaves_its_intent_and_where_it_stopped_and_loses_nothing() {
         "claims left behind in {key}"
     );
 }
+
+/// What a run cut off half-way leaves, written as its claims would be (run "killed"): 150 dead
+/// letters whose copies it had confirmed, 10 it had sent without an answer, 40 it never reached.
+/// The next replay drops the 150 (no copy), parks the 10 in doubt and moves the 40, with up to
+/// 256 originals unsettled at a time (more than the prefetch are dropped in a row); it reads all
+/// 200, and leaves no claim behind.
+#[test]
+fn a_replay_settles_what_a_cut_off_run_left() {
+    let broker = TestBroker::new("leftovers");
+    block_on(broker.migrate());
+    let r = record(&broker, "search", DeadLetterReason::BudgetExhausted);
+    let ids: Vec<String> = block_on(async {
+        let publisher: Publisher = broker.publisher().await;
+        let mut ids = Vec::new();
+        for _ in 0..200 {
+            ids.push(broker.publish_dead_letter(&publisher, &r, b"{}").await);
+        }
+        publisher.close().await;
+        ids
+    });
+    let flags = flags(&broker);
+    let on: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |command: &str| run_with(&on, command);
+    json(&with("dlq reindex --json"));
+    let key = format!(
+        "{}:v1:replay-moves:{{{}}}",
+        flags[3], broker.topology.dead_queue
+    );
+    let claim = |id: &str, state: &str| {
+        let field = format!("{id} {} {}", r.replays, r.dead_lettered_ms);
+        let out = std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", "6379", "HSET", &key, &field])
+            .arg(format!("{state} killed"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    };
+    for id in &ids[..150] {
+        claim(id, "c");
+    }
+    for id in &ids[150..160] {
+        claim(id, "s");
+    }
+    let ran = json(&with(
+        "replay --dependency search --rate 10000 --fixed-rate --json",
+    ));
+    assert_eq!(ran["already_moved"], 150, "{ran}");
+    assert_eq!(ran["in_doubt"], 10, "{ran}");
+    assert_eq!(ran["moved"], 40, "{ran}");
+    assert_eq!(ran["parked"], 10, "{ran}");
+    let moved = block_on(broker.drain(&broker.topology.work_queue));
+    let moved: std::collections::BTreeSet<String> = moved
+        .iter()
+        .filter_map(|(p, _)| p.message_id().as_ref().map(ToString::to_string))
+        .collect();
+    let expected: std::collections::BTreeSet<String> = ids[160..].iter().cloned().collect();
+    assert_eq!(
+        moved, expected,
+        "exactly those the cut-off run never reached"
+    );
+    assert_eq!(depth(&broker, &broker.topology.parked_queue), 10);
+    assert_eq!(
+        depth(&broker, &broker.topology.dead_queue),
+        0,
+        "all 200 settled"
+    );
+    let stats = json(&with("dlq stats --json"));
+    assert_eq!(stats["dead_letter"]["exact"], true, "{stats}");
+    let left = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379", "HLEN", &key])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
+}
