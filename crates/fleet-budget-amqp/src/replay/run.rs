@@ -193,26 +193,26 @@ impl Replayer {
             p.seen += 1;
             let props = headers::with_message_id(d.properties.clone());
             let table = headers::table(&props);
+            // What a message that is not moved or parked is sent as: a copy back into the
+            // source queue, its headers unchanged.
+            let stays = |kind: Kind| {
+                (
+                    kind,
+                    String::new(),
+                    self.source_queue.clone(),
+                    table.clone(),
+                )
+            };
             let (kind, exchange, routing_key, new_table) = match selection.sort(&d) {
                 Class::Skip => {
                     p.skipped += 1;
-                    (
-                        Kind::Keep,
-                        String::new(),
-                        self.source_queue.clone(),
-                        table.clone(),
-                    )
+                    stays(Kind::Keep)
                 }
                 Class::Malformed(_) if self.from_parked => {
                     // Already parked: it stays where it is.
                     report.malformed += 1;
                     p.skipped += 1;
-                    (
-                        Kind::Keep,
-                        String::new(),
-                        self.source_queue.clone(),
-                        table.clone(),
-                    )
+                    stays(Kind::Keep)
                 }
                 Class::Malformed(reason) => {
                     report.malformed += 1;
@@ -257,12 +257,7 @@ impl Replayer {
                         // Refused earlier in this run: not sent again (the broker would
                         // refuse it again).
                         p.failed += 1;
-                        (
-                            Kind::Return,
-                            String::new(),
-                            self.source_queue.clone(),
-                            table.clone(),
-                        )
+                        stays(Kind::Return)
                     } else if exchanges.careful
                         && !original_exchange_exists(
                             &publisher,
@@ -273,12 +268,7 @@ impl Replayer {
                     {
                         tracing::warn!(exchange = %r.original_exchange, "original exchange does not exist; message left in the dead-letter queue");
                         p.failed += 1;
-                        (
-                            Kind::Return,
-                            String::new(),
-                            self.source_queue.clone(),
-                            table.clone(),
-                        )
+                        stays(Kind::Return)
                     } else if !self
                         .pace(
                             &r.dependency,
@@ -294,12 +284,7 @@ impl Replayer {
                         // Cancelled while it waited: back where it was, not moved.
                         report.matched -= 1;
                         p.skipped += 1;
-                        (
-                            Kind::Keep,
-                            String::new(),
-                            self.source_queue.clone(),
-                            table.clone(),
-                        )
+                        stays(Kind::Keep)
                     } else {
                         match claim_move(&mut settler, d.delivery_tag, &d.properties, &r).await {
                             Claimed::Go => {
@@ -316,12 +301,7 @@ impl Replayer {
                             }
                             Claimed::Moved => {
                                 p.already_moved += 1;
-                                (
-                                    Kind::Drop,
-                                    String::new(),
-                                    self.source_queue.clone(),
-                                    table.clone(),
-                                )
+                                stays(Kind::Drop)
                             }
                             Claimed::Uncertain(run) => {
                                 report.in_doubt += 1;
@@ -338,21 +318,11 @@ impl Replayer {
                             Claimed::Twice => {
                                 report.matched -= 1;
                                 p.skipped += 1;
-                                (
-                                    Kind::Keep,
-                                    String::new(),
-                                    self.source_queue.clone(),
-                                    table.clone(),
-                                )
+                                stays(Kind::Keep)
                             }
                             Claimed::Keep => {
                                 p.failed += 1;
-                                (
-                                    Kind::Keep,
-                                    String::new(),
-                                    self.source_queue.clone(),
-                                    table.clone(),
-                                )
+                                stays(Kind::Keep)
                             }
                         }
                     }
