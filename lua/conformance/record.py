@@ -112,7 +112,9 @@ def decision():
         deposit("search", 100, 0, t + 1, check=field(2, 20)),
     ]
     steps += [spend("search", t + 2, check=granted(1)) for _ in range(10)]
-    steps += [spend("search", t + 2, check=both(granted(0), field(9, 20))), status("search", t + 3)]
+    steps += [spend("search", t + 2, check=both(granted(0), field(9, 20))), status("search", t + 3),
+              # Half-way through the next window: 100 successes and 20 retries count half.
+              spend("search", T0 + W + W // 2, check=both(granted(0), field(2, 10), field(13, 20)))]
     worked = v("worked example: floor 10, then 100 successes give 10 more, not 20",
                "lua/README.md's worked example. The allowance is max(floor, ratio x deposits), never "
                "their sum: 10 retries on the floor, then 100 successes at ratio 0.2 raise the allowance "
