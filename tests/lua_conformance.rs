@@ -48,10 +48,7 @@ fn sha1sums() -> BTreeMap<String, String> {
         .lines()
         .map(|line| {
             let (digest, file) = line.split_once("  ").expect("sha1sum format");
-            (
-                file.trim_end_matches(".lua").to_owned(),
-                digest.to_owned(),
-            )
+            (file.trim_end_matches(".lua").to_owned(), digest.to_owned())
         })
         .collect()
 }
@@ -164,8 +161,7 @@ fn error_text(e: &redis::RedisError) -> String {
 fn run_vector(c: &mut redis::Connection, vector: &Json, prefix: &str) -> Result<usize, String> {
     let steps = vector["steps"].as_array().unwrap();
     for (i, step) in steps.iter().enumerate() {
-        let answer: redis::RedisResult<redis::Value> = if let Some(name) = step["script"].as_str()
-        {
+        let answer: redis::RedisResult<redis::Value> = if let Some(name) = step["script"].as_str() {
             let mut body = text(name);
             if let Some(now) = step.get("now_ms") {
                 body = clocked(&body, now.as_u64().unwrap());
@@ -213,7 +209,10 @@ fn run_vector(c: &mut redis::Connection, vector: &Json, prefix: &str) -> Result<
 }
 
 fn clean(c: &mut redis::Connection, prefix: &str) {
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query(c).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(c)
+        .unwrap();
     if !keys.is_empty() {
         let _: i64 = redis::cmd("DEL").arg(&keys).query(c).unwrap();
     }
@@ -236,13 +235,19 @@ fn the_crates_scripts_hash_to_sha1sums() {
             .arg(text(name))
             .query(&mut c)
             .unwrap();
-        assert_eq!(loaded, sums[name], "{name}: Redis's SHA1 of the crate's text");
+        assert_eq!(
+            loaded, sums[name],
+            "{name}: Redis's SHA1 of the crate's text"
+        );
         let published: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(common::read(&format!("lua/{name}.lua")))
             .query(&mut c)
             .unwrap();
-        assert_eq!(published, sums[name], "{name}: Redis's SHA1 of lua/{name}.lua");
+        assert_eq!(
+            published, sums[name],
+            "{name}: Redis's SHA1 of lua/{name}.lua"
+        );
         assert_eq!(script.get_hash(), sums[name], "{name}: the crate's Script");
     }
 }
@@ -315,8 +320,9 @@ fn an_answer_changed_by_one_byte_fails_at_its_step() {
                     ["reply", "error", "error_prefix"]
                         .into_iter()
                         .filter(move |k| {
-                            s.get(*k)
-                                .is_some_and(|v| v.to_string().chars().any(|c| c.is_ascii_alphanumeric()))
+                            s.get(*k).is_some_and(|v| {
+                                v.to_string().chars().any(|c| c.is_ascii_alphanumeric())
+                            })
                         })
                         .map(move |k| (i, k))
                 })
