@@ -2,7 +2,13 @@
 //! crate loads, on a private redis-server: the crate's scripts hash to `lua/SHA1SUMS` (by Redis's
 //! `SCRIPT LOAD` answer and by the crate's own `Script` hashes), every vector's replies are the
 //! recorded ones, and a vector changed by one byte of an answer fails at that step.
-#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
+#![allow(
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    clippy::unwrap_used,
+    missing_docs
+)]
 
 mod common;
 
