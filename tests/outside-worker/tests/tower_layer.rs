@@ -23,5 +23,8 @@ async fn the_layer_from_the_packages_draws_retries_from_the_budget() {
         }));
     let err = client.ready().await.unwrap().call(1).await.unwrap_err();
     let refused = err.downcast_ref::<RetryRefused>().unwrap();
-    assert_eq!((refused.attempt, refused.reason.as_str()), (3, "budget_exhausted"));
+    assert_eq!(
+        (refused.attempt, refused.reason.as_str()),
+        (3, "budget_exhausted")
+    );
 }
