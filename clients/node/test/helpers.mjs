@@ -24,8 +24,8 @@ export async function freePort() {
 }
 
 /** A redis-server of the test's own, without persistence. `stop()` ends it. */
-export async function startRedis(extra = []) {
-  const port = await freePort();
+export async function startRedis(extra = [], port = undefined) {
+  port ??= await freePort();
   const child = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", ...extra], {
     stdio: "ignore",
   });
