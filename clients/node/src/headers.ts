@@ -3,7 +3,7 @@
 // by Node as one written by Rust or Python, and the row of the dead-letter index it is counted
 // under (lua/README.md, "Dead-letter index"; the Python client's dead_letters.py).
 
-import { redactText } from "./names.js";
+import { redactText, truncate } from "./redact.js";
 import { BudgetSnapshot, retriesEstimate } from "./snapshot.js";
 
 export const ATTEMPT = "fb-attempt";
@@ -45,9 +45,9 @@ export function truncateUtf8(text: string, max: number): string {
   return out;
 }
 
-/** Error text as it may leave the process: redacted, at most 512 bytes. */
+/** Error text as it may leave the process: redacted, at most 512 bytes, a cut marked `…`. */
 export function errorText(message: string): string {
-  return truncateUtf8(redactText(message), ERROR_TEXT_MAX_BYTES);
+  return truncate(redactText(message), ERROR_TEXT_MAX_BYTES);
 }
 
 /** As the Rust `set_u64` writes it: a 64-bit integer, saturated (amqplib sends a number that

@@ -81,15 +81,4 @@ export function keyPrefixProblem(prefix: string): string | null {
   return null;
 }
 
-/** A URL with its password replaced, for messages (secrets never print). */
-export function redactUrl(url: string): string {
-  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)([^@/?#]*)@/i, (_m, scheme: string, userinfo: string) => {
-    const colon = userinfo.indexOf(":");
-    return colon < 0 ? `${scheme}${userinfo}@` : `${scheme}${userinfo.slice(0, colon)}:***@`;
-  });
-}
-
-/** Any URL inside a text (an error message) redacted. */
-export function redactText(text: string): string {
-  return text.replace(/[a-z][a-z0-9+.-]*:\/\/[^\s@/]*@/gi, (m) => redactUrl(m));
-}
+export { redactText, redactUrl } from "./redact.js";
