@@ -77,7 +77,9 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
       task, dependency: decision.dependency, reason: decision.reason,
       // A BullMQ job was consumed from no exchange: the queue's name stands as the routing key.
       originalExchange: "", originalRoutingKey: job.queueName, originalQueue: job.queueName,
-      attempts: attempt, firstFailureMs: job.processedOn ?? now, deadLetteredMs: now,
+      // BullMQ keeps no time of a job's first failure: this one's for a first attempt, else the
+      // job's creation (a bound from below).
+      attempts: attempt, firstFailureMs: attempt === 1 ? now : job.timestamp, deadLetteredMs: now,
       errorClass: failure.cls, error: failure.message, snapshot: decision.snapshot,
       source: decision.source === "not_consulted" ? null : decision.source, replays: 0,
     };
