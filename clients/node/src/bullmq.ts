@@ -54,6 +54,12 @@ function defaultClassify(error: unknown): Failure {
   return Failure.retryable(error);
 }
 
+/** The headers as the Rust `set_u64` writes integers: signed 64-bit (`long`), whatever their size
+ * (amqplib would pick the narrowest width). */
+function amqpHeaders(headers: Record<string, string | number>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(headers).map(([k, v]) => [k, typeof v === "number" ? { "!": "long", value: v } : v]));
+}
+
 /** What `budgeted` returns: a BullMQ processor, with `close()` for its dead-letter publisher. */
 export type BudgetedProcessor<T, R, N extends string> = Processor<T, R, N> & { close(): Promise<void> };
 
@@ -86,7 +92,7 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
     const body = Buffer.from(JSON.stringify({ queue: job.queueName, id: job.id, name: job.name, data: job.data, opts: job.opts }), "utf8");
     const exchange = budget.config.deadLetterExchange;
     try {
-      await publisher.publish(exchange, fanoutKey(job.queueName), body, deadLetterHeaders(record), {
+      await publisher.publish(exchange, fanoutKey(job.queueName), body, amqpHeaders(deadLetterHeaders(record)), {
         contentType: "application/json", messageId: job.id === undefined ? undefined : String(job.id), timestamp: Math.floor(now / 1000),
       });
     } catch (e) {
