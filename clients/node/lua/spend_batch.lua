@@ -1,0 +1,493 @@
+-- GENERATED from lua/src/spend_batch.lua and the parts it includes from lua/src/shared:
+-- edit those, then run scripts/gen-lua
+-- fleet-budget spend_batch: the requests of several budgets decided in one atomic call (group
+-- commit across dependencies on one Redis node). Entry j is decided exactly as a spend_many.lua
+-- call with KEYS[j] and its six arguments would decide it, the entries in order, so the answer
+-- is what the spend.lua calls of every entry, one after the other at that instant, would give.
+-- Contract: lua/README.md (key layout v1).
+--
+-- KEYS     the budget hash of each entry, 1 to 10000 of them (on Redis Cluster: all in one slot).
+--          A key may come twice (two policies for one budget): its entries run in order.
+-- ARGV     six per entry, entry j's from 6j - 5: window_ms, n (1 to 10000; at most 10000 over
+--          all entries), ratio, min_allowance, basis ("s" | "a"), mode ("sliding" | "fixed");
+--          or eight per entry (since 0.2.0), entry j's from 8j - 7: the six, then the caller's
+--          memory of the hash as spend_many.lua's ARGV 7 and 8
+-- Reply    one element per entry, in order: spend_many.lua's reply for it, or, when spend_many.lua
+--          would have replied an error for it, that error's text (a string, not an array). An
+--          entry's error writes nothing of it and does not stop the others.
+-- Six arguments per entry, or (since 0.2.0) eight: spend_many.lua's six and the caller's memory
+-- of the hash (its ARGV 7 and 8, lua/README.md, "Lost budgets").
+local per = 6
+if #KEYS >= 1 and #ARGV == 8 * #KEYS then per = 8 end
+if #KEYS < 1 or #KEYS > 10000 or #ARGV ~= per * #KEYS then
+  return redis.error_reply('fleet-budget: spend_batch takes 1 to 10000 keys and 6 arguments per key (8 with memory)')
+end
+-- At most 10000 decisions in all (one call holds the server while it runs); an entry whose n
+-- is not a valid count is refused on its own below and does not count here.
+local total = 0
+for j = 1, #KEYS do
+  local nj = ARGV[per * j - per + 2]
+  if string.match(nj, '^%d+$') and #nj <= 5 and tonumber(nj) <= 10000 then
+    total = total + tonumber(nj)
+  end
+end
+if total > 10000 then
+  return redis.error_reply('fleet-budget: spend_batch decides at most 10000 requests in all')
+end
+-- [shared/clock.lua] Server time, never the caller's clock: workers with skewed clocks share the
+-- same windows. Read once per call (spend_batch.lua: once for all its entries, one instant).
+-- Sets: now (server ms).
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local function spend_many(KEYS, ARGV)
+  -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
+  -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
+  -- without an expiry is never made by accident (only while an operator's override is in force).
+  -- Sets: window.
+  local window = tonumber(ARGV[1])
+  if not window or window < 1 or window > 86400000 or window ~= math.floor(window) then
+    return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer, at most 86400000 (one day)')
+  end
+  -- [shared/n_arg.lua] ARGV[2], how many requests to decide: a plain integer from 1 to 10000.
+  -- Sets: n.
+  if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 5 then
+    return redis.error_reply('fleet-budget: ARGV[2] n must be an integer from 1 to 10000')
+  end
+  local n = tonumber(ARGV[2])
+  if n < 1 or n > 10000 then
+    return redis.error_reply('fleet-budget: ARGV[2] n must be an integer from 1 to 10000')
+  end
+  local at = 3
+  local propose = true
+  local mem = 7
+  -- [shared/budget.lua] The caller's policy, the policy in force, the overrides, and the budget
+  -- rolled to the server's window.
+  -- Needs: window, now (shared/clock.lua), `at` (the ARGV index where ratio, min_allowance, basis and mode start) and
+  -- `propose` (true when the caller's policy may become the policy in force: spend and deposit).
+  -- Sets: ratio (and ratio_text, as sent), min_allowance, basis, mode (the policy in force: the caller's, or the hash's when
+  -- they differ), ask (the caller's policy as text, set on a conflict), conflict (1 when they differ), heard (the
+  -- caller sent the policy in force), d (the counter that earns allowance: 1 successes for basis
+  -- "s", 2 first attempts for "a"), sliding; fu and su (server ms when the freeze and the set
+  -- override end), frozen and overridden (1 while they are in force) and eratio, emin (the ratio and floor the allowance uses: the policy's,
+  -- or the set override's); i (window index), cur and prev (the current and
+  -- previous window's successes, first attempts, retries granted, retries denied: fields cs ca cr
+  -- cd and ps pa pr pd), rolled (the whole hash must be written), birth (field e, or false).
+  local ratio_text = ARGV[at] or ''
+  local ratio = tonumber(ratio_text)
+  if not ratio or ratio ~= ratio or ratio < 0 or ratio > 10 or #ratio_text > 32 then
+    return redis.error_reply('fleet-budget: ARGV[' .. at .. '] ratio must be a number >= 0, at most 10 (at most 32 characters)')
+  end
+  local min_allowance = tonumber(ARGV[at + 1])
+  if not min_allowance or min_allowance < 0 or min_allowance > 1000000000
+      or min_allowance ~= math.floor(min_allowance) then
+    return redis.error_reply('fleet-budget: ARGV[' .. (at + 1) .. '] min_allowance must be an integer >= 0, at most 10^9')
+  end
+  local basis = ARGV[at + 2]
+  if basis ~= 's' and basis ~= 'a' then
+    return redis.error_reply('fleet-budget: ARGV[' .. (at + 2) .. '] basis must be "s" or "a"')
+  end
+  local mode = ARGV[at + 3]
+  if mode ~= 'sliding' and mode ~= 'fixed' then
+    return redis.error_reply('fleet-budget: ARGV[' .. (at + 3) .. '] mode must be "sliding" or "fixed"')
+  end
+
+  -- The policy in force (fields w r m b o; h: server ms when a caller last sent it). A caller
+  -- whose policy differs is served by the policy in force and counted as a conflict; its policy
+  -- replaces the one in force only when nobody sent that one for a whole window of its own (the
+  -- fleet has moved). Counters are never reset by a disagreement.
+  -- A key of another type, or a stored number that is not one (tampered with), is refused before
+  -- any write, naming the key: `fleet-budget: key <key> ...`. Counters and times are integers of at
+  -- most 18 digits; ratios (r, sr) numbers from 0 to 10; floors (m, sm) integers up to 10^9.
+  -- A call in steady state takes the short way: one HMGET of the fields it needs, the policy in
+  -- force compared with the caller's as text (a field that equals the caller's checked argument is
+  -- that argument), no override field, every counter an integer of at most 18 digits (one pattern
+  -- over them all). Anything else takes the long way: no key is a fresh budget; otherwise
+  -- (another policy, an override, a bad field) the three fields left out (h sr sm) are read too
+  -- and each field is checked on its own.
+  local key = KEYS[1]
+  local h = redis.pcall('HMGET', key, 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+    'r', 'm', 'b', 'o', 'fu', 'su', 'e')
+  if h.err then
+    return redis.error_reply('fleet-budget: key ' .. key .. ' is not a budget hash: ' .. h.err)
+  end
+  -- The hash's birth (field e: server ms when a script created it, kept for its whole life; false
+  -- when it has none: new, or written by a script older than 0.2.0). shared/restore.lua compares
+  -- it with the one a caller remembers, and shared/save.lua writes it when missing.
+  local birth = h[17]
+  local sw, i, cur, prev, fu, su
+  local conflict = 0
+  local ask = nil
+  local heard = propose
+  local rolled = false
+  local frozen = 0
+  local overridden = 0
+  local eratio = ratio
+  local emin = min_allowance
+  if h[1] == ARGV[1] and h[11] == ratio_text and h[12] == ARGV[at + 1] and h[13] == basis
+      and h[14] == mode and not h[15] and not h[16]
+      and h[2] and h[3] and h[4] and h[5] and h[6] and h[7] and h[8] and h[9] and h[10]
+      and #h[2] <= 18 and #h[3] <= 18 and #h[4] <= 18 and #h[5] <= 18 and #h[6] <= 18
+      and #h[7] <= 18 and #h[8] <= 18 and #h[9] <= 18 and #h[10] <= 18
+      and string.find(h[2] .. ',' .. h[3] .. ',' .. h[4] .. ',' .. h[5] .. ',' .. h[6] .. ','
+          .. h[7] .. ',' .. h[8] .. ',' .. h[9] .. ',' .. h[10],
+        '^%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+,%-?%d+$') then
+    sw = window; i = h[2] + 0; fu = 0; su = 0
+    cur = { h[3] + 0, h[4] + 0, h[5] + 0, h[6] + 0 }
+    prev = { h[7] + 0, h[8] + 0, h[9] + 0, h[10] + 0 }
+  elseif not (h[1] or h[2] or h[3] or h[4] or h[5] or h[6] or h[7] or h[8] or h[9] or h[10]
+      or h[11] or h[12] or h[13] or h[14] or h[15] or h[16]) then
+    -- No key (or none of these fields): the caller's policy, fresh counters. The three fields not
+    -- read could not change that: h only matters against a policy in force, sr and sm with su.
+    sw = window; i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }
+    rolled = true; fu = 0; su = 0
+  else
+    -- The fields the short way leaves out (the key is a hash: the HMGET above worked).
+    local more = redis.call('HMGET', key, 'h', 'sr', 'sm')
+    h = { h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14],
+      more[1], h[15], h[16], more[2], more[3] }
+    -- Each stored number is converted once, here, and h[n] holds the number from then on (the
+    -- ratio r keeps its text, which the reply and a conflict's record carry; fr and sr hold the
+    -- numbers). Fields are checked in order, so that the first bad one is named.
+    local fr, sr
+    for n = 1, 19 do
+      local v = h[n]
+      if v then
+        local ok = true
+        if n == 11 or n == 18 then
+          local x = tonumber(v)
+          ok = x and x == x and x >= 0 and x <= 10
+          if n == 11 then fr = x else sr = x end
+        elseif n <= 10 or n == 15 or n == 16 or n == 17 then
+          ok = #v <= 18 and string.find(v, '^%-?%d+$')
+          if ok then h[n] = v + 0 end
+        elseif n == 12 or n == 19 then
+          ok = #v <= 10 and string.find(v, '^%d+$')
+          if ok then h[n] = v + 0 end
+        end
+        if not ok then
+          local names = { 'w', 'i', 'cs', 'ca', 'cr', 'cd', 'ps', 'pa', 'pr', 'pd',
+            'r', 'm', 'b', 'o', 'h', 'fu', 'su', 'sr', 'sm' }
+          return redis.error_reply('fleet-budget: key ' .. key .. ' field ' .. names[n] .. ' is not a valid number')
+        end
+      end
+    end
+    sw = h[1] or nil
+    i = h[2] or nil
+    cur = { h[3] or 0, h[4] or 0, h[5] or 0, h[6] or 0 }
+    prev = { h[7] or 0, h[8] or 0, h[9] or 0, h[10] or 0 }
+    if not sw or sw < 1 or sw ~= math.floor(sw) or not i then
+      -- A new key (or one this script cannot read): the caller's policy, fresh counters.
+      sw = window; i = math.floor(now / window); cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }
+      rolled = true
+    else
+      local fm, fb, fo = h[12] or nil, h[13], h[14]
+      local known = fr and fm and (fb == 's' or fb == 'a') and (fo == 'sliding' or fo == 'fixed')
+      if not known then
+        rolled = true -- counters without a policy: the caller's becomes the one in force
+      elseif sw ~= window or fr ~= ratio or fm ~= min_allowance or fb ~= basis or fo ~= mode then
+        if propose and now - (h[15] or 0) >= sw then
+          rolled = true -- nobody sent the policy in force for one of its windows: the caller's replaces it
+        else
+          conflict = 1; heard = false
+          ask = window .. ' ' .. ratio_text .. ' ' .. min_allowance .. ' ' .. basis .. ' ' .. mode
+          window = sw; ratio = fr; ratio_text = h[11]; min_allowance = fm; basis = fb; mode = fo
+          eratio = ratio; emin = min_allowance
+        end
+      end
+    end
+    -- Overrides (fields fu su sr sm, written by operators through override.lua, ending by
+    -- themselves): a freeze grants no retry at all, the floor included, until server ms fu; a set
+    -- override replaces the ratio (sr) and/or the floor (sm) until su.
+    fu = h[16] or 0
+    su = h[17] or 0
+    if fu > now then frozen = 1 end
+    if su > now then
+      local sm = h[19] or nil
+      if sr and sr >= 0 and sr == sr then overridden = 1; eratio = sr end
+      if sm and sm >= 0 and sm == math.floor(sm) then overridden = 1; emin = sm end
+    end
+  end
+  -- Roll the stored windows to the server's index: the next index shifts current into previous;
+  -- a jump of two or more clears both; a lower index (a failover to a server whose clock is
+  -- behind) keeps the stored window: counters are never un-rolled.
+  local idx = math.floor(now / sw)
+  if idx == i + 1 then
+    prev = cur; cur = { 0, 0, 0, 0 }; i = idx; rolled = true
+  elseif idx > i then
+    i = idx; cur = { 0, 0, 0, 0 }; prev = { 0, 0, 0, 0 }; rolled = true
+  end
+  if sw ~= window then
+    -- The window length changes: carry the counters over so that the new layout never allows
+    -- more than the old counters did: every retry and denial still counting is kept (both
+    -- windows, in the new current window), deposits only from the current window, scaled down
+    -- when the new window is shorter.
+    local keep = 1
+    if window < sw then keep = window / sw end
+    cur = { math.floor(cur[1] * keep), math.floor(cur[2] * keep), cur[3] + prev[3], cur[4] + prev[4] }
+    prev = { 0, 0, 0, 0 }
+    i = math.floor(now / window)
+    rolled = true
+  end
+  local d = 1
+  if basis == 'a' then d = 2 end
+  local sliding = mode == 'sliding'
+
+  -- [shared/restore.lua] A budget hash lost mid-window (evicted under an allkeys-* or volatile-*
+  -- maxmemory-policy, FLUSHALL, a restart without persistence) is detected and restored from what
+  -- the caller remembers of it (lua/README.md, "Lost budgets"). Optional: a caller that sends no
+  -- memory (every caller before 0.2.0) is served exactly as before.
+  -- Needs: `mem` (the ARGV index of the remembered birth, the remembered state at mem + 1; ARGV[mem]
+  -- absent: no memory), and what shared/budget.lua sets. Sets: lost (1 when the hash the caller
+  -- remembers is gone while what it remembered still counts: an override in force, or counters of
+  -- this window or the last one), extra (field/value pairs shared/save.lua writes: the birth when the
+  -- hash has none, the restored override's fields); may raise fu, su, frozen, overridden, eratio,
+  -- emin and the counters (never lower them), and sets rolled when it restored anything.
+  local lost = 0
+  local extra = {}
+  local seen_birth = ARGV[mem]
+  if seen_birth then
+    if #seen_birth > 18 or not string.find(seen_birth, '^%d*$') then
+      return redis.error_reply('fleet-budget: ARGV[' .. mem .. '] birth must be empty or an integer of at most 18 digits')
+    end
+    -- A birth that is not one (written by hand) is none: this call writes a new one.
+    if birth and (#birth > 18 or not string.find(birth, '^%d+$')) then birth = false end
+    if seen_birth ~= '' and seen_birth ~= birth then
+      -- The hash is not the one the caller saw. Its memory: fu,su,sr,sm,w,i, then the counters
+      -- cs,ca,cr,cd,ps,pa,pr,pd of window i (14 fields; sr and sm may be empty).
+      local text = ARGV[mem + 1] or ''
+      local m = {}
+      if #text <= 400 then
+        for v in string.gmatch(text .. ',', '([^,]*),') do m[#m + 1] = v end
+      end
+      local ok = #m == 14
+      for k = 1, 14 do
+        if not ok then break end
+        local v = m[k]
+        if k == 3 then
+          local x = tonumber(v)
+          ok = v == '' or (x and x == x and x >= 0 and x <= 1000 and #v <= 32)
+        elseif k == 4 then
+          ok = v == '' or (#v <= 10 and string.find(v, '^%d+$'))
+        else
+          ok = #v <= 18 and string.find(v, '^%d+$')
+          if ok then m[k] = v + 0 end
+        end
+      end
+      if not ok then
+        return redis.error_reply('fleet-budget: ARGV[' .. (mem + 1) .. '] memory must be 14 comma-separated fields: fu,su,sr,sm,w,i,cs,ca,cr,cd,ps,pa,pr,pd')
+      end
+      -- An override the caller saw, still in force, comes back (unless one in force now ends later).
+      if m[1] > now then
+        lost = 1
+        if m[1] > fu then
+          fu = m[1]; frozen = 1; rolled = true
+          for _, v in ipairs({ 'fu', string.format('%d', fu), 'fa', 'fleet-budget (restored)',
+              'fy', 'restored from a worker: the budget hash was lost', 'ft', string.format('%d', now) }) do
+            extra[#extra + 1] = v
+          end
+        end
+      end
+      if m[2] > now then
+        lost = 1
+        if su <= now then
+          su = m[2]; rolled = true
+          for _, v in ipairs({ 'su', string.format('%d', su), 'sa', 'fleet-budget (restored)',
+              'sy', 'restored from a worker: the budget hash was lost', 'st', string.format('%d', now) }) do
+            extra[#extra + 1] = v
+          end
+          if m[3] ~= '' then
+            overridden = 1; eratio = tonumber(m[3])
+            extra[#extra + 1] = 'sr'; extra[#extra + 1] = m[3]
+          end
+          if m[4] ~= '' then
+            overridden = 1; emin = tonumber(m[4])
+            extra[#extra + 1] = 'sm'; extra[#extra + 1] = m[4]
+          end
+        end
+      end
+      -- Counters the caller saw, of this window or the last (same window length): each is raised
+      -- to what the caller saw, never lowered (what the caller saw had been counted).
+      if m[5] == window and (m[6] == i or m[6] == i - 1) then
+        local seen_cur = { m[7], m[8], m[9], m[10] }
+        local seen_prev = { m[11], m[12], m[13], m[14] }
+        local into_cur, into_prev = nil, nil
+        if m[6] == i then into_cur = seen_cur; into_prev = seen_prev else into_prev = seen_cur end
+        for k = 1, 4 do
+          if into_cur and into_cur[k] > 0 then
+            lost = 1
+            if into_cur[k] > cur[k] then cur[k] = into_cur[k]; rolled = true end
+          end
+          if into_prev[k] > 0 then
+            lost = 1
+            if into_prev[k] > prev[k] then prev[k] = into_prev[k]; rolled = true end
+          end
+        end
+      end
+    end
+  end
+  if not birth then
+    birth = string.format('%d', now)
+    extra[#extra + 1] = 'e'; extra[#extra + 1] = birth
+  end
+  -- [shared/estimate.lua] The allowance, from estimates scaled by window_ms so that every
+  -- comparison is exact in integers (crates/fleet-budget/src/allowance.rs does the same
+  -- operations in the same order, so both floor to the same integer).
+  -- Needs: what shared/budget.lua sets. Sets: elapsed (ms into the current window), pw (the
+  -- previous window's weight: the part of it still inside the last window_ms, 0 in fixed mode),
+  -- allowance (0 while frozen).
+  local elapsed = now - i * window
+  if elapsed < 0 then elapsed = 0 end
+  if elapsed > window - 1 then elapsed = window - 1 end
+  local pw = 0
+  if sliding then pw = window - elapsed end
+  local deposits_sc = cur[d] * window + prev[d] * pw
+  local allowance = math.floor(eratio * deposits_sc / window)
+  if allowance < emin then allowance = emin end
+  if frozen == 1 then allowance = 0 end
+  -- [shared/decide_n.lua] Decides the n in order, as spend.lua would one after the other at this
+  -- instant: a grant while retries_est + 1 <= allowance (the allowance does not move within the
+  -- call). Grants count as retries, the rest as denials.
+  -- Needs: n, and what shared/estimate.lua sets. Sets: g (granted, 0..n), changed (the counters
+  -- that moved, for shared/save.lua).
+  local g = 0
+  local used = cur[3] * window + prev[3] * pw + window
+  while g < n and used <= allowance * window do
+    g = g + 1
+    used = used + window
+  end
+  cur[3] = cur[3] + g
+  cur[4] = cur[4] + (n - g)
+  local changed = {}
+  if g > 0 then changed = { 'cr', string.format('%d', cur[3]) } end
+  if g < n then
+    changed[#changed + 1] = 'cd'
+    changed[#changed + 1] = string.format('%d', cur[4])
+  end
+  -- [shared/save.lua] Writes what the call changed, in one HSET (each redis.call costs server CPU:
+  -- a call within a window is TIME, HMGET and this HSET). After a roll (a new window, a new key or
+  -- a new policy in force) that is the whole hash, expired at the end of the next window, when
+  -- these counters stop counting (or when the last override ends, if later): a dependency idle for
+  -- two windows has no key, and no counter lives forever. Otherwise it is the field/value pairs
+  -- the script put in `changed` (the counters it moved, set to their new values: the script read
+  -- them in this same atomic call). With either, `h` (now) when the caller sent the policy in
+  -- force (heard).
+  -- Needs: changed, extra (shared/restore.lua: the birth, a restored override), and what
+  -- shared/budget.lua sets. While an override is in force the hash has no expiry (PERSIST).
+  if rolled then
+    changed = { 'w', window, 'i', i, 'cs', cur[1], 'ca', cur[2], 'cr', cur[3], 'cd', cur[4],
+      'ps', prev[1], 'pa', prev[2], 'pr', prev[3], 'pd', prev[4],
+      'r', ratio_text, 'm', min_allowance, 'b', basis, 'o', mode }
+  end
+  if heard then
+    changed[#changed + 1] = 'h'
+    changed[#changed + 1] = string.format('%d', now)
+  end
+  for k = 1, #extra do changed[#changed + 1] = extra[k] end
+  if #changed > 0 then
+    redis.call('HSET', key, unpack(changed))
+  end
+  if rolled then
+    if fu > now or su > now then
+      -- An operator's override in force: no expiry at all, so that a volatile-* maxmemory-policy
+      -- (which evicts only keys with one) cannot take it. The first roll after it ends (or
+      -- override.lua's unfreeze or clear) sets the expiry again.
+      redis.call('PERSIST', key)
+    else
+      local expire_at = (i + 2) * window
+      if fu > expire_at then expire_at = fu end
+      if su > expire_at then expire_at = su end
+      redis.call('PEXPIREAT', key, expire_at)
+    end
+  end
+  -- [shared/heard.lua] Records a caller whose policy differs from the one in force: the conflict
+  -- (xn: count, xp: its policy, xt: server ms). A caller that sent the policy in force refreshed
+  -- `h` in shared/save.lua's HSET.
+  if conflict == 1 and propose then
+    redis.call('HINCRBY', key, 'xn', '1')
+    redis.call('HSET', key, 'xp', ask, 'xt', string.format('%d', now))
+  end
+  -- [shared/conflicts_n.lua] n calls of spend.lua would each have counted a conflict: after
+  -- shared/heard.lua's one, the other n - 1.
+  if conflict == 1 and n > 1 then
+    redis.call('HINCRBY', key, 'xn', n - 1)
+  end
+  -- [shared/reply.lua] The reply every script starts with (lua/README.md, "Reply"); the script
+  -- sets reply[1] (granted, or -1) and may append. The policy in force (fields 18 to 21) is sent
+  -- only when it is not the caller's (a conflict): otherwise the caller has it already, and every
+  -- field of a reply costs server CPU.
+  local reply = { -1, allowance, i, window, elapsed, pw,
+    cur[1], cur[2], cur[3], cur[4], prev[1], prev[2], prev[3], prev[4],
+    conflict, frozen, overridden }
+  if conflict == 1 then
+    reply[18] = ratio_text; reply[19] = min_allowance; reply[20] = basis; reply[21] = mode
+  end
+  -- [shared/next_grant.lua] Appends to the reply the ms from this call's instant until one more
+  -- spend could be granted if nothing changed meanwhile (no deposit, spend, override or policy
+  -- change): 0 when one would be granted now, -1 when none ever would (a floor of 0 and no
+  -- deposits). Deposits only decay when none come, so the allowance can only fall: the wait is
+  -- the first ms at which the retries estimate, decaying and rolling, fits the allowance as it is
+  -- now (exact while the allowance holds, e.g. at its floor; never later than the true instant).
+  -- While frozen, the freeze's end; while a set override is in force, at most until it ends.
+  -- crates/fleet-budget/src/allowance.rs (`next_grant_in_ms`) computes the same.
+  -- Needs: what shared/estimate.lua sets, the counters after the decision, fu, su, reply.
+  local wait = -1
+  local nc, np = cur[3], prev[3]
+  if frozen == 1 then
+    wait = fu - now
+  elseif nc * window + np * pw + window <= allowance * window then
+    wait = 0
+  elseif allowance >= 1 then
+    local k = allowance - 1
+    -- This window: the previous one's weight (pw) falls 1 per ms, and with it its retries.
+    if pw > 0 and np > 0 and k >= nc then
+      local a = (k - nc) * window
+      local y = math.floor(a / np)
+      if y * np > a then y = y - 1 end
+      if y >= 1 then wait = window - y - elapsed end
+    end
+    if wait < 0 then
+      if pw == 0 or nc <= k then
+        wait = window - elapsed -- the next window, from its start
+      else
+        -- The next window, where this one's retries decay in turn; else the one after (empty).
+        local a = k * window
+        local y = math.floor(a / nc)
+        if y * nc > a then y = y - 1 end
+        if y >= 1 then wait = 2 * window - y - elapsed else wait = 2 * window - elapsed end
+      end
+    end
+  end
+  if overridden == 1 and frozen == 0 and (wait < 0 or su - now < wait) then wait = su - now end
+  reply[#reply + 1] = wait
+  -- [shared/memory_reply.lua] For a caller that sent its memory (shared/restore.lua), six fields
+  -- after the reply as it was, so that it remembers this hash: its birth, the freeze's end (fu, 0
+  -- none), the set override's end (su, 0 none), its ratio and floor (text, "" when absent or no set
+  -- override is in force), and lost (1 when this call found the hash the caller remembered gone).
+  -- A caller without memory gets the reply it always got.
+  if seen_birth then
+    local sr_text, sm_text = '', ''
+    if su > now then
+      local s = redis.call('HMGET', key, 'sr', 'sm')
+      sr_text = s[1] or ''; sm_text = s[2] or ''
+    end
+    local n_reply = #reply
+    reply[n_reply + 1] = tonumber(birth)
+    reply[n_reply + 2] = fu
+    reply[n_reply + 3] = su
+    reply[n_reply + 4] = sr_text
+    reply[n_reply + 5] = sm_text
+    reply[n_reply + 6] = lost
+  end
+  reply[1] = g
+  return reply
+end
+local replies = {}
+for j = 1, #KEYS do
+  local a = per * j - per
+  local args = { ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6] }
+  if per == 8 then args[7] = ARGV[a + 7]; args[8] = ARGV[a + 8] end
+  local r = spend_many({ KEYS[j] }, args)
+  if r.err then r = r.err end
+  replies[j] = r
+end
+return replies
