@@ -71,7 +71,10 @@ mod tests {
         assert_eq!(relative(NOW, NOW), "just now");
         assert_eq!(relative(NOW - 42_000, NOW), "42 s ago");
         assert_eq!(relative(NOW - 3 * 60_000 - 5_000, NOW), "3 min ago");
-        assert_eq!(relative(NOW - 2 * 3_600_000 - 5 * 60_000, NOW), "2 h 05 min ago");
+        assert_eq!(
+            relative(NOW - 2 * 3_600_000 - 5 * 60_000, NOW),
+            "2 h 05 min ago"
+        );
         assert_eq!(relative(NOW - 3 * 86_400_000, NOW), "3 days ago");
         assert_eq!(relative(NOW + 90_000, NOW), "in 1 min");
         assert_eq!(utc(NOW), "2026-12-07 00:55:19 UTC");
