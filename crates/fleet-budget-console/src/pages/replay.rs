@@ -106,7 +106,7 @@ pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
                     @if j.kind.is_purge() {
                         "Running it again removes what is left of its selection."
                     } @else {
-                        "Running it again is safe: a message the first run moved is not moved twice (the replay's claims in Redis)."
+                        "Running it again is safe: a message the first run moved is not moved twice (the replay's claims in Redis), and one whose copy it had sent without an answer is parked for an operator to decide."
                     }
                 }
             }
