@@ -94,6 +94,12 @@ fn flatten(at: &str, value: &Value, out: &mut Vec<(String, String)>) {
             }
         }
         Value::String(s) => out.push((at.to_owned(), s.clone())),
+        // A time (Unix ms, after 2001) as its UTC time.
+        Value::Number(n)
+            if at.ends_with("_ms") && n.as_u64().is_some_and(|ms| ms > 1_000_000_000_000) =>
+        {
+            out.push((at.to_owned(), time::utc(n.as_u64().unwrap_or_default())));
+        }
         other => out.push((at.to_owned(), other.to_string())),
     }
 }
