@@ -20,7 +20,7 @@
 //! never stored in a session, printed or logged.
 //!
 //! Sessions outlive a restart of the console (issue 32: a restart logged everyone out): each is
-//! kept in Redis too, under the console's key prefix ([`session_key`]), named by the SHA-256 of
+//! kept in Redis too, under the console's key prefix (`session_key`), named by the SHA-256 of
 //! its id (the cookie's value is never stored) and expiring with the session. A restarted
 //! console finds a session there on its first request and keeps it only while the token that
 //! opened it is still configured under the same label and role: the record holds a SHA-256 of

@@ -410,11 +410,17 @@ impl Jobs {
                 return Vec::new();
             }
         };
-        let mut records: Vec<Record> = raw
-            .iter()
-            .filter_map(|(_, json)| serde_json::from_str::<Record>(json).ok())
-            .filter(|r| !r.state.id.is_empty())
-            .collect();
+        // A record is outside text: one whose ids are not this console's own kind (128 random
+        // bits in hex), or whose queue is neither of ours, is not shown (and is dropped).
+        let readable = |json: &str| {
+            serde_json::from_str::<Record>(json).ok().filter(|r| {
+                is_id(&r.state.id)
+                    && is_id(&r.state.console)
+                    && r.state.rerun_of.as_deref().is_none_or(is_id)
+                    && matches!(r.state.queue.as_str(), "dead" | "parked")
+            })
+        };
+        let mut records: Vec<Record> = raw.iter().filter_map(|(_, json)| readable(json)).collect();
         records.sort_by_key(|r| std::cmp::Reverse(r.state.started_ms));
         let mut ended = 0usize;
         let mut dropped = Vec::new();
@@ -429,7 +435,7 @@ impl Jobs {
         // Unreadable records are dropped too: nothing can show them.
         let unreadable = raw
             .iter()
-            .filter(|(_, json)| serde_json::from_str::<Record>(json).is_err())
+            .filter(|(_, json)| readable(json).is_none())
             .map(|(id, _)| id.clone());
         dropped.extend(unreadable);
         if !dropped.is_empty() {
@@ -1142,6 +1148,13 @@ async fn purge(
         .await
         .map_err(|e| format!("the purge happened, but its audit entry was not recorded: {e}"))?;
     Ok(())
+}
+
+/// Whether `s` is an id of this console's making: 32 lower-case hex digits.
+fn is_id(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn redact(s: &str) -> String {
