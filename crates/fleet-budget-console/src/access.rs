@@ -18,6 +18,15 @@
 //!
 //! Sessions are bounded in number (labels × [`SESSIONS_PER_LABEL`]) and in age. The token is
 //! never stored in a session, printed or logged.
+//!
+//! Sessions outlive a restart of the console (issue 32: a restart logged everyone out): each is
+//! kept in Redis too, under the console's key prefix (`session_key`), named by the SHA-256 of
+//! its id (the cookie's value is never stored) and expiring with the session. A restarted
+//! console finds a session there on its first request and keeps it only while the token that
+//! opened it is still configured under the same label and role: the record holds a SHA-256 of
+//! the session id and the token together, which only a request carrying the id can check, so a
+//! token taken out of the configuration ends its sessions at the next restart. Redis down costs
+//! nothing but that: the sessions of this process live in its memory first.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,7 +35,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use fleet_budget::store::RedisStore;
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// The shortest token accepted, in bytes: shorter ones are guessable at the login's rate.
@@ -167,6 +180,8 @@ pub(crate) struct Visitor {
     pub(crate) role: Role,
     /// The session's CSRF token (`None` without a session).
     pub(crate) csrf: Option<String>,
+    /// The fleet's risky settings, which every page shows it (filled by the extractor).
+    pub(crate) risks: Arc<Vec<crate::pages::risks::Risk>>,
 }
 
 #[derive(Debug, Clone)]
@@ -174,7 +189,37 @@ struct Session {
     label: String,
     role: Role,
     csrf: String,
-    ends: Instant,
+    /// When it ends (Unix ms: the record in Redis outlives this process's clock).
+    ends_ms: u64,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Viewer => "viewer",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// The Redis key of the session whose id hashes to `hash` (hex SHA-256), under the fleet's key
+/// prefix: `<prefix>:v1:console:session:<hash>` (after `v1:` comes `c`, never `{`: never a
+/// budget key).
+pub(crate) fn session_key(prefix: &str, hash: &str) -> String {
+    format!(
+        "{prefix}:v{}:console:session:{hash}",
+        fleet_budget::keys::KEY_SCHEMA_VERSION
+    )
+}
+
+/// Hex SHA-256 of `parts`, each followed by a NUL.
+fn sha256_hex(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+        h.update([0u8]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Why a request may not go on.
@@ -301,7 +346,10 @@ impl Counters {
 pub(crate) struct Access {
     operators: Vec<Token>,
     viewers: Viewers,
+    /// The live sessions of this process, by the hash of their id.
     sessions: Mutex<HashMap<String, Session>>,
+    /// Where sessions are kept across restarts (`None`: in memory only).
+    store: Option<Arc<RedisStore>>,
     actions: Mutex<Bucket>,
     login_limits: LoginLimits,
     limits: Mutex<LoginBuckets>,
@@ -357,11 +405,13 @@ impl Access {
         viewers: Viewers,
         actions_per_minute: u32,
         login_limits: LoginLimits,
+        store: Option<Arc<RedisStore>>,
     ) -> Self {
         Self {
             operators,
             viewers,
             sessions: Mutex::new(HashMap::new()),
+            store,
             actions: Mutex::new(Bucket::per_minute(actions_per_minute)),
             login_limits,
             limits: Mutex::new(LoginBuckets::default()),
@@ -440,7 +490,7 @@ impl Access {
 
     /// Exchanges a token sent from `client` for a new session: its id (the cookie's value),
     /// the role and the token's label.
-    pub(crate) fn login(
+    pub(crate) async fn login(
         &self,
         client: IpAddr,
         presented: &str,
@@ -455,45 +505,110 @@ impl Access {
                 return Err(Denied::LabelLimited);
             }
         }
-        let mut sessions = lock(&self.sessions);
-        let now = Instant::now();
-        sessions.retain(|_, s| s.ends > now);
-        let mut own: Vec<(Instant, String)> = sessions
-            .iter()
-            .filter(|(_, s)| s.label == label)
-            .map(|(id, s)| (s.ends, id.clone()))
-            .collect();
-        if own.len() >= SESSIONS_PER_LABEL {
-            own.sort();
-            for (_, id) in own.iter().take(own.len() + 1 - SESSIONS_PER_LABEL) {
-                sessions.remove(id);
-            }
-        }
+        let now = fleet_budget::clock::now_ms();
         let id = random_hex();
-        sessions.insert(
-            id.clone(),
-            Session {
-                label: label.clone(),
-                role,
-                csrf: random_hex(),
-                ends: now + SESSION_AGE,
-            },
-        );
+        let hash = sha256_hex(&[id.as_bytes()]);
+        let session = Session {
+            label: label.clone(),
+            role,
+            csrf: random_hex(),
+            ends_ms: now + millis(SESSION_AGE),
+        };
+        let ended = {
+            let mut sessions = lock(&self.sessions);
+            sessions.retain(|_, s| s.ends_ms > now);
+            let mut own: Vec<(u64, String)> = sessions
+                .iter()
+                .filter(|(_, s)| s.label == label)
+                .map(|(h, s)| (s.ends_ms, h.clone()))
+                .collect();
+            let mut ended = Vec::new();
+            if own.len() >= SESSIONS_PER_LABEL {
+                own.sort();
+                for (_, h) in own.iter().take(own.len() + 1 - SESSIONS_PER_LABEL) {
+                    sessions.remove(h);
+                    ended.push(h.clone());
+                }
+            }
+            sessions.insert(hash.clone(), session.clone());
+            ended
+        };
+        self.persist(&id, &hash, &session, presented.trim().as_bytes())
+            .await;
+        for h in ended {
+            self.forget(&h).await;
+        }
         Ok((id, role, label))
     }
 
+    /// Keeps `session` in Redis until it ends (a failure is logged: the session lives on in
+    /// this process).
+    async fn persist(&self, id: &str, hash: &str, session: &Session, secret: &[u8]) {
+        let Some(store) = &self.store else { return };
+        let ttl = session
+            .ends_ms
+            .saturating_sub(fleet_budget::clock::now_ms());
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(session_key(store.prefix(), hash))
+            .arg("label")
+            .arg(&session.label)
+            .arg("role")
+            .arg(session.role.as_str())
+            .arg("csrf")
+            .arg(&session.csrf)
+            .arg("ends_ms")
+            .arg(session.ends_ms)
+            .arg("bind")
+            .arg(sha256_hex(&[id.as_bytes(), secret]));
+        let mut expire = redis::cmd("PEXPIRE");
+        expire
+            .arg(session_key(store.prefix(), hash))
+            .arg(ttl.max(1));
+        let kept = async {
+            store.query::<()>(&cmd).await?;
+            store.query::<()>(&expire).await
+        }
+        .await;
+        if let Err(e) = kept {
+            tracing::warn!(
+                error = %fleet_budget::redact::redact_text(&e.to_string()),
+                "console: a session was not kept in Redis (it ends if the console restarts)"
+            );
+        }
+    }
+
+    /// Drops the session of hash `hash` from Redis.
+    async fn forget(&self, hash: &str) {
+        let Some(store) = &self.store else { return };
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(session_key(store.prefix(), hash));
+        if let Err(e) = store.query::<()>(&cmd).await {
+            tracing::warn!(
+                error = %fleet_budget::redact::redact_text(&e.to_string()),
+                "console: an ended session was not removed from Redis (it expires by itself)"
+            );
+        }
+    }
+
     /// Ends the session `id`.
-    pub(crate) fn logout(&self, id: &str) {
-        lock(&self.sessions).remove(id);
+    pub(crate) async fn logout(&self, id: &str) {
+        let hash = sha256_hex(&[id.as_bytes()]);
+        lock(&self.sessions).remove(&hash);
+        self.forget(&hash).await;
     }
 
     /// Who sends a request whose session cookie is `session`: may they read?
-    pub(crate) fn reader(&self, session: Option<&str>) -> Result<Visitor, Denied> {
-        if let Some(s) = session.and_then(|id| self.session(id)) {
+    pub(crate) async fn reader(&self, session: Option<&str>) -> Result<Visitor, Denied> {
+        let found = match session {
+            Some(id) => self.session(id).await,
+            None => None,
+        };
+        if let Some(s) = found {
             return Ok(Visitor {
                 label: s.label,
                 role: s.role,
                 csrf: Some(s.csrf),
+                risks: Arc::default(),
             });
         }
         if self.open_to_viewers() {
@@ -501,6 +616,7 @@ impl Access {
                 label: "anonymous".to_owned(),
                 role: Role::Viewer,
                 csrf: None,
+                risks: Arc::default(),
             });
         }
         Err(Denied::NotLoggedIn)
@@ -508,14 +624,16 @@ impl Access {
 
     /// Who sends a change: an operator's session whose CSRF token is `csrf`, within the rate
     /// of actions. Returns the label to audit.
-    pub(crate) fn changer(
+    pub(crate) async fn changer(
         &self,
         session: Option<&str>,
         csrf: Option<&str>,
     ) -> Result<String, Denied> {
-        let s = session
-            .and_then(|id| self.session(id))
-            .ok_or(Denied::NotLoggedIn)?;
+        let found = match session {
+            Some(id) => self.session(id).await,
+            None => None,
+        };
+        let s = found.ok_or(Denied::NotLoggedIn)?;
         let given = csrf.unwrap_or_default().as_bytes();
         if !bool::from(s.csrf.as_bytes().ct_eq(given)) {
             return Err(Denied::Csrf);
@@ -529,15 +647,77 @@ impl Access {
         Ok(s.label)
     }
 
-    fn session(&self, id: &str) -> Option<Session> {
-        let sessions = lock(&self.sessions);
-        // The id is looked up by hash; a guess that misses learns nothing from the time but
-        // that it missed.
-        sessions
-            .get(id)
-            .filter(|s| s.ends > Instant::now())
-            .cloned()
+    /// The live session `id`: this process's, else one a console before it kept in Redis
+    /// (then kept here too).
+    async fn session(&self, id: &str) -> Option<Session> {
+        // Looked up by the hash of the id: a guess that misses learns nothing from the time
+        // but that it missed.
+        let hash = sha256_hex(&[id.as_bytes()]);
+        let now = fleet_budget::clock::now_ms();
+        if let Some(s) = lock(&self.sessions).get(&hash) {
+            return (s.ends_ms > now).then(|| s.clone());
+        }
+        let restored = self.restore(id, &hash, now).await?;
+        let mut sessions = lock(&self.sessions);
+        let own = sessions
+            .values()
+            .filter(|s| s.label == restored.label)
+            .count();
+        if own < SESSIONS_PER_LABEL {
+            sessions.insert(hash, restored.clone());
+        }
+        Some(restored)
     }
+
+    /// The session `id` kept in Redis, if it is live and the token that opened it is still
+    /// configured with the same label and role.
+    async fn restore(&self, id: &str, hash: &str, now: u64) -> Option<Session> {
+        let store = self.store.as_ref()?;
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(session_key(store.prefix(), hash));
+        let fields: HashMap<String, String> = match store.query(&cmd).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(
+                    error = %fleet_budget::redact::redact_text(&e.to_string()),
+                    "console: a session could not be looked up in Redis"
+                );
+                return None;
+            }
+        };
+        let field = |k: &str| fields.get(k).map(String::as_str).unwrap_or_default();
+        let role = match field("role") {
+            "operator" => Role::Operator,
+            "viewer" => Role::Viewer,
+            _ => return None,
+        };
+        let ends_ms = field("ends_ms").parse::<u64>().ok()?;
+        if ends_ms <= now || field("csrf").len() != 32 {
+            return None;
+        }
+        let label = field("label");
+        let bind = field("bind").as_bytes();
+        let tokens: &[Token] = match (role, &self.viewers) {
+            (Role::Operator, _) => &self.operators,
+            (Role::Viewer, Viewers::Tokens(v)) => v,
+            (Role::Viewer, Viewers::Open) => &[],
+        };
+        let mut still = false;
+        for t in tokens {
+            let expected = sha256_hex(&[id.as_bytes(), &t.secret]);
+            still |= t.label == label && bool::from(expected.as_bytes().ct_eq(bind));
+        }
+        still.then(|| Session {
+            label: label.to_owned(),
+            role,
+            csrf: field("csrf").to_owned(),
+            ends_ms,
+        })
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A token bucket: `capacity` takes, refilled evenly over `window`.
@@ -638,43 +818,51 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_change_needs_the_operator_session_and_its_csrf_token() {
+    #[tokio::test]
+    async fn a_change_needs_the_operator_session_and_its_csrf_token() {
         let viewers =
             Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
-        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
-        assert_eq!(access.reader(None), Err(Denied::NotLoggedIn));
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR, None);
+        assert_eq!(access.reader(None).await, Err(Denied::NotLoggedIn));
         assert_eq!(
-            access.login(A, "wrong-token-0123456789").err(),
+            access.login(A, "wrong-token-0123456789").await.err(),
             Some(Denied::NotLoggedIn)
         );
-        let Ok((id, role, _)) = access.login(A, "0123456789abcdef0123") else {
+        let Ok((id, role, _)) = access.login(A, "0123456789abcdef0123").await else {
             unreachable!("the operator's token logs in")
         };
         assert_eq!(role, Role::Operator);
         let csrf = access
             .reader(Some(&id))
+            .await
             .ok()
             .and_then(|v| v.csrf)
             .unwrap_or_default();
-        assert_eq!(access.changer(Some(&id), None), Err(Denied::Csrf));
-        assert_eq!(access.changer(Some(&id), Some("nope")), Err(Denied::Csrf));
-        assert_eq!(access.changer(Some(&id), Some(&csrf)), Ok("ann".to_owned()));
-        let Ok((vid, _, _)) = access.login(A, "viewer-token-0123456") else {
+        assert_eq!(access.changer(Some(&id), None).await, Err(Denied::Csrf));
+        assert_eq!(
+            access.changer(Some(&id), Some("nope")).await,
+            Err(Denied::Csrf)
+        );
+        assert_eq!(
+            access.changer(Some(&id), Some(&csrf)).await,
+            Ok("ann".to_owned())
+        );
+        let Ok((vid, _, _)) = access.login(A, "viewer-token-0123456").await else {
             unreachable!("the viewer's token logs in")
         };
         let vcsrf = access
             .reader(Some(&vid))
+            .await
             .ok()
             .and_then(|v| v.csrf)
             .unwrap_or_default();
         assert_eq!(
-            access.changer(Some(&vid), Some(&vcsrf)),
+            access.changer(Some(&vid), Some(&vcsrf)).await,
             Err(Denied::NotOperator)
         );
-        access.logout(&id);
+        access.logout(&id).await;
         assert_eq!(
-            access.changer(Some(&id), Some(&csrf)),
+            access.changer(Some(&id), Some(&csrf)).await,
             Err(Denied::NotLoggedIn)
         );
     }
@@ -688,12 +876,12 @@ mod tests {
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
 
-    #[test]
-    fn a_strangers_failures_lock_out_only_the_strangers_address() {
-        let access = Access::new(operator(), Viewers::Open, 100, HOUR);
+    #[tokio::test]
+    async fn a_strangers_failures_lock_out_only_the_strangers_address() {
+        let access = Access::new(operator(), Viewers::Open, 100, HOUR, None);
         let mut refused = 0;
         for _ in 0..25 {
-            match access.login(A, "wrong-token-0123456789") {
+            match access.login(A, "wrong-token-0123456789").await {
                 Err(Denied::NotLoggedIn) => {}
                 Err(Denied::AddressLimited) => refused += 1,
                 other => unreachable!("{other:?}"),
@@ -702,10 +890,10 @@ mod tests {
         assert_eq!(refused, 25 - LOGIN_FAILURES_PER_ADDRESS as usize);
         // A's own correct token waits for A's bucket; B's is never refused.
         assert_eq!(
-            access.login(A, "0123456789abcdef0123").err(),
+            access.login(A, "0123456789abcdef0123").await.err(),
             Some(Denied::AddressLimited)
         );
-        assert!(access.login(B, "0123456789abcdef0123").is_ok());
+        assert!(access.login(B, "0123456789abcdef0123").await.is_ok());
         // An IPv6 host counts by its /64.
         let v6a: IpAddr = "2001:db8::1".parse().unwrap_or(A);
         let v6b: IpAddr = "2001:db8::2".parse().unwrap_or(A);
@@ -713,42 +901,46 @@ mod tests {
         assert_eq!(address_key("::ffff:10.0.0.1".parse().unwrap_or(B)), A);
     }
 
-    #[test]
-    fn a_label_logs_in_a_bounded_number_of_times_and_keeps_a_bounded_number_of_sessions() {
+    #[tokio::test]
+    async fn a_label_logs_in_a_bounded_number_of_times_and_keeps_a_bounded_number_of_sessions() {
         let viewers =
             Token::parse_list("vic:viewer-token-0123456", "viewer", "v").unwrap_or_default();
-        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR);
+        let access = Access::new(operator(), Viewers::Tokens(viewers), 100, HOUR, None);
         let mut first = None;
         for _ in 0..LOGINS_PER_LABEL {
-            let Ok((id, _, label)) = access.login(A, "0123456789abcdef0123") else {
+            let Ok((id, _, label)) = access.login(A, "0123456789abcdef0123").await else {
                 unreachable!("within the label's rate")
             };
             assert_eq!(label, "ann");
             first.get_or_insert(id);
         }
         assert_eq!(
-            access.login(A, "0123456789abcdef0123").err(),
+            access.login(A, "0123456789abcdef0123").await.err(),
             Some(Denied::LabelLimited)
         );
-        assert!(access.login(A, "viewer-token-0123456").is_ok());
-        assert!(access.reader(first.as_deref()).is_ok());
+        assert!(access.login(A, "viewer-token-0123456").await.is_ok());
+        assert!(access.reader(first.as_deref()).await.is_ok());
         assert!(lock(&access.sessions).len() <= SESSIONS_PER_LABEL * 2);
     }
 
-    #[test]
-    fn actions_are_rate_limited() {
-        let access = Access::new(operator(), Viewers::Open, 2, HOUR);
-        let Ok((id, _, _)) = access.login(A, "0123456789abcdef0123") else {
+    #[tokio::test]
+    async fn actions_are_rate_limited() {
+        let access = Access::new(operator(), Viewers::Open, 2, HOUR, None);
+        let Ok((id, _, _)) = access.login(A, "0123456789abcdef0123").await else {
             unreachable!("the operator's token logs in")
         };
         let csrf = access
             .reader(Some(&id))
+            .await
             .ok()
             .and_then(|v| v.csrf)
             .unwrap_or_default();
-        assert!(access.changer(Some(&id), Some(&csrf)).is_ok());
-        assert!(access.changer(Some(&id), Some(&csrf)).is_ok());
-        assert_eq!(access.changer(Some(&id), Some(&csrf)), Err(Denied::TooMany));
+        assert!(access.changer(Some(&id), Some(&csrf)).await.is_ok());
+        assert!(access.changer(Some(&id), Some(&csrf)).await.is_ok());
+        assert_eq!(
+            access.changer(Some(&id), Some(&csrf)).await,
+            Err(Denied::TooMany)
+        );
     }
 
     #[test]

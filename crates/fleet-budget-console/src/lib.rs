@@ -20,6 +20,8 @@
 //!   one guard (the bounds of a request's head, the `Host` allow-list, the `Origin` of a change,
 //!   the body read within its deadline and size) that also puts the security headers on every
 //!   answer, refusals included;
+//! - `pages::risks`: the settings of Redis and RabbitMQ that lose budgets or messages without
+//!   an error, read in the background and shown on every page;
 //! - `server`: hyper's HTTP/1 connections under the router, with the network's bounds
 //!   ([`NetLimits`]: the head and write deadlines, connections per address and in all).
 //!   Every response carries a Content-Security-Policy without inline scripts; the one script is
@@ -205,7 +207,7 @@ impl ConsoleSettings {
 /// Why the console could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConsoleError {
+pub enum StartError {
     /// No operator token.
     #[error("no operator token: a console without one could not change anything safely")]
     NoOperator,
@@ -242,7 +244,9 @@ pub(crate) struct App {
     /// One reader or mover of the queues at a time: a sample read beside a replay would
     /// move messages under it.
     pub(crate) queue_work: Arc<tokio::sync::Mutex<()>>,
-    pub(crate) jobs: Jobs,
+    pub(crate) jobs: Arc<Jobs>,
+    /// The fleet's risky settings, read in the background ([`pages::risks::read`]).
+    pub(crate) risks: Mutex<Arc<Vec<pages::risks::Risk>>>,
     /// The counters of `/metrics`.
     pub(crate) counters: Arc<Counters>,
 }
@@ -277,14 +281,14 @@ impl RunningConsole {
     ///
     /// # Errors
     /// The server failed.
-    pub async fn wait(mut self) -> Result<(), ConsoleError> {
+    pub async fn wait(mut self) -> Result<(), StartError> {
         let server = std::mem::replace(&mut self.server, tokio::spawn(async { Ok(()) }));
         let r = server.await;
         self.stop_background();
         match r {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ConsoleError::Serve(e)),
-            Err(e) => Err(ConsoleError::Serve(std::io::Error::other(e))),
+            Ok(Err(e)) => Err(StartError::Serve(e)),
+            Err(e) => Err(StartError::Serve(std::io::Error::other(e))),
         }
     }
 
@@ -315,9 +319,9 @@ impl Drop for RunningConsole {
 ///
 /// # Errors
 /// No operator token, unusable Redis settings, or the address cannot be bound.
-pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleError> {
+pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, StartError> {
     if settings.operators.is_empty() {
-        return Err(ConsoleError::NoOperator);
+        return Err(StartError::NoOperator);
     }
     let budget = &settings.config.budget;
     let timeout = budget.redis.timeout.max(Duration::from_secs(1));
@@ -327,25 +331,29 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         timeout,
         &budget.redis.tls,
     )
-    .map_err(|e| ConsoleError::Redis(fleet_budget::redact::redact_text(&e.to_string())))?;
+    .map_err(|e| StartError::Redis(fleet_budget::redact::redact_text(&e.to_string())))?;
     let listener = tokio::net::TcpListener::bind(settings.bind)
         .await
-        .map_err(|source| ConsoleError::Bind {
+        .map_err(|source| StartError::Bind {
             addr: settings.bind,
             source,
         })?;
-    let addr = listener.local_addr().map_err(|source| ConsoleError::Bind {
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
         addr: settings.bind,
         source,
     })?;
+    let store = Arc::new(store);
     let app = Arc::new(App {
         access: Access::new(
             settings.operators.clone(),
             settings.viewers.clone(),
             settings.actions_per_minute,
             settings.login_limits,
+            Some(Arc::clone(&store)),
         ),
-        store: Arc::new(store),
+        jobs: Arc::new(Jobs::new(Some(Arc::clone(&store)))),
+        risks: Mutex::default(),
+        store,
         audit: budget.audit.log(),
         topology: Topology::new(&settings.config.amqp),
         history: Mutex::new(History::default()),
@@ -353,13 +361,15 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         refresh_now: Arc::new(Notify::new()),
         sample_wanted: Arc::default(),
         queue_work: Arc::new(tokio::sync::Mutex::new(())),
-        jobs: Jobs::default(),
         counters: Arc::new(Counters::default()),
         settings,
     });
+    let jobs = Arc::clone(&app.jobs);
     let background = vec![
         tokio::spawn(keep_history(app.clone())),
         tokio::spawn(dead_letters::keep_samples(app.clone())),
+        tokio::spawn(async move { jobs.keep_alive().await }),
+        tokio::spawn(keep_risks(app.clone())),
     ];
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = app.settings.limits.clone();
@@ -375,6 +385,25 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, ConsoleE
         server,
         background,
     })
+}
+
+/// How often the fleet's risky settings are read again.
+const RISKS_EVERY: Duration = Duration::from_secs(300);
+
+/// Reads the risks of Redis and RabbitMQ every [`RISKS_EVERY`], for the banner of every page.
+async fn keep_risks(app: Arc<App>) {
+    loop {
+        let read = tokio::time::timeout(
+            app.settings.upstream_timeout,
+            pages::risks::read(&app.store, &app.settings.config),
+        )
+        .await;
+        match read {
+            Ok(risks) => *lock(&app.risks) = Arc::new(risks),
+            Err(_) => tracing::warn!("console: reading the risks of Redis and RabbitMQ timed out"),
+        }
+        tokio::time::sleep(RISKS_EVERY).await;
+    }
 }
 
 /// Reads every dependency every `history_every`, for the charts.

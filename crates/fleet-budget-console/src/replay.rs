@@ -12,12 +12,23 @@
 //! (`queued`). A dry run reads no message and never waits for them. Each run and purge is recorded in the audit trail with the
 //! operator's label, the filter and the queue depths before and after, as `budgetctl replay`
 //! records it.
+//!
+//! Jobs outlive the console that ran them (issue 32: a restart forgot every replay): each job's
+//! record (its state and what it was asked: the filter, rate, limit and note) is kept in Redis
+//! under the fleet's key prefix ([`jobs_key`]), written when it starts, every 2 s while it runs
+//! and when it ends. Each console says it is alive with a key that expires ([`alive_key`],
+//! [`ALIVE_FOR`]); a job whose console's key is gone and that never ended is shown
+//! **interrupted**, with the counts its last record reached, and an operator may run it again:
+//! the replay's claims (`fleet_budget::control::ReplayMoves`) make a second run of a replay
+//! that stopped half-way move each message once, and a purge run again removes what is left of
+//! its selection. Jobs of another console sharing the prefix are listed too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fleet_budget::DeadLetterReason;
 use fleet_budget::FleetBudget;
 use fleet_budget::control::{AuditEntry, AuditLog, DeadLetterIndex, RunJournal};
 use fleet_budget::store::RedisStore;
@@ -31,7 +42,7 @@ use fleet_budget_amqp::{
     AmqpError, ReplayFilter, ReplayOptions, ReplayProgress, Replayer, Topology, WorkerConfig,
     queue_depths,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -42,8 +53,31 @@ pub(crate) const JOBS_KEPT: usize = 20;
 /// Jobs waiting or running at once; more are refused (the page says so).
 pub(crate) const JOBS_RUNNING_MAX: usize = 50;
 
+/// How long a console's "alive" key lasts without being renewed (it is renewed every third of
+/// it): a job of a console that stopped is shown interrupted at most this long after.
+pub(crate) const ALIVE_FOR: Duration = Duration::from_secs(10);
+/// Job records kept in Redis: the ended ones beyond it are dropped, oldest first.
+const RECORDS_KEPT: usize = JOBS_KEPT * 5;
+
+/// The Redis hash of the console's job records under `prefix`: job id → its record (JSON).
+/// After `v1:` comes `c`, never `{`: never a budget key.
+pub(crate) fn jobs_key(prefix: &str) -> String {
+    format!(
+        "{prefix}:v{}:console:jobs",
+        fleet_budget::keys::KEY_SCHEMA_VERSION
+    )
+}
+
+/// The key that says console `instance` is alive (expires after [`ALIVE_FOR`]).
+pub(crate) fn alive_key(prefix: &str, instance: &str) -> String {
+    format!(
+        "{prefix}:v{}:console:alive:{instance}",
+        fleet_budget::keys::KEY_SCHEMA_VERSION
+    )
+}
+
 /// What a job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Kind {
     /// A replay of a selection of the dead-letter queue.
@@ -123,13 +157,22 @@ pub(crate) async fn dry_run(
 const DLQ_PURGE: &str = "dlq_purge";
 
 /// Where a run stands, for its page.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct JobState {
     pub(crate) id: String,
     /// What the job does.
     pub(crate) kind: Kind,
     /// The queue it acts on (`dead` or `parked`).
-    pub(crate) queue: &'static str,
+    pub(crate) queue: String,
+    /// When it was asked (Unix ms).
+    pub(crate) started_ms: u64,
+    /// The console that runs it.
+    pub(crate) console: String,
+    /// Its console stopped before it ended: the counts are where it stopped.
+    pub(crate) interrupted: bool,
+    /// The job this one runs again.
+    pub(crate) rerun_of: Option<String>,
     /// The message it acts on, when it acts on one.
     pub(crate) message_id: Option<String>,
     /// Waiting for another job that moves messages to end.
@@ -178,8 +221,11 @@ pub(crate) struct JobState {
 
 impl JobState {
     /// The run's state in a word, for its page: `queued`, `held`, `running`, `cancelling`,
-    /// `cancelled`, `done` or `failed`.
+    /// `cancelled`, `done`, `failed` or `interrupted`.
     pub(crate) fn state(&self) -> &'static str {
+        if self.interrupted {
+            return "interrupted";
+        }
         match (self.done, &self.error, self.cancelled) {
             (true, Some(_), _) => "failed",
             (true, None, true) => "cancelled",
@@ -212,11 +258,88 @@ impl JobState {
     }
 }
 
-/// A run: its state, and how to ask it to stop.
+/// What a job was asked: enough to run it again.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Plan {
+    /// A purge of the parked queue (else of the dead-letter queue; replays read that one).
+    pub(crate) parked: bool,
+    pub(crate) dependency: Option<String>,
+    pub(crate) reason: Option<String>,
+    pub(crate) since_ms: Option<u64>,
+    pub(crate) until_ms: Option<u64>,
+    pub(crate) task: Option<String>,
+    pub(crate) message_id: Option<String>,
+    pub(crate) error_contains: Option<String>,
+    pub(crate) error_class: Option<String>,
+    pub(crate) malformed: bool,
+    pub(crate) rate: f64,
+    pub(crate) limit: Option<u64>,
+    pub(crate) note: String,
+}
+
+impl Plan {
+    fn of(filter: &ReplayFilter, parked: bool, rate: f64, limit: Option<u64>, note: &str) -> Self {
+        Self {
+            parked,
+            dependency: filter.dependency.clone(),
+            reason: filter.reason.map(|r| r.as_str().to_owned()),
+            since_ms: filter.since_ms,
+            until_ms: filter.until_ms,
+            task: filter.task.clone(),
+            message_id: filter.message_id.clone(),
+            error_contains: filter.error_contains.clone(),
+            error_class: filter.error_class.clone(),
+            malformed: filter.malformed,
+            rate,
+            limit,
+            note: note.to_owned(),
+        }
+    }
+
+    /// The filter again (`None`: a reason this build does not know).
+    pub(crate) fn filter(&self) -> Option<ReplayFilter> {
+        let reason = match &self.reason {
+            Some(r) => Some(DeadLetterReason::parse(r)?),
+            None => None,
+        };
+        Some(ReplayFilter {
+            dependency: self.dependency.clone(),
+            reason,
+            since_ms: self.since_ms,
+            until_ms: self.until_ms,
+            task: self.task.clone(),
+            message_id: self.message_id.clone(),
+            error_contains: self.error_contains.clone(),
+            error_class: self.error_class.clone(),
+            malformed: self.malformed,
+        })
+    }
+}
+
+/// A job as kept in Redis.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Record {
+    pub(crate) state: JobState,
+    pub(crate) plan: Plan,
+}
+
+/// A run: its state, what it was asked, and how to ask it to stop.
 #[derive(Debug)]
 pub(crate) struct Job {
     state: Mutex<JobState>,
+    plan: Plan,
     cancel: watch::Sender<bool>,
+}
+
+impl Job {
+    fn record(&self) -> Record {
+        Record {
+            state: lock(&self.state).clone(),
+            plan: self.plan.clone(),
+        }
+    }
 }
 
 /// What asking a run to stop came to.
@@ -230,13 +353,142 @@ pub(crate) enum Cancel {
     Unknown,
 }
 
-/// The runs of this console, newest last.
-#[derive(Debug, Default)]
+/// The runs of this console, newest last, and where their records are kept.
+#[derive(Debug)]
 pub(crate) struct Jobs {
     jobs: Mutex<VecDeque<Arc<Job>>>,
+    /// Where the records are kept (`None`: in memory only).
+    store: Option<Arc<RedisStore>>,
+    /// This console's id, in its jobs' records and its alive key.
+    instance: String,
+}
+
+impl Default for Jobs {
+    fn default() -> Self {
+        Self::new(None)
+    }
 }
 
 impl Jobs {
+    pub(crate) fn new(store: Option<Arc<RedisStore>>) -> Self {
+        Self {
+            jobs: Mutex::default(),
+            store,
+            instance: crate::access::random_hex(),
+        }
+    }
+
+    /// Says this console is alive, every third of [`ALIVE_FOR`], for as long as it runs.
+    pub(crate) async fn keep_alive(&self) {
+        let Some(store) = &self.store else { return };
+        loop {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(alive_key(store.prefix(), &self.instance))
+                .arg(fleet_budget::clock::now_ms())
+                .arg("PX")
+                .arg(millis(ALIVE_FOR));
+            if let Err(e) = store.query::<()>(&cmd).await {
+                tracing::warn!(error = %redact(&e.to_string()), "console: its alive key was not written");
+            }
+            tokio::time::sleep(ALIVE_FOR / 3).await;
+        }
+    }
+
+    /// The records kept in Redis, by id (at most [`RECORDS_KEPT`] and the unended ones; the
+    /// oldest ended beyond them are dropped here). A job whose console is no longer alive and
+    /// that never ended is marked interrupted (and its record so written).
+    async fn records(&self) -> Vec<Record> {
+        let Some(store) = &self.store else {
+            return Vec::new();
+        };
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(jobs_key(store.prefix()));
+        let raw: Vec<(String, String)> = match store.query(&cmd).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %redact(&e.to_string()), "console: the job records could not be read");
+                return Vec::new();
+            }
+        };
+        // A record is outside text: one whose ids are not this console's own kind (128 random
+        // bits in hex), or whose queue is neither of ours, is not shown (and is dropped).
+        let readable = |json: &str| {
+            serde_json::from_str::<Record>(json).ok().filter(|r| {
+                is_id(&r.state.id)
+                    && is_id(&r.state.console)
+                    && r.state.rerun_of.as_deref().is_none_or(is_id)
+                    && matches!(r.state.queue.as_str(), "dead" | "parked")
+            })
+        };
+        let mut records: Vec<Record> = raw.iter().filter_map(|(_, json)| readable(json)).collect();
+        records.sort_by_key(|r| std::cmp::Reverse(r.state.started_ms));
+        let mut ended = 0usize;
+        let mut dropped = Vec::new();
+        for r in &records {
+            if r.state.done {
+                ended += 1;
+                if ended > RECORDS_KEPT {
+                    dropped.push(r.state.id.clone());
+                }
+            }
+        }
+        // Unreadable records are dropped too: nothing can show them.
+        let unreadable = raw
+            .iter()
+            .filter(|(_, json)| readable(json).is_none())
+            .map(|(id, _)| id.clone());
+        dropped.extend(unreadable);
+        if !dropped.is_empty() {
+            let mut del = redis::cmd("HDEL");
+            del.arg(jobs_key(store.prefix())).arg(&dropped);
+            let _ = store.query::<()>(&del).await;
+            records.retain(|r| !dropped.contains(&r.state.id));
+        }
+        for r in &mut records {
+            if r.state.done || r.state.console == self.instance {
+                continue;
+            }
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(alive_key(store.prefix(), &r.state.console));
+            if store.query::<u64>(&exists).await.ok() == Some(0) {
+                r.state.interrupted = true;
+                r.state.done = true;
+                r.state.queued = false;
+                r.state.held = None;
+                r.state.paused_on = None;
+                save(Some(store), r).await;
+            }
+        }
+        records
+    }
+
+    /// Every job: this console's, and those kept in Redis (other consoles', earlier ones'),
+    /// newest first.
+    pub(crate) async fn list(&self) -> Vec<JobState> {
+        let mut all = self.all();
+        let records = self.records().await;
+        for r in records {
+            if !all.iter().any(|j| j.id == r.state.id) {
+                all.push(r.state);
+            }
+        }
+        all.sort_by_key(|j| std::cmp::Reverse(j.started_ms));
+        all
+    }
+
+    /// Job `id` with what it was asked: this console's, else its record in Redis.
+    pub(crate) async fn find_record(&self, id: &str) -> Option<Record> {
+        if let Some(job) = self.find(id) {
+            return Some(job.record());
+        }
+        self.records().await.into_iter().find(|r| r.state.id == id)
+    }
+
+    /// Job `id`: this console's, else its record in Redis.
+    pub(crate) async fn lookup(&self, id: &str) -> Option<JobState> {
+        self.find_record(id).await.map(|r| r.state)
+    }
+
     /// Adds `job`, dropping the oldest ended jobs beyond [`JOBS_KEPT`] (never one that has not
     /// ended); refused when [`JOBS_RUNNING_MAX`] have not ended.
     fn add(&self, job: Arc<Job>) -> Result<(), String> {
@@ -266,10 +518,12 @@ impl Jobs {
             .cloned()
     }
 
+    /// Job `id` of this console.
     pub(crate) fn get(&self, id: &str) -> Option<JobState> {
         self.find(id).map(|j| lock(&j.state).clone())
     }
 
+    /// This console's jobs, newest first.
     pub(crate) fn all(&self) -> Vec<JobState> {
         lock(&self.jobs)
             .iter()
@@ -305,64 +559,107 @@ pub(crate) struct RunContext {
     pub(crate) done: Arc<tokio::sync::Notify>,
 }
 
-/// Starts a replay of the dead-letter queue with `filter` at `rate` messages/s at most (at
-/// most `limit` messages) and returns its id at once. As `budgetctl replay`, the run is paced
-/// by the live budget, held while the dependency's budget is exhausted or its breaker open,
-/// and slowed when its failures rise (the replay library's pace).
-///
-/// # Errors
-/// Too many jobs have not ended ([`JOBS_RUNNING_MAX`]).
-pub(crate) fn start(
-    jobs: &Jobs,
-    cx: RunContext,
-    filter: ReplayFilter,
-    rate: f64,
-    limit: Option<u64>,
-    actor: String,
-    note: String,
-) -> Result<String, String> {
-    let id = crate::access::random_hex();
+/// What an operator asked of a job.
+#[derive(Debug, Clone)]
+pub(crate) struct Ask {
+    /// Which messages.
+    pub(crate) filter: ReplayFilter,
+    /// At most this many messages a second (replays).
+    pub(crate) rate: f64,
+    /// At most this many messages.
+    pub(crate) limit: Option<u64>,
+    /// Who (the session's label).
+    pub(crate) actor: String,
+    /// Why (the audit trail's note).
+    pub(crate) note: String,
+    /// The job this one runs again.
+    pub(crate) rerun_of: Option<String>,
+}
+
+impl Ask {
+    /// What `record` asked, asked again by `actor` (`None`: its filter cannot be read).
+    pub(crate) fn again(record: &Record, actor: String) -> Option<Self> {
+        Some(Self {
+            filter: record.plan.filter()?,
+            rate: record.plan.rate,
+            limit: record.plan.limit,
+            actor,
+            note: format!(
+                "run again after {} {}: {}",
+                record.state.id,
+                record.state.state(),
+                record.plan.note
+            ),
+            rerun_of: Some(record.state.id.clone()),
+        })
+    }
+}
+
+/// A new job's record, queued.
+fn new_job(jobs: &Jobs, kind: Kind, parked: bool, ask: &Ask) -> (Arc<Job>, watch::Receiver<bool>) {
     let (cancel, cancelled) = watch::channel(false);
     let job = Arc::new(Job {
         state: Mutex::new(JobState {
-            id: id.clone(),
-            kind: if filter.message_id.is_some() {
-                Kind::MessageReplay
-            } else {
-                Kind::Replay
-            },
-            queue: "dead",
-            message_id: filter.message_id.clone(),
+            id: crate::access::random_hex(),
+            kind,
+            queue: if parked { "parked" } else { "dead" }.to_owned(),
+            started_ms: fleet_budget::clock::now_ms(),
+            console: jobs.instance.clone(),
+            rerun_of: ask.rerun_of.clone(),
+            message_id: ask.filter.message_id.clone(),
             queued: true,
-            actor: actor.clone(),
-            selected: audit::describe(&filter),
-            dependency: filter.dependency.clone(),
-            rate,
+            actor: ask.actor.clone(),
+            selected: audit::describe(&ask.filter),
+            dependency: ask.filter.dependency.clone(),
+            rate: ask.rate,
             ..JobState::default()
         }),
+        plan: Plan::of(&ask.filter, parked, ask.rate, ask.limit, &ask.note),
         cancel,
     });
+    (job, cancelled)
+}
+
+/// Starts a replay of the dead-letter queue that `ask` describes (at most `ask.rate`
+/// messages/s, at most `ask.limit` messages) and returns its id at once. As `budgetctl
+/// replay`, the run is paced by the live budget, held while the dependency's budget is
+/// exhausted or its breaker open, and slowed when its failures rise (the replay library's
+/// pace).
+///
+/// # Errors
+/// Too many jobs have not ended ([`JOBS_RUNNING_MAX`]).
+pub(crate) fn start(jobs: &Jobs, cx: RunContext, ask: Ask) -> Result<String, String> {
+    let kind = if ask.filter.message_id.is_some() {
+        Kind::MessageReplay
+    } else {
+        Kind::Replay
+    };
+    let (job, cancelled) = new_job(jobs, kind, false, &ask);
+    let id = lock(&job.state).id.clone();
     jobs.add(job.clone())?;
     tokio::spawn(async move {
+        save(Some(&cx.store), &job.record()).await;
         let started = Instant::now();
         let run = Run {
             cx: &cx,
             job: &job,
-            actor: &actor,
-            note: &note,
+            actor: &ask.actor,
+            note: &ask.note,
             started,
         };
-        let result = run.run(filter, rate, limit, cancelled).await;
-        let mut state = lock(&job.state);
-        state.done = true;
-        state.paused_on = None;
-        state.held = None;
-        state.held_until_ms = None;
-        state.elapsed_secs = started.elapsed().as_secs_f64();
-        if let Err(e) = result {
-            state.error = Some(fleet_budget::redact::redact_text(&e));
+        let result = run.run(ask.filter, ask.rate, ask.limit, cancelled).await;
+        {
+            let mut state = lock(&job.state);
+            state.done = true;
+            state.paused_on = None;
+            state.held = None;
+            state.held_until_ms = None;
+            state.elapsed_secs = started.elapsed().as_secs_f64();
+            if let Err(e) = result {
+                state.error = Some(redact(&e));
+            }
         }
-        drop(state);
+        save(Some(&cx.store), &job.record()).await;
         cx.done.notify_one();
     });
     Ok(id)
@@ -477,10 +774,11 @@ impl Run<'_> {
                     }
                 }
             }
-            if let Some(at) = due
-                && let Err(e) = journal.progress(&run_id, &at).await
-            {
-                tracing::debug!(error = %e, "run journal not written");
+            if let Some(at) = due {
+                if let Err(e) = journal.progress(&run_id, &at).await {
+                    tracing::debug!(error = %e, "run journal not written");
+                }
+                save(Some(&self.cx.store), &self.job.record()).await;
             }
         }
         let outcome = handle.wait().await;
@@ -618,12 +916,12 @@ pub(crate) async fn audit_cancel(
 /// The audit action of a cancel asked on the replay page.
 pub(crate) const CANCEL: &str = "replay_cancel";
 
-/// Starts a purge of the messages of the dead-letter (or parked) queue that `filter` selects
-/// (at most `limit`) as a job of its own, and returns its id at once: its page follows it
-/// (read, removed), a Cancel stops it at its next message, and a request's deadline never cuts
-/// it off (a read dropped half-way would leave copies beside their originals). Recorded as
-/// `budgetctl parked purge` records it (action `dlq_purge` or `parked_purge`), the intent
-/// before the first message goes.
+/// Starts a purge of the messages of the dead-letter (or parked) queue that `ask.filter`
+/// selects (at most `ask.limit`) as a job of its own, and returns its id at once: its page
+/// follows it (read, removed), a Cancel stops it at its next message, and a request's deadline
+/// never cuts it off (a read dropped half-way would leave copies beside their originals).
+/// Recorded as `budgetctl parked purge` records it (action `dlq_purge` or `parked_purge`), the
+/// intent before the first message goes.
 ///
 /// # Errors
 /// Too many jobs have not ended ([`JOBS_RUNNING_MAX`]).
@@ -631,43 +929,30 @@ pub(crate) fn start_purge(
     jobs: &Jobs,
     cx: RunContext,
     parked: bool,
-    filter: ReplayFilter,
-    limit: Option<u64>,
-    actor: String,
-    note: String,
+    ask: Ask,
 ) -> Result<String, String> {
-    let id = crate::access::random_hex();
-    let (cancel, cancelled) = watch::channel(false);
-    let job = Arc::new(Job {
-        state: Mutex::new(JobState {
-            id: id.clone(),
-            kind: if filter.message_id.is_some() {
-                Kind::MessagePurge
-            } else {
-                Kind::Purge
-            },
-            queue: if parked { "parked" } else { "dead" },
-            message_id: filter.message_id.clone(),
-            queued: true,
-            actor: actor.clone(),
-            selected: audit::describe(&filter),
-            dependency: filter.dependency.clone(),
-            ..JobState::default()
-        }),
-        cancel,
-    });
+    let kind = if ask.filter.message_id.is_some() {
+        Kind::MessagePurge
+    } else {
+        Kind::Purge
+    };
+    let (job, cancelled) = new_job(jobs, kind, parked, &ask);
+    let id = lock(&job.state).id.clone();
     jobs.add(job.clone())?;
     tokio::spawn(async move {
+        save(Some(&cx.store), &job.record()).await;
         let started = Instant::now();
-        let result = purge(&cx, &job, parked, &filter, limit, &actor, &note, cancelled).await;
-        let mut state = lock(&job.state);
-        state.done = true;
-        state.queued = false;
-        state.elapsed_secs = started.elapsed().as_secs_f64();
-        if let Err(e) = result {
-            state.error = Some(fleet_budget::redact::redact_text(&e));
+        let result = purge(&cx, &job, parked, &ask, cancelled).await;
+        {
+            let mut state = lock(&job.state);
+            state.done = true;
+            state.queued = false;
+            state.elapsed_secs = started.elapsed().as_secs_f64();
+            if let Err(e) = result {
+                state.error = Some(redact(&e));
+            }
         }
-        drop(state);
+        save(Some(&cx.store), &job.record()).await;
         cx.done.notify_one();
     });
     Ok(id)
@@ -680,17 +965,19 @@ pub(crate) fn start_purge(
 ///
 /// # Errors
 /// The broker failed; or the audit record did (the purge happened: the error says so).
-#[allow(clippy::too_many_arguments)] // one call site, each argument named there
 async fn purge(
     cx: &RunContext,
     job: &Job,
     parked: bool,
-    filter: &ReplayFilter,
-    limit: Option<u64>,
-    actor: &str,
-    note: &str,
+    ask: &Ask,
     cancelled: watch::Receiver<bool>,
 ) -> Result<(), String> {
+    let (filter, limit, actor, note) = (
+        &ask.filter,
+        ask.limit,
+        ask.actor.as_str(),
+        ask.note.as_str(),
+    );
     let _queue = cx.queue_work.lock().await;
     lock(&job.state).queued = false;
     let config = &cx.config;
@@ -790,13 +1077,21 @@ async fn purge(
         })
     };
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut ticks = 0u64;
     let mut read = read;
     let (inspection, chosen, mut changes) = loop {
         tokio::select! {
             _ = tick.tick() => {
-                let mut s = lock(&job.state);
-                s.seen = seen.load(Ordering::Relaxed);
-                s.removed = removed.load(Ordering::Relaxed);
+                {
+                    let mut s = lock(&job.state);
+                    s.seen = seen.load(Ordering::Relaxed);
+                    s.removed = removed.load(Ordering::Relaxed);
+                }
+                // Where it stands, in its record every 2 s (what a restart shows).
+                ticks += 1;
+                if ticks.is_multiple_of(8) {
+                    save(Some(&cx.store), &job.record()).await;
+                }
             }
             done = &mut read => break done.map_err(|e| format!("the purge's read ended without a report: {e}"))?,
         }
@@ -855,6 +1150,36 @@ async fn purge(
     Ok(())
 }
 
+/// Whether `s` is an id of this console's making: 32 lower-case hex digits.
+fn is_id(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn redact(s: &str) -> String {
+    fleet_budget::redact::redact_text(s)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Writes `record` into the job records (a failure is logged).
+async fn save(store: Option<&RedisStore>, record: &Record) {
+    let Some(store) = store else { return };
+    let Ok(json) = serde_json::to_string(record) else {
+        return;
+    };
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(jobs_key(store.prefix()))
+        .arg(&record.state.id)
+        .arg(json);
+    if let Err(e) = store.query::<()>(&cmd).await {
+        tracing::warn!(error = %redact(&e.to_string()), "console: a job's record was not written");
+    }
+}
+
 fn before_depth(d: &fleet_budget_amqp::QueueDepths, parked: bool) -> u64 {
     u64::from(if parked { d.parked } else { d.dead })
 }
@@ -870,6 +1195,7 @@ mod tests {
                 done,
                 ..JobState::default()
             }),
+            plan: Plan::default(),
             cancel: watch::channel(false).0,
         })
     }

@@ -583,7 +583,10 @@ async fn a_message_is_replayed_or_purged_alone_from_its_page() {
             &[("id", purged), ("note", "x")],
         )
         .await;
-    assert_eq!(status, 400);
+    assert_eq!(
+        status, 422,
+        "a form without its confirmation is refused as invalid"
+    );
     assert_eq!(f.broker.depth(&f.broker.topology.dead_queue).await, 6);
 
     // The purge of one message.

@@ -1,7 +1,15 @@
 //! The dead letters: the sample's groups, one group's messages, one message, and the pages
 //! before and after a replay or purge (dry run, purge confirmation, purged).
 
-use super::*;
+use maud::{Markup, html};
+
+use super::{
+    LIST_TEXT_MAX, count, csrf_input, is_operator, layout, pager, query, short, short_at, t, time,
+};
+use crate::access::Visitor;
+use crate::dead_letters::{Detail, Group, Sample, Sampled, Sort, Which};
+use crate::filters::FilterForm;
+use crate::replay::{JobState, Prediction};
 
 pub(super) fn filter_fields(q: &FilterForm) -> Markup {
     let v = |o: &Option<String>| o.clone().unwrap_or_default();
@@ -30,7 +38,7 @@ pub(super) fn counts_note(sample: &Sample) -> Markup {
                 None => { @if sample.counts_error.is_none() { "The counts of this queue are being read." } @else { "No counts of this queue." } }
                 Some(c) => {
                     (count(c.depth)) " messages in " code { (t(&c.queue)) } " (its depth, exact); the groups count "
-                    (count(c.indexed())) " of them, from the dead-letter index, reading no message (read " (age(Some(sample.counts_ms))) " ago). "
+                    (count(c.indexed())) " of them, from the dead-letter index, reading no message (read " (time::ago(Some(sample.counts_ms))) "). "
                     @if c.exact() {
                         strong #counts-exact { "Exact." }
                     } @else {
@@ -53,7 +61,7 @@ pub(super) fn sample_note(sample: &Sample, bound: u64) -> Markup {
                 "No messages of this queue have been read: a read puts each message back as a copy, so it happens only when asked (\"Read messages now\")."
             } @else {
                 "Sampled " (count(sample.sampled)) " of " (count(sample.depth)) " messages in " code { (t(&sample.queue)) }
-                " " (age(Some(sample.taken_ms))) " ago (read in " (format!("{:.1}", sample.took.as_secs_f64())) " s; at most "
+                " " (time::ago(Some(sample.taken_ms))) " (read in " (format!("{:.1}", sample.took.as_secs_f64())) " s; at most "
                 (count(bound)) " per read): the messages shown one by one are of this sample."
                 @if sample.details_dropped > 0 { " The headers and bodies of " (count(sample.details_dropped)) " of them were not kept (the sample keeps " (count(crate::dead_letters::DETAIL_BUDGET as u64 / 1024 / 1024)) " MB of them)." }
             }
@@ -147,7 +155,7 @@ pub(crate) fn dead_letters(
                             td.cut { (short(&g.reason)) }
                             td.cut { a href=(group_link(which, &g.key(), q, &[])) { @if g.error_class.is_empty() { "(none)" } @else { (short(&g.error_class)) } } }
                             td.num { (count(g.count)) }
-                            td { (age(g.oldest_ms)) }
+                            td { (time::ago(g.oldest_ms)) }
                             @if is_operator(v) {
                                 td.act {
                                     @let group = FilterForm { queue: Some(which.as_str().to_owned()), dependency: None, reason: None, error_class: None, g: Some(g.key()), ..q.clone() };
@@ -181,8 +189,8 @@ pub(super) fn message_rows(which: Which, members: &[&Sampled]) -> Markup {
                 td.cut { @if let Some(id) = &m.message_id { a href={ "/dead-letters/message?" (query(&[("queue", Some(which.as_str())), ("id", Some(id))])) } { (short_at(id, 64)) } } @else { "-" } }
                 td.cut { (short(m.task.as_deref().unwrap_or("-"))) }
                 td.num { (m.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())) }
-                td { (when(s.first_failure_ms)) }
-                td { (when(m.dead_lettered_ms)) }
+                td { (time::ago(s.first_failure_ms)) }
+                td { (time::ago(m.dead_lettered_ms)) }
                 td.num { (m.replays) }
                 td.error { (short(m.error.as_deref().unwrap_or("-"))) }
             }
@@ -303,7 +311,7 @@ pub(crate) fn message(
         &format!("Message {}", fleet_budget::redact::truncate(&t(&id), 80)),
         Some(v),
         html! {
-            p { "In the " (which.name()) " queue, as of the last sample (" (age(Some(taken_ms))) " ago)." }
+            p { "In the " (which.name()) " queue, as of the last sample (" (time::ago(Some(taken_ms))) ")." }
             table #summary {
                 (field("message id", m.message_id.as_deref()))
                 (field("task", m.task.as_deref()))
@@ -311,10 +319,10 @@ pub(crate) fn message(
                 (field("reason", m.reason.as_deref()))
                 (field("error class", m.error_class.as_deref()))
                 tr { th { "attempts" } td #m-attempts { (m.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())) } }
-                tr { th { "first failure" } td { (when(s.first_failure_ms)) } }
-                tr { th { "dead-lettered" } td { (when(m.dead_lettered_ms)) } }
+                tr { th { "first failure" } td { (time::ago(s.first_failure_ms)) } }
+                tr { th { "dead-lettered" } td { (time::ago(m.dead_lettered_ms)) } }
                 tr { th { "replays" } td { (m.replays) } }
-                @if let Some(r) = &m.park_reason { (field("parked because", Some(r))) tr { th { "parked" } td { (when(m.parked_ms)) } } }
+                @if let Some(r) = &m.park_reason { (field("parked because", Some(r))) tr { th { "parked" } td { (time::ago(m.parked_ms)) } } }
             }
             @if let Some(u) = &m.unreadable { p.error { "Unreadable dead-letter headers: " (short_at(u, 2048)) } }
             h2 { "Errors" }
@@ -322,7 +330,7 @@ pub(crate) fn message(
                 thead { tr { th { "when" } th { "where" } th { "what" } th { "error (redacted)" } } }
                 tbody {
                     tr {
-                        td { (when(m.dead_lettered_ms)) }
+                        td { (time::ago(m.dead_lettered_ms)) }
                         td { "the worker, attempt " (m.attempts.map_or_else(|| "?".to_owned(), |a| a.to_string())) " (the last)" }
                         td.cut { (short_at(m.error_class.as_deref().unwrap_or("-"), 2048)) }
                         td.error { (short_at(m.error.as_deref().unwrap_or("-"), 4096)) }
@@ -330,7 +338,7 @@ pub(crate) fn message(
                     @if let Some(d) = detail {
                         @for death in &d.deaths {
                             tr.death {
-                                td { (when(death.time_ms)) }
+                                td { (time::ago(death.time_ms)) }
                                 td { "the broker, queue " (short(&death.queue)) @if !death.exchange.is_empty() { " (exchange " (short(&death.exchange)) ")" } }
                                 td { (short(&death.reason)) }
                                 td { @if let Some(n) = death.count { (count(n)) " times" } @else { "-" } }

@@ -13,6 +13,8 @@ mod dead_letters;
 mod dependency;
 mod overview;
 mod replay;
+pub(crate) mod risks;
+pub(crate) mod time;
 mod workers;
 
 use fleet_budget::Dependency;
@@ -21,17 +23,15 @@ use fleet_budget::printable::escape_text;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
-use crate::dead_letters::{Detail, Group, Sample, Sampled, Sort, Which};
-use crate::filters::FilterForm;
+use crate::dead_letters::Sample;
 use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
-use crate::replay::{JobState, Prediction};
 
-pub(crate) use audit::*;
-pub(crate) use dead_letters::*;
+pub(crate) use audit::{AuditPage, audit, audit_table};
+pub(crate) use dead_letters::{dead_letters, dry_run, group, message, purge_confirm, purged};
 pub(crate) use dependency::*;
 pub(crate) use overview::*;
-pub(crate) use replay::*;
-pub(crate) use workers::*;
+pub(crate) use replay::{held_text, rate_text, replay, replays};
+pub(crate) use workers::workers;
 
 /// Text from outside, redacted, with unsafe characters by code point (maud escapes the HTML):
 /// the one door every such text passes, on the pages and in the JSON answers.
@@ -133,34 +133,30 @@ pub(crate) fn query(pairs: &[(&str, Option<&str>)]) -> String {
     parts.join("&")
 }
 
-fn when(ms: Option<u64>) -> String {
-    match ms {
-        Some(ms) => {
-            let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-            humantime::format_rfc3339_seconds(at).to_string()
-        }
-        None => "-".to_owned(),
-    }
-}
-
-pub(crate) fn age(ms: Option<u64>) -> String {
-    match ms {
-        Some(ms) => {
-            let secs = fleet_budget::clock::now_ms().saturating_sub(ms) / 1000;
-            if secs >= 3600 {
-                format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
-            } else if secs >= 60 {
-                format!("{}m{:02}s", secs / 60, secs % 60)
-            } else {
-                format!("{secs}s")
-            }
-        }
-        None => "-".to_owned(),
-    }
-}
-
-#[allow(clippy::needless_pass_by_value)] // each page hands its body over; none keeps it
+/// A page of the console for `visitor` (`None`: not logged in; the navigation offers "Log in").
 fn layout(title: &str, visitor: Option<&Visitor>, body: Markup) -> Markup {
+    let who = html! {
+        @match visitor {
+            Some(v) => {
+                (v.label) " (" (if v.role == Role::Operator { "operator" } else { "viewer" }) ")"
+                @if let Some(csrf) = &v.csrf {
+                    form.inline method="post" action="/logout" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        button type="submit" { "Log out" }
+                    }
+                } @else {
+                    " " a href="/login" { "Log in" }
+                }
+            }
+            None => { a href="/login" { "Log in" } }
+        }
+    };
+    let risks = visitor.map(|v| risks::banner(&v.risks));
+    page(title, who, risks, body)
+}
+
+#[allow(clippy::needless_pass_by_value)] // each page hands its parts over; none keeps them
+fn page(title: &str, who: Markup, risks: Option<Markup>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -181,24 +177,10 @@ fn layout(title: &str, visitor: Option<&Visitor>, body: Markup) -> Markup {
                         a href="/replays" { "Replays" }
                         a href="/workers" { "Workers" }
                         a href="/audit" { "Audit" }
-                        span.who {
-                            @match visitor {
-                                Some(v) => {
-                                    (v.label) " (" (if v.role == Role::Operator { "operator" } else { "viewer" }) ")"
-                                    @if let Some(csrf) = &v.csrf {
-                                        form.inline method="post" action="/logout" {
-                                            input type="hidden" name="csrf" value=(csrf);
-                                            button type="submit" { "Log out" }
-                                        }
-                                    } @else {
-                                        " " a href="/login" { "Log in" }
-                                    }
-                                }
-                                None => { a href="/login" { "Log in" } }
-                            }
-                        }
+                        span.who { (who) }
                     }
                 }
+                @if let Some(r) = risks { (r) }
                 main { h1 { (title) } (body) }
             }
         }
@@ -213,10 +195,14 @@ fn is_operator(v: &Visitor) -> bool {
     v.role == Role::Operator && v.csrf.is_some()
 }
 
-/// A refusal, as a page.
-pub(crate) fn refusal(status: axum::http::StatusCode, why: &str) -> Markup {
-    layout(
-        &format!("{}", status.as_u16()),
+/// A refusal, as a page: its title (`403`, `Redis is unreachable`) and why. The navigation
+/// offers "Log in" only when `offer_login` (the request had no session): never to someone
+/// logged in.
+pub(crate) fn refusal(title: &str, why: &str, offer_login: bool) -> Markup {
+    let who = html! { @if offer_login { a href="/login" { "Log in" } } };
+    page(
+        title,
+        who,
         None,
         html! { p.refusal #refusal { (t(why)) } p { a href="/" { "Back to the overview" } } },
     )

@@ -1,7 +1,11 @@
 //! The replays and purges (jobs): one job's page and the list, and the words both show for a
 //! job's state.
 
-use super::*;
+use maud::{Markup, html};
+
+use super::{count, csrf_input, is_operator, layout, short, short_at, t, time};
+use crate::access::Visitor;
+use crate::replay::{JobState, Kind};
 
 /// Why a run waits, in words (`-` when it does not).
 pub(crate) fn held_text(j: &JobState) -> String {
@@ -51,6 +55,10 @@ pub(super) fn job_table(j: &JobState) -> Markup {
             tr { th { "what" } td #j-kind { (j.kind.words()) " (" (j.queue) " queue)" } }
             tr { th { "selected" } td.value { (short_at(&j.selected, 2048)) } }
             tr { th { "by" } td { (t(&j.actor)) } }
+            tr { th { "asked" } td #j-started { (time::ago(Some(j.started_ms).filter(|ms| *ms > 0))) } }
+            @if let Some(of) = &j.rerun_of {
+                tr { th { "runs again" } td { a href={ "/replay/" (of) } { (of) } } }
+            }
             tr { th { "state" } td #j-state { (j.state()) } }
             @if j.kind.is_purge() {
                 tr { th { "expected (index)" } td #j-expected { (j.expected.map_or_else(|| "-".to_owned(), count)) } }
@@ -78,9 +86,9 @@ pub(super) fn job_table(j: &JobState) -> Markup {
 /// A replay's progress; an operator may cancel it while it runs.
 pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
     let title = match j.kind {
-        crate::replay::Kind::Replay => "Replay".to_owned(),
-        crate::replay::Kind::Purge => "Purge".to_owned(),
-        crate::replay::Kind::MessageReplay | crate::replay::Kind::MessagePurge => {
+        Kind::Replay => "Replay".to_owned(),
+        Kind::Purge => "Purge".to_owned(),
+        Kind::MessageReplay | Kind::MessagePurge => {
             let what = if j.kind.is_purge() { "Purge" } else { "Replay" };
             format!(
                 "{what} of message {}",
@@ -92,7 +100,23 @@ pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
         &title,
         Some(v),
         html! {
+            @if j.interrupted {
+                p.interrupted #interrupted {
+                    "The console running this " (j.kind.words()) " stopped before it ended: the counts above are where its last record (every 2 s) says it stood. "
+                    @if j.kind.is_purge() {
+                        "Running it again removes what is left of its selection."
+                    } @else {
+                        "Running it again is safe: a message the first run moved is not moved twice (the replay's claims in Redis), and one whose copy it had sent without an answer is parked for an operator to decide."
+                    }
+                }
+            }
             (job_table(j))
+            @if is_operator(v) && j.done && (j.interrupted || j.error.is_some()) {
+                form.inline #rerun method="post" action={ "/replay/" (j.id) "/rerun" } {
+                    (csrf_input(v))
+                    button type="submit" { "Run again" }
+                }
+            }
             @if is_operator(v) && !j.done {
                 form.inline #cancel-replay method="post" action={ "/replay/" (j.id) "/cancel" } {
                     (csrf_input(v))
@@ -114,14 +138,15 @@ pub(crate) fn replays(v: &Visitor, jobs: &[JobState]) -> Markup {
         "Replays and purges",
         Some(v),
         html! {
-            @if jobs.is_empty() { p { "No replay or purge since the console started." } }
-            p.note { "Every job that has not ended is listed; of those that ended, the last " (crate::replay::JOBS_KEPT) "." }
+            @if jobs.is_empty() { p { "No replay or purge recorded." } }
+            p.note { "Every job that has not ended is listed, this console's and those of the consoles before it (kept in Redis); of those that ended, the last ones. A job whose console stopped before it ended is interrupted, and may be run again." }
             table #jobs {
-                thead { tr { th { "what" } th { "selected" } th { "by" } th { "state" } th { "moved or removed" } } }
+                thead { tr { th { "what" } th { "asked" } th { "selected" } th { "by" } th { "state" } th { "moved or removed" } } }
                 tbody {
                     @for j in jobs {
-                        tr {
+                        tr data-state=(j.state()) {
                             td { a href={ "/replay/" (j.id) } { (j.kind.words()) } }
+                            td { (time::ago(Some(j.started_ms).filter(|ms| *ms > 0))) }
                             td.cut { (short(&j.selected)) }
                             td { (t(&j.actor)) }
                             td { (j.state()) }

@@ -1,19 +1,16 @@
 //! The worker registry as a page: every worker that reports (or did), its fallback
 //! dependencies with for how long, and which went silent.
 
-use fleet_budget::control::{FleetWorkers, WorkerEntry};
+use std::time::Duration;
 
-use super::*;
+use fleet_budget::control::{FleetWorkers, WorkerEntry};
+use maud::{Markup, html};
+
+use super::{layout, short, time};
+use crate::access::Visitor;
 
 fn duration(ms: u64) -> String {
-    let secs = ms / 1000;
-    if secs >= 3600 {
-        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
-    } else if secs >= 60 {
-        format!("{}m{:02}s", secs / 60, secs % 60)
-    } else {
-        format!("{}.{}s", secs, ms % 1000 / 100)
-    }
+    time::span(Duration::from_millis(ms))
 }
 
 fn state(w: &WorkerEntry) -> &'static str {
@@ -44,6 +41,7 @@ fn fallback_cell(w: &WorkerEntry) -> Markup {
 pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
     let opt = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
     let text = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
+    let now = fleet_budget::clock::now_ms();
     layout(
         "Workers",
         Some(v),
@@ -70,7 +68,7 @@ pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
                             td.num { (opt(w.pid)) }
                             td.cut { (short(&text(&w.lang))) }
                             td.cut { (short(&text(&w.version))) }
-                            td { (w.age_ms.map_or_else(|| "-".to_owned(), |a| format!("{} ago", duration(a)))) }
+                            td { (time::ago(w.age_ms.map(|a| now.saturating_sub(a)))) }
                             td.fallback { (fallback_cell(w)) }
                         }
                     }

@@ -1,13 +1,53 @@
 //! The changes an operator makes: overrides, a sample refresh, a replay's dry run and start, a
-//! purge, a cancel.
+//! purge, a cancel, a run again. Each handler takes an [`Operator`] (its checks are done before
+//! it runs) and validates what the form asks, in `budgetctl`'s words, before anything is sent
+//! to Redis or RabbitMQ.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use fleet_budget::control::OverrideAction;
+use fleet_budget::control::overrides::{self, MAX_OVERRIDE_DURATION, MAX_REASON_BYTES};
 use fleet_budget_amqp::ReplayFilter;
+use fleet_budget_amqp::replay::QueuedMessage;
+use serde::Deserialize;
+
+use super::error::ConsoleError;
+use super::extract::Operator;
+use super::{dependency, rabbitmq, redis};
+use crate::App;
+use crate::dead_letters::Which;
+use crate::filters::{FilterForm, some};
+use crate::pages;
+use crate::replay::{self, Ask, RunContext};
+
+/// A value of a form that is not what it must be (422), in the CLI's words.
+fn invalid(why: impl Into<String>) -> ConsoleError {
+    ConsoleError::Invalid(why.into())
+}
+
+/// The note or reason an action is recorded with: said, and within what the trail keeps.
+fn reason_of(text: &str, what: &str) -> Result<String, ConsoleError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(invalid(format!(
+            "say why: the {what} goes into the audit trail"
+        )));
+    }
+    if text.len() > MAX_REASON_BYTES {
+        return Err(invalid(format!(
+            "the {what} is {} bytes long, at most {MAX_REASON_BYTES} allowed",
+            text.len()
+        )));
+    }
+    Ok(text.to_owned())
+}
 
 /// An override from the page.
 #[derive(Debug, Deserialize)]
 pub(super) struct OverrideForm {
-    csrf: Option<String>,
     action: String,
     #[serde(default)]
     minutes: Option<String>,
@@ -19,100 +59,120 @@ pub(super) struct OverrideForm {
     reason: String,
 }
 
+impl OverrideForm {
+    /// The override asked, checked as `budgetctl budget` checks its flags (the same ranges and
+    /// words), so that `override.lua` never refuses it.
+    fn action(&self) -> Result<OverrideAction, ConsoleError> {
+        let duration = || -> Result<Duration, ConsoleError> {
+            let text =
+                some(self.minutes.as_ref()).ok_or_else(|| invalid("say for how long (minutes)"))?;
+            let minutes: f64 = text.parse().map_err(|_| {
+                invalid(format!("the duration `{text}` is not a number of minutes"))
+            })?;
+            let d = Duration::try_from_secs_f64(minutes * 60.0)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(format!("the duration `{text}` must be more than 0 minutes"))
+                })?;
+            if d > MAX_OVERRIDE_DURATION {
+                return Err(invalid(format!(
+                    "the duration `{text}` minutes must be at most 366d"
+                )));
+            }
+            Ok(d)
+        };
+        Ok(match self.action.as_str() {
+            "freeze" => OverrideAction::Freeze {
+                duration: duration()?,
+            },
+            "unfreeze" => OverrideAction::Unfreeze,
+            "clear" => OverrideAction::Clear,
+            "set" => {
+                let ratio = match some(self.ratio.as_ref()) {
+                    Some(r) => {
+                        let v: f64 = r
+                            .parse()
+                            .map_err(|_| invalid(format!("the ratio `{r}` is not a number")))?;
+                        if !(v.is_finite() && (0.0..=1000.0).contains(&v)) {
+                            return Err(invalid(format!("the ratio `{r}` must be from 0 to 1000")));
+                        }
+                        Some(v)
+                    }
+                    None => None,
+                };
+                let min_allowance = match some(self.min_allowance.as_ref()) {
+                    Some(m) => Some(
+                        m.parse::<u64>()
+                            .ok()
+                            .filter(|m| *m <= 1_000_000_000)
+                            .ok_or_else(|| {
+                                invalid(format!(
+                                    "the floor `{m}` must be a whole number from 0 to 1000000000"
+                                ))
+                            })?,
+                    ),
+                    None => None,
+                };
+                if ratio.is_none() && min_allowance.is_none() {
+                    return Err(invalid(
+                        "a set override needs a ratio and/or a floor (min allowance)",
+                    ));
+                }
+                OverrideAction::Set {
+                    duration: duration()?,
+                    ratio,
+                    min_allowance,
+                }
+            }
+            other => {
+                return Err(ConsoleError::BadRequest(format!(
+                    "the action is freeze, unfreeze, set or clear, not {:?}",
+                    pages::t(other)
+                )));
+            }
+        })
+    }
+}
+
 pub(super) async fn override_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
     Path(name): Path<String>,
-    Form(form): Form<OverrideForm>,
-) -> Page {
-    let actor = changer(&app, &h, form.csrf.as_deref())?;
+    op: Operator<OverrideForm>,
+) -> Result<Redirect, ConsoleError> {
     let dep = dependency(&name)?;
-    let reason = form.reason.trim();
-    if reason.is_empty() {
-        return Err(bad("say why: the reason goes into the audit trail"));
-    }
-    let duration = || -> Result<Duration, Response> {
-        let minutes: f64 = some(form.minutes.as_ref())
-            .ok_or_else(|| bad("say for how long (minutes)"))?
-            .parse()
-            .map_err(|_| bad("the duration is a number of minutes"))?;
-        let d = Duration::try_from_secs_f64(minutes * 60.0)
-            .map_err(|_| bad("the duration is a positive number of minutes"))?;
-        if d.is_zero() || d > MAX_OVERRIDE_DURATION {
-            return Err(bad("an override lasts more than 0 and at most 366 days"));
-        }
-        Ok(d)
-    };
-    let action = match form.action.as_str() {
-        "freeze" => OverrideAction::Freeze {
-            duration: duration()?,
-        },
-        "unfreeze" => OverrideAction::Unfreeze,
-        "clear" => OverrideAction::Clear,
-        "set" => {
-            let ratio = match some(form.ratio.as_ref()) {
-                Some(r) => Some(
-                    r.parse::<f64>()
-                        .ok()
-                        .filter(|r| r.is_finite() && *r >= 0.0)
-                        .ok_or_else(|| bad("the ratio is a number ≥ 0"))?,
-                ),
-                None => None,
-            };
-            let min_allowance = match some(form.min_allowance.as_ref()) {
-                Some(m) => Some(
-                    m.parse::<u64>()
-                        .map_err(|_| bad("the floor is a whole number ≥ 0"))?,
-                ),
-                None => None,
-            };
-            if ratio.is_none() && min_allowance.is_none() {
-                return Err(bad("a set override replaces the ratio, the floor, or both"));
-            }
-            OverrideAction::Set {
-                duration: duration()?,
-                ratio,
-                min_allowance,
-            }
-        }
-        _ => return Err(bad("the action is freeze, unfreeze, set or clear")),
-    };
-    within(
+    let reason = reason_of(&op.form.reason, "reason")?;
+    let action = op.form.action()?;
+    redis(
         &app,
-        "Redis",
-        overrides::apply(&app.store, &app.audit, &dep, action, &actor, reason),
+        overrides::apply(&app.store, &app.audit, &dep, action, &op.actor(), &reason),
     )
     .await?;
     Ok(Redirect::to(&format!(
         "/dependency/{}",
         pages::path_segment(dep.as_str())
-    ))
-    .into_response())
-}
-#[derive(Debug, Deserialize)]
-pub(super) struct CsrfForm {
-    pub(super) csrf: Option<String>,
+    )))
 }
 
-pub(super) async fn refresh_action(
-    State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<CsrfForm>,
-) -> Page {
-    changer(&app, &h, f.csrf.as_deref())?;
+/// A form with nothing but its CSRF token (which the extractor reads).
+#[derive(Debug, Deserialize)]
+pub(super) struct Empty {}
+
+pub(super) async fn refresh_action(State(app): State<Arc<App>>, _op: Operator<Empty>) -> Redirect {
     app.sample_wanted
         .store(true, std::sync::atomic::Ordering::Relaxed);
     app.refresh_now.notify_one();
-    Ok(Redirect::to("/dead-letters").into_response())
+    Redirect::to("/dead-letters")
 }
 
 /// What a form selects: the library's filter, and the form as the page shows it. A form from a
 /// group's row names the group by its short key (`g`): the group's text is never put in a page
 /// (an error class may hold a secret, which the page shows redacted), it is read here from the
 /// queue's index. An empty error class selects the messages without one.
-fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter), Response> {
+fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter), ConsoleError> {
+    let bad = ConsoleError::BadRequest;
     let Some(key) = some(form.g.as_ref()) else {
-        let filter = form.filter().map_err(|e| bad(&e))?;
+        let filter = form.filter().map_err(bad)?;
         return Ok((form.clone(), filter));
     };
     let rest = FilterForm {
@@ -124,11 +184,10 @@ fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter),
     };
     let sample = app.sample(form.which());
     let group = sample
-        .group_by_key(&rest.filter().map_err(|e| bad(&e))?, key)
+        .group_by_key(&rest.filter().map_err(bad)?, key)
         .ok_or_else(|| {
-            refused(
-                StatusCode::NOT_FOUND,
-                "no such group in the queue's index now (replayed or purged since?)",
+            ConsoleError::NotFound(
+                "no such group in the queue's index now (replayed or purged since?)".to_owned(),
             )
         })?;
     let shown = FilterForm {
@@ -142,7 +201,7 @@ fn selection(app: &App, form: &FilterForm) -> Result<(FilterForm, ReplayFilter),
         ..shown.clone()
     }
     .filter()
-    .map_err(|e| bad(&e))?;
+    .map_err(bad)?;
     filter.error_class = Some(group.error_class);
     Ok((shown, filter))
 }
@@ -160,7 +219,6 @@ fn run_context(app: &App) -> RunContext {
 /// A replay's or purge's form: the filter, and how.
 #[derive(Debug, Deserialize)]
 pub(super) struct ActionForm {
-    csrf: Option<String>,
     #[serde(flatten)]
     filter: FilterForm,
     #[serde(default)]
@@ -174,18 +232,22 @@ pub(super) struct ActionForm {
 }
 
 impl ActionForm {
-    fn rate(&self) -> Result<f64, Response> {
+    fn rate(&self) -> Result<f64, ConsoleError> {
         match some(self.rate.as_ref()) {
             None => Ok(50.0),
             Some(r) => r
                 .parse::<f64>()
                 .ok()
                 .filter(|r| r.is_finite() && *r >= 1.0 && *r <= 1_000_000.0)
-                .ok_or_else(|| bad("the rate is 1 to 1,000,000 messages per second")),
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "the rate `{r}` must be from 1 to 1000000 messages per second"
+                    ))
+                }),
         }
     }
 
-    fn limit(&self) -> Result<Option<u64>, Response> {
+    fn limit(&self) -> Result<Option<u64>, ConsoleError> {
         match some(self.limit.as_ref()) {
             None => Ok(None),
             Some(l) => l
@@ -193,21 +255,23 @@ impl ActionForm {
                 .ok()
                 .filter(|l| *l >= 1)
                 .map(Some)
-                .ok_or_else(|| bad("the limit is a whole number ≥ 1")),
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "the limit `{l}` must be a whole number of at least 1"
+                    ))
+                }),
         }
     }
 }
 
 pub(super) async fn dry_run_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<ActionForm>,
-) -> Page {
-    let visitor = reader(&app, &h, false)?;
-    changer(&app, &h, f.csrf.as_deref())?;
+    op: Operator<ActionForm>,
+) -> Result<Response, ConsoleError> {
+    let f = &op.form;
     let (shown, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
-        return Err(bad(
+        return Err(invalid(
             "a replay names its dependency (as `budgetctl replay --dependency`)",
         ));
     }
@@ -215,15 +279,13 @@ pub(super) async fn dry_run_action(
     let limit = f.limit()?;
     // A dry run reads no message (the index and the depth): it never waits for a replay, a
     // purge or a sample that moves messages.
-    let prediction = within(
+    let prediction = rabbitmq(
         &app,
-        "RabbitMQ",
         replay::dry_run(&app.settings.config, &app.store, &filter, limit),
     )
-    .await;
-    let prediction = prediction?;
+    .await?;
     Ok(pages::dry_run(
-        &visitor,
+        &op.visitor,
         &f.filter,
         &shown,
         &prediction,
@@ -236,77 +298,68 @@ pub(super) async fn dry_run_action(
 
 pub(super) async fn replay_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<ActionForm>,
-) -> Page {
-    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    op: Operator<ActionForm>,
+) -> Result<Redirect, ConsoleError> {
+    let f = &op.form;
     let (_, filter) = selection(&app, &f.filter)?;
     if filter.dependency.is_none() {
-        return Err(bad("a replay names its dependency"));
+        return Err(invalid("a replay names its dependency"));
     }
     if f.confirm.as_deref() != Some("replay") {
-        return Err(bad("confirm the replay on its dry run's page"));
+        return Err(invalid("confirm the replay on its dry run's page"));
     }
-    let note = f.note.trim();
-    if note.is_empty() {
-        return Err(bad("say why: the note goes into the audit trail"));
-    }
-    let id = replay::start(
-        &app.jobs,
-        run_context(&app),
+    let ask = Ask {
         filter,
-        f.rate()?,
-        f.limit()?,
-        actor,
-        note.to_owned(),
-    )
-    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
-    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+        rate: f.rate()?,
+        limit: f.limit()?,
+        actor: op.actor(),
+        note: reason_of(&f.note, "note")?,
+        rerun_of: None,
+    };
+    let id = replay::start(&app.jobs, run_context(&app), ask).map_err(ConsoleError::TooMany)?;
+    Ok(Redirect::to(&format!("/replay/{id}")))
 }
 
 pub(super) async fn purge_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<ActionForm>,
-) -> Page {
-    let visitor = reader(&app, &h, false)?;
-    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    op: Operator<ActionForm>,
+) -> Result<Response, ConsoleError> {
+    let f = &op.form;
     let (shown, filter) = selection(&app, &f.filter)?;
     let which = f.filter.which();
     if filter.dependency.is_none() || filter.reason.is_none() {
-        return Err(bad("a purge names a group: its dependency and reason"));
+        return Err(invalid("a purge names a group: its dependency and reason"));
     }
-    let note = f.note.trim();
-    if f.confirm.as_deref() != Some("purge") || note.is_empty() {
+    if f.confirm.as_deref() != Some("purge") || f.note.trim().is_empty() {
         // The confirmation: what would go, from the index, and a form that needs the word.
         let sample = app.sample(which);
         let count = sample.counts.as_ref().map_or(0, |c| {
             c.matching(|row| filter.selects_row(row) != Some(false))
         });
         return Ok(
-            pages::purge_confirm(&visitor, which, &f.filter, &shown, count, &sample)
+            pages::purge_confirm(&op.visitor, which, &f.filter, &shown, count, &sample)
                 .into_response(),
         );
     }
+    let ask = Ask {
+        filter,
+        rate: 0.0,
+        limit: None,
+        actor: op.actor(),
+        note: reason_of(&f.note, "note")?,
+        rerun_of: None,
+    };
     // A job of its own: a purge is never cut off half-way by the request's deadline (a read
     // dropped there would leave copies beside their originals). One that ends within the
     // deadline answers what it did; a longer one answers with its page, which follows it.
-    let id = replay::start_purge(
-        &app.jobs,
-        run_context(&app),
-        which == Which::Parked,
-        filter,
-        None,
-        actor,
-        note.to_owned(),
-    )
-    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
+    let id = replay::start_purge(&app.jobs, run_context(&app), which == Which::Parked, ask)
+        .map_err(ConsoleError::TooMany)?;
     match wait_for_job(&app, &id).await {
         Some(job) if job.error.is_none() => {
-            Ok(pages::purged(&visitor, which, &job).into_response())
+            Ok(pages::purged(&op.visitor, which, &job).into_response())
         }
-        Some(job) => Err(refused(
-            StatusCode::BAD_GATEWAY,
+        Some(job) => Err(ConsoleError::upstream(
+            "RabbitMQ",
             &format!("the purge failed: {}", job.error.unwrap_or_default()),
         )),
         None => Ok(Redirect::to(&format!("/replay/{id}")).into_response()),
@@ -332,7 +385,6 @@ async fn wait_for_job(app: &App, id: &str) -> Option<replay::JobState> {
 /// A replay or purge of one message, from its page.
 #[derive(Debug, Deserialize)]
 pub(super) struct MessageForm {
-    csrf: Option<String>,
     #[serde(default)]
     queue: Option<String>,
     id: String,
@@ -344,23 +396,17 @@ pub(super) struct MessageForm {
 
 impl MessageForm {
     /// The message, as the last sample read it, and the note; refused without them.
-    fn message(
-        &self,
-        app: &App,
-    ) -> Result<(Which, fleet_budget_amqp::replay::QueuedMessage, String), Response> {
+    fn message(&self, app: &App) -> Result<(Which, QueuedMessage, String), ConsoleError> {
         let which = Which::parse(self.queue.as_deref());
-        let note = self.note.trim();
-        if note.is_empty() {
-            return Err(bad("say why: the note goes into the audit trail"));
-        }
+        let note = reason_of(&self.note, "note")?;
         let sample = app.sample(which);
         let Some((s, _)) = sample.message(&self.id) else {
-            return Err(refused(
-                StatusCode::NOT_FOUND,
-                "no such message in the last sample (it may have been replayed or purged)",
+            return Err(ConsoleError::NotFound(
+                "no such message in the last sample (it may have been replayed or purged)"
+                    .to_owned(),
             ));
         };
-        Ok((which, s.message.clone(), note.to_owned()))
+        Ok((which, s.message.clone(), note))
     }
 }
 
@@ -368,103 +414,131 @@ impl MessageForm {
 /// paces the replay), in the background; answers with the job's page.
 pub(super) async fn message_replay_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<MessageForm>,
-) -> Page {
-    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    op: Operator<MessageForm>,
+) -> Result<Redirect, ConsoleError> {
+    let f = &op.form;
     if f.confirm.as_deref() != Some("replay") {
-        return Err(bad("confirm the replay on the message's page"));
+        return Err(invalid("confirm the replay on the message's page"));
     }
     let (which, m, note) = f.message(&app)?;
     if which != Which::Dead {
-        return Err(bad(
+        return Err(invalid(
             "only a dead letter is replayed from here (`budgetctl parked replay` replays parked messages)",
         ));
     }
     let Some(dependency) = m.dependency.clone().filter(|_| m.unreadable.is_none()) else {
-        return Err(bad(
+        return Err(invalid(
             "this message's dead-letter headers cannot be read: a replay would park it; purge it instead",
         ));
     };
-    let filter = fleet_budget_amqp::ReplayFilter {
-        dependency: Some(dependency),
-        message_id: Some(f.id),
-        ..fleet_budget_amqp::ReplayFilter::default()
-    };
-    let id = replay::start(
-        &app.jobs,
-        run_context(&app),
-        filter,
-        50.0,
-        Some(1),
-        actor,
+    let ask = Ask {
+        filter: ReplayFilter {
+            dependency: Some(dependency),
+            message_id: Some(f.id.clone()),
+            ..ReplayFilter::default()
+        },
+        rate: 50.0,
+        limit: Some(1),
+        actor: op.actor(),
         note,
-    )
-    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
-    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+        rerun_of: None,
+    };
+    let id = replay::start(&app.jobs, run_context(&app), ask).map_err(ConsoleError::TooMany)?;
+    Ok(Redirect::to(&format!("/replay/{id}")))
 }
 
 /// Purges one message of the dead-letter or parked queue, selected by its id, in the
 /// background; answers with the job's page.
 pub(super) async fn message_purge_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
-    Form(f): Form<MessageForm>,
-) -> Page {
-    let actor = changer(&app, &h, f.csrf.as_deref())?;
+    op: Operator<MessageForm>,
+) -> Result<Redirect, ConsoleError> {
+    let f = &op.form;
     if f.confirm.as_deref().map(str::trim) != Some("purge") {
-        return Err(bad("type `purge` to confirm"));
+        return Err(invalid("type `purge` to confirm"));
     }
     let (which, m, note) = f.message(&app)?;
-    let filter = fleet_budget_amqp::ReplayFilter {
-        dependency: m.dependency.clone().filter(|_| m.unreadable.is_none()),
-        message_id: Some(f.id),
-        // A message whose headers cannot be read is selected only with `malformed`.
-        malformed: m.unreadable.is_some(),
-        ..fleet_budget_amqp::ReplayFilter::default()
-    };
-    let id = replay::start_purge(
-        &app.jobs,
-        run_context(&app),
-        which == Which::Parked,
-        filter,
-        Some(1),
-        actor,
+    let ask = Ask {
+        filter: ReplayFilter {
+            dependency: m.dependency.clone().filter(|_| m.unreadable.is_none()),
+            message_id: Some(f.id.clone()),
+            // A message whose headers cannot be read is selected only with `malformed`.
+            malformed: m.unreadable.is_some(),
+            ..ReplayFilter::default()
+        },
+        rate: 0.0,
+        limit: Some(1),
+        actor: op.actor(),
         note,
-    )
-    .map_err(|e| refused(StatusCode::TOO_MANY_REQUESTS, &e))?;
-    Ok(Redirect::to(&format!("/replay/{id}")).into_response())
-}
-
-/// A cancel from a replay's page: only the CSRF token.
-#[derive(Debug, Deserialize)]
-pub(super) struct CancelForm {
-    csrf: Option<String>,
+        rerun_of: None,
+    };
+    let id = replay::start_purge(&app.jobs, run_context(&app), which == Which::Parked, ask)
+        .map_err(ConsoleError::TooMany)?;
+    Ok(Redirect::to(&format!("/replay/{id}")))
 }
 
 /// Cancels a running replay: recorded in the audit trail first (who, which run), then asked of
 /// the run, which puts back what it has not moved and records its own entry, marked cancelled.
 pub(super) async fn cancel_action(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
     Path(id): Path<String>,
-    Form(f): Form<CancelForm>,
-) -> Page {
-    let actor = changer(&app, &h, f.csrf.as_deref())?;
-    let job = app
-        .jobs
-        .get(&id)
-        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay or purge"))?;
+    op: Operator<Empty>,
+) -> Result<Redirect, ConsoleError> {
+    let actor = op.actor();
+    let Some(job) = app.jobs.get(&id) else {
+        return Err(match app.jobs.lookup(&id).await {
+            Some(j) if !j.done => ConsoleError::Conflict(
+                "this job runs in another console: cancel it there".to_owned(),
+            ),
+            Some(_) => ConsoleError::Conflict("it has ended already".to_owned()),
+            None => ConsoleError::NotFound("no such replay or purge".to_owned()),
+        });
+    };
     if job.done {
-        return Err(refused(StatusCode::CONFLICT, "it has ended already"));
+        return Err(ConsoleError::Conflict("it has ended already".to_owned()));
     }
     let cx = run_context(&app);
-    within(&app, "Redis", replay::audit_cancel(&cx, &job, &actor)).await?;
+    redis(&app, replay::audit_cancel(&cx, &job, &actor)).await?;
     match app.jobs.cancel(&id, &actor) {
-        (replay::Cancel::Unknown, _) => Err(refused(StatusCode::NOT_FOUND, "no such replay")),
+        (replay::Cancel::Unknown, _) => Err(ConsoleError::NotFound("no such replay".to_owned())),
         // Ended between the look and the ask: the trail says it was asked, the page how it ended.
         (replay::Cancel::Asked | replay::Cancel::Ended, _) => {
-            Ok(Redirect::to(&format!("/replay/{id}")).into_response())
+            Ok(Redirect::to(&format!("/replay/{id}")))
         }
     }
+}
+
+/// Runs an interrupted or failed job again, as it was asked (its filter, rate and limit), by
+/// this operator: a replay's claims make each message move once however often it is run.
+pub(super) async fn rerun_action(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    op: Operator<Empty>,
+) -> Result<Redirect, ConsoleError> {
+    let record = app
+        .jobs
+        .find_record(&id)
+        .await
+        .ok_or_else(|| ConsoleError::NotFound("no such replay or purge".to_owned()))?;
+    if !record.state.done {
+        return Err(ConsoleError::Conflict(
+            "it has not ended: cancel it first".to_owned(),
+        ));
+    }
+    if !(record.state.interrupted || record.state.error.is_some()) {
+        return Err(ConsoleError::Conflict(
+            "only an interrupted or failed job is run again".to_owned(),
+        ));
+    }
+    let ask = Ask::again(&record, op.actor()).ok_or_else(|| {
+        ConsoleError::Conflict("its filter names a reason this console does not know".to_owned())
+    })?;
+    let cx = run_context(&app);
+    let new = if record.state.kind.is_purge() {
+        replay::start_purge(&app.jobs, cx, record.plan.parked, ask)
+    } else {
+        replay::start(&app.jobs, cx, ask)
+    }
+    .map_err(ConsoleError::TooMany)?;
+    Ok(Redirect::to(&format!("/replay/{new}")))
 }

@@ -1,27 +1,43 @@
 //! The pages and JSON a viewer reads: the overview, one dependency, the dead letters, the
-//! replays, the worker registry and the audit trail.
+//! replays, the worker registry and the audit trail. Each handler takes a [`Viewer`].
 
-use super::*;
-use crate::dead_letters::{Group, Sort};
+use std::sync::Arc;
 
-pub(super) async fn overview_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    let visitor = reader(&app, &h, true)?;
-    let ov = within(
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Json, Response};
+use fleet_budget::control::AuditEntry;
+use maud::Markup;
+use serde::Deserialize;
+
+use super::error::ConsoleError;
+use super::extract::Viewer;
+use super::{dependency, redis};
+use crate::App;
+use crate::access::lock;
+use crate::dead_letters::{Group, Sort, Which};
+use crate::filters::{FilterForm, some};
+use crate::pages::{self, AuditPage};
+
+pub(super) async fn overview_page(
+    State(app): State<Arc<App>>,
+    Viewer(visitor): Viewer,
+) -> Result<Markup, ConsoleError> {
+    let ov = redis(
         &app,
-        "Redis",
         crate::fleet::overview(&app.settings.config.budget, &app.store, None),
     )
     .await?;
     let dead = app.sample(Which::Dead);
     let parked = app.sample(Which::Parked);
-    Ok(pages::overview(&visitor, &ov, [&dead, &parked]).into_response())
+    Ok(pages::overview(&visitor, &ov, [&dead, &parked]))
 }
 
-pub(super) async fn overview_json(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    reader(&app, &h, false)?;
-    let ov = within(
+pub(super) async fn overview_json(
+    State(app): State<Arc<App>>,
+    _: Viewer,
+) -> Result<Response, ConsoleError> {
+    let ov = redis(
         &app,
-        "Redis",
         crate::fleet::overview(&app.settings.config.budget, &app.store, None),
     )
     .await?;
@@ -30,26 +46,24 @@ pub(super) async fn overview_json(State(app): State<Arc<App>>, h: HeaderMap) -> 
 
 pub(super) async fn dependency_page(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    Viewer(visitor): Viewer,
     Path(name): Path<String>,
-) -> Page {
-    let visitor = reader(&app, &h, true)?;
+) -> Result<Markup, ConsoleError> {
     let dep = dependency(&name)?;
-    let ov = within(
+    let ov = redis(
         &app,
-        "Redis",
         crate::fleet::overview(&app.settings.config.budget, &app.store, Some(&dep)),
     )
     .await?;
     let history = lock(&app.history).of(dep.as_str());
-    let trail = within(
+    let mut trail = redis(
         &app,
-        "Redis",
         app.audit
             .read(&app.store, None, None, Some(dep.as_str()), 20),
     )
     .await?;
-    Ok(pages::dependency(&visitor, &dep, &ov, &history, &trail).into_response())
+    trail.reverse();
+    Ok(pages::dependency(&visitor, &dep, &ov, &history, &trail))
 }
 
 /// A list's query: the filters (with `g`, a group's short key), the page and the sort.
@@ -65,11 +79,10 @@ pub(super) struct ListQuery {
 
 pub(super) async fn dead_letters_page(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    Viewer(visitor): Viewer,
     Query(q): Query<ListQuery>,
-) -> Page {
-    let visitor = reader(&app, &h, true)?;
-    let filter = q.filter.filter().map_err(|e| bad(&e))?;
+) -> Result<Markup, ConsoleError> {
+    let filter = q.filter.filter().map_err(ConsoleError::BadRequest)?;
     let which = q.filter.which();
     let sort = Sort::parse(q.sort.as_deref());
     let sample = app.sample(which);
@@ -91,26 +104,23 @@ pub(super) async fn dead_letters_page(
         &shown,
         groups.len(),
         app.settings.dead_letter_sample,
-    )
-    .into_response())
+    ))
 }
 
 pub(super) async fn group_page(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    Viewer(visitor): Viewer,
     Query(q): Query<ListQuery>,
-) -> Page {
-    let visitor = reader(&app, &h, true)?;
+) -> Result<Markup, ConsoleError> {
     let which = q.filter.which();
     let sample = app.sample(which);
     // The group by its key (links carry it), or by its fields (older links, typed addresses).
     let group = match some(q.filter.g.as_ref()) {
         Some(key) => {
-            let filter = q.filter.filter().map_err(|e| bad(&e))?;
+            let filter = q.filter.filter().map_err(ConsoleError::BadRequest)?;
             sample.group_by_key(&filter, key).ok_or_else(|| {
-                refused(
-                    StatusCode::NOT_FOUND,
-                    "no such group in the queue's index now (replayed or purged since?)",
+                ConsoleError::NotFound(
+                    "no such group in the queue's index now (replayed or purged since?)".to_owned(),
                 )
             })?
         }
@@ -130,7 +140,7 @@ pub(super) async fn group_page(
         error_class: None,
         ..q.filter.clone()
     };
-    let filter = form.filter().map_err(|e| bad(&e))?;
+    let filter = form.filter().map_err(ConsoleError::BadRequest)?;
     let group = if q.filter.g.is_none() {
         let counted = sample.group_by_key(&filter, &group.key());
         counted.unwrap_or(group)
@@ -144,8 +154,7 @@ pub(super) async fn group_page(
         sample.members(&filter, &group.error_class, sort, offset, pages::PER_PAGE);
     Ok(pages::group(
         &visitor, which, &q.filter, &group, sort, page, &sample, &members, total,
-    )
-    .into_response())
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,52 +166,55 @@ pub(super) struct MessageQuery {
 
 pub(super) async fn message_page(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    Viewer(visitor): Viewer,
     Query(q): Query<MessageQuery>,
-) -> Page {
-    let visitor = reader(&app, &h, true)?;
+) -> Result<Markup, ConsoleError> {
     let which = Which::parse(q.queue.as_deref());
     let sample = app.sample(which);
     let Some((message, detail)) = sample.message(&q.id) else {
-        return Err(refused(
-            StatusCode::NOT_FOUND,
-            "no such message in the last sample (it may have been replayed, or not sampled)",
+        return Err(ConsoleError::NotFound(
+            "no such message in the last sample (it may have been replayed, or not sampled)"
+                .to_owned(),
         ));
     };
-    Ok(pages::message(&visitor, which, sample.taken_ms, message, detail).into_response())
+    Ok(pages::message(
+        &visitor,
+        which,
+        sample.taken_ms,
+        message,
+        detail,
+    ))
 }
 
-pub(super) async fn replays_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    let visitor = reader(&app, &h, true)?;
-    Ok(pages::replays(&visitor, &app.jobs.all()).into_response())
+pub(super) async fn replays_page(State(app): State<Arc<App>>, Viewer(visitor): Viewer) -> Markup {
+    pages::replays(&visitor, &app.jobs.list().await)
 }
 
 pub(super) async fn replay_page(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    Viewer(visitor): Viewer,
     Path(id): Path<String>,
-) -> Page {
-    let visitor = reader(&app, &h, true)?;
+) -> Result<Markup, ConsoleError> {
     let job = app
         .jobs
-        .get(&id)
-        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
-    Ok(pages::replay(&visitor, &job).into_response())
+        .lookup(&id)
+        .await
+        .ok_or_else(|| ConsoleError::NotFound("no such replay".to_owned()))?;
+    Ok(pages::replay(&visitor, &job))
 }
 
 pub(super) async fn replay_json(
     State(app): State<Arc<App>>,
-    h: HeaderMap,
+    _: Viewer,
     Path(id): Path<String>,
-) -> Page {
-    reader(&app, &h, false)?;
-    let job = app
+) -> Result<Response, ConsoleError> {
+    let mut job = app
         .jobs
-        .get(&id)
-        .ok_or_else(|| refused(StatusCode::NOT_FOUND, "no such replay"))?;
+        .lookup(&id)
+        .await
+        .ok_or_else(|| ConsoleError::NotFound("no such replay".to_owned()))?;
     // The run's fields, and the words its page shows for them (one wording, the server's).
     // Its texts through the one door for outside text, as on its page.
-    let mut job = job;
     job.selected = pages::t(&job.selected);
     job.actor = pages::t(&job.actor);
     job.error = job.error.as_deref().map(pages::t);
@@ -216,25 +228,84 @@ pub(super) async fn replay_json(
     Ok(Json(body).into_response())
 }
 
-pub(super) async fn audit_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    let visitor = reader(&app, &h, true)?;
-    let trail = within(
+/// The audit page's query: a dependency, and the page (the id of its newest entry).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct AuditQuery {
+    #[serde(default)]
+    dependency: Option<String>,
+    #[serde(default)]
+    before: Option<String>,
+}
+
+/// A stream id (`ms-seq`) as a pair that orders as the stream does.
+fn stream_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+pub(super) async fn audit_page(
+    State(app): State<Arc<App>>,
+    Viewer(visitor): Viewer,
+    Query(q): Query<AuditQuery>,
+) -> Result<Markup, ConsoleError> {
+    let dependency = some(q.dependency.as_ref()).map(str::to_owned);
+    if let Some(d) = &dependency {
+        super::dependency(d)?;
+    }
+    let before = match some(q.before.as_ref()) {
+        Some(b) => Some(stream_id(b).ok_or_else(|| {
+            ConsoleError::BadRequest("`before` is an entry's id (MS-SEQ)".to_owned())
+        })?),
+        None => None,
+    };
+    // The page's entries and one more (is there an older page?), and room for the entries
+    // of the cursor's own millisecond that were shown already.
+    let per = pages::PER_PAGE;
+    let read = redis(
         &app,
-        "Redis",
-        app.audit.read(&app.store, None, None, None, 200),
+        app.audit.read(
+            &app.store,
+            None,
+            before.map(|(ms, _)| ms),
+            dependency.as_deref(),
+            per + 64,
+        ),
     )
     .await?;
-    Ok(pages::audit(&visitor, &trail).into_response())
+    let mut entries: Vec<AuditEntry> = read
+        .into_iter()
+        .rev()
+        .filter(|e| before.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id <= b)))
+        .take(per + 1)
+        .collect();
+    let older = if entries.len() > per {
+        entries.pop().map(|e| e.id)
+    } else {
+        None
+    };
+    Ok(pages::audit(
+        &visitor,
+        &AuditPage {
+            entries,
+            dependency,
+            older,
+            paged: before.is_some(),
+        },
+    ))
 }
 
-pub(super) async fn workers_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    let visitor = reader(&app, &h, true)?;
-    let read = within(&app, "Redis", crate::fleet::workers(&app.store)).await?;
-    Ok(pages::workers(&visitor, &crate::fleet::workers_shown(read)).into_response())
+pub(super) async fn workers_page(
+    State(app): State<Arc<App>>,
+    Viewer(visitor): Viewer,
+) -> Result<Markup, ConsoleError> {
+    let read = redis(&app, crate::fleet::workers(&app.store)).await?;
+    Ok(pages::workers(&visitor, &crate::fleet::workers_shown(read)))
 }
 
-pub(super) async fn workers_json(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    reader(&app, &h, false)?;
-    let read = within(&app, "Redis", crate::fleet::workers(&app.store)).await?;
+pub(super) async fn workers_json(
+    State(app): State<Arc<App>>,
+    _: Viewer,
+) -> Result<Response, ConsoleError> {
+    let read = redis(&app, crate::fleet::workers(&app.store)).await?;
     Ok(Json(crate::fleet::workers_shown(read)).into_response())
 }

@@ -1,7 +1,24 @@
 //! The bounds and security headers every response carries, and the console's own script and
 //! style (the only ones its CSP allows).
 
-use super::*;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ConsoleError;
+use super::extract::session;
+use crate::App;
+use crate::access::{Counters, Denied};
+
+/// A refusal of the guard, as its page.
+fn refused(status: StatusCode, why: &str) -> Response {
+    ConsoleError::Status(status, why.to_owned()).into_response()
+}
 
 /// The largest request body accepted (forms are a few hundred bytes).
 pub(crate) const MAX_BODY_BYTES: usize = 16 * 1024;
@@ -79,10 +96,7 @@ async fn admit(app: &App, mut request: Request) -> Result<Request, Response> {
              or its --public-url",
         ));
     }
-    if request.method() == Method::POST
-        && !same_origin(request.headers())
-        && !public_origin(&app.settings, request.headers())
-    {
+    if request.method() == Method::POST && !from_this_console(&app.settings, request.headers()) {
         return Err(refused(
             StatusCode::FORBIDDEN,
             "the request came from another site",
@@ -132,7 +146,10 @@ async fn admit(app: &App, mut request: Request) -> Result<Request, Response> {
     match tokio::time::timeout(app.settings.limits.body_timeout, read).await {
         Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
         Ok(Err(Some(()))) => Err(closing(too_large())),
-        Ok(Err(None)) => Err(closing(bad("the body could not be read"))),
+        Ok(Err(None)) => Err(closing(refused(
+            StatusCode::BAD_REQUEST,
+            "the body could not be read",
+        ))),
         Err(_) => {
             Counters::add(&app.counters.timed_out_body);
             Err(closing(refused(
@@ -151,6 +168,12 @@ fn closing(mut r: Response) -> Response {
     r.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// Whether a change comes from this console's own pages: no `Origin` (not a browser's
+/// cross-site request), or one naming the host the request was sent to or the public URL.
+pub(crate) fn from_this_console(settings: &crate::ConsoleSettings, h: &HeaderMap) -> bool {
+    same_origin(h) || public_origin(settings, h)
 }
 
 /// Whether the `Origin` is the public URL's (a proxy that does not pass the `Host` on).
@@ -227,13 +250,13 @@ pub(super) async fn metrics(
             Ok(_) => true,
             Err(d) => {
                 login_failed(&app, client.0, &d, "metrics");
-                return denied(&d, false);
+                return ConsoleError::from(d).into_response();
             }
         },
-        None => app.access.reader(session(&h)).is_ok(),
+        None => app.access.reader(session(&h)).await.is_ok(),
     };
     if !allowed {
-        return denied(&Denied::NotLoggedIn, false);
+        return ConsoleError::from(Denied::NotLoggedIn).into_response();
     }
     (
         [(
@@ -303,7 +326,9 @@ pub(super) async fn style() -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use axum::http::{HeaderMap, HeaderValue, header};
+
+    use super::{host_allowed, same_origin};
 
     #[test]
     fn hosts_are_the_bind_address_and_the_public_url() {

@@ -29,6 +29,8 @@ use crate::webdriver::{Driver, http};
 
 // The dead-letter pages (issue 32), in a group of their own.
 mod pages;
+// Operating the console (issue 32): errors, times, the audit table, the risks.
+mod operating;
 
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";

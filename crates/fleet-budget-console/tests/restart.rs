@@ -1,0 +1,360 @@
+//! A restart of the real `budgetctl console` process (killed with SIGKILL, started again on the
+//! same port, Redis of the test's own, the shared RabbitMQ under a topology of its own):
+//! operators stay logged in, a replay that was moving messages when the console died is listed
+//! as interrupted with the counts it reached, and running it again moves each message once.
+//! A token taken out of the configuration ends its sessions at the next start.
+//!
+//! No timed assertion: each wait is a hang check; the figures are printed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+#[allow(dead_code)]
+#[path = "browser/webdriver.rs"]
+mod webdriver;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_budget::DeadLetterReason;
+use fleet_budget::control::DeadLetterIndex;
+use fleet_budget::store::{RedisStore, RedisTarget};
+use fleet_budget::testing::{RedisServer, free_port};
+use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_amqp::{Replayer, WorkerConfig, queue_depths};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use webdriver::http;
+
+const OPERATOR: &str = "operator-token-0123456789";
+const OTHER_OPERATOR: &str = "another-operator-token-9876543210";
+/// Dead letters the replay moves.
+const MESSAGES: u64 = 12;
+
+fn budgetctl() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
+        .unwrap();
+    assert!(
+        bin.exists(),
+        "{} is not built: `cargo build -p budgetctl` first",
+        bin.display()
+    );
+    bin
+}
+
+struct Setup {
+    _redis: RedisServer,
+    broker: TestBroker,
+    config: WorkerConfig,
+    config_path: PathBuf,
+    tokens: PathBuf,
+    port: u16,
+}
+
+impl Setup {
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `budgetctl console` with the operator tokens in `self.tokens`; waits until it
+    /// answers.
+    async fn start(&self) -> Child {
+        let child = Command::new(budgetctl())
+            .arg("--config")
+            .arg(&self.config_path)
+            .args([
+                "console",
+                "--bind",
+                &self.addr(),
+                "--no-viewer-token",
+                "--operator-token-file",
+            ])
+            .arg(&self.tokens)
+            .args(["--dlq-refresh-secs", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        loop {
+            let answered = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::net::TcpStream::connect(self.addr()),
+            )
+            .await;
+            if matches!(answered, Ok(Ok(_))) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the console never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("console up in {:?}", started.elapsed());
+        child
+    }
+}
+
+fn setup(name: &str) -> Setup {
+    let redis = RedisServer::start();
+    let broker = TestBroker::new(name);
+    let toml = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 10000\n\
+         [dependencies.search]\ntasks = [\"index\"]\n\
+         [amqp]\nurl = \"{}\"\nprefix = \"{}\"\n",
+        redis.url(),
+        unique_prefix("fbcr"),
+        broker.url,
+        broker.settings.prefix
+    );
+    let config = WorkerConfig::from_toml(&toml, "restart test").unwrap();
+    let dir = std::env::temp_dir();
+    let config_path = dir.join(format!("{}.toml", unique_prefix("fbcr")));
+    std::fs::write(&config_path, &toml).unwrap();
+    let tokens = dir.join(format!("{}.tokens", unique_prefix("fbcr")));
+    std::fs::write(&tokens, format!("ann:{OPERATOR}\n")).unwrap();
+    Setup {
+        _redis: redis,
+        broker,
+        config,
+        config_path,
+        tokens,
+        port: free_port(),
+    }
+}
+
+fn store(config: &WorkerConfig) -> Arc<RedisStore> {
+    let r = &config.budget.redis;
+    Arc::new(
+        RedisStore::new_with_tls(
+            RedisTarget::from_settings(r),
+            &r.key_prefix,
+            Duration::from_secs(5),
+            &r.tls,
+        )
+        .unwrap(),
+    )
+}
+
+/// `MESSAGES` dead letters of `search`, indexed.
+async fn dead_letters(s: &Setup) {
+    let p = s.broker.publisher().await;
+    let now = fleet_budget::clock::now_ms();
+    for i in 0..MESSAGES {
+        let record =
+            s.broker
+                .dead_letter_record("search", DeadLetterReason::BudgetExhausted, now - 1000);
+        s.broker
+            .publish_dead_letter(&p, &record, format!("job {i}").as_bytes())
+            .await;
+    }
+    p.close().await;
+    Replayer::new(s.broker.url.clone(), s.broker.topology.clone(), None)
+        .with_index(Some(DeadLetterIndex::new(store(&s.config))))
+        .reindex()
+        .await
+        .unwrap();
+}
+
+fn set_cookie(head: &str, name: &str) -> String {
+    head.lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .find_map(|l| {
+            let v = l.split_once(':').unwrap().1.trim();
+            v.strip_prefix(&format!("{name}="))
+                .map(|rest| rest.split(';').next().unwrap().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no cookie {name} in {head}"))
+}
+
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF token in the page"));
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+fn location(head: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("location:")
+                .then(|| l.split_once(':').unwrap().1.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// Logs in; the session cookie (`fbc_session=...`).
+async fn login(addr: &str, token: &str) -> String {
+    let (_, head, _) = http(addr, "GET", "/login", &[], None).await;
+    let nonce = set_cookie(&head, "fbc_login");
+    let form = format!("token={token}&login_csrf={nonce}");
+    let (status, head, _) = http(
+        addr,
+        "POST",
+        "/login",
+        &[("Cookie", &format!("fbc_login={nonce}"))],
+        Some(("application/x-www-form-urlencoded", form.as_bytes())),
+    )
+    .await;
+    assert_eq!(status, 303, "{head}");
+    format!("fbc_session={}", set_cookie(&head, "fbc_session"))
+}
+
+async fn get(addr: &str, cookie: &str, path: &str) -> (u16, String, String) {
+    let (status, head, body) = http(addr, "GET", path, &[("Cookie", cookie)], None).await;
+    (status, head, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn post(addr: &str, cookie: &str, path: &str, form: &str) -> (u16, String, String) {
+    let (status, head, body) = http(
+        addr,
+        "POST",
+        path,
+        &[("Cookie", cookie)],
+        Some(("application/x-www-form-urlencoded", form.as_bytes())),
+    )
+    .await;
+    (status, head, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// GETs `/api/replay/ID` until `done` holds for its JSON (a hang check).
+async fn job_until(addr: &str, cookie: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, _, body) = get(addr, cookie, &format!("/api/replay/{id}")).await;
+        if status == 200 {
+            let job: Value = serde_json::from_str(&body).unwrap();
+            if done(&job) {
+                return job;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "job {id} never showed what was awaited: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_and_an_interrupted_replay_outlive_a_restart_and_the_rerun_moves_each_message_once()
+ {
+    let s = setup("console-restart");
+    s.broker.migrate().await;
+    dead_letters(&s).await;
+    let addr = s.addr();
+    let mut console = s.start().await;
+    let cookie = login(&addr, OPERATOR).await;
+    let (_, _, page) = get(&addr, &cookie, "/replays").await;
+    let csrf = csrf_of(&page);
+
+    // A replay slow enough to be killed half-way: 1 message a second.
+    let form = format!("csrf={csrf}&dependency=search&rate=1&confirm=replay&note=restart%20test");
+    let (status, head, body) = post(&addr, &cookie, "/replay/start", &form).await;
+    assert_eq!(status, 303, "{head}{body}");
+    let id = location(&head).trim_start_matches("/replay/").to_owned();
+    let reached = job_until(&addr, &cookie, &id, |j| j["moved"].as_u64() >= Some(2)).await;
+    println!("before the kill: {reached}");
+    // The record is written every 2 s: let one carry the moves.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    console.kill().await.unwrap();
+    let killed_at = Instant::now();
+
+    // Started again: the same cookie still reads and still changes.
+    let mut console = s.start().await;
+    let (status, head, page) = get(&addr, &cookie, "/replays").await;
+    assert_eq!(
+        status, 200,
+        "the session did not survive the restart: {head}"
+    );
+    assert!(page.contains("ann (operator)"), "{page}");
+    assert_eq!(csrf_of(&page), csrf, "the session's CSRF token is kept");
+    let job = job_until(&addr, &cookie, &id, |j| j["state"] == "interrupted").await;
+    println!(
+        "interrupted shown {:?} after the kill: {job}",
+        killed_at.elapsed()
+    );
+    let stopped_at = job["moved"].as_u64().unwrap();
+    assert!(stopped_at >= 2, "the counts are where it stopped: {job}");
+    assert!(stopped_at < MESSAGES, "{job}");
+    let (_, _, page) = get(&addr, &cookie, &format!("/replay/{id}")).await;
+    assert!(page.contains("id=\"interrupted\""), "{page}");
+    assert!(page.contains("Run again"), "{page}");
+    let (_, _, list) = get(&addr, &cookie, "/replays").await;
+    assert!(
+        list.contains(&format!("/replay/{id}")),
+        "listed after the restart"
+    );
+
+    // Run again: every message moved once, none twice.
+    let (status, head, body) = post(
+        &addr,
+        &cookie,
+        &format!("/replay/{id}/rerun"),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 303, "{head}{body}");
+    let again = location(&head).trim_start_matches("/replay/").to_owned();
+    assert_ne!(again, id);
+    let rerun = job_until(&addr, &cookie, &again, |j| j["done"] == true).await;
+    println!("the rerun: {rerun}");
+    assert_eq!(rerun["state"], "done", "{rerun}");
+    assert_eq!(rerun["rerun_of"], id.as_str());
+    let depths = queue_depths(s.broker.url.clone(), &s.broker.topology)
+        .await
+        .unwrap();
+    println!(
+        "depths after the rerun: work {}, dead {}, parked {}",
+        depths.work, depths.dead, depths.parked
+    );
+    // Each message is in the work queue once: the first run's and the rerun's moves, and the
+    // copies the first run sent without an answer before it died, whose originals the rerun
+    // parks (in doubt: an operator decides) instead of moving them twice.
+    assert_eq!(u64::from(depths.work), MESSAGES, "each message moved once");
+    assert_eq!(depths.dead, 0);
+    assert_eq!(
+        u64::from(depths.parked),
+        rerun["parked"].as_u64().unwrap(),
+        "only the originals in doubt are parked"
+    );
+
+    // A token taken out of the configuration ends its sessions at the next start.
+    console.kill().await.unwrap();
+    std::fs::write(&s.tokens, format!("ann:{OTHER_OPERATOR}\n")).unwrap();
+    let mut console = s.start().await;
+    // (The console is open to viewers: the old cookie reads as anyone does, and changes nothing.)
+    let (status, _, page) = get(&addr, &cookie, "/replays").await;
+    assert_eq!(status, 200);
+    assert!(!page.contains("ann (operator)"), "{page}");
+    assert!(page.contains("anonymous (viewer)"), "{page}");
+    let (status, _, _) = post(
+        &addr,
+        &cookie,
+        &format!("/replay/{id}/rerun"),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 401, "the old session changes nothing");
+    let fresh = login(&addr, OTHER_OPERATOR).await;
+    let (_, _, page) = get(&addr, &fresh, "/replays").await;
+    assert!(page.contains("ann (operator)"));
+    console.kill().await.unwrap();
+    let _ = std::fs::remove_file(&s.config_path);
+    let _ = std::fs::remove_file(&s.tokens);
+}
