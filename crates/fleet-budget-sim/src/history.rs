@@ -13,7 +13,8 @@
 //!    the threshold (robust while incidents cover less than half the steps); the incidents
 //!    reported are those above the recommended ratio.
 //! 3. **Healthy retry fraction**: the [`Rules::healthy_percentile`] (p99) of the fraction over
-//!    the steps with traffic outside the first pass's incidents, breaker closed.
+//!    the steps with traffic outside the first pass's incidents and the step on either side of
+//!    each, breaker closed.
 //! 4. **Ratio**: [`Rules::margin`] (1.5) times the healthy fraction, rounded up to two
 //!    significant digits (so between 1.5 and 1.6 times it), within 0.01 and 10.
 //! 5. **`min_allowance`**: what the quiet windows needed: the p99, over healthy steps whose
@@ -299,10 +300,12 @@ pub fn recommend(
     let fractions: Vec<f64> = samples.iter().filter_map(Sample::fraction).collect();
     let median = percentile(&fractions, 0.5).ok_or(NoRecommendation::NoTraffic)?;
     let first_pass = incidents(samples, step_ms, (2.0 * median).max(MIN_RATIO), rules);
+    // The steps on either side of an incident are left out too: an incident's edges are known
+    // to within a step, and the retries still waiting when it ends land in the next one.
     let in_incident = |s: &Sample| {
-        first_pass
-            .iter()
-            .any(|i| s.at_ms > i.start_ms && s.at_ms <= i.end_ms)
+        first_pass.iter().any(|i| {
+            s.at_ms > i.start_ms.saturating_sub(step_ms) && s.at_ms <= i.end_ms + step_ms
+        })
     };
     let healthy: Vec<&Sample> = samples
         .iter()
@@ -431,7 +434,7 @@ mod tests {
         assert_eq!(window.recovery_window_secs, 30);
         let plan = Schedule::for_window(&Backoff::default(), Duration::from_secs(30));
         assert_eq!(window.max_attempts, plan.max_attempts());
-        assert_eq!(r.healthy_steps, 200 - 5 - 7 - 10 - 15);
+        assert_eq!(r.healthy_steps, 200 - 5 - 7 - 10 - 15 - 4 * 2);
         assert_eq!(r.healthy_steps_above_ratio, 0);
         assert_eq!(r.min_allowance, 1, "busy windows need no floor: {r:?}");
         assert_eq!(r.shadow, None);
@@ -468,7 +471,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.incidents.len(), 1, "{r:?}");
         assert_eq!(r.incidents.first().map(|i| i.breaker_open_steps), Some(4));
-        // The blip is healthy evidence: one step in 56 is more than 1%, so it is the p99.
+        // The blip is healthy evidence: one step in 54 is more than 1%, so it is the p99.
         assert!(r.healthy_fraction > 0.05, "{r:?}");
     }
 
