@@ -8,8 +8,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
     console::ConsoleArgs, demo::DemoArgs, dlq::DlqCommand, doctor::DoctorArgs,
-    exporter::ExporterArgs, incident::IncidentCommand, migrate::MigrateArgs, parked::ParkedCommand, plan::PlanArgs,
-    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs, tune::TuneArgs,
+    exporter::ExporterArgs, incident::IncidentCommand, migrate::MigrateArgs, parked::ParkedCommand,
+    plan::PlanArgs, replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
+    tune::TuneArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in

@@ -26,8 +26,8 @@ use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{
-    audit, bench, budget, console, demo, dlq, doctor, exporter, incident, migrate, parked, plan, replay,
-    simulate, status, tune,
+    audit, bench, budget, console, demo, dlq, doctor, exporter, incident, migrate, parked, plan,
+    replay, simulate, status, tune,
 };
 use crate::exit::UsageError;
 

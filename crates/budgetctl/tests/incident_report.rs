@@ -50,7 +50,11 @@ fn row(dependency: &str, reason: &str, class: &str, minute: u64) -> String {
 #[test]
 fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_chromium() {
     let redis = RedisServer::start();
-    let dir = std::env::temp_dir().join(format!("fb-incident-{}-{}", std::process::id(), free_port()));
+    let dir = std::env::temp_dir().join(format!(
+        "fb-incident-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("fleet.toml");
     std::fs::write(
@@ -77,26 +81,42 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
             "alice",
         ],
     );
-    assert!(freeze.status.success(), "{}", String::from_utf8_lossy(&freeze.stderr));
+    assert!(
+        freeze.status.success(),
+        "{}",
+        String::from_utf8_lossy(&freeze.stderr)
+    );
 
     let config = WorkerConfig::from_path(&config_path).unwrap();
     let topology = Topology::new(&config.amqp);
-    let now_minute = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64 / 60_000;
+    let now_minute = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        / 60_000;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(async {
             let budget = FleetBudget::from_config(&config.budget).await.unwrap();
-            let index = budget.dead_letter_index().expect("an index on a Redis store");
+            let index = budget
+                .dead_letter_index()
+                .expect("an index on a Redis store");
             index
                 .change(
                     &topology.dead_queue,
                     &[
-                        (row("payments", "budget_exhausted", "http_503", now_minute), 7),
+                        (
+                            row("payments", "budget_exhausted", "http_503", now_minute),
+                            7,
+                        ),
                         (row("payments", "budget_frozen", "http_503", now_minute), 3),
                         (row("search", "budget_exhausted", "timeout", now_minute), 5),
-                        (row("payments", "non_retryable", "decode", now_minute - 120), 11),
+                        (
+                            row("payments", "non_retryable", "decode", now_minute - 120),
+                            11,
+                        ),
                     ],
                 )
                 .await
@@ -104,7 +124,10 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
             index
                 .change(
                     &topology.parked_queue,
-                    &[(row("payments", "budget_exhausted", "http_503", now_minute), 2)],
+                    &[(
+                        row("payments", "budget_exhausted", "http_503", now_minute),
+                        2,
+                    )],
                 )
                 .await
                 .unwrap();
@@ -112,17 +135,46 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
 
     let md = budgetctl(
         &config_path,
-        &["incident", "report", "--dependency", "payments", "--since", "10m"],
+        &[
+            "incident",
+            "report",
+            "--dependency",
+            "payments",
+            "--since",
+            "10m",
+        ],
     );
-    assert!(md.status.success(), "{}", String::from_utf8_lossy(&md.stderr));
+    assert!(
+        md.status.success(),
+        "{}",
+        String::from_utf8_lossy(&md.stderr)
+    );
     let md = String::from_utf8(md.stdout).unwrap();
     println!("{md}");
-    assert!(md.contains("| freeze | alice | INC-7: &lt;b&gt;payments&lt;/b&gt; down |"), "{md}");
-    assert!(md.contains("| dead-letter | budget_exhausted | http_503 | 7 |"), "{md}");
-    assert!(md.contains("| dead-letter | budget_frozen | http_503 | 3 |"), "{md}");
-    assert!(md.contains("| parked | budget_exhausted | http_503 | 2 |"), "{md}");
-    assert!(!md.contains("timeout") && !md.contains("decode"), "another dependency's or an older dead letter: {md}");
-    assert!(md.contains("| still in the dead-letter queue | 10 |"), "{md}");
+    assert!(
+        md.contains("| freeze | alice | INC-7: &lt;b&gt;payments&lt;/b&gt; down |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| dead-letter | budget_exhausted | http_503 | 7 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| dead-letter | budget_frozen | http_503 | 3 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| parked | budget_exhausted | http_503 | 2 |"),
+        "{md}"
+    );
+    assert!(
+        !md.contains("timeout") && !md.contains("decode"),
+        "another dependency's or an older dead letter: {md}"
+    );
+    assert!(
+        md.contains("| still in the dead-letter queue | 10 |"),
+        "{md}"
+    );
     assert!(md.contains("no Prometheus"), "{md}");
 
     let html_path = dir.join("report.html");
@@ -141,7 +193,11 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
             html_path.to_str().unwrap(),
         ],
     );
-    assert!(html.status.success(), "{}", String::from_utf8_lossy(&html.stderr));
+    assert!(
+        html.status.success(),
+        "{}",
+        String::from_utf8_lossy(&html.stderr)
+    );
     let dom = Command::new("chromium")
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
         .arg(format!("file://{}", html_path.display()))
@@ -155,7 +211,10 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
         dom.contains("&lt;b&gt;payments&lt;/b&gt;") && !dom.contains("<b>payments</b>"),
         "the reason is text, not markup: {dom}"
     );
-    assert!(dom.contains("<td>budget_frozen</td><td>http_503</td><td>3</td>"), "{dom}");
+    assert!(
+        dom.contains("<td>budget_frozen</td><td>http_503</td><td>3</td>"),
+        "{dom}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     drop(redis);
 }

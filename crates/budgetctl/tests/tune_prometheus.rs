@@ -85,7 +85,10 @@ impl PromServer {
         let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -115,8 +118,7 @@ impl PromServer {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s
-            .write_all(b"GET /-/ready HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        if s.write_all(b"GET /-/ready HTTP/1.0\r\nHost: localhost\r\n\r\n")
             .is_err()
         {
             return false;
@@ -254,12 +256,7 @@ fn tune_recommends_the_ratio_and_window_the_traffic_it_scraped_needs() {
                     tick.tick().await;
                     for _ in 0..JOBS_PER_TICK {
                         seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                        tokio::spawn(job(
-                            budget.clone(),
-                            failing.clone(),
-                            tally.clone(),
-                            seed,
-                        ));
+                        tokio::spawn(job(budget.clone(), failing.clone(), tally.clone(), seed));
                     }
                 }
             }));
@@ -380,7 +377,9 @@ fn tune_recommends_the_ratio_and_window_the_traffic_it_scraped_needs() {
     );
     let rec = &doc["dependencies"][0]["recommendation"];
     let ratio = rec["ratio"].as_f64().expect("a ratio");
-    let window = rec["window"]["recovery_window_secs"].as_f64().expect("a window");
+    let window = rec["window"]["recovery_window_secs"]
+        .as_f64()
+        .expect("a window");
     let mut lengths: Vec<f64> = INCIDENTS_SECS.iter().map(|s| *s as f64).collect();
     let p95 = percentile(&mut lengths, 0.95);
     let found: Vec<String> = rec["incidents"]
@@ -414,11 +413,18 @@ fn tune_recommends_the_ratio_and_window_the_traffic_it_scraped_needs() {
         (window - p95).abs() <= 0.2 * p95,
         "window {window}s, incidents' p95 {p95}s"
     );
-    assert_eq!(found.len(), INCIDENTS_SECS.len(), "incidents found: {found:?}");
+    assert_eq!(
+        found.len(),
+        INCIDENTS_SECS.len(),
+        "incidents found: {found:?}"
+    );
     hold_to_schema(&doc);
     let chart = doc["dependencies"][0]["chart"].as_str().expect("a chart");
     let svg = std::fs::read_to_string(chart).unwrap();
-    assert_eq!(svg.matches("class=\"incident\"").count(), INCIDENTS_SECS.len());
+    assert_eq!(
+        svg.matches("class=\"incident\"").count(),
+        INCIDENTS_SECS.len()
+    );
     drop(redis);
 }
 
@@ -450,7 +456,9 @@ fn hold_to_schema(doc: &serde_json::Value) {
     let verdict: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(verdict["documents"], serde_json::json!([[]]), "{verdict}");
     assert!(
-        verdict["schemas"]["tune"].as_array().is_none_or(Vec::is_empty),
+        verdict["schemas"]["tune"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
         "{verdict}"
     );
 }

@@ -303,9 +303,9 @@ pub fn recommend(
     // The steps on either side of an incident are left out too: an incident's edges are known
     // to within a step, and the retries still waiting when it ends land in the next one.
     let in_incident = |s: &Sample| {
-        first_pass.iter().any(|i| {
-            s.at_ms > i.start_ms.saturating_sub(step_ms) && s.at_ms <= i.end_ms + step_ms
-        })
+        first_pass
+            .iter()
+            .any(|i| s.at_ms > i.start_ms.saturating_sub(step_ms) && s.at_ms <= i.end_ms + step_ms)
     };
     let healthy: Vec<&Sample> = samples
         .iter()
@@ -351,17 +351,24 @@ pub fn recommend(
             last_attempt_ms: u64::try_from(schedule.span().as_millis()).unwrap_or(u64::MAX),
         }
     });
-    let shadow = samples.iter().any(|s| s.would_deny.is_some()).then(|| ShadowEvidence {
-        would_deny: samples.iter().filter_map(|s| s.would_deny).sum(),
-        would_deny_healthy: healthy.iter().filter_map(|s| s.would_deny).sum(),
-    });
+    let shadow = samples
+        .iter()
+        .any(|s| s.would_deny.is_some())
+        .then(|| ShadowEvidence {
+            would_deny: samples.iter().filter_map(|s| s.would_deny).sum(),
+            would_deny_healthy: healthy.iter().filter_map(|s| s.would_deny).sum(),
+        });
     Ok(Recommendation {
         steps: samples.len(),
         steps_with_traffic: fractions.len(),
         healthy_steps: healthy.len(),
         median_fraction: median,
         healthy_fraction,
-        healthy_mean_fraction: if deposits > 0.0 { retries / deposits } else { 0.0 },
+        healthy_mean_fraction: if deposits > 0.0 {
+            retries / deposits
+        } else {
+            0.0
+        },
         ratio,
         margin: (healthy_fraction > 0.0).then(|| ratio / healthy_fraction),
         min_allowance,
@@ -423,10 +430,19 @@ mod tests {
         // Incidents of 10, 14, 20 and 30 steps' worth of seconds (2 s steps).
         let outages = [20..25, 60..67, 100..110, 150..165];
         let samples = history(200, 0.1, &outages);
-        let r = recommend(&samples, STEP, 60_000, &Backoff::default(), &Rules::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let r = recommend(
+            &samples,
+            STEP,
+            60_000,
+            &Backoff::default(),
+            &Rules::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!((r.healthy_fraction - 0.1).abs() < 1e-9, "{r:?}");
-        assert!((1.2..=2.0).contains(&(r.ratio / r.healthy_fraction)), "{r:?}");
+        assert!(
+            (1.2..=2.0).contains(&(r.ratio / r.healthy_fraction)),
+            "{r:?}"
+        );
         assert_eq!(r.incidents.len(), 4, "{r:?}");
         let durations: Vec<u64> = r.incidents.iter().map(|i| i.duration_ms).collect();
         assert_eq!(durations, [10_000, 14_000, 20_000, 30_000]);
@@ -451,8 +467,14 @@ mod tests {
             s.window_deposits = 30.0;
             s.window_retries = 16.5;
         }
-        let r = recommend(&samples, STEP, 60_000, &Backoff::default(), &Rules::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let r = recommend(
+            &samples,
+            STEP,
+            60_000,
+            &Backoff::default(),
+            &Rules::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.floor.windows_short, 10, "{r:?}");
         assert_eq!(r.min_allowance, 12, "{r:?}");
     }
@@ -467,8 +489,14 @@ mod tests {
         for s in samples.iter_mut().skip(30).take(4) {
             s.breaker_open = true;
         }
-        let r = recommend(&samples, STEP, 60_000, &Backoff::default(), &Rules::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let r = recommend(
+            &samples,
+            STEP,
+            60_000,
+            &Backoff::default(),
+            &Rules::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.incidents.len(), 1, "{r:?}");
         assert_eq!(r.incidents.first().map(|i| i.breaker_open_steps), Some(4));
         // The blip is healthy evidence: one step in 54 is more than 1%, so it is the p99.
@@ -481,8 +509,14 @@ mod tests {
         for s in &mut samples {
             s.would_deny = Some(1.0);
         }
-        let r = recommend(&samples, STEP, 60_000, &Backoff::default(), &Rules::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let r = recommend(
+            &samples,
+            STEP,
+            60_000,
+            &Backoff::default(),
+            &Rules::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             r.shadow,
             Some(ShadowEvidence {

@@ -38,14 +38,30 @@ fn tune_without_prometheus_says_what_the_project_keeps() {
     let o = run(&["tune", "--prometheus", "https://u:hunter2@prom:9090"]);
     assert_exit(&o, 2, "https is not supported");
     assert!(!crate::stderr(&o).contains("hunter2"));
-    let o = run(&["tune", "--prometheus", "http://127.0.0.1:9", "--since", "1h", "--step", "1s", "--until", "2h"]);
+    let o = run(&[
+        "tune",
+        "--prometheus",
+        "http://127.0.0.1:9",
+        "--since",
+        "1h",
+        "--step",
+        "1s",
+        "--until",
+        "2h",
+    ]);
     assert_exit(&o, 2, "is not before --until");
 }
 
 #[test]
 fn tune_gives_up_on_a_silent_or_hostile_prometheus() {
     let port = fleet_budget::testing::free_port();
-    let o = run(&["tune", "--prometheus", &format!("http://127.0.0.1:{port}"), "--since", "1h"]);
+    let o = run(&[
+        "tune",
+        "--prometheus",
+        &format!("http://127.0.0.1:{port}"),
+        "--since",
+        "1h",
+    ]);
     assert_exit(&o, 1, "connect");
 
     let (port, h) = server(None);
@@ -64,24 +80,47 @@ fn tune_gives_up_on_a_silent_or_hostile_prometheus() {
     h.join().unwrap();
 
     for (reply, needle) in [
-        ("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n<html>", "not JSON"),
         (
-            "HTTP/1.1 400 Bad Request\r\nContent-Length: 52\r\n\r\n{\"status\":\"error\",\"error\":\"parse error\\u001b[31m\"}",
+            "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n<html>",
+            "not JSON",
+        ),
+        (
+            "HTTP/1.1 400 Bad Request\r\nContent-Length: 50\r\n\r\n{\"status\":\"error\",\"error\":\"parse error\\u001b[31m\"}",
             "Prometheus answered an error",
         ),
-        ("HTTP/1.1 503 Unavailable\r\nContent-Length: 0\r\n\r\n", "HTTP 503"),
+        (
+            "HTTP/1.1 503 Unavailable\r\nContent-Length: 0\r\n\r\n",
+            "HTTP 503",
+        ),
     ] {
         let (port, h) = server(Some(reply));
-        let o = run(&["tune", "--prometheus", &format!("http://127.0.0.1:{port}"), "--since", "1h"]);
+        let o = run(&[
+            "tune",
+            "--prometheus",
+            &format!("http://127.0.0.1:{port}"),
+            "--since",
+            "1h",
+        ]);
         assert_exit(&o, 1, needle);
-        assert!(!crate::stderr(&o).contains('\u{1b}'), "{}", crate::stderr(&o));
+        assert!(
+            !crate::stderr(&o).contains('\u{1b}'),
+            "{}",
+            crate::stderr(&o)
+        );
         h.join().unwrap();
     }
 }
 
 #[test]
 fn incident_report_refuses_a_bad_dependency_and_says_what_it_lacks() {
-    let o = run(&["incident", "report", "--dependency", "a{b}", "--since", "1h"]);
+    let o = run(&[
+        "incident",
+        "report",
+        "--dependency",
+        "a{b}",
+        "--since",
+        "1h",
+    ]);
     assert_exit(&o, 2, "--dependency");
     // No Redis listening, no Prometheus: the report still prints and says what it lacks.
     let port = fleet_budget::testing::free_port();
@@ -97,5 +136,8 @@ fn incident_report_refuses_a_bad_dependency_and_says_what_it_lacks() {
     ]);
     assert!(o.status.success(), "{}", crate::stderr(&o));
     let text = crate::stdout(&o);
-    assert!(text.contains("no Prometheus") && text.contains("Redis could not be reached"), "{text}");
+    assert!(
+        text.contains("no Prometheus") && text.contains("Redis could not be reached"),
+        "{text}"
+    );
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use fleet_budget::control::AuditEntry;
-use fleet_budget::{DepositBasis, Dependency};
+use fleet_budget::{Dependency, DepositBasis};
 use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_amqp::dead_letters::Row;
 use fleet_budget_amqp::topology::Topology;
@@ -60,7 +60,12 @@ pub(crate) struct ReportArgs {
     pub(crate) format: Format,
     /// Prometheus's URL, for the per-minute figures (without it: the audit trail and the
     /// dead-letter index only, said in the report).
-    #[arg(long, value_name = "URL", env = "FLEET_BUDGET_PROMETHEUS_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FLEET_BUDGET_PROMETHEUS_URL",
+        hide_env_values = true
+    )]
     pub(crate) prometheus: Option<String>,
     /// The step of the per-minute figures (at least twice the scrape interval).
     #[arg(long, value_name = "DURATION", value_parser = when::duration, default_value = "60s")]
@@ -178,8 +183,8 @@ const REPLAY_ACTIONS: [&str; 3] = ["replay", "parked_replay", "parked_purge"];
 /// `budgetctl incident report --dependency D --since T [--until T] [--format md|html]`.
 pub(crate) async fn run(config: &WorkerConfig, command: &IncidentCommand) -> anyhow::Result<()> {
     let IncidentCommand::Report(args) = command;
-    let dependency = Dependency::new(&args.dependency)
-        .map_err(|e| usage(format!("--dependency: {e}")))?;
+    let dependency =
+        Dependency::new(&args.dependency).map_err(|e| usage(format!("--dependency: {e}")))?;
     let range = Range::of(args.since, args.until, Some(args.step))?;
     let policy = config.budget.policy(&dependency);
     let mut report = Report {
@@ -232,7 +237,13 @@ pub(crate) async fn run(config: &WorkerConfig, command: &IncidentCommand) -> any
         Ok(store) => {
             let log = config.budget.audit.log();
             match log
-                .read(&store, Some(range.start_ms), Some(range.end_ms), None, 10_000)
+                .read(
+                    &store,
+                    Some(range.start_ms),
+                    Some(range.end_ms),
+                    None,
+                    10_000,
+                )
                 .await
             {
                 Ok(entries) => {
@@ -251,7 +262,10 @@ pub(crate) async fn run(config: &WorkerConfig, command: &IncidentCommand) -> any
             }
             let topology = Topology::new(&config.amqp);
             let index = fleet_budget::control::DeadLetterIndex::new(store);
-            for (queue, name) in [("dead-letter", &topology.dead_queue), ("parked", &topology.parked_queue)] {
+            for (queue, name) in [
+                ("dead-letter", &topology.dead_queue),
+                ("parked", &topology.parked_queue),
+            ] {
                 match index.read(name).await {
                     Ok(rows) => read_index(&mut report, queue, &rows.rows),
                     Err(e) => report.sources.push(format!(
@@ -319,7 +333,10 @@ async fn minutes(
     let dead = get(by("fleet_budget_dead_letters_total", "reason")).await?;
     let breaker = get(by("fleet_budget_breaker_transitions_total", "to")).await?;
     let at = |s: &super::tune::prometheus::Series, t: u64| {
-        s.get(dependency).and_then(|p| p.get(&t)).copied().unwrap_or(0.0)
+        s.get(dependency)
+            .and_then(|p| p.get(&t))
+            .copied()
+            .unwrap_or(0.0)
     };
     let by_label = |s: &super::tune::prometheus::Series, t: u64| {
         s.iter()
@@ -349,7 +366,12 @@ fn read_audit(report: &mut Report, entries: Vec<AuditEntry>) {
         let ours = e.dependency.as_deref() == Some(dependency.as_str());
         if REPLAY_ACTIONS.contains(&e.action.as_str()) && (ours || e.dependency.is_none()) {
             let after = e.after.clone().unwrap_or_default();
-            let n = |k: &str| after.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            let n = |k: &str| {
+                after
+                    .get(k)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0)
+            };
             report.replays.push(ReplayRow {
                 at_ms: e.at_ms,
                 actor: e.actor.clone(),
@@ -405,7 +427,10 @@ fn timeline(report: &mut Report) {
         if denying && !exhausted {
             events.push(Event {
                 at_ms: m.at_ms,
-                what: format!("budget exhausted: {:.0} retries denied in the step", m.retries_denied),
+                what: format!(
+                    "budget exhausted: {:.0} retries denied in the step",
+                    m.retries_denied
+                ),
             });
         } else if !denying && exhausted {
             events.push(Event {

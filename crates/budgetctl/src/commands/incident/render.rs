@@ -124,7 +124,8 @@ fn sections(r: &Report) -> Vec<(String, Vec<Vec<String>>)> {
             .to_vec(),
     ];
     for o in &r.overrides {
-        let json = |v: &Option<serde_json::Value>| v.as_ref().map_or(String::new(), ToString::to_string);
+        let json =
+            |v: &Option<serde_json::Value>| v.as_ref().map_or(String::new(), ToString::to_string);
         overrides.push(vec![
             rfc3339_ms(o.at_ms),
             o.action.clone(),
@@ -155,9 +156,11 @@ fn sections(r: &Report) -> Vec<(String, Vec<Vec<String>>)> {
     ));
 
     let mut replays = vec![
-        ["time", "action", "who", "why", "moved", "parked", "purged", "skipped", "failed"]
-            .map(str::to_owned)
-            .to_vec(),
+        [
+            "time", "action", "who", "why", "moved", "parked", "purged", "skipped", "failed",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
     ];
     for p in &r.replays {
         replays.push(vec![
@@ -182,16 +185,26 @@ fn sections(r: &Report) -> Vec<(String, Vec<Vec<String>>)> {
     let mut accounting = vec![vec!["".to_owned(), "messages".to_owned()]];
     accounting.push(vec![
         "dead-lettered in the range (workers' counters)".to_owned(),
-        a.dead_lettered.map_or("unknown (no Prometheus)".into(), |d| d.to_string()),
+        a.dead_lettered
+            .map_or("unknown (no Prometheus)".into(), |d| d.to_string()),
     ]);
-    accounting.push(vec!["still in the dead-letter queue".to_owned(), a.waiting.to_string()]);
+    accounting.push(vec![
+        "still in the dead-letter queue".to_owned(),
+        a.waiting.to_string(),
+    ]);
     accounting.push(vec!["replayed".to_owned(), a.replayed.to_string()]);
-    accounting.push(vec!["parked by a replay".to_owned(), a.parked_by_replay.to_string()]);
+    accounting.push(vec![
+        "parked by a replay".to_owned(),
+        a.parked_by_replay.to_string(),
+    ]);
     accounting.push(vec![
         "unaccounted for".to_owned(),
         a.unaccounted.map_or("-".into(), |u| u.to_string()),
     ]);
-    out.push(("Accounting: where every dead letter went".to_owned(), accounting));
+    out.push((
+        "Accounting: where every dead letter went".to_owned(),
+        accounting,
+    ));
     out
 }
 

@@ -160,7 +160,9 @@ pub(crate) fn write(dir: &Path, t: &Tuned, range: &Range) -> anyhow::Result<Stri
         ..Chart::default()
     };
     if let Some(r) = &t.recommendation {
-        chart.marks.push((r.ratio, format!("recommended ratio {}", r.ratio)));
+        chart
+            .marks
+            .push((r.ratio, format!("recommended ratio {}", r.ratio)));
         chart.marks.push((
             r.healthy_fraction,
             format!("healthy p99 {:.4}", r.healthy_fraction),

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use clap::Args;
 use fleet_budget::ceiling::{Schedule, TaskCeiling};
 use fleet_budget::config::Config;
-use fleet_budget::{DepositBasis, Dependency};
+use fleet_budget::{Dependency, DepositBasis};
 use fleet_budget_sim::history::{self, Recommendation, Rules, Sample};
 use serde::Serialize;
 
@@ -38,7 +38,12 @@ pub(crate) const NO_HISTORY: &str = "fleet-budget keeps no history of its own to
 pub(crate) struct TuneArgs {
     /// Prometheus's URL (`http://[user:password@]host[:port][/path]`), the server that scrapes
     /// the workers' `/metrics`. Required: fleet-budget keeps no history of its own.
-    #[arg(long, value_name = "URL", env = "FLEET_BUDGET_PROMETHEUS_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FLEET_BUDGET_PROMETHEUS_URL",
+        hide_env_values = true
+    )]
     pub(crate) prometheus: Option<String>,
     /// The start of the history: a duration ago (`14d`) or an RFC 3339 time.
     #[arg(long, value_name = "WHEN", value_parser = when::when, default_value = "14d")]
@@ -469,7 +474,10 @@ fn evidence(t: &Tuned) -> String {
         c.ratio, c.min_allowance, c.window_secs, c.deposit
     );
     let Some(r) = &t.recommendation else {
-        let why = t.no_recommendation.as_deref().unwrap_or("no recommendation");
+        let why = t
+            .no_recommendation
+            .as_deref()
+            .unwrap_or("no recommendation");
         let _ = writeln!(out, "  no recommendation: {why}");
         return out;
     };
@@ -481,7 +489,11 @@ fn evidence(t: &Tuned) -> String {
         fraction(r.healthy_mean_fraction),
         r.healthy_steps,
         r.steps_with_traffic,
-        if c.deposit == "request" { "first attempts" } else { "successes" }
+        if c.deposit == "request" {
+            "first attempts"
+        } else {
+            "successes"
+        }
     );
     let _ = writeln!(
         out,
@@ -659,11 +671,19 @@ mod tests {
     fn the_step_keeps_within_the_points_prometheus_serves() {
         let now = SystemTime::now();
         let ago = |d: u64| When(now - Duration::from_secs(d));
-        let r = Range::of(ago(14 * 86_400), Some(When(now)), None).unwrap_or_else(|e| panic!("{e}"));
+        let r =
+            Range::of(ago(14 * 86_400), Some(When(now)), None).unwrap_or_else(|e| panic!("{e}"));
         assert!((r.end_ms - r.start_ms) / r.step_ms < MAX_POINTS, "{r:?}");
         let r = Range::of(ago(3600), Some(When(now)), None).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.step_ms, 60_000);
-        assert!(Range::of(ago(30 * 86_400), Some(When(now)), Some(Duration::from_secs(1))).is_err());
+        assert!(
+            Range::of(
+                ago(30 * 86_400),
+                Some(When(now)),
+                Some(Duration::from_secs(1))
+            )
+            .is_err()
+        );
         assert!(Range::of(ago(10), Some(ago(20)), None).is_err());
     }
 }

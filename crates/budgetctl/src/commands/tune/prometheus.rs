@@ -65,8 +65,11 @@ impl Prometheus {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let (host, port) = split_host_port(hostport)
-            .ok_or_else(|| usage(format!("{flag} {shown}: no host, or a port that is not one")))?;
+        let (host, port) = split_host_port(hostport).ok_or_else(|| {
+            usage(format!(
+                "{flag} {shown}: no host, or a port that is not one"
+            ))
+        })?;
         let authorization = userinfo.map(|u| {
             let token = base64::engine::general_purpose::STANDARD.encode(u.as_bytes());
             format!("Basic {token}")
@@ -166,7 +169,9 @@ impl Prometheus {
         match status {
             // Prometheus answers a bad query with 400 and a JSON error; parse_matrix says it.
             200 | 400 | 422 => Ok(body),
-            401 | 403 => Err(format!("{shown}: HTTP {status}: the credentials were refused")),
+            401 | 403 => Err(format!(
+                "{shown}: HTTP {status}: the credentials were refused"
+            )),
             code => Err(format!("{shown}: HTTP {code}")),
         }
     }
@@ -199,10 +204,7 @@ fn parse_matrix(body: &[u8]) -> Result<Series, String> {
     }
     let mut series = Series::new();
     for entry in result {
-        let Some(dependency) = entry
-            .pointer("/metric/dependency")
-            .and_then(|d| d.as_str())
-        else {
+        let Some(dependency) = entry.pointer("/metric/dependency").and_then(|d| d.as_str()) else {
             continue;
         };
         let values = entry
@@ -283,19 +285,33 @@ mod tests {
 
     #[test]
     fn urls_are_read_and_refused_with_the_password_hidden() {
-        let p = Prometheus::new("http://u:secret@prom.example:9091/prom/", Duration::from_secs(1))
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((p.host.as_str(), p.port, p.base.as_str()), ("prom.example", 9091, "/prom"));
+        let p = Prometheus::new(
+            "http://u:secret@prom.example:9091/prom/",
+            Duration::from_secs(1),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (p.host.as_str(), p.port, p.base.as_str()),
+            ("prom.example", 9091, "/prom")
+        );
         assert!(!p.shown().contains("secret"));
         let d = Prometheus::new("http://localhost", Duration::from_secs(1))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.port, 9090);
-        for bad in ["https://u:secret@x", "ftp://x", "http://:9090", "http://x:port"] {
+        for bad in [
+            "https://u:secret@x",
+            "ftp://x",
+            "http://:9090",
+            "http://x:port",
+        ] {
             let e = Prometheus::new(bad, Duration::from_secs(1))
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
-            assert!(e.contains("--prometheus") && !e.contains("secret"), "{bad}: {e}");
+            assert!(
+                e.contains("--prometheus") && !e.contains("secret"),
+                "{bad}: {e}"
+            );
         }
     }
 
@@ -329,7 +345,10 @@ mod tests {
 
     #[test]
     fn queries_are_encoded() {
-        assert_eq!(encode("sum by (a)(x[2s])"), "sum%20by%20%28a%29%28x%5B2s%5D%29");
+        assert_eq!(
+            encode("sum by (a)(x[2s])"),
+            "sum%20by%20%28a%29%28x%5B2s%5D%29"
+        );
         assert_eq!(seconds(1_500), "1.500");
         assert_eq!(seconds(2_000), "2");
     }
