@@ -89,10 +89,13 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
 
     let config = WorkerConfig::from_path(&config_path).unwrap();
     let topology = Topology::new(&config.amqp);
-    let now_minute = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    let now_minute = u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
         / 60_000;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

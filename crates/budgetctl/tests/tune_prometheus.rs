@@ -204,7 +204,7 @@ async fn job(budget: FleetBudget, failing: Arc<AtomicBool>, tally: Arc<Tally>, s
 /// The nearest-rank percentile.
 fn percentile(values: &mut [f64], p: f64) -> f64 {
     values.sort_by(f64::total_cmp);
-    let rank = (p * values.len() as f64).ceil() as usize;
+    let rank = usize::try_from(fleet_budget_sim::history::whole(p * values.len() as f64)).unwrap();
     values[rank.clamp(1, values.len()) - 1]
 }
 

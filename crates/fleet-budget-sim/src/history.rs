@@ -186,8 +186,19 @@ pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
     // Nearest rank: the smallest value with at least p of the values at or below it.
-    let rank = (p.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+    let rank = usize::try_from(whole(p.clamp(0.0, 1.0) * n as f64)).unwrap_or(n);
     sorted.get(rank.clamp(1, n) - 1).copied()
+}
+
+/// `x` rounded up to a whole number, 0 for what is negative or not a number, `u64::MAX` past it.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // clamped first; `as` saturates
+#[must_use]
+pub fn whole(x: f64) -> u64 {
+    if x.is_nan() || x <= 0.0 {
+        0
+    } else {
+        x.ceil().min(u64::MAX as f64) as u64
+    }
 }
 
 /// `x` rounded up to two significant digits (`0.0734` → `0.074`).
@@ -196,7 +207,11 @@ pub fn round_up_2sig(x: f64) -> f64 {
     if !(x.is_finite() && x > 0.0) {
         return x;
     }
-    let scale = 10f64.powi(1 - x.log10().floor() as i32);
+    // The decimal exponent: within ±324 for a finite positive x.
+    let floor = x.log10().floor();
+    let magnitude = i32::try_from(whole(floor.abs())).unwrap_or(400);
+    let exponent = if floor < 0.0 { -magnitude } else { magnitude };
+    let scale = 10f64.powi(1 - exponent);
     // The division by a power of ten can leave 0.07400000000000001; trim what is below
     // the second digit's precision before rounding up.
     let scaled = (x * scale * 1e9).round() / 1e9;
@@ -337,16 +352,16 @@ pub fn recommend(
         needed_p99,
         needed_max: needed.iter().copied().fold(0.0, f64::max),
     };
-    let min_allowance = (needed_p99.ceil() as u64).max(1);
+    let min_allowance = whole(needed_p99).max(1);
 
     let found = incidents(samples, step_ms, ratio, rules);
     let durations: Vec<f64> = found.iter().map(|i| i.duration_ms as f64).collect();
     let window = percentile(&durations, rules.incident_percentile).map(|p95| {
-        let secs = (p95 / 1000.0).ceil().max(1.0) as u64;
+        let secs = whole(p95 / 1000.0).max(1);
         let schedule = Schedule::for_window(backoff, Duration::from_secs(secs));
         WindowAdvice {
             recovery_window_secs: secs,
-            incident_p95_ms: p95 as u64,
+            incident_p95_ms: whole(p95),
             max_attempts: schedule.max_attempts(),
             last_attempt_ms: u64::try_from(schedule.span().as_millis()).unwrap_or(u64::MAX),
         }

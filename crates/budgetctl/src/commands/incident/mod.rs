@@ -495,12 +495,9 @@ fn account(report: &mut Report) {
         .map(|r| r.parked)
         .sum();
     let dead_lettered = (!report.minutes.is_empty()).then(|| {
-        report
-            .minutes
-            .iter()
-            .map(Minute::dead_lettered)
-            .sum::<f64>()
-            .round() as u64
+        // Counts over steps are whole but for `increase`'s extrapolation: rounded.
+        let sum: f64 = report.minutes.iter().map(Minute::dead_lettered).sum();
+        fleet_budget_sim::history::whole(sum - 0.5)
     });
     let found = waiting + replayed + parked_by_replay;
     report.accounting = Accounting {

@@ -290,10 +290,10 @@ pub(super) fn html(r: &Report) -> String {
     }
     s.push_str("</ul>\n");
     for (name, chart) in charts(r) {
-        let _ = write!(s, "<figure id=\"chart-{name}\">{}</figure>\n", chart.svg());
+        let _ = writeln!(s, "<figure id=\"chart-{name}\">{}</figure>", chart.svg());
     }
     for (i, (heading, rows)) in sections(r).into_iter().enumerate() {
-        let _ = write!(s, "<h2>{}</h2>\n", escape(&heading));
+        let _ = writeln!(s, "<h2>{}</h2>", escape(&heading));
         if rows.len() <= 1 {
             s.push_str("<p>(none)</p>\n");
             continue;

@@ -232,7 +232,7 @@ fn parse_matrix(body: &[u8]) -> Result<Series, String> {
                 ));
             };
             if value.is_finite() && t.is_finite() && t >= 0.0 {
-                points.insert((t * 1000.0).round() as u64, value);
+                points.insert(fleet_budget_sim::history::whole(t * 1000.0 - 0.5), value);
             }
         }
     }
