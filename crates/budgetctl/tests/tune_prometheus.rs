@@ -429,7 +429,7 @@ fn tune_recommends_the_ratio_and_window_the_traffic_it_scraped_needs() {
 }
 
 /// What `tune --json` printed, held to `docs/schemas/tune.schema.json` by the suite's validator
-/// (`tests/cli/validate_json.py`, Python `jsonschema`: `FLEET_BUDGET_PYTHON`, else `python3`).
+/// (`crates/budgetctl/tests/cli/validate_json.py`, Python `jsonschema`: `FLEET_BUDGET_PYTHON`, else `python3`).
 fn hold_to_schema(doc: &serde_json::Value) {
     let schemas = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/schemas");
     let request = serde_json::json!({
