@@ -8,8 +8,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::commands::{
     audit::AuditArgs, bench::BenchArgs, budget::BudgetCommand, config::ConfigCommand,
     console::ConsoleArgs, demo::DemoArgs, dlq::DlqCommand, doctor::DoctorArgs,
-    exporter::ExporterArgs, migrate::MigrateArgs, parked::ParkedCommand, plan::PlanArgs,
-    replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
+    exporter::ExporterArgs, incident::IncidentCommand, migrate::MigrateArgs, parked::ParkedCommand,
+    plan::PlanArgs, replay::ReplayArgs, simulate::SimulateCommand, status::StatusArgs,
+    tune::TuneArgs,
 };
 
 /// Operate fleet-wide retry budgets: run the incident drill, model retry storms, watch budgets in
@@ -112,6 +113,12 @@ pub(crate) enum Command {
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Recommend each dependency's ratio, min_allowance and ceiling from the fleet's own
+    /// history in Prometheus, with the rules and the evidence beside each number.
+    Tune(TuneArgs),
+    /// A dependency's incident for the postmortem (Markdown or HTML, with charts).
+    #[command(subcommand)]
+    Incident(IncidentCommand),
 }
 
 #[cfg(test)]
@@ -160,6 +167,8 @@ mod tests {
             &["doctor"],
             &["console"],
             &["config", "check"],
+            &["tune"],
+            &["incident", "report"],
         ] {
             let text = help(path);
             let own = text.find("\nOptions:").unwrap_or_else(|| panic!("{text}"));

@@ -26,8 +26,8 @@ use crate::cli::{Cli, Command, GlobalArgs};
 use crate::commands::config::ConfigCommand;
 use crate::commands::dlq::DlqCommand;
 use crate::commands::{
-    audit, bench, budget, console, demo, dlq, doctor, exporter, migrate, parked, plan, replay,
-    simulate, status,
+    audit, bench, budget, console, demo, dlq, doctor, exporter, incident, migrate, parked, plan,
+    replay, simulate, status, tune,
 };
 use crate::exit::UsageError;
 
@@ -103,6 +103,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Console(args) => with_config(global, async |c| console::run(c, &args).await),
         Command::Migrate(args) => with_config(global, async |c| migrate::run(c, &args).await),
         Command::Doctor(args) => with_config(global, async |c| doctor::run(c, &args).await),
+        Command::Incident(command) => {
+            with_config(global, async |c| incident::run(c, &command).await)
+        }
+        Command::Tune(args) => with_config(global, async |c| tune::run(&c.budget, &args).await),
     }
 }
 

@@ -20,6 +20,9 @@
 //! * [`slowing`]: the same dependency tick by tick while it slows down: latency rising near the
 //!   cap, queueing past it, timeouts becoming failures and failures retries, with and without
 //!   the concurrency budget.
+//! * [`history`]: a dependency's past read back (series from Prometheus): its incidents, its
+//!   healthy retry fraction, and the ratio, floor and recovery window its traffic recommends
+//!   (`budgetctl tune`, `budgetctl incident report`).
 //! * [`upstream`], [`queue`] and [`accounting`]: the pieces of the incident drill
 //!   (`budgetctl demo`): a dependency that browns out on a schedule, a queue with delayed
 //!   retries, a dead-letter queue and a parking lot, and the tally that accounts for every job.
@@ -47,6 +50,7 @@ pub mod brownout;
 mod budget;
 pub mod capacity;
 pub mod concurrency;
+pub mod history;
 pub mod queue;
 pub mod slowing;
 pub mod upstream;

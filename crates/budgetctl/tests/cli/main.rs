@@ -28,6 +28,7 @@ mod schemas;
 mod schemas_services;
 mod simulate;
 mod tls;
+mod tune;
 mod usage;
 
 use std::path::PathBuf;
