@@ -15,7 +15,6 @@ mod overview;
 mod replay;
 mod workers;
 
-use fleet_budget::Dependency;
 use fleet_budget::control::AuditEntry;
 use fleet_budget::printable::escape_text;
 use maud::{DOCTYPE, Markup, html};
@@ -23,7 +22,6 @@ use maud::{DOCTYPE, Markup, html};
 use crate::access::{Role, Visitor};
 use crate::dead_letters::{Detail, Group, Sample, Sampled, Sort, Which};
 use crate::filters::FilterForm;
-use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
 use crate::replay::{JobState, Prediction};
 
 pub(crate) use audit::*;

@@ -46,6 +46,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(overview_page))
         .route("/api/overview", get(overview_json))
+        .route("/fragments/overview", get(overview_fragment))
         .route("/dependency/{name}", get(dependency_page))
         .route("/dependency/{name}/override", post(override_action))
         .route("/dead-letters", get(dead_letters_page))

@@ -4,17 +4,50 @@
 use super::*;
 use crate::dead_letters::{Group, Sort};
 
-pub(super) async fn overview_page(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
-    let visitor = reader(&app, &h, true)?;
+/// The overview's query: the page.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct OverviewQuery {
+    #[serde(default)]
+    page: Option<String>,
+}
+
+/// One page of the overview, read now.
+async fn overview_page_of(app: &App, q: &OverviewQuery) -> Result<pages::OverviewPage, Response> {
     let ov = within(
-        &app,
+        app,
         "Redis",
         crate::fleet::overview(&app.settings.config.budget, &app.store, None),
     )
     .await?;
+    Ok(pages::OverviewPage::new(
+        ov,
+        q.page.as_deref(),
+        &lock(&app.history),
+    ))
+}
+
+pub(super) async fn overview_page(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Query(q): Query<OverviewQuery>,
+) -> Page {
+    let visitor = reader(&app, &h, true)?;
+    let shown = overview_page_of(&app, &q).await?;
     let dead = app.sample(Which::Dead);
     let parked = app.sample(Which::Parked);
-    Ok(pages::overview(&visitor, &ov, [&dead, &parked]).into_response())
+    Ok(pages::overview(&visitor, &shown, [&dead, &parked]).into_response())
+}
+
+/// The overview's rows, pager and workers' line, rendered as on the page: what its live
+/// refresh swaps in.
+pub(super) async fn overview_fragment(
+    State(app): State<Arc<App>>,
+    h: HeaderMap,
+    Query(q): Query<OverviewQuery>,
+) -> Page {
+    reader(&app, &h, false)?;
+    let shown = overview_page_of(&app, &q).await?;
+    Ok(pages::overview_fragment(&shown).into_response())
 }
 
 pub(super) async fn overview_json(State(app): State<Arc<App>>, h: HeaderMap) -> Page {
@@ -41,7 +74,10 @@ pub(super) async fn dependency_page(
         crate::fleet::overview(&app.settings.config.budget, &app.store, Some(&dep)),
     )
     .await?;
-    let history = lock(&app.history).of(dep.as_str());
+    let (history, hour) = {
+        let kept = lock(&app.history);
+        (kept.of(dep.as_str()), kept.hour_of(dep.as_str()))
+    };
     let trail = within(
         &app,
         "Redis",
@@ -49,7 +85,7 @@ pub(super) async fn dependency_page(
             .read(&app.store, None, None, Some(dep.as_str()), 20),
     )
     .await?;
-    Ok(pages::dependency(&visitor, &dep, &ov, &history, &trail).into_response())
+    Ok(pages::dependency(&visitor, &dep, &ov, &history, &hour, &trail).into_response())
 }
 
 /// A list's query: the filters (with `g`, a group's short key), the page and the sort.
