@@ -133,6 +133,6 @@ pub(super) fn judge(view: &DependencyView) -> Vec<Alert> {
         ));
     }
     // Stable: of equal severity, the order above.
-    alerts.sort_by(|a, b| b.severity.cmp(&a.severity));
+    alerts.sort_by_key(|a| std::cmp::Reverse(a.severity));
     alerts
 }
