@@ -17,13 +17,13 @@ use std::time::Duration;
 use clap::Args;
 use fleet_budget::control::DeadLetterIndex;
 use fleet_budget::metrics::{ExporterSource, FleetExporter, MetricsServer, ReadFuture};
-use fleet_budget::view;
-use fleet_budget::{Config, Dependency};
-use prometheus::{IntGaugeVec, Opts};
 use fleet_budget::redact::{redact_text, redact_url};
 use fleet_budget::risks::RedisRiskSource;
 use fleet_budget::store::{BudgetStore, RedisStore};
+use fleet_budget::view;
+use fleet_budget::{Config, Dependency};
 use fleet_budget_amqp::{QueueSource, Topology, WorkerConfig};
+use prometheus::{IntGaugeVec, Opts};
 
 use crate::exit::usage;
 use crate::redis_conn;
