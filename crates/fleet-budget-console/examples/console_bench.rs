@@ -5,9 +5,11 @@
 //! printed, never asserted on time; the secret is asserted absent from every page.
 //!
 //! `cargo run -p fleet-budget-console --example console_bench -- [DEPENDENCIES] [DEAD_LETTERS]`
-//! (defaults 1000 and 100000) with `BUDGETCTL` naming the binary to compare with (default
-//! `target/debug/budgetctl`). Uses a Redis of its own and a topology of its own on the shared
-//! RabbitMQ (deleted at the end).
+//! (defaults 1000 and 100000; 0 dead letters measures the overview only) with `BUDGETCTL` naming
+//! the binary to compare with (default `target/debug/budgetctl`). Uses a Redis of its own and a
+//! topology of its own on the shared RabbitMQ (deleted at the end). Beside the overview's times
+//! it prints a Redis `PING` from the same process over the same loopback: the floor any page
+//! that reads Redis stands on.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -110,58 +112,61 @@ async fn main() {
     budget.shutdown().await.unwrap();
 
     let started = Instant::now();
-    let publisher = broker.publisher().await;
-    let now = fleet_budget::clock::now_ms();
-    for chunk in 0..10 {
-        let dep = format!("d{chunk}");
-        broker
-            .seed_dead_letters(
-                &publisher,
-                dead / 10,
-                &dep,
-                DeadLetterReason::BudgetExhausted,
-                0,
-                now - 60_000,
-            )
-            .await;
-    }
-    // Hostile headers beside them: a secret in an error class, 300 task names of 100 KB.
-    let mut hostile = broker.dead_letter_record("d0", DeadLetterReason::NonRetryable, now - 30_000);
-    hostile.error_class = "redis://admin:hunter2@db.internal:6379/0".to_owned();
-    hostile.task = "t".repeat(100 * 1024);
-    for _ in 0..300 {
-        let mut t = FieldTable::default();
-        hostile.write(&mut t);
-        let props = BasicProperties::default()
-            .with_message_id(ShortString::from(headers::new_message_id()))
-            .with_delivery_mode(2)
-            .with_headers(t);
-        publisher
-            .publish(&broker.topology.dead_exchange, "d0", b"{}", props)
+    if dead > 0 {
+        let publisher = broker.publisher().await;
+        let now = fleet_budget::clock::now_ms();
+        for chunk in 0..10 {
+            let dep = format!("d{chunk}");
+            broker
+                .seed_dead_letters(
+                    &publisher,
+                    dead / 10,
+                    &dep,
+                    DeadLetterReason::BudgetExhausted,
+                    0,
+                    now - 60_000,
+                )
+                .await;
+        }
+        // Hostile headers beside them: a secret in an error class, 300 task names of 100 KB.
+        let mut hostile =
+            broker.dead_letter_record("d0", DeadLetterReason::NonRetryable, now - 30_000);
+        hostile.error_class = "redis://admin:hunter2@db.internal:6379/0".to_owned();
+        hostile.task = "t".repeat(100 * 1024);
+        for _ in 0..300 {
+            let mut t = FieldTable::default();
+            hostile.write(&mut t);
+            let props = BasicProperties::default()
+                .with_message_id(ShortString::from(headers::new_message_id()))
+                .with_delivery_mode(2)
+                .with_headers(t);
+            publisher
+                .publish(&broker.topology.dead_exchange, "d0", b"{}", props)
+                .await
+                .unwrap();
+        }
+        publisher.close().await;
+        eprintln!(
+            "seeded {dead} dead letters and 300 hostile ones in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+        // Indexed as `budgetctl migrate` indexes dead letters older than the index.
+        let t = Instant::now();
+        let r = &config.budget.redis;
+        let store = fleet_budget::store::RedisStore::new_with_tls(
+            fleet_budget::store::RedisTarget::from_settings(r),
+            &r.key_prefix,
+            Duration::from_secs(10),
+            &r.tls,
+        )
+        .unwrap();
+        fleet_budget_amqp::Replayer::new(broker.url.clone(), broker.topology.clone(), None)
+            .with_index(Some(DeadLetterIndex::new(Arc::new(store))))
+            .reindex()
             .await
             .unwrap();
+        eprintln!("indexed in {:.1}s", t.elapsed().as_secs_f64());
     }
-    publisher.close().await;
-    eprintln!(
-        "seeded {dead} dead letters and 300 hostile ones in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    // Indexed as `budgetctl migrate` indexes dead letters older than the index.
-    let t = Instant::now();
-    let r = &config.budget.redis;
-    let store = fleet_budget::store::RedisStore::new_with_tls(
-        fleet_budget::store::RedisTarget::from_settings(r),
-        &r.key_prefix,
-        Duration::from_secs(10),
-        &r.tls,
-    )
-    .unwrap();
-    fleet_budget_amqp::Replayer::new(broker.url.clone(), broker.topology.clone(), None)
-        .with_index(Some(DeadLetterIndex::new(Arc::new(store))))
-        .reindex()
-        .await
-        .unwrap();
-    eprintln!("indexed in {:.1}s", t.elapsed().as_secs_f64());
 
     let operators = Token::parse_list("bench:bench-token-0123456789", "operator", "bench").unwrap();
     let mut settings = ConsoleSettings::new(config.clone(), operators, Viewers::Open);
@@ -201,6 +206,34 @@ async fn main() {
         "  budgetctl status --json     {:>8.1} ms",
         median(status).as_secs_f64() * 1000.0
     );
+    let mut fragment = Vec::new();
+    let mut ping = Vec::new();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut weight = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let (code, bytes) = get(&addr, "/fragments/overview").await;
+        assert_eq!(code, 200);
+        fragment.push(t.elapsed());
+        weight = bytes;
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+        ping.push(t.elapsed());
+    }
+    println!(
+        "  console GET /fragments/overview {:>4.1} ms ({weight} bytes: the live refresh)",
+        median(fragment).as_secs_f64() * 1000.0
+    );
+    println!(
+        "  reference: Redis PING       {:>8.3} ms",
+        median(ping).as_secs_f64() * 1000.0
+    );
+    if dead == 0 {
+        console.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     // The counts first (no message read), then a sample asked for by an operator.
     while !body_of(&addr, "/dead-letters", "")

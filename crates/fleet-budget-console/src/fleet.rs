@@ -1,28 +1,32 @@
-//! The fleet overview: every dependency's budget, overrides, breaker and concurrency, read
-//! from Redis through the library's public reads (the same `status.lua` reply `budgetctl status`
-//! prints), sorted worst first, with the workers in fallback per dependency from the worker
-//! registry (`fleet_budget::control::workers`); and a short history per dependency for its page.
+//! The fleet overview: every dependency's budget, overrides, breaker and calls in flight, as
+//! the library's read model gives them (`fleet_budget::view`, the same views and alerts
+//! `budgetctl status` prints), worst first, laid out for the pages and `/api/overview` with every
+//! text from Redis through the console's one door ([`crate::pages::t`]); the workers in fallback
+//! per dependency from the worker registry (`fleet_budget::control::workers`); and a short
+//! history per dependency for its chart and the overview's sparklines.
 //!
 //! Why the history is the console's own: Redis holds two windows of counters per dependency
 //! (the current one and the previous), which is what the allowance needs and no more. The
-//! console reads every dependency every few seconds anyway (to keep the overview's trend), so
-//! it keeps the last [`HISTORY_POINTS`] readings in memory; the chart says how far back it
-//! reaches. No Prometheus needed.
+//! console reads every dependency every few seconds anyway, so it keeps the last
+//! [`HISTORY_POINTS`] readings of each in memory, and one reading a minute for the last hour;
+//! the charts say how far back they reach. No Prometheus needed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use fleet_budget::breaker::{BreakerState, status_on};
-use fleet_budget::control::{FleetStatus, FleetWorkers, Overrides, fleet_status, fleet_workers};
+use fleet_budget::control::{FleetWorkers, fleet_workers};
 use fleet_budget::store::RedisStore;
+use fleet_budget::view::{self, Alert, DependencyView};
 use fleet_budget::{Config, Dependency, StoreError, WindowCounters};
-use futures::StreamExt;
 use serde::Serialize;
 
 /// Readings kept per dependency for its chart.
 pub(crate) const HISTORY_POINTS: usize = 120;
-/// Dependencies read at once (each read is two or three round trips).
-const READS_AT_ONCE: usize = 64;
+/// Readings a minute apart kept per dependency for its sparkline: the last hour.
+pub(crate) const HOUR_POINTS: usize = 60;
+/// Dependencies whose history is kept at most (those of the last reading, by name): bounds the
+/// console's memory whatever Redis holds (about 11 KB each).
+pub(crate) const HISTORY_DEPENDENCIES: usize = 5_000;
 
 /// One dependency as the overview shows it. Text from Redis is already escaped by the
 /// printable rules (invisible and bidirectional characters by code point).
@@ -48,9 +52,13 @@ pub(crate) struct DependencyRow {
     /// their fallback; `None` when the registry could not be read. Silent workers are not
     /// counted: they may be cut off from Redis, or stopped ([`WorkersLine`]).
     pub(crate) workers_in_fallback: Option<u64>,
-    pub(crate) alert: &'static str,
-    /// 0 (fine) to 5 (frozen); the overview sorts by it, then by denials per second.
+    /// The worst alert's text (empty: none).
+    pub(crate) alert: String,
+    /// The worst alert's severity: 0 (fine) to 5 (frozen); the overview sorts by it, then by
+    /// denials per second.
     pub(crate) severity: u8,
+    /// Every alert, worst first (the library's, the same `budgetctl status --json` prints).
+    pub(crate) alerts: Vec<Alert>,
     pub(crate) now_ms: u64,
     /// The two windows Redis holds: previous and current (granted, denied, first attempts).
     pub(crate) windows: [[u64; 3]; 2],
@@ -179,47 +187,25 @@ pub(crate) fn workers_shown(mut read: FleetWorkers) -> FleetWorkers {
     read
 }
 
-#[allow(clippy::cast_precision_loss)]
-fn row(dependency: &Dependency, fleet: &FleetStatus) -> DependencyRow {
-    let s = &fleet.snapshot;
-    let WindowCounters {
-        first_attempts,
-        retries,
-        denied,
-        ..
-    } = s.estimates();
-    let window_secs = s.window_ms as f64 / 1000.0;
-    let p = &fleet.policy;
-    let expires = |until: u64| until.saturating_sub(fleet.now_ms) as f64 / 1000.0;
-    let Overrides { freeze, set } = &fleet.overrides;
+/// `v` laid out for the pages and the JSON: its texts through [`shown`].
+fn row(v: &DependencyView) -> DependencyRow {
     let counters = |w: &WindowCounters| [w.retries, w.denied, w.first_attempts];
+    let (freeze, set) = (&v.overrides.freeze, &v.overrides.set);
     DependencyRow {
-        dependency: shown(dependency.as_str()),
-        allowance: s.allowance,
-        spent: retries,
-        remaining: s.remaining(),
-        denied,
-        denials_per_sec: if window_secs > 0.0 {
-            denied as f64 / window_secs
-        } else {
-            0.0
-        },
-        first_attempts,
-        amplification: (first_attempts > 0)
-            .then(|| (first_attempts + retries) as f64 / first_attempts as f64),
-        window_secs,
-        policy: format!(
-            "window {}ms, ratio {}, min_allowance {}, deposit {}, mode {}",
-            p.window_ms(),
-            p.ratio,
-            p.min_allowance,
-            p.deposit.as_str(),
-            p.mode.as_str()
-        ),
-        conflict: fleet.conflicting_policy.as_deref().map(|c| {
+        dependency: shown(v.dependency.as_str()),
+        allowance: v.allowance,
+        spent: v.retries_granted,
+        remaining: v.remaining,
+        denied: v.retries_denied,
+        denials_per_sec: v.denials_per_sec(),
+        first_attempts: v.first_attempts,
+        amplification: v.amplification,
+        window_secs: DependencyView::secs(v.window_ms),
+        policy: v.policy_in_force(),
+        conflict: v.conflicting_policy.as_deref().map(|c| {
             format!(
                 "{} calls sent another policy, the last `{}`",
-                fleet.conflicts,
+                v.conflicts,
                 shown(c)
             )
         }),
@@ -227,7 +213,7 @@ fn row(dependency: &Dependency, fleet: &FleetStatus) -> DependencyRow {
             what: "freeze".to_owned(),
             actor: shown(&f.actor),
             reason: shown(&f.reason),
-            expires_in_secs: expires(f.until_ms),
+            expires_in_secs: v.secs_until(f.until_ms),
         }),
         set: set.as_ref().map(|o| OverrideView {
             what: format!(
@@ -238,44 +224,27 @@ fn row(dependency: &Dependency, fleet: &FleetStatus) -> DependencyRow {
             ),
             actor: shown(&o.actor),
             reason: shown(&o.reason),
-            expires_in_secs: expires(o.until_ms),
+            expires_in_secs: v.secs_until(o.until_ms),
         }),
-        breaker: None,
-        concurrency: None,
+        breaker: v.breaker.as_ref().map(|b| BreakerView {
+            state: b.state.as_str(),
+            half_opens_in_secs: b.open_remaining_secs,
+            probes_issued: b.probes_issued,
+            probe_successes: b.probe_successes,
+            times_opened: b.times_opened,
+            failures: b.failures,
+            calls: b.calls,
+        }),
+        concurrency: v.in_flight.map(|c| ConcurrencyView {
+            in_flight: c.in_flight,
+            cap: c.cap,
+        }),
         workers_in_fallback: None,
-        alert: "",
-        severity: 0,
-        now_ms: fleet.now_ms,
-        windows: [counters(&s.previous), counters(&s.current)],
-    }
-}
-
-impl DependencyRow {
-    /// The alert and the severity, from what was read.
-    fn judge(&mut self) {
-        let open = self.breaker.as_ref().is_some_and(|b| b.state != "closed");
-        let (severity, alert) = if self.frozen.is_some() {
-            (5, "FROZEN: an operator froze retries")
-        } else if open {
-            (4, "BREAKER: circuit open, jobs wait instead of calling")
-        } else if self.denied > 0 && self.remaining == 0 {
-            (3, "DENYING: budget exhausted, retries are dead-lettered")
-        } else if self.amplification.is_some_and(|a| a > 1.5) {
-            (2, "AMPLIFIED: retries above 50% of traffic")
-        } else if self.denied > 0 || self.conflict.is_some() {
-            (
-                1,
-                if self.denied > 0 {
-                    "denials in the last window"
-                } else {
-                    "policy conflict"
-                },
-            )
-        } else {
-            (0, "")
-        };
-        self.severity = severity;
-        self.alert = alert;
+        alert: v.alert().map_or_else(String::new, |a| a.text.clone()),
+        severity: v.severity(),
+        alerts: v.alerts.clone(),
+        now_ms: v.now_ms,
+        windows: [counters(&v.windows[0]), counters(&v.windows[1])],
     }
 }
 
@@ -290,39 +259,20 @@ pub(crate) async fn overview(
 ) -> Result<Overview, StoreError> {
     let dependencies: Vec<Dependency> = match only {
         Some(d) => vec![d.clone()],
-        None => {
-            let mut deps: Vec<Dependency> = config.policies.keys().cloned().collect();
-            let found = store.discover_dependencies().await.map_err(|e| e.source)?;
-            deps.extend(found);
-            deps.sort();
-            deps.dedup();
-            deps
-        }
+        None => view::read::dependencies(store, config)
+            .await
+            .map_err(|e| e.source)?,
     };
-    // Boxed with their type spelled out: a closure in `stream::iter(...).map(...)` makes the
-    // handler's future fail the `Send` check over a higher-ranked lifetime.
-    let futures: Vec<Read<'_>> = dependencies
+    let fleet = view::read_fleet(store, config, &dependencies).await?;
+    let mut rows: Vec<DependencyRow> = fleet.worst_first().into_iter().map(row).collect();
+    let unusable = fleet
+        .unusable
         .iter()
-        .map(|d| -> Read<'_> { Box::pin(read_one(config, store, d)) })
+        .map(|u| Unusable {
+            dependency: shown(u.dependency.as_str()),
+            error: shown(&format!("key {}: {}", u.key, u.detail)),
+        })
         .collect();
-    let reads = futures::stream::iter(futures)
-        .buffered(READS_AT_ONCE)
-        .collect::<Vec<_>>()
-        .await;
-    let mut rows = Vec::new();
-    let mut unusable = Vec::new();
-    for read in reads {
-        match read {
-            Ok(row) => rows.push(row),
-            Err((dependency, StoreError::BadKey { key, detail })) => unusable.push(Unusable {
-                dependency: shown(dependency.as_str()),
-                error: shown(&fleet_budget::redact::redact_text(&format!(
-                    "key {key}: {detail}"
-                ))),
-            }),
-            Err((_, e)) => return Err(e),
-        }
-    }
     let (workers, workers_error) = match workers(store).await {
         Ok(read) => {
             let by_dependency = read.in_fallback_by_dependency();
@@ -334,12 +284,6 @@ pub(crate) async fn overview(
         }
         Err(e) => (None, Some(e)),
     };
-    rows.sort_by(|a, b| {
-        b.severity
-            .cmp(&a.severity)
-            .then(b.denials_per_sec.total_cmp(&a.denials_per_sec))
-            .then(a.dependency.cmp(&b.dependency))
-    });
     Ok(Overview {
         schema_version: 1,
         key_prefix: store.prefix().to_owned(),
@@ -350,84 +294,31 @@ pub(crate) async fn overview(
     })
 }
 
-/// One dependency's read, boxed.
-type Read<'a> = std::pin::Pin<
-    Box<dyn Future<Output = Result<DependencyRow, (Dependency, StoreError)>> + Send + 'a>,
->;
-
-async fn read_one(
-    config: &Config,
-    store: &RedisStore,
-    dependency: &Dependency,
-) -> Result<DependencyRow, (Dependency, StoreError)> {
-    let fail = |e| (dependency.clone(), e);
-    let policy = config.policy(dependency);
-    let fleet = fleet_status(store, dependency, &policy)
-        .await
-        .map_err(fail)?;
-    let mut r = row(dependency, &fleet);
-    if let Some(policy) = config.breakers.get(dependency) {
-        let b = status_on(store, dependency, policy).await.map_err(fail)?;
-        let due = b.state == BreakerState::Open && b.now_ms >= b.open_until_ms;
-        #[allow(clippy::cast_precision_loss)]
-        let half_opens_in_secs = if b.state == BreakerState::Open {
-            b.open_until_ms.saturating_sub(b.now_ms) as f64 / 1000.0
-        } else {
-            0.0
-        };
-        r.breaker = Some(BreakerView {
-            state: if due {
-                BreakerState::HalfOpen.as_str()
-            } else {
-                b.state.as_str()
-            },
-            half_opens_in_secs,
-            probes_issued: b.probes_issued,
-            probe_successes: b.probe_successes,
-            times_opened: b.times_opened,
-            failures: b.failures,
-            calls: b.volume,
-        });
-    }
-    if let Some(policy) = config.concurrency.get(dependency) {
-        // The lease sets hold a lease per call in flight, scored by when it expires: those
-        // not yet expired are in flight (`crates/fleet-budget/src/concurrency/lease.rs`).
-        let base = store.key(dependency);
-        let mut in_flight = 0;
-        for set in [format!("{base}:lp"), format!("{base}:lr")] {
-            let mut zcount = redis::cmd("ZCOUNT");
-            zcount.arg(&set).arg(fleet.now_ms).arg("+inf");
-            match store.query::<u64>(&zcount).await {
-                Ok(n) => in_flight += n,
-                // A key of another type (written by hand): the row says nothing rather than a
-                // wrong count.
-                Err(StoreError::Redis(e)) if e.code() == Some("WRONGTYPE") => {}
-                Err(e) => return Err(fail(e)),
-            }
-        }
-        r.concurrency = Some(ConcurrencyView {
-            in_flight,
-            cap: policy.cap,
-        });
-    }
-    r.judge();
-    Ok(r)
-}
-
-/// One reading of a dependency, for its chart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// One reading of a dependency, for its charts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub(crate) struct Point {
     pub(crate) at_ms: u64,
     pub(crate) spent: u64,
     pub(crate) allowance: u64,
     pub(crate) denied: u64,
+    /// Executions per first attempt over the window then; `None` without traffic.
+    pub(crate) amplification: Option<f64>,
 }
 
-/// The last readings of each dependency seen, bounded: [`HISTORY_POINTS`] per dependency, and
-/// only dependencies of the last reading.
+/// The readings kept of one dependency: the last [`HISTORY_POINTS`], and one a minute for the
+/// last hour.
+#[derive(Debug, Default)]
+struct Kept {
+    recent: VecDeque<Point>,
+    hour: VecDeque<Point>,
+}
+
+/// The last readings of each dependency seen, bounded: [`HISTORY_POINTS`] and [`HOUR_POINTS`]
+/// per dependency, for at most [`HISTORY_DEPENDENCIES`] dependencies, only those of the last
+/// reading.
 #[derive(Debug, Default)]
 pub(crate) struct History {
-    points: BTreeMap<String, VecDeque<Point>>,
+    points: BTreeMap<String, Kept>,
 }
 
 impl History {
@@ -435,23 +326,52 @@ impl History {
         self.points
             .retain(|d, _| overview.dependencies.iter().any(|r| &r.dependency == d));
         for r in &overview.dependencies {
-            let points = self.points.entry(r.dependency.clone()).or_default();
-            points.push_back(Point {
+            if !self.points.contains_key(&r.dependency) && self.points.len() >= HISTORY_DEPENDENCIES
+            {
+                continue;
+            }
+            let kept = self.points.entry(r.dependency.clone()).or_default();
+            let point = Point {
                 at_ms: r.now_ms,
                 spent: r.spent,
                 allowance: r.allowance,
                 denied: r.denied,
-            });
-            while points.len() > HISTORY_POINTS {
-                points.pop_front();
+                amplification: r.amplification,
+            };
+            kept.recent.push_back(point);
+            while kept.recent.len() > HISTORY_POINTS {
+                kept.recent.pop_front();
+            }
+            // One a minute: a new point once the last is a minute old (or from the future:
+            // a server clock set back).
+            match kept.hour.back() {
+                Some(last) if point.at_ms >= last.at_ms && point.at_ms - last.at_ms < 60_000 => {}
+                _ => kept.hour.push_back(point),
+            }
+            while kept.hour.len() > HOUR_POINTS
+                || kept
+                    .hour
+                    .front()
+                    .is_some_and(|f| f.at_ms.saturating_add(3_600_000) < point.at_ms)
+            {
+                kept.hour.pop_front();
             }
         }
     }
 
+    /// The last readings of `dependency`, oldest first.
     pub(crate) fn of(&self, dependency: &str) -> Vec<Point> {
         self.points
             .get(dependency)
-            .map(|p| p.iter().copied().collect())
+            .map(|k| k.recent.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The readings a minute apart of `dependency` over the last hour, oldest first.
+    pub(crate) fn hour_of(&self, dependency: &str) -> Vec<Point> {
+        self.points
+            .get(dependency)
+            .map(|k| k.hour.iter().copied().collect())
             .unwrap_or_default()
     }
 }

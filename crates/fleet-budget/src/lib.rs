@@ -61,6 +61,7 @@ pub mod store;
 #[cfg(feature = "test-harness")]
 pub mod testing;
 pub mod tls;
+pub mod view;
 
 pub use allowance::{BudgetSnapshot, Control, WindowCounters};
 pub use budget::{

@@ -1,7 +1,15 @@
 //! One dependency's page: its figures, their history as a chart, its overrides and its audit
 //! trail.
 
-use super::*;
+use fleet_budget::Dependency;
+use fleet_budget::control::AuditEntry;
+use maud::{Markup, html};
+
+use super::audit::audit_table;
+use super::overview::{breaker_cell, overrides_cell, sparkline};
+use super::{csrf_input, is_operator, layout, path_segment, short_at, t};
+use crate::access::Visitor;
+use crate::fleet::{HISTORY_POINTS, Overview, Point};
 
 /// A small chart of the history: retries granted (line) against the allowance (dashed), and
 /// denials (bars), drawn by the server as SVG.
@@ -57,6 +65,7 @@ pub(crate) fn dependency(
     dep: &Dependency,
     ov: &Overview,
     history: &[Point],
+    hour: &[Point],
     trail: &[AuditEntry],
 ) -> Markup {
     let name = t(dep.as_str());
@@ -67,6 +76,9 @@ pub(crate) fn dependency(
             @if let Some(r) = ov.dependencies.first() {
                 table.facts {
                     tr { th { "alert" } td #alert { (r.alert) } }
+                    @if r.alerts.len() > 1 {
+                        tr { th { "also" } td #more-alerts { @for a in r.alerts.iter().skip(1) { (a.text) br; } } }
+                    }
                     tr { th { "allowance / spent / remaining" } td { (r.allowance) " / " (r.spent) " / " (r.remaining) } }
                     tr { th { "denied in the window" } td { (r.denied) " (" (format!("{:.2}", r.denials_per_sec)) "/s)" } }
                     tr { th { "amplification" } td { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) } }
@@ -82,6 +94,8 @@ pub(crate) fn dependency(
                 }
                 h2 { "Recent history" }
                 (chart(history))
+                h3 { "The last hour" }
+                p { (sparkline(hour)) " amplification (blue; dashed: the alert threshold) and denials (red), one point a minute" }
                 h3 { "The two windows Redis holds" }
                 table {
                     thead { tr { th { "window" } th { "retries granted" } th { "denied" } th { "first attempts" } } }

@@ -17,16 +17,12 @@ pub(crate) mod risks;
 pub(crate) mod time;
 mod workers;
 
-use fleet_budget::Dependency;
-use fleet_budget::control::AuditEntry;
 use fleet_budget::printable::escape_text;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::access::{Role, Visitor};
-use crate::dead_letters::Sample;
-use crate::fleet::{DependencyRow, HISTORY_POINTS, Overview, Point, WORKERS_READ};
 
-pub(crate) use audit::{AuditPage, audit, audit_table};
+pub(crate) use audit::{AuditPage, audit};
 pub(crate) use dead_letters::{dead_letters, dry_run, group, message, purge_confirm, purged};
 pub(crate) use dependency::*;
 pub(crate) use overview::*;

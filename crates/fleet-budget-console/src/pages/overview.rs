@@ -1,6 +1,116 @@
-//! The overview: one row per dependency, its budget, overrides and breaker.
+//! The overview: one row per dependency, worst first, a page at a time: its budget, overrides,
+//! breaker, calls in flight, a sparkline of its last hour and its worst alert, as the library's
+//! read model gives them (`crate::fleet`). The live refresh swaps in the same rows rendered here
+//! ([`overview_fragment`]); the browser renders nothing of its own.
 
-use super::*;
+use maud::{Markup, html};
+
+use super::{PER_PAGE, count, layout, page_of, pager, path_segment, query, short, short_at};
+use crate::access::Visitor;
+use crate::dead_letters::Sample;
+use crate::fleet::{DependencyRow, HOUR_POINTS, History, Overview, Point, WORKERS_READ};
+
+/// One page of the overview: the rows shown and each one's last hour.
+#[derive(Debug)]
+pub(crate) struct OverviewPage {
+    pub(crate) overview: Overview,
+    /// The page shown (1-based) and the offset of its first row.
+    pub(crate) page: usize,
+    pub(crate) offset: usize,
+    /// The last hour of each row shown, in the rows' order.
+    pub(crate) hours: Vec<Vec<Point>>,
+}
+
+impl OverviewPage {
+    /// The page `asked` of `overview` (clamped to the pages there are), with each shown row's
+    /// last hour from `history`.
+    pub(crate) fn new(overview: Overview, asked: Option<&str>, history: &History) -> Self {
+        let (offset, page) = page_of(asked, overview.dependencies.len());
+        let hours = overview
+            .dependencies
+            .iter()
+            .skip(offset)
+            .take(PER_PAGE)
+            .map(|r| history.hour_of(&r.dependency))
+            .collect();
+        Self {
+            overview,
+            page,
+            offset,
+            hours,
+        }
+    }
+
+    fn rows(&self) -> impl Iterator<Item = (&DependencyRow, &[Point])> {
+        self.overview
+            .dependencies
+            .iter()
+            .skip(self.offset)
+            .take(PER_PAGE)
+            .zip(
+                self.hours
+                    .iter()
+                    .map(Vec::as_slice)
+                    .chain(std::iter::repeat(&[][..])),
+            )
+    }
+}
+
+/// Width and height of a sparkline, in px.
+const SPARK_W: u32 = 120;
+const SPARK_H: u32 = 24;
+
+/// The last hour of a dependency as a small inline SVG drawn by the server: amplification (a
+/// line, from 1x at the bottom; the alert threshold dashed) and denials (a line on a scale of
+/// their own, red), one point a minute.
+pub(super) fn sparkline(points: &[Point]) -> Markup {
+    if points.len() < 2 {
+        return html! { span.note { "collecting" } };
+    }
+    let threshold = fleet_budget::view::AMPLIFICATION_ALERT;
+    let top_amp = points
+        .iter()
+        .filter_map(|p| p.amplification)
+        .fold(threshold + 0.5, f64::max);
+    let top_denied = points.iter().map(|p| p.denied).max().unwrap_or(0).max(1);
+    let (w, h) = (f64::from(SPARK_W), f64::from(SPARK_H) - 2.0);
+    #[allow(clippy::cast_precision_loss)]
+    let x = |i: usize| i as f64 * w / (points.len() - 1) as f64;
+    let y_amp = |a: f64| 1.0 + h - (a - 1.0).clamp(0.0, top_amp - 1.0) * h / (top_amp - 1.0);
+    #[allow(clippy::cast_precision_loss)]
+    let y_denied = |d: u64| 1.0 + h - d as f64 * h / top_denied as f64;
+    let line = |y: &dyn Fn(&Point) -> f64| -> String {
+        points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{:.0},{:.0}", x(i), y(p)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let amps = line(&|p| y_amp(p.amplification.unwrap_or(1.0)));
+    let denials = line(&|p| y_denied(p.denied));
+    let worst_amp = points
+        .iter()
+        .filter_map(|p| p.amplification)
+        .fold(1.0, f64::max);
+    let worst_denied = points.iter().map(|p| p.denied).max().unwrap_or(0);
+    let minutes = points
+        .last()
+        .map_or(0, |l| l.at_ms)
+        .saturating_sub(points.first().map_or(0, |f| f.at_ms))
+        / 60_000;
+    let label = format!(
+        "last {minutes} min: amplification up to {worst_amp:.2}x, up to {worst_denied} denied in a window"
+    );
+    html! {
+        svg.spark viewBox={ "0 0 " (SPARK_W) " " (SPARK_H) } width=(SPARK_W) height=(SPARK_H) role="img" aria-label=(label) {
+            title { (label) }
+            line x1="0" x2=(SPARK_W) y1=(format!("{:.0}", y_amp(threshold))) y2=(format!("{:.0}", y_amp(threshold))) stroke="#8c959f" stroke-dasharray="2 2" stroke-width="1" {}
+            polyline.denied points=(denials) fill="none" stroke="#cf222e" stroke-width="1" {}
+            polyline.amplification points=(amps) fill="none" stroke="#0969da" stroke-width="1.5" {}
+        }
+    }
+}
 
 pub(super) fn overrides_cell(r: &DependencyRow) -> Markup {
     html! {
@@ -25,28 +135,48 @@ pub(super) fn breaker_cell(r: &DependencyRow) -> String {
     }
 }
 
-pub(super) fn overview_rows(ov: &Overview) -> Markup {
+fn overview_rows(p: &OverviewPage) -> Markup {
     html! {
-        @for r in &ov.dependencies {
-            tr data-severity=(r.severity) {
-                td { a href={ "/dependency/" (path_segment(&r.dependency)) } { (r.dependency) } }
-                td.num { (r.allowance) }
-                td.num { (r.spent) }
-                td.num { (r.remaining) }
-                td.num { (format!("{:.2}", r.denials_per_sec)) }
-                td.num { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) }
-                td { (breaker_cell(r)) }
-                td.num { (r.concurrency.map_or_else(|| "-".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) }
-                td.num.fallback { (r.workers_in_fallback.map_or_else(|| "-".to_owned(), |n| n.to_string())) }
-                td { (overrides_cell(r)) }
-                td.alert { (r.alert) }
+        tbody #overview-rows {
+            @for (r, hour) in p.rows() {
+                tr data-severity=(r.severity) {
+                    td { a href={ "/dependency/" (path_segment(&r.dependency)) } { (r.dependency) } }
+                    td.num { (r.allowance) }
+                    td.num { (r.spent) }
+                    td.num { (r.remaining) }
+                    td.num { (format!("{:.2}", r.denials_per_sec)) }
+                    td.num { (r.amplification.map_or_else(|| "-".to_owned(), |a| format!("{a:.2}x"))) }
+                    td.spark { (sparkline(hour)) }
+                    td { (breaker_cell(r)) }
+                    td.num { (r.concurrency.map_or_else(|| "-".to_owned(), |c| format!("{}/{}", c.in_flight, c.cap))) }
+                    td.num.fallback { (r.workers_in_fallback.map_or_else(|| "-".to_owned(), |n| n.to_string())) }
+                    td { (overrides_cell(r)) }
+                    td.alert { (r.alert) }
+                }
             }
         }
     }
 }
 
-/// The fleet as its workers report it (the worker registry), in one sentence; the console's
-/// script writes the same sentence from `/api/overview`.
+/// The page's pager (`id` `overview-pager`).
+fn overview_pager(p: &OverviewPage) -> Markup {
+    let total = p.overview.dependencies.len();
+    pager("overview-pager", p.page, total, "dependencies", &|n| {
+        format!("/?{}", query(&[("page", Some(&n.to_string()))]))
+    })
+}
+
+/// What the live refresh swaps in, each part by its id: the rows, the pager and the workers'
+/// line, rendered as on the page.
+pub(crate) fn overview_fragment(p: &OverviewPage) -> Markup {
+    html! {
+        table { (overview_rows(p)) }
+        (overview_pager(p))
+        span #workers-line { (workers_line(&p.overview)) }
+    }
+}
+
+/// The fleet as its workers report it (the worker registry), in one sentence.
 pub(crate) fn workers_line(ov: &Overview) -> String {
     match (&ov.workers, &ov.workers_error) {
         (Some(w), _) => {
@@ -132,8 +262,13 @@ pub(super) fn dead_letter_counts(samples: [&Sample; 2]) -> Markup {
     }
 }
 
-/// The fleet overview.
-pub(crate) fn overview(v: &Visitor, ov: &Overview, samples: [&Sample; 2]) -> Markup {
+/// The fleet overview, one page of it.
+pub(crate) fn overview(v: &Visitor, p: &OverviewPage, samples: [&Sample; 2]) -> Markup {
+    let ov = &p.overview;
+    let source = format!(
+        "/fragments/overview?{}",
+        query(&[("page", Some(&p.page.to_string()))])
+    );
     layout(
         "Overview",
         Some(v),
@@ -141,14 +276,17 @@ pub(crate) fn overview(v: &Visitor, ov: &Overview, samples: [&Sample; 2]) -> Mar
             p { "Every dependency under key prefix " code { (ov.key_prefix) } ", worst first. Refreshed every 2 s; "
                 span #refreshed { "read when the page loaded" } "." }
             p { span #workers-line { (workers_line(ov)) } " " a href="/workers" { "Workers" } }
-            table #overview data-source="/api/overview" {
+            table #overview data-source=(source) {
                 thead { tr {
                     th { "dependency" } th { "allowance" } th { "spent" } th { "remaining" }
-                    th { "denials/s" } th { "amplification" } th { "breaker" } th { "in flight/cap" }
+                    th { "denials/s" } th { "amplification" }
+                    th title={ "amplification (blue, dashed at the alert threshold) and denials (red), one point a minute over the last " (HOUR_POINTS) " minutes" } { "last hour" }
+                    th { "breaker" } th { "in flight/cap" }
                     th { "workers in fallback" } th { "overrides" } th { "alert" }
                 } }
-                tbody { (overview_rows(ov)) }
+                (overview_rows(p))
             }
+            (overview_pager(p))
             (dead_letter_counts(samples))
             @if !ov.unusable.is_empty() {
                 h2 { "Unusable keys" }

@@ -35,7 +35,10 @@ impl FromRequestParts<Arc<App>> for Viewer {
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ConsoleError> {
         // A browser asking for a page is sent to the login form; a script or a form's post is
         // answered 401.
-        let page = parts.method == Method::GET && !parts.uri.path().starts_with("/api/");
+        let path = parts.uri.path();
+        let page = parts.method == Method::GET
+            && !path.starts_with("/api/")
+            && !path.starts_with("/fragments/");
         let mut visitor = app
             .access
             .reader(session(&parts.headers))

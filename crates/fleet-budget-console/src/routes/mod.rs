@@ -29,6 +29,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(reads::overview_page))
         .route("/api/overview", get(reads::overview_json))
+        .route("/fragments/overview", get(reads::overview_fragment))
         .route("/dependency/{name}", get(reads::dependency_page))
         .route(
             "/dependency/{name}/override",

@@ -18,18 +18,50 @@ use crate::dead_letters::{Group, Sort, Which};
 use crate::filters::{FilterForm, some};
 use crate::pages::{self, AuditPage};
 
-pub(super) async fn overview_page(
-    State(app): State<Arc<App>>,
-    Viewer(visitor): Viewer,
-) -> Result<Markup, ConsoleError> {
+/// The overview's query: the page.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct OverviewQuery {
+    #[serde(default)]
+    page: Option<String>,
+}
+
+/// One page of the overview, read now.
+async fn overview_page_of(
+    app: &App,
+    q: &OverviewQuery,
+) -> Result<pages::OverviewPage, ConsoleError> {
     let ov = redis(
-        &app,
+        app,
         crate::fleet::overview(&app.settings.config.budget, &app.store, None),
     )
     .await?;
+    Ok(pages::OverviewPage::new(
+        ov,
+        q.page.as_deref(),
+        &lock(&app.history),
+    ))
+}
+
+pub(super) async fn overview_page(
+    State(app): State<Arc<App>>,
+    Viewer(visitor): Viewer,
+    Query(q): Query<OverviewQuery>,
+) -> Result<Markup, ConsoleError> {
+    let shown = overview_page_of(&app, &q).await?;
     let dead = app.sample(Which::Dead);
     let parked = app.sample(Which::Parked);
-    Ok(pages::overview(&visitor, &ov, [&dead, &parked]))
+    Ok(pages::overview(&visitor, &shown, [&dead, &parked]))
+}
+
+/// The overview's rows, pager and workers' line, rendered as on the page: what its live
+/// refresh swaps in.
+pub(super) async fn overview_fragment(
+    State(app): State<Arc<App>>,
+    _: Viewer,
+    Query(q): Query<OverviewQuery>,
+) -> Result<Markup, ConsoleError> {
+    let shown = overview_page_of(&app, &q).await?;
+    Ok(pages::overview_fragment(&shown))
 }
 
 pub(super) async fn overview_json(
@@ -55,7 +87,10 @@ pub(super) async fn dependency_page(
         crate::fleet::overview(&app.settings.config.budget, &app.store, Some(&dep)),
     )
     .await?;
-    let history = lock(&app.history).of(dep.as_str());
+    let (history, hour) = {
+        let kept = lock(&app.history);
+        (kept.of(dep.as_str()), kept.hour_of(dep.as_str()))
+    };
     let mut trail = redis(
         &app,
         app.audit
@@ -63,7 +98,9 @@ pub(super) async fn dependency_page(
     )
     .await?;
     trail.reverse();
-    Ok(pages::dependency(&visitor, &dep, &ov, &history, &trail))
+    Ok(pages::dependency(
+        &visitor, &dep, &ov, &history, &hour, &trail,
+    ))
 }
 
 /// A list's query: the filters (with `g`, a group's short key), the page and the sort.

@@ -170,6 +170,19 @@ pub async fn read(
     Ok((now_ms, Overrides::from_values(&values)))
 }
 
+/// The overrides stored for `dependency` (in force or expired: [`Overrides::active_at`] tells),
+/// in one round trip.
+///
+/// # Errors
+/// Redis failed or passed the store's deadline.
+pub(crate) async fn read_stored(
+    store: &RedisStore,
+    dependency: &Dependency,
+) -> Result<Overrides, StoreError> {
+    let values = store.budget_fields(dependency, &FIELDS).await?;
+    Ok(Overrides::from_values(&values))
+}
+
 /// Applies `action` to `dependency` as `actor` for `reason`, and records it in `audit`.
 ///
 /// # Errors

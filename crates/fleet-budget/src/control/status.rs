@@ -67,7 +67,8 @@ pub async fn fleet_status(
         .window_index
         .saturating_mul(s.window_ms)
         .saturating_add(s.elapsed_ms);
-    let (_, stored) = overrides::read(store, dependency).await?;
+    // The server time of the status read is the one that matters: no `TIME` call.
+    let stored = overrides::read_stored(store, dependency).await?;
     Ok(FleetStatus {
         snapshot: s,
         policy: status.policy,

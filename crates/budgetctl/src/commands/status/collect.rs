@@ -1,17 +1,16 @@
-//! Reading `status` from Redis: the dependencies configured and discovered, each one's fleet
-//! status and breaker; a key the scripts refuse is listed, not fatal.
+//! Reading `status` from Redis: the library's read model of the dependencies configured and
+//! discovered ([`fleet_budget::view`]), laid out as the report; a key the scripts refuse is
+//! listed, not fatal.
 
-use fleet_budget::breaker::status_on;
-use fleet_budget::control::fleet_status;
 use fleet_budget::store::RedisStore;
-use fleet_budget::{Config, Dependency, StoreError};
+use fleet_budget::view::{self, Unusable};
+use fleet_budget::{Config, Dependency};
 
-use super::breaker::BreakerLine;
 use super::view::{DependencyStatus, KeyProblem, StatusReport};
 use crate::redis_conn;
 
-/// Reads the budget (and breaker) of `only`, or of every dependency configured or found in
-/// Redis.
+/// Reads the budget (and breaker, and calls in flight) of `only`, or of every dependency
+/// configured or found in Redis.
 pub(super) async fn collect(
     config: &Config,
     store: &RedisStore,
@@ -20,50 +19,29 @@ pub(super) async fn collect(
     let shown = config.redis_display();
     let dependencies: Vec<Dependency> = match only {
         Some(d) => vec![d.clone()],
-        None => {
-            let mut deps: Vec<Dependency> = config.policies.keys().cloned().collect();
-            let found = store
-                .discover_dependencies()
-                .await
-                .map_err(|e| redis_conn::unreachable(&e.node, &e.source))?;
-            deps.extend(found);
-            deps.sort();
-            deps.dedup();
-            deps
-        }
+        None => view::read::dependencies(store, config)
+            .await
+            .map_err(|e| redis_conn::unreachable(&e.node, &e.source))?,
     };
-    let mut rows = Vec::new();
-    let mut unusable = Vec::new();
-    for dependency in &dependencies {
-        let policy = config.policy(dependency);
-        match fleet_status(store, dependency, &policy).await {
-            Ok(fleet) => {
-                let mut row = DependencyStatus::new(dependency, &fleet);
-                if let Some(policy) = config.breakers.get(dependency) {
-                    match status_on(store, dependency, policy).await {
-                        Ok(b) => row.breaker = Some(BreakerLine::new(&b)),
-                        Err(StoreError::BadKey { key, detail }) => unusable.push(KeyProblem {
-                            dependency: dependency.to_string(),
-                            key,
-                            error: fleet_budget::redact::redact_text(&detail),
-                        }),
-                        Err(e) => return Err(redis_conn::unreachable(&shown, &e)),
-                    }
-                }
-                rows.push(row);
-            }
-            Err(StoreError::BadKey { key, detail }) => unusable.push(KeyProblem {
-                dependency: dependency.to_string(),
-                key,
-                error: fleet_budget::redact::redact_text(&detail),
-            }),
-            Err(e) => return Err(redis_conn::unreachable(&shown, &e)),
-        }
-    }
+    let fleet = view::read_fleet(store, config, &dependencies)
+        .await
+        .map_err(|e| redis_conn::unreachable(&shown, &e))?;
     Ok(StatusReport {
         redis: shown,
         key_prefix: config.redis.key_prefix.clone(),
-        dependencies: rows,
-        unusable,
+        dependencies: fleet
+            .dependencies
+            .iter()
+            .map(DependencyStatus::new)
+            .collect(),
+        unusable: fleet.unusable.iter().map(problem).collect(),
     })
+}
+
+fn problem(u: &Unusable) -> KeyProblem {
+    KeyProblem {
+        dependency: u.dependency.to_string(),
+        key: u.key.clone(),
+        error: u.detail.clone(),
+    }
 }

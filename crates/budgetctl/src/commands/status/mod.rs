@@ -1,8 +1,9 @@
 //! `budgetctl status`: live per-dependency budget state, read from Redis.
 //!
-//! [`args`] parses, [`collect`](mod@collect) reads Redis into the figures of [`view`] (with the alerts and
-//! the [`breaker`] line), [`render`](mod@render) draws them for people, [`trend`] keeps `--watch`'s
-//! sparkline; this file runs the loop.
+//! [`args`] parses, [`collect`](mod@collect) reads the library's read model
+//! (`fleet_budget::view`: every figure and alert computed there) into the `--json` shape of
+//! [`view`], [`render`](mod@render) draws it for people (with the [`breaker`] line),
+//! [`trend`] keeps `--watch`'s sparkline; this file runs the loop.
 
 mod args;
 mod breaker;

@@ -78,7 +78,13 @@ fn details(d: &DependencyStatus) -> String {
         ));
     }
     if let Some(b) = &d.breaker {
-        out.push_str(&b.render());
+        out.push_str(&super::breaker::render(b));
+    }
+    if let Some(c) = &d.concurrency {
+        out.push_str(&format!(
+            "  in flight: {} calls of a cap of {}\n",
+            c.in_flight, c.cap
+        ));
     }
     if let Some(f) = &d.overrides.freeze {
         out.push_str(&format!(

@@ -118,6 +118,8 @@ mod tests {
             now_ms: 0,
             window_index,
             breaker: None,
+            concurrency: None,
+            alerts: Vec::new(),
             retries: granted,
             denied,
         }

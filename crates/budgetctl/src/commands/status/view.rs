@@ -1,16 +1,10 @@
-//! What `status` shows of a dependency, as figures: the budget's sliding estimates, the policy in
-//! force, conflicts and overrides, and the alert an operator should look at; the keys that
-//! cannot be used; the whole report (the `--json` shape).
+//! What `status` shows of a dependency, as the `--json` shape: the library's read model
+//! ([`fleet_budget::view::DependencyView`], which computes every figure and alert) laid out
+//! under the names `status` has always printed; the keys that cannot be used; the whole report.
 
-use fleet_budget::breaker::BreakerState;
-use fleet_budget::control::{FleetStatus, Overrides};
-use fleet_budget::{BudgetSnapshot, Dependency, WindowCounters};
+use fleet_budget::control::Overrides;
+use fleet_budget::view::{Alert, BreakerView, DependencyView, InFlight};
 use serde::Serialize;
-
-use super::breaker::BreakerLine;
-
-/// Amplification above this, sustained, deserves an alert (docs/semantics: "Observability").
-pub(super) const AMPLIFICATION_ALERT: f64 = 1.5;
 
 /// One dependency's budget, as `status` shows it. Counts are the sliding estimates over the
 /// last window (current window + the part of the previous one still inside it), the same
@@ -25,6 +19,7 @@ pub(crate) struct DependencyStatus {
     /// First attempts and retries granted.
     pub(crate) executions: u64,
     pub(crate) retries_granted: u64,
+    /// Denied in the last window, those the workers answered from their deny cache included.
     pub(crate) retries_denied: u64,
     pub(crate) allowance: u64,
     pub(crate) remaining: u64,
@@ -45,7 +40,13 @@ pub(crate) struct DependencyStatus {
     pub(crate) window_index: u64,
     /// The circuit breaker, for a dependency with a `[dependencies.X.breaker]` section.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) breaker: Option<BreakerLine>,
+    pub(crate) breaker: Option<BreakerView>,
+    /// Calls in flight against the cap, for a dependency with a concurrency budget (0.2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) concurrency: Option<InFlight>,
+    /// What an operator should look at, worst first (0.2.0): the library's alerts, the same
+    /// the console shows.
+    pub(crate) alerts: Vec<Alert>,
     /// Deprecated: `retries_granted` under its name before 0.2.0, printed until 0.3.0.
     pub(crate) retries: u64,
     /// Deprecated: `retries_denied` under its name before 0.2.0, printed until 0.3.0.
@@ -53,68 +54,37 @@ pub(crate) struct DependencyStatus {
 }
 
 impl DependencyStatus {
-    #[allow(clippy::cast_precision_loss)]
-    pub(crate) fn new(dependency: &Dependency, fleet: &FleetStatus) -> Self {
-        let s: &BudgetSnapshot = &fleet.snapshot;
-        let p = &fleet.policy;
-        let WindowCounters {
-            successes,
-            first_attempts,
-            retries,
-            denied,
-        } = s.estimates();
+    pub(crate) fn new(v: &DependencyView) -> Self {
         Self {
-            dependency: dependency.to_string(),
-            window_secs: s.window_ms as f64 / 1000.0,
-            window_remaining_secs: s.ms_until_roll() as f64 / 1000.0,
-            successes,
-            first_attempts,
-            executions: first_attempts + retries,
-            retries_granted: retries,
-            retries_denied: denied,
-            allowance: s.allowance,
-            remaining: s.remaining(),
-            amplification: (first_attempts > 0)
-                .then(|| (first_attempts + retries) as f64 / first_attempts as f64),
-            policy_in_force: format!(
-                "window {}ms, ratio {}, min_allowance {}, deposit {}, mode {}",
-                p.window_ms(),
-                p.ratio,
-                p.min_allowance,
-                p.deposit.as_str(),
-                p.mode.as_str()
-            ),
-            conflicts: fleet.conflicts,
-            conflicting_policy: fleet.conflicting_policy.clone(),
-            conflict_age_secs: fleet.conflict_age_ms.map(|ms| ms as f64 / 1000.0),
-            overrides: fleet.overrides.clone(),
-            now_ms: fleet.now_ms,
-            window_index: s.window_index,
-            breaker: None,
-            retries,
-            denied,
+            dependency: v.dependency.to_string(),
+            window_secs: DependencyView::secs(v.window_ms),
+            window_remaining_secs: DependencyView::secs(v.window_remaining_ms),
+            successes: v.successes,
+            first_attempts: v.first_attempts,
+            executions: v.executions(),
+            retries_granted: v.retries_granted,
+            retries_denied: v.retries_denied,
+            allowance: v.allowance,
+            remaining: v.remaining,
+            amplification: v.amplification,
+            policy_in_force: v.policy_in_force(),
+            conflicts: v.conflicts,
+            conflicting_policy: v.conflicting_policy.clone(),
+            conflict_age_secs: v.conflict_age_ms.map(DependencyView::secs),
+            overrides: v.overrides.clone(),
+            now_ms: v.now_ms,
+            window_index: v.window_index,
+            breaker: v.breaker.clone(),
+            concurrency: v.in_flight,
+            alerts: v.alerts.clone(),
+            retries: v.retries_granted,
+            denied: v.retries_denied,
         }
     }
 
-    /// What an operator should look at, if anything.
-    pub(crate) fn alert(&self) -> &'static str {
-        if self.overrides.freeze.is_some() {
-            "FROZEN: an operator froze retries"
-        } else if self
-            .breaker
-            .as_ref()
-            .is_some_and(|b| b.state != BreakerState::Closed.as_str())
-        {
-            "BREAKER: circuit open, jobs wait instead of calling"
-        } else if self.retries_denied > 0 && self.remaining == 0 {
-            "DENYING: budget exhausted, retries are dead-lettered"
-        } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
-            "AMPLIFIED: retries above 50% of traffic"
-        } else if self.retries_denied > 0 {
-            "denials in the last window"
-        } else {
-            ""
-        }
+    /// The worst alert's text, empty without one.
+    pub(crate) fn alert(&self) -> &str {
+        self.alerts.first().map_or("", |a| a.text.as_str())
     }
 }
 

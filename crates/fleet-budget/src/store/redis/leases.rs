@@ -108,3 +108,41 @@ fn refused_key(e: StoreError, keys: &[String; 2]) -> StoreError {
     }
     e
 }
+
+impl RedisStore {
+    /// Calls in flight on `dependency` at server time `now_ms`: the leases of its two sets that
+    /// have not expired (each lease is scored by its expiry), in one round trip (the two sets
+    /// share the budget's slot). A read for tools: nothing is pruned.
+    ///
+    /// # Errors
+    /// The store failed or passed its deadline; a lease set of another type (written by hand)
+    /// is a [`StoreError::BadKey`] naming it.
+    pub async fn leases_in_flight(
+        &self,
+        dependency: &Dependency,
+        now_ms: u64,
+    ) -> Result<u64, StoreError> {
+        let keys = self.lease_keys(dependency);
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.cmd("ZCOUNT").arg(key).arg(now_ms).arg("+inf");
+        }
+        match self.query_pipeline::<(u64, u64)>(&pipe).await {
+            Ok((primary, retry)) => Ok(primary.saturating_add(retry)),
+            Err(StoreError::Redis(e)) if e.code() == Some("WRONGTYPE") => {
+                // Which of the two: the one whose type is not a sorted set.
+                for key in keys {
+                    let kind: String = self.query(redis::cmd("TYPE").arg(&key)).await?;
+                    if kind != "zset" && kind != "none" {
+                        return Err(StoreError::BadKey {
+                            key,
+                            detail: format!("is not a lease set: it holds a {kind}"),
+                        });
+                    }
+                }
+                Err(StoreError::Redis(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

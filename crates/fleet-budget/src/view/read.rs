@@ -1,0 +1,135 @@
+//! Reading the fleet's views from Redis: which dependencies there are (configured, and found
+//! by their budget keys), and each one's budget, overrides, breaker and calls in flight, one
+//! store call per kind of fact, many dependencies at once on the shared connection.
+//!
+//! A key the scripts refuse is listed as [`Unusable`], not fatal: the other dependencies are
+//! still shown, and so is what could be read of that one (a budget with an unreadable breaker is
+//! shown without its breaker).
+
+use futures::StreamExt;
+
+use super::{BreakerView, DependencyView, FleetView, InFlight, Unusable};
+use crate::breaker::status_on;
+use crate::config::Config;
+use crate::control::fleet_status;
+use crate::dependency::Dependency;
+use crate::error::StoreError;
+use crate::metrics::READ_CONCURRENCY;
+use crate::redact::redact_text;
+use crate::store::{DiscoveryError, RedisStore};
+
+/// The dependencies configured in `config` and those with a budget key in the store, by name.
+///
+/// # Errors
+/// A node could not be scanned (the error names it).
+pub async fn dependencies(
+    store: &RedisStore,
+    config: &Config,
+) -> Result<Vec<Dependency>, DiscoveryError> {
+    let mut deps: Vec<Dependency> = config.policies.keys().cloned().collect();
+    deps.extend(store.discover_dependencies().await?);
+    deps.sort();
+    deps.dedup();
+    Ok(deps)
+}
+
+/// Reads the view of each of `dependencies` (in that order), at most
+/// [`READ_CONCURRENCY`] dependencies at once.
+///
+/// # Errors
+/// Redis failed or passed the store's deadline (a key of another type is listed in
+/// [`FleetView::unusable`] instead).
+pub async fn read_fleet(
+    store: &RedisStore,
+    config: &Config,
+    dependencies: &[Dependency],
+) -> Result<FleetView, StoreError> {
+    // Boxed with their type spelled out: a closure in `stream::iter(...).map(...)` makes a
+    // caller's future (an axum handler's, a spawned task's) fail the `Send` check over a
+    // higher-ranked lifetime.
+    let futures: Vec<Read<'_>> = dependencies
+        .iter()
+        .map(|d| -> Read<'_> { Box::pin(read_dependency(store, config, d)) })
+        .collect();
+    let reads: Vec<_> = futures::stream::iter(futures)
+        .buffered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let mut fleet = FleetView::default();
+    for read in reads {
+        let (view, unusable) = read?;
+        fleet.dependencies.extend(view);
+        fleet.unusable.extend(unusable);
+    }
+    Ok(fleet)
+}
+
+/// One dependency's read, boxed.
+type Read<'a> = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<(Option<DependencyView>, Vec<Unusable>), StoreError>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Reads one dependency's view: its budget (with the policy `config` gives it, which only
+/// counts while Redis holds none), its breaker and its calls in flight when `config` has them.
+/// `None` when its budget key cannot be used; each refused key listed.
+///
+/// # Errors
+/// Redis failed or passed the store's deadline.
+pub async fn read_dependency(
+    store: &RedisStore,
+    config: &Config,
+    dependency: &Dependency,
+) -> Result<(Option<DependencyView>, Vec<Unusable>), StoreError> {
+    let mut unusable = Vec::new();
+    let policy = config.policy(dependency);
+    let fleet = match fleet_status(store, dependency, &policy).await {
+        Ok(f) => f,
+        Err(e) => {
+            refused::<()>(e, dependency, &mut unusable)?;
+            return Ok((None, unusable));
+        }
+    };
+    let breaker = match config.breakers.get(dependency) {
+        Some(p) => match status_on(store, dependency, p).await {
+            Ok(b) => Some(BreakerView::new(&b)),
+            Err(e) => refused(e, dependency, &mut unusable)?,
+        },
+        None => None,
+    };
+    let in_flight = match config.concurrency.get(dependency) {
+        Some(p) => match store.leases_in_flight(dependency, fleet.now_ms).await {
+            Ok(n) => Some(InFlight {
+                in_flight: n,
+                cap: p.cap,
+            }),
+            Err(e) => refused(e, dependency, &mut unusable)?,
+        },
+        None => None,
+    };
+    let view = DependencyView::new(dependency, &fleet, breaker, in_flight);
+    Ok((Some(view), unusable))
+}
+
+/// A key the scripts refuse listed in `unusable` (what was read of it then shows nothing);
+/// any other error returned.
+fn refused<T>(
+    e: StoreError,
+    dependency: &Dependency,
+    unusable: &mut Vec<Unusable>,
+) -> Result<Option<T>, StoreError> {
+    match e {
+        StoreError::BadKey { key, detail } => {
+            unusable.push(Unusable {
+                dependency: dependency.clone(),
+                key,
+                detail: redact_text(&detail),
+            });
+            Ok(None)
+        }
+        e => Err(e),
+    }
+}
