@@ -29,6 +29,7 @@ mod budget;
 mod call;
 mod connect;
 mod dead_letters;
+mod enforcement;
 mod discovery;
 mod group_commit;
 mod leases;
