@@ -20,7 +20,7 @@ from . import registry, scripts
 from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
 from .config import Config
-from .decision import Decision, Failure
+from .decision import SHADOW, Decision, Failure
 from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import next_grant_ms
 from .snapshot import BudgetSnapshot
@@ -102,8 +102,11 @@ class FleetBudget(_sync.FleetBudget):
         dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *await self.withdraw(dependency),
-                                  since_first_failure=since_first_failure)
+        granted, snapshot, source = await self.withdraw(dependency)
+        shadow = (self._shadowable(granted, snapshot)
+                  and await self._enforcement.of_async(dependency, self._redis) == SHADOW)
+        return self._after_budget(task, attempt, failure, granted, snapshot, source,
+                                  since_first_failure=since_first_failure, shadow=shadow)
 
     async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
         policy = self.config.policy(dependency)

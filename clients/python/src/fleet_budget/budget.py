@@ -22,8 +22,9 @@ from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import DenyCache, batch_next, next_grant_ms
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
                      key_prefix_problem, redact_url)
-from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
-                       Decision, Failure, Retry)
+from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, SHADOW,
+                       DeadLetter, Decision, Failure, Retry)
+from .enforcement import EnforcementInForce
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
 from .memory import Memory
@@ -110,6 +111,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._group = GroupCommit(timeout) if group_commit else None
         # Exhausted budgets answered in the process (redis.deny_cache_ms): see deny_cache.py.
         self._denials = DenyCache(settings.deny_cache_ms)
+        # Shadow or enforcement, per dependency (enforcement.py).
+        self._enforcement = EnforcementInForce(self.config)
         self._lease_ids = LeaseIds()
         self._health_lock = threading.Lock()
         self._degraded: dict[str, int] = {}
@@ -194,6 +197,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         self._lease_ids = LeaseIds()
         # A fresh cache: its lock may have been held by another thread of the parent.
         self._denials = DenyCache(self.config.redis.deny_cache_ms)
+        self._enforcement = EnforcementInForce(self.config)
         if self._group is not None:
             self._group = GroupCommit(self._group.deadline, self._group.max_batch)
         settings = self.config.redis
@@ -298,8 +302,10 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *self.withdraw(dependency),
-                                  since_first_failure=since_first_failure)
+        granted, snapshot, source = self.withdraw(dependency)
+        shadow = self._shadowable(granted, snapshot) and self._enforcement.of(dependency, self._redis) == SHADOW
+        return self._after_budget(task, attempt, failure, granted, snapshot, source,
+                                  since_first_failure=since_first_failure, shadow=shadow)
 
     # The steps around the I/O, shared with the asyncio flavour (fleet_budget.aio).
 
@@ -332,8 +338,18 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             return dependency, self._dead_letter(dependency, DELAY_EXCEEDED, None, "not_consulted")
         return dependency, None
 
+    @staticmethod
+    def _shadowable(granted: bool, snapshot: BudgetSnapshot) -> bool:
+        """Whether the budget's answer is a refusal shadow lets through: exhausted, not frozen (a
+        freeze is an operator's order, and holds)."""
+        return not granted and not snapshot.control.frozen
+
     def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,
-                      snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None) -> Decision:
+                      snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None,
+                      shadow: bool = False) -> Decision:
+        """The decision after the budget's answer; ``shadow``: the dependency is in shadow, and a
+        refusal it lets through (:meth:`_shadowable`) is retried anyway, counted in
+        ``fleet_budget_retries_would_deny_total``."""
         dependency = self.dependency(task)
         attempt = max(1, int(attempt))
         ceiling = self.config.ceiling(task)
@@ -342,12 +358,16 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             self.metrics.retries_denied_in_process.labels(dependency).inc()
         else:
             self.metrics.snapshot(dependency, snapshot)
+        shadow_denied = None
         if not granted:
             reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
-            return self._dead_letter(dependency, reason, snapshot, source)
+            if not (shadow and self._shadowable(granted, snapshot)):
+                return self._dead_letter(dependency, reason, snapshot, source)
+            self.metrics.retries_would_deny.labels(dependency).inc()
+            shadow_denied = reason
         with self._rng_lock:
             delay = ceiling.delay(attempt, since_first_failure, failure.retry_after, self._rng)
-        return Retry(dependency, delay, attempt + 1, snapshot, source)
+        return Retry(dependency, delay, attempt + 1, snapshot, source, shadow_denied)
 
     def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         """Spend one retry: (granted, snapshot, source). A denial of the fleet store that still

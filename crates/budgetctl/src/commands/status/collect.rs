@@ -39,6 +39,17 @@ pub(super) async fn collect(
         match fleet_status(store, dependency, &policy).await {
             Ok(fleet) => {
                 let mut row = DependencyStatus::new(dependency, &fleet);
+                let switched = fleet_budget::control::enforcement::read(store, dependency)
+                    .await
+                    .map_err(|e| redis_conn::unreachable(&shown, &e))?;
+                let enforcement = switched.map_or_else(
+                    || config.enforcement.of(dependency),
+                    |s| s.enforcement,
+                );
+                row.enforcement = enforcement.as_str();
+                if enforcement == fleet_budget::Enforcement::Shadow {
+                    row.would_deny = row.retries_denied;
+                }
                 if let Some(policy) = config.breakers.get(dependency) {
                     match status_on(store, dependency, policy).await {
                         Ok(b) => row.breaker = Some(BreakerLine::new(&b)),

@@ -46,6 +46,12 @@ pub(crate) struct DependencyStatus {
     /// The circuit breaker, for a dependency with a `[dependencies.X.breaker]` section.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) breaker: Option<BreakerLine>,
+    /// `enforce`, or `shadow`: refused retries are counted and retried anyway (the
+    /// configuration's `enforcement`, unless an operator switched it).
+    pub(crate) enforcement: &'static str,
+    /// In shadow, the retries enforcement would have denied in the window (its
+    /// `retries_denied`); 0 while enforced.
+    pub(crate) would_deny: u64,
     /// Deprecated: `retries_granted` under its name before 0.2.0, printed until 0.3.0.
     pub(crate) retries: u64,
     /// Deprecated: `retries_denied` under its name before 0.2.0, printed until 0.3.0.
@@ -91,6 +97,8 @@ impl DependencyStatus {
             now_ms: fleet.now_ms,
             window_index: s.window_index,
             breaker: None,
+            enforcement: fleet_budget::Enforcement::Enforce.as_str(),
+            would_deny: 0,
             retries,
             denied,
         }
@@ -106,6 +114,8 @@ impl DependencyStatus {
             .is_some_and(|b| b.state != BreakerState::Closed.as_str())
         {
             "BREAKER: circuit open, jobs wait instead of calling"
+        } else if self.would_deny > 0 && self.remaining == 0 {
+            "SHADOW: budget exhausted, refused retries are retried anyway"
         } else if self.retries_denied > 0 && self.remaining == 0 {
             "DENYING: budget exhausted, retries are dead-lettered"
         } else if self.amplification.is_some_and(|a| a > AMPLIFICATION_ALERT) {
