@@ -50,7 +50,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
+class FleetBudget(AdmissionSteps, DepositSteps):
     """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown.
     ``admit``, ``finish`` and ``try_hedge`` (the concurrency budget and the circuit breaker) are
     in ``admission.py``."""
@@ -101,12 +101,8 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         # What this process last saw of each budget hash, sent with every budget call so that a
         # hash lost mid-window is restored (memory.py, lua/README.md "Lost budgets").
         self._memory = Memory()
-        # Dependencies Redis last answered frozen -> when that freeze ends (clock ms): the
-        # fallback grants nothing for them until then (the Rust ``Health::saw``).
-        self._freezes: dict[str, int] = {}
-        # Dependencies whose breaker this process last saw open -> when it half-opens (server ms).
-        self._open_breakers: dict[str, int] = {}
-        self._oom_logged = False
+        # Whether the store answers per dependency, and the freezes and breakers it last showed.
+        self._health = StoreHealth(clock, self.metrics, self.config.redis.fallback)
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
         # Exhausted budgets answered in the process (redis.deny_cache_ms): see deny_cache.py.
@@ -114,10 +110,6 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         # Shadow or enforcement, per dependency (enforcement.py).
         self._enforcement = EnforcementInForce(self.config)
         self._lease_ids = LeaseIds()
-        self._health_lock = threading.Lock()
-        self._degraded: dict[str, int] = {}
-        # When each dependency's fallback episode started (clock ms), for the worker registry.
-        self._fallback_since: dict[str, int] = {}
         # Coalesced deposits and the denials answered in the process: dependency -> [successes,
         # first attempts, first counted at (ms), denied] (deposits.py).
         self._pending: dict[str, list[int]] = {}
@@ -172,6 +164,17 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                          name="fleet-budget-heartbeat", daemon=True).start()
 
     @property
+    def in_fallback(self) -> bool:
+        """Whether the fallback decides for some dependency because the store failed."""
+        return self._health.in_fallback
+
+    def fallback_dependencies(self) -> list[tuple[str, int]]:
+        """The dependencies whose decisions come from the fallback now, each with how long it has
+        been (ms of the budget's clock), in name order: what the worker registry reports (the
+        Rust ``fallback_dependencies``)."""
+        return self._health.episodes()
+
+    @property
     def worker_id(self) -> Optional[str]:
         """This worker's id in the worker registry (``{host}-{pid}-{4 hex}``, a new one in a forked
         child), or None when it does not report (``redis.heartbeat_ms = 0``)."""
@@ -185,14 +188,13 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         again by the child's first deposit."""
         closed = self._closed.is_set()
         self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
-        self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
-        self._pending, self._degraded, self._fallback_since = {}, {}, {}
-        self._memory, self._freezes, self._oom_logged = Memory(), {}, False
-        self._open_breakers = {}
+        self._pending_lock = threading.Lock()
+        self._pending, self._memory = {}, Memory()
         # Children of one parent would otherwise draw the same jitter, and retry together.
         self._rng = random.Random()
         self.local = LocalStore(self._clock)
         self.metrics = self.metrics.for_child()
+        self._health = StoreHealth(self._clock, self.metrics, self.config.redis.fallback)
         self._series_for_configured()
         self._lease_ids = LeaseIds()
         # A fresh cache: its lock may have been held by another thread of the parent.
@@ -377,7 +379,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         if cached is not None:
             self._count_denied(dependency)  # Redis never sees it: sent with the deposits
             return False, cached, FLEET_CACHE
-        if self._should_try(dependency):
+        if self._health.should_try(dependency):
             sent = self._denials.now()
             asked = self._clock()
             try:
@@ -387,23 +389,13 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                     granted, snapshot, wait = self._group.withdraw(
                         dependency, lambda n: self._spend_answers(dependency, policy, n))  # type: ignore
             except (redis.exceptions.RedisError, scripts.BadReply, GroupTimeout) as e:
-                self._failed(dependency, e)
+                self._health.failed(dependency, e)
             else:
-                self._ok(dependency)
-                self._saw(dependency, asked, snapshot, wait)
+                self._health.ok(dependency)
+                self._health.saw(dependency, asked, snapshot.control.frozen, wait)
                 self._denials.remember(dependency, epoch, sent, granted, snapshot, wait)
                 return granted, snapshot, "fleet"
         return self._fallback(dependency)
-
-    def _saw(self, dependency: str, at: int, snapshot: BudgetSnapshot, wait: Optional[int]) -> None:
-        """Remembers whether Redis's answer for ``dependency``, asked at clock ms ``at``, showed a
-        freeze in force and until when (while frozen the wait is the freeze's remaining time;
-        never, without an end, is an hour at a time)."""
-        with self._health_lock:
-            if snapshot.control.frozen:
-                self._freezes[dependency] = at + (wait if wait is not None else 3_600_000)
-            else:
-                self._freezes.pop(dependency, None)
 
     def _remembered(self, script: str, dependency: str, reply: Any,
                     policy: BudgetPolicy) -> tuple[int, BudgetSnapshot, Any]:
@@ -444,9 +436,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         policy = self.config.policy(dependency)
         mode = self.config.redis.fallback
         self.metrics.fallback_decisions.labels(mode).inc()
-        with self._health_lock:
-            frozen_until = self._freezes.get(dependency, 0)
-        if frozen_until > self._clock():
+        if self._health.frozen(dependency):
             # An operator's freeze Redis showed, not ended: whatever the fallback mode, nothing
             # is granted (the dead letter says budget_frozen).
             snapshot = self.local.status(dependency, policy)
@@ -464,9 +454,9 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                                  args=scripts.status_args(policy))
             _, snapshot, _ = scripts.parse_reply("status", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 
