@@ -257,10 +257,7 @@ async fn an_operators_switch_reaches_the_worker_within_the_staleness_and_ends_by
         .await
         .unwrap();
     let actions: Vec<&str> = trail.iter().map(|e| e.action.as_str()).collect();
-    assert!(
-        actions.starts_with(&["enforce", "shadow"]),
-        "newest first: {actions:?}"
-    );
+    assert_eq!(actions, ["shadow", "enforce"], "both switches, in order");
     // A switch with an end: the configuration decides again once it has passed.
     enforcement::switch(
         &store,
@@ -295,7 +292,8 @@ async fn an_operators_switch_reaches_the_worker_within_the_staleness_and_ends_by
 async fn a_freeze_holds_in_shadow() {
     let server = RedisServer::start();
     let config = config(&server, "enforcement = \"shadow\"");
-    assert_eq!(config.enforcement.of(&dep("enforced")), Enforcement::Enforce);
+    // `[defaults]`'s, for a section without its own too.
+    assert_eq!(config.enforcement.of(&dep("enforced")), Enforcement::Shadow);
     assert_eq!(config.enforcement.of(&dep("other")), Enforcement::Shadow);
     let budget = FleetBudget::from_config(&config).await.unwrap();
     let store = RedisStore::new(RedisTarget::Single(server.url()), "fbs", Duration::from_secs(5))

@@ -6,8 +6,8 @@
 //! call goes straight to the fallback instead of each waiting for a deadline. The fallback
 //! (`redis.fallback`) is the local store (`local`), a refusal (`deny`) or a grant (`allow`).
 //!
-//! [`Health`] owns all of it: every store result goes through [`Health::record`], the one place
-//! that moves a dependency into or out of the fallback, and [`Health::fallback_withdrawal`] is the
+//! `Health` owns all of it: every store result goes through `Health::record`, the one place
+//! that moves a dependency into or out of the fallback, and `Health::fallback_withdrawal` is the
 //! fallback's answer.
 
 use std::collections::HashMap;
