@@ -130,8 +130,12 @@ async fn storms_side_by_side(total: u64) {
     for b in &budgets {
         b.flush().await.unwrap();
     }
-    let store = RedisStore::new(RedisTarget::Single(server.url()), "fbs", Duration::from_secs(5))
-        .unwrap();
+    let store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbs",
+        Duration::from_secs(5),
+    )
+    .unwrap();
     let redis_denied = |name: &'static str| {
         let store = &store;
         let policy = config.policy(&dep(name));
@@ -144,8 +148,10 @@ async fn storms_side_by_side(total: u64) {
                 .denied
         }
     };
-    let (shadow_in_redis, enforced_in_redis) =
-        (redis_denied("shadowed").await, redis_denied("enforced").await);
+    let (shadow_in_redis, enforced_in_redis) = (
+        redis_denied("shadowed").await,
+        redis_denied("enforced").await,
+    );
     let would_deny = summed(&budgets, "retries_would_deny", "shadowed");
     let enforced_denied = summed(&budgets, "retries_denied", "enforced");
     println!(
@@ -167,7 +173,10 @@ async fn storms_side_by_side(total: u64) {
         "in shadow every retry is retried"
     );
     assert_eq!(shadow.dead_lettered, 0);
-    assert_eq!(shadow.retried, 10, "the budget granted its floor, as enforced");
+    assert_eq!(
+        shadow.retried, 10,
+        "the budget granted its floor, as enforced"
+    );
     assert_eq!(enforced.retried, 10, "the floor, exactly");
     assert_eq!(would_deny, shadow.retried_in_shadow);
     assert_eq!(enforced_denied, enforced.dead_lettered);
@@ -203,8 +212,12 @@ async fn an_operators_switch_reaches_the_worker_within_the_staleness_and_ends_by
     let server = RedisServer::start();
     let config = config(&server, "");
     let budget = FleetBudget::from_config(&config).await.unwrap();
-    let store = RedisStore::new(RedisTarget::Single(server.url()), "fbs", Duration::from_secs(5))
-        .unwrap();
+    let store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbs",
+        Duration::from_secs(5),
+    )
+    .unwrap();
     let audit = AuditLog::default();
     // Exhaust the enforced dependency's floor.
     for _ in 0..10 {
@@ -296,8 +309,12 @@ async fn a_freeze_holds_in_shadow() {
     assert_eq!(config.enforcement.of(&dep("enforced")), Enforcement::Shadow);
     assert_eq!(config.enforcement.of(&dep("other")), Enforcement::Shadow);
     let budget = FleetBudget::from_config(&config).await.unwrap();
-    let store = RedisStore::new(RedisTarget::Single(server.url()), "fbs", Duration::from_secs(5))
-        .unwrap();
+    let store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        "fbs",
+        Duration::from_secs(5),
+    )
+    .unwrap();
     overrides::apply(
         &store,
         &AuditLog::default(),
@@ -315,9 +332,7 @@ async fn a_freeze_holds_in_shadow() {
         Some(DeadLetterReason::BudgetFrozen)
     );
     assert_eq!(
-        budget
-            .metrics()
-            .counter("retries_would_deny", "shadowed"),
+        budget.metrics().counter("retries_would_deny", "shadowed"),
         0
     );
 }
@@ -325,7 +340,10 @@ async fn a_freeze_holds_in_shadow() {
 #[test]
 fn enforcement_is_checked_with_the_key_named() {
     for (text, key) in [
-        ("[defaults]\nenforcement = \"dry-run\"\n", "defaults.enforcement"),
+        (
+            "[defaults]\nenforcement = \"dry-run\"\n",
+            "defaults.enforcement",
+        ),
         (
             "[dependencies.search]\nenforcement = \"off\"\n",
             "dependencies.search.enforcement",

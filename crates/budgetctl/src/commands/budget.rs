@@ -220,7 +220,10 @@ async fn switch(config: &Config, a: &SwitchArgs, to: Enforcement) -> anyhow::Res
             }),
         );
     }
-    outln!("{}", describe_switch(&dep, config.enforcement.of(&dep), &switched));
+    outln!(
+        "{}",
+        describe_switch(&dep, config.enforcement.of(&dep), &switched)
+    );
     Ok(())
 }
 

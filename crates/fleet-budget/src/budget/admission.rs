@@ -187,8 +187,7 @@ impl AdmissionControl {
             return held;
         }
         let dependency = call.dependency.clone();
-        let (Some(policy), Some(leases)) = (self.concurrency.get(&dependency), &self.leases)
-        else {
+        let (Some(policy), Some(leases)) = (self.concurrency.get(&dependency), &self.leases) else {
             return Admission::Run(call);
         };
         if !self.health.should_try(&dependency) {

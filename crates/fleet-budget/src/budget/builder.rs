@@ -204,11 +204,7 @@ impl FleetBudgetBuilder {
                 metrics: metrics.clone(),
                 jitter: jitter.clone(),
             },
-            enforcement: EnforcementInForce::new(
-                c.enforcement,
-                self.switches,
-                c.redis.deny_cache,
-            ),
+            enforcement: EnforcementInForce::new(c.enforcement, self.switches, c.redis.deny_cache),
             policies,
             health,
             deposits,

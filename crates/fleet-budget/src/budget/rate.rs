@@ -71,7 +71,10 @@ impl RateBudget {
         policy: &BudgetPolicy,
     ) -> (BudgetSnapshot, BudgetSource) {
         let Some(fleet) = &self.fleet else {
-            return (self.local.status_now(dependency, policy), BudgetSource::Local);
+            return (
+                self.local.status_now(dependency, policy),
+                BudgetSource::Local,
+            );
         };
         let result = fleet.status(dependency, policy).await;
         self.health.record(dependency, &result);

@@ -7,8 +7,8 @@ use serde::Deserialize;
 
 use super::check::{Checker, quoted, toml_key};
 use super::defaults::PolicyFields;
-use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
 use crate::decision::Enforcement;
+use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 use crate::printable::{CodePoint, is_unsafe_char};
 

@@ -106,9 +106,7 @@ pub async fn switch(
         return Err(invalid("duration must be from 1 ms to 366 days"));
     }
     if actor.len() > MAX_ACTOR_BYTES || reason.len() > MAX_REASON_BYTES {
-        return Err(invalid(
-            "actor (200 bytes) or reason (1000 bytes) too long",
-        ));
+        return Err(invalid("actor (200 bytes) or reason (1000 bytes) too long"));
     }
     let before = read(store, dependency).await?;
     let at_ms = store.server_time_ms().await?;
@@ -135,8 +133,13 @@ pub async fn switch(
     audit
         .record(
             store,
-            &AuditEntry::new(actor, enforcement.as_str(), Some(dependency.as_str()), reason)
-                .with_before_after(&before, &after),
+            &AuditEntry::new(
+                actor,
+                enforcement.as_str(),
+                Some(dependency.as_str()),
+                reason,
+            )
+            .with_before_after(&before, &after),
         )
         .await?;
     Ok(Switched {

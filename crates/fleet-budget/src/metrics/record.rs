@@ -51,7 +51,9 @@ impl Metrics {
 
     /// Counts a refusal of a dependency in shadow, retried anyway.
     pub(crate) fn would_deny(&self, d: &Dependency) {
-        self.retries_would_deny.with_label_values(&[d.as_str()]).inc();
+        self.retries_would_deny
+            .with_label_values(&[d.as_str()])
+            .inc();
     }
 
     pub(crate) fn dead_letter(&self, d: &Dependency, reason: DeadLetterReason) {

@@ -42,10 +42,8 @@ pub(super) async fn collect(
                 let switched = fleet_budget::control::enforcement::read(store, dependency)
                     .await
                     .map_err(|e| redis_conn::unreachable(&shown, &e))?;
-                let enforcement = switched.map_or_else(
-                    || config.enforcement.of(dependency),
-                    |s| s.enforcement,
-                );
+                let enforcement =
+                    switched.map_or_else(|| config.enforcement.of(dependency), |s| s.enforcement);
                 row.enforcement = enforcement.as_str();
                 if enforcement == fleet_budget::Enforcement::Shadow {
                     row.would_deny = row.retries_denied;

@@ -118,6 +118,8 @@ mod tests {
             now_ms: 0,
             window_index,
             breaker: None,
+            enforcement: "enforce",
+            would_deny: 0,
             retries: granted,
             denied,
         }

@@ -40,7 +40,11 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = enforcement_key(self.prefix(), dependency);
         let mut pipe = redis::pipe();
-        pipe.atomic().del(&key).ignore().hset_multiple(&key, fields).ignore();
+        pipe.atomic()
+            .del(&key)
+            .ignore()
+            .hset_multiple(&key, fields)
+            .ignore();
         if let Some(ms) = expire_ms {
             pipe.cmd("PEXPIRE").arg(&key).arg(ms).ignore();
         }
