@@ -178,7 +178,7 @@ def test_a_fork_while_other_threads_hold_the_locks_deadlocks_nothing(redis_url, 
     publisher.publish(exchange, "", b"parent-1", {}, {})  # the parent's connection is open
     b.on_success("index_document")
     assert wait_until(lambda: b.pending_deposits() == 0), "the parent's flusher runs"
-    locks = [b._pending_lock, b._health_lock, b._own_lock, b._rng_lock, b.local._lock, b._group._lock,
+    locks = [b._pending_lock, b._health._lock, b._own_lock, b._rng_lock, b.local._lock, b._group._lock,
              b._lease_ids._lock, b.metrics._lock, b.metrics.registry._lock, publisher._lock,
              b.metrics.successes.labels("search")._value._lock]
     held, release = threading.Event(), threading.Event()

@@ -74,6 +74,7 @@ proptest! {
                 first_failure_ms: 1,
                 error_class: "http_401".to_owned(),
                 error: error.clone(),
+                shadow_denied: None,
             }
             .write(&mut retry);
             prop_assert!(leaks(&retry, &s).is_none(), "retry: {:?}", leaks(&retry, &s));

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::allowance::BudgetSnapshot;
 use crate::dependency::Dependency;
@@ -238,6 +238,51 @@ impl BudgetSource {
     }
 }
 
+/// Whether a dependency's rate budget has the last word (`enforcement` in `[defaults]` and
+/// `[dependencies.X]`, and the operators' `budgetctl budget shadow|enforce`).
+///
+/// In [`Enforcement::Shadow`] every decision is made exactly as in enforcement (the same
+/// scripts, the same counters: a retry the budget refuses is counted as a denial in Redis and in
+/// `fleet_budget_retries_denied_total`), but a retry refused with `budget_exhausted` is retried
+/// as if granted, its [`Decision::Retry`] saying so (`shadow_denied`) and counted in
+/// `fleet_budget_retries_would_deny_total`. Everything else still dead-letters: the failure
+/// not retryable, the ceiling, `max_delay`, an operator's freeze (an order, not an
+/// observation), the concurrency budget and the circuit breaker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// A refused retry is dead-lettered (the default).
+    #[default]
+    Enforce,
+    /// A refused retry is counted as a denial and retried anyway.
+    Shadow,
+}
+
+impl Enforcement {
+    /// The wire name: `enforce` or `shadow`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Shadow => "shadow",
+        }
+    }
+
+    /// Parses a wire name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Enforce, Self::Shadow]
+            .into_iter()
+            .find(|e| e.as_str() == s)
+    }
+}
+
+impl fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The outcome of [`crate::FleetBudget::on_failure`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -253,6 +298,10 @@ pub enum Decision {
         snapshot: BudgetSnapshot,
         /// Which budget granted it.
         source: BudgetSource,
+        /// The dependency is in shadow ([`Enforcement::Shadow`]) and its budget refused this
+        /// retry for this reason: enforcement would have dead-lettered the job. `None`: the
+        /// budget granted it.
+        shadow_denied: Option<DeadLetterReason>,
     },
     /// Dead-letter the job now.
     DeadLetter {
@@ -272,6 +321,16 @@ impl Decision {
     #[must_use]
     pub fn is_retry(&self) -> bool {
         matches!(self, Self::Retry { .. })
+    }
+
+    /// The reason enforcement would have dead-lettered a retry granted in shadow
+    /// ([`Enforcement::Shadow`]).
+    #[must_use]
+    pub fn shadow_denied(&self) -> Option<DeadLetterReason> {
+        match self {
+            Self::Retry { shadow_denied, .. } => *shadow_denied,
+            Self::DeadLetter { .. } => None,
+        }
     }
 
     /// The reason, when the job is dead-lettered.

@@ -19,6 +19,14 @@ pub fn budget_key(prefix: &str, dependency: &Dependency) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:{{{dependency}}}")
 }
 
+/// The enforcement switch of `dependency` under `prefix` (`control::enforcement`): an operator's
+/// `budgetctl budget shadow|enforce`, expiring with the key. After `v1:` comes `e`, never `{`, so
+/// it is never a budget key; the dependency is its hash tag (the budget's slot).
+#[must_use]
+pub fn enforcement_key(prefix: &str, dependency: &Dependency) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:enforcement:{{{dependency}}}")
+}
+
 /// The audit stream under `prefix`: every override, replay, purge and migration.
 #[must_use]
 pub fn audit_key(prefix: &str) -> String {

@@ -69,7 +69,7 @@ pub use budget::{
 };
 pub use ceiling::{Backoff, JobClass, TaskCeiling};
 pub use config::{Config, ConfigError, FallbackMode};
-pub use decision::{BudgetSource, DeadLetterReason, Decision, Failure, FailureKind};
+pub use decision::{BudgetSource, DeadLetterReason, Decision, Enforcement, Failure, FailureKind};
 pub use dependency::{Dependency, DependencyMap, InvalidName, UnmappedTasks};
 pub use error::{Error, StoreError};
 pub use metrics::Metrics;

@@ -166,7 +166,8 @@ fn config(url: &str) -> Config {
          max_retry_fraction = 0.5\n\
          [dependencies.search.breaker]\nmin_volume = 2\nfailure_ratio = 0.5\nopen_secs = 600\n\
          half_open_probes = 1\nclose_after = 1\nmax_wait_secs = 600\n\
-         [dependencies.mail]\ntasks = [\"send\"]\n"
+         [dependencies.mail]\ntasks = [\"send\"]\n\
+         [dependencies.watched]\ntasks = [\"watch\"]\nmin_allowance = 0\nenforcement = \"shadow\"\n"
     );
     Config::from_toml(&text, "test").unwrap()
 }
@@ -212,6 +213,12 @@ async fn expositions() -> (String, String) {
         fail(&budget).await;
     }
     assert!(budget.try_hedge("index").await.unwrap().is_none());
+    // A dependency in shadow: its refusal retried anyway (fleet_budget_retries_would_deny_total).
+    let shadowed = budget
+        .on_failure("watch", 1, &Failure::retryable("503"))
+        .await
+        .unwrap();
+    assert!(shadowed.shadow_denied().is_some(), "{shadowed:?}");
     // Two failed calls open the breaker (min_volume 2, failure_ratio 0.5).
     for _ in 0..2 {
         if let Admission::Run(call) = budget.admit("index", 1, None).await.unwrap() {

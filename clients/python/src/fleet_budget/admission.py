@@ -163,7 +163,7 @@ class AdmissionSteps:
         if held is not None:
             return held
         policy = self.config.concurrency.get(dependency)
-        if policy is None or not self._should_try(dependency):
+        if policy is None or not self._health.should_try(dependency):
             return call
         kind = PRIMARY if int(attempt) <= 1 else RETRY
         acquired = yield from self._acquire(dependency, policy, kind)
@@ -205,10 +205,10 @@ class AdmissionSteps:
                 reply = yield lambda: self._lease_release(keys=lease_keys(prefix, dependency), args=[lease.id])
                 in_flight = parse_release(reply)
             except _STORE_ERRORS as e:
-                self._failed(dependency, e)
+                self._health.failed(dependency, e)
                 log.debug("lease of %s not released (%s); it expires by itself", dependency, redact_url(str(e)))
             else:
-                self._ok(dependency)
+                self._health.ok(dependency)
                 self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
                 # Not removed, though not expired by the server's ms (field 4 since 0.2.0): the
                 # lease was lost (evicted, flushed), its slot free meanwhile (the Rust
@@ -232,10 +232,10 @@ class AdmissionSteps:
                 decided = cb.parse_record((yield lambda: self._breaker(
                     keys=keys, args=cb.record_args(policy, outcome == SUCCEEDED, call.probe))))
         except _STORE_ERRORS as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             log.debug("result of a call to %s not reported to the breaker (%s)", dependency, redact_url(str(e)))
             return
-        self._ok(dependency)
+        self._health.ok(dependency)
         if decided is not None:
             self._breaker_seen(dependency, decided)
 
@@ -254,10 +254,10 @@ class AdmissionSteps:
             reply = yield lambda: self._lease_acquire(keys=keys, args=acquire_args(policy, kind, lease_id))
             acquired = parse_acquire(reply, dependency, policy, kind, lease_id)
         except _STORE_ERRORS as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             log.debug("no lease for %s (%s); the call runs uncounted", dependency, redact_url(str(e)))
             return None
-        self._ok(dependency)
+        self._health.ok(dependency)
         self.metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
         return acquired
 
@@ -266,16 +266,16 @@ class AdmissionSteps:
         a probe when it is one), else the admission of a held job."""
         dependency = call.dependency
         policy = self.config.breakers.get(dependency)
-        if policy is None or not self._should_try(dependency):
+        if policy is None or not self._health.should_try(dependency):
             return None
         keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
         try:
             decided = cb.parse_admit((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "admit"))))
         except _STORE_ERRORS as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             log.debug("breaker of %s not consulted (%s); the call runs", dependency, redact_url(str(e)))
             return None
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._breaker_seen(dependency, decided)
         if decided.verdict == cb.RUN:
             call.judged = True
@@ -312,14 +312,7 @@ class AdmissionSteps:
         # A breaker this process saw open, found closed before its open period ended without this
         # call closing it, was lost (evicted, flushed): an open breaker only closes through
         # half-open (the Rust ``Health::breaker_lost``).
-        with self._health_lock:
-            until = self._open_breakers.get(dependency, 0)
-            lost = decided.state == cb.CLOSED and not decided.changed and until > decided.now_ms
-            if decided.state == cb.OPEN:
-                self._open_breakers[dependency] = decided.open_until_ms
-            else:
-                self._open_breakers.pop(dependency, None)
-        if lost:
+        if self._health.breaker_lost(dependency, decided):
             self.metrics.breaker_transitions.labels(dependency, "lost").inc()
             log.warning("circuit breaker of %s found closed before its open period ended: its key was lost in "
                         "Redis (evicted by a maxmemory-policy, FLUSHALL, or a restart without persistence); it "

@@ -20,7 +20,7 @@ from . import registry, scripts
 from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
 from .config import Config
-from .decision import Decision, Failure
+from .decision import SHADOW, Decision, Failure
 from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import next_grant_ms
 from .snapshot import BudgetSnapshot
@@ -102,8 +102,11 @@ class FleetBudget(_sync.FleetBudget):
         dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *await self.withdraw(dependency),
-                                  since_first_failure=since_first_failure)
+        granted, snapshot, source = await self.withdraw(dependency)
+        shadow = (self._shadowable(granted, snapshot)
+                  and await self._enforcement.of_async(dependency, self._redis) == SHADOW)
+        return self._after_budget(task, attempt, failure, granted, snapshot, source,
+                                  since_first_failure=since_first_failure, shadow=shadow)
 
     async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
         policy = self.config.policy(dependency)
@@ -112,7 +115,7 @@ class FleetBudget(_sync.FleetBudget):
             self._count_denied(dependency)  # Redis never sees it: sent with the deposits
             self._ensure_flush_task()
             return False, cached, FLEET_CACHE
-        if self._should_try(dependency):
+        if self._health.should_try(dependency):
             sent = self._denials.now()
             asked = self._clock()
             try:
@@ -121,10 +124,10 @@ class FleetBudget(_sync.FleetBudget):
                 granted, snapshot, base = self._remembered("spend", dependency, reply, policy)
                 wait = next_grant_ms("spend", base)
             except (redis.exceptions.RedisError, scripts.BadReply) as e:
-                self._failed(dependency, e)
+                self._health.failed(dependency, e)
             else:
-                self._ok(dependency)
-                self._saw(dependency, asked, snapshot, wait)
+                self._health.ok(dependency)
+                self._health.saw(dependency, asked, snapshot.control.frozen, wait)
                 self._denials.remember(dependency, epoch, sent, granted == 1, snapshot, wait)
                 return granted == 1, snapshot, "fleet"
         return self._fallback(dependency)
@@ -137,9 +140,9 @@ class FleetBudget(_sync.FleetBudget):
                                        args=scripts.status_args(policy))
             _, snapshot, _ = scripts.parse_reply("status", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 
@@ -202,7 +205,7 @@ class FleetBudget(_sync.FleetBudget):
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e, denied)
             return False
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._deposited(dependency, successes, first_attempts)
         return True
 

@@ -53,6 +53,14 @@ class AsyncLazyCluster:
     def register_script(self, text: str) -> "AsyncClusterScript":
         return AsyncClusterScript(self, text)
 
+    async def hmget(self, key: str, *fields: str) -> Any:
+        """``HMGET`` on the master of ``key``'s slot (the enforcement switch, enforcement.py)."""
+        client = await self.client()
+        try:
+            return await client.hmget(key, *fields)
+        except redis.exceptions.RedisError as e:
+            raise store_failure(e) from None
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:

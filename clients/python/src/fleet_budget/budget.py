@@ -22,8 +22,9 @@ from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import DenyCache, batch_next, next_grant_ms
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
                      key_prefix_problem, redact_url)
-from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, DeadLetter,
-                       Decision, Failure, Retry)
+from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, SHADOW,
+                       DeadLetter, Decision, Failure, Retry)
+from .enforcement import EnforcementInForce
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
 from .memory import Memory
@@ -49,7 +50,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
+class FleetBudget(AdmissionSteps, DepositSteps):
     """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown.
     ``admit``, ``finish`` and ``try_hedge`` (the concurrency budget and the circuit breaker) are
     in ``admission.py``."""
@@ -100,21 +101,15 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         # What this process last saw of each budget hash, sent with every budget call so that a
         # hash lost mid-window is restored (memory.py, lua/README.md "Lost budgets").
         self._memory = Memory()
-        # Dependencies Redis last answered frozen -> when that freeze ends (clock ms): the
-        # fallback grants nothing for them until then (the Rust ``Health::saw``).
-        self._freezes: dict[str, int] = {}
-        # Dependencies whose breaker this process last saw open -> when it half-opens (server ms).
-        self._open_breakers: dict[str, int] = {}
-        self._oom_logged = False
+        # Whether the store answers per dependency, and the freezes and breakers it last showed.
+        self._health = StoreHealth(clock, self.metrics, self.config.redis.fallback)
         # Group commit of withdrawals (on by default, as in Rust): see group_commit.py.
         self._group = GroupCommit(timeout) if group_commit else None
         # Exhausted budgets answered in the process (redis.deny_cache_ms): see deny_cache.py.
         self._denials = DenyCache(settings.deny_cache_ms)
+        # Shadow or enforcement, per dependency (enforcement.py).
+        self._enforcement = EnforcementInForce(self.config)
         self._lease_ids = LeaseIds()
-        self._health_lock = threading.Lock()
-        self._degraded: dict[str, int] = {}
-        # When each dependency's fallback episode started (clock ms), for the worker registry.
-        self._fallback_since: dict[str, int] = {}
         # Coalesced deposits and the denials answered in the process: dependency -> [successes,
         # first attempts, first counted at (ms), denied] (deposits.py).
         self._pending: dict[str, list[int]] = {}
@@ -169,6 +164,17 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                          name="fleet-budget-heartbeat", daemon=True).start()
 
     @property
+    def in_fallback(self) -> bool:
+        """Whether the fallback decides for some dependency because the store failed."""
+        return self._health.in_fallback
+
+    def fallback_dependencies(self) -> list[tuple[str, int]]:
+        """The dependencies whose decisions come from the fallback now, each with how long it has
+        been (ms of the budget's clock), in name order: what the worker registry reports (the
+        Rust ``fallback_dependencies``)."""
+        return self._health.episodes()
+
+    @property
     def worker_id(self) -> Optional[str]:
         """This worker's id in the worker registry (``{host}-{pid}-{4 hex}``, a new one in a forked
         child), or None when it does not report (``redis.heartbeat_ms = 0``)."""
@@ -182,18 +188,18 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         again by the child's first deposit."""
         closed = self._closed.is_set()
         self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
-        self._health_lock, self._pending_lock = threading.Lock(), threading.Lock()
-        self._pending, self._degraded, self._fallback_since = {}, {}, {}
-        self._memory, self._freezes, self._oom_logged = Memory(), {}, False
-        self._open_breakers = {}
+        self._pending_lock = threading.Lock()
+        self._pending, self._memory = {}, Memory()
         # Children of one parent would otherwise draw the same jitter, and retry together.
         self._rng = random.Random()
         self.local = LocalStore(self._clock)
         self.metrics = self.metrics.for_child()
+        self._health = StoreHealth(self._clock, self.metrics, self.config.redis.fallback)
         self._series_for_configured()
         self._lease_ids = LeaseIds()
         # A fresh cache: its lock may have been held by another thread of the parent.
         self._denials = DenyCache(self.config.redis.deny_cache_ms)
+        self._enforcement = EnforcementInForce(self.config)
         if self._group is not None:
             self._group = GroupCommit(self._group.deadline, self._group.max_batch)
         settings = self.config.redis
@@ -298,8 +304,10 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         dependency, early = self._before_budget(task, attempt, failure, since_first_failure)
         if early is not None:
             return early
-        return self._after_budget(task, attempt, failure, *self.withdraw(dependency),
-                                  since_first_failure=since_first_failure)
+        granted, snapshot, source = self.withdraw(dependency)
+        shadow = self._shadowable(granted, snapshot) and self._enforcement.of(dependency, self._redis) == SHADOW
+        return self._after_budget(task, attempt, failure, granted, snapshot, source,
+                                  since_first_failure=since_first_failure, shadow=shadow)
 
     # The steps around the I/O, shared with the asyncio flavour (fleet_budget.aio).
 
@@ -332,8 +340,18 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             return dependency, self._dead_letter(dependency, DELAY_EXCEEDED, None, "not_consulted")
         return dependency, None
 
+    @staticmethod
+    def _shadowable(granted: bool, snapshot: BudgetSnapshot) -> bool:
+        """Whether the budget's answer is a refusal shadow lets through: exhausted, not frozen (a
+        freeze is an operator's order, and holds)."""
+        return not granted and not snapshot.control.frozen
+
     def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,
-                      snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None) -> Decision:
+                      snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None,
+                      shadow: bool = False) -> Decision:
+        """The decision after the budget's answer; ``shadow``: the dependency is in shadow, and a
+        refusal it lets through (:meth:`_shadowable`) is retried anyway, counted in
+        ``fleet_budget_retries_would_deny_total``."""
         dependency = self.dependency(task)
         attempt = max(1, int(attempt))
         ceiling = self.config.ceiling(task)
@@ -342,12 +360,16 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
             self.metrics.retries_denied_in_process.labels(dependency).inc()
         else:
             self.metrics.snapshot(dependency, snapshot)
+        shadow_denied = None
         if not granted:
             reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
-            return self._dead_letter(dependency, reason, snapshot, source)
+            if not (shadow and self._shadowable(granted, snapshot)):
+                return self._dead_letter(dependency, reason, snapshot, source)
+            self.metrics.retries_would_deny.labels(dependency).inc()
+            shadow_denied = reason
         with self._rng_lock:
             delay = ceiling.delay(attempt, since_first_failure, failure.retry_after, self._rng)
-        return Retry(dependency, delay, attempt + 1, snapshot, source)
+        return Retry(dependency, delay, attempt + 1, snapshot, source, shadow_denied)
 
     def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         """Spend one retry: (granted, snapshot, source). A denial of the fleet store that still
@@ -357,7 +379,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         if cached is not None:
             self._count_denied(dependency)  # Redis never sees it: sent with the deposits
             return False, cached, FLEET_CACHE
-        if self._should_try(dependency):
+        if self._health.should_try(dependency):
             sent = self._denials.now()
             asked = self._clock()
             try:
@@ -367,23 +389,13 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                     granted, snapshot, wait = self._group.withdraw(
                         dependency, lambda n: self._spend_answers(dependency, policy, n))  # type: ignore
             except (redis.exceptions.RedisError, scripts.BadReply, GroupTimeout) as e:
-                self._failed(dependency, e)
+                self._health.failed(dependency, e)
             else:
-                self._ok(dependency)
-                self._saw(dependency, asked, snapshot, wait)
+                self._health.ok(dependency)
+                self._health.saw(dependency, asked, snapshot.control.frozen, wait)
                 self._denials.remember(dependency, epoch, sent, granted, snapshot, wait)
                 return granted, snapshot, "fleet"
         return self._fallback(dependency)
-
-    def _saw(self, dependency: str, at: int, snapshot: BudgetSnapshot, wait: Optional[int]) -> None:
-        """Remembers whether Redis's answer for ``dependency``, asked at clock ms ``at``, showed a
-        freeze in force and until when (while frozen the wait is the freeze's remaining time;
-        never, without an end, is an hour at a time)."""
-        with self._health_lock:
-            if snapshot.control.frozen:
-                self._freezes[dependency] = at + (wait if wait is not None else 3_600_000)
-            else:
-                self._freezes.pop(dependency, None)
 
     def _remembered(self, script: str, dependency: str, reply: Any,
                     policy: BudgetPolicy) -> tuple[int, BudgetSnapshot, Any]:
@@ -424,9 +436,7 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
         policy = self.config.policy(dependency)
         mode = self.config.redis.fallback
         self.metrics.fallback_decisions.labels(mode).inc()
-        with self._health_lock:
-            frozen_until = self._freezes.get(dependency, 0)
-        if frozen_until > self._clock():
+        if self._health.frozen(dependency):
             # An operator's freeze Redis showed, not ended: whatever the fallback mode, nothing
             # is granted (the dead letter says budget_frozen).
             snapshot = self.local.status(dependency, policy)
@@ -444,9 +454,9 @@ class FleetBudget(AdmissionSteps, DepositSteps, StoreHealth):
                                  args=scripts.status_args(policy))
             _, snapshot, _ = scripts.parse_reply("status", reply, policy)
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._failed(dependency, e)
+            self._health.failed(dependency, e)
             return self.local.status(dependency, policy), "local_fallback"
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._denials.seen(dependency, snapshot.control)
         return snapshot, "fleet"
 

@@ -218,6 +218,10 @@ class BudgetedTask(Task):
                 carried = {k: v for k, v in (request.headers or {}).items()
                            if k not in h.DEAD_LETTER_HEADERS and k not in h.HOLD_HEADERS}
                 carried[h.FIRST_FAILURE_MS] = first
+                # In shadow, a retry the budget refused says so; a granted one drops an earlier mark.
+                carried.pop(h.SHADOW_DENIED, None)
+                if decision.shadow_denied is not None:
+                    carried[h.SHADOW_DENIED] = decision.shadow_denied
                 raise self.retry(exc=exc, countdown=decision.delay, headers=carried)
             self._dead_letter(task, decision.dependency, decision.reason, attempt, job, failure,
                               decision.snapshot, decision.source, exc)

@@ -25,7 +25,7 @@ from .redact import redact_text
 
 
 class LazyCluster:
-    """The few calls the budget makes (``register_script``, ``close``), on a cluster client made
+    """The few calls the budget makes (``register_script``, ``hmget``, ``close``), on a cluster client made
     on first use from the seed ``urls``."""
 
     def __init__(self, urls: list[str], timeout: float) -> None:
@@ -50,6 +50,13 @@ class LazyCluster:
 
     def register_script(self, text: str) -> "ClusterScript":
         return ClusterScript(self, text)
+
+    def hmget(self, key: str, *fields: str) -> Any:
+        """``HMGET`` on the master of ``key``'s slot (the enforcement switch, enforcement.py)."""
+        try:
+            return self.client().hmget(key, *fields)
+        except redis.exceptions.RedisError as e:
+            raise store_failure(e) from None
 
     def close(self) -> None:
         with self._lock:

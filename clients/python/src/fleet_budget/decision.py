@@ -17,6 +17,13 @@ BUDGET_FROZEN = "budget_frozen"
 #: spent.
 DELAY_EXCEEDED = "delay_exceeded"
 
+#: A dependency's rate budget has the last word (the default; the Rust ``Enforcement::Enforce``).
+ENFORCE = "enforce"
+#: A refusal of the dependency's budget (``budget_exhausted``) is counted as a denial and retried
+#: anyway, the :class:`Retry` saying so (the Rust ``Enforcement::Shadow``).
+SHADOW = "shadow"
+ENFORCEMENTS = (ENFORCE, SHADOW)
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -54,13 +61,16 @@ class Failure:
 
 @dataclass(frozen=True)
 class Retry:
-    """Retry after ``delay`` seconds as attempt ``next_attempt``."""
+    """Retry after ``delay`` seconds as attempt ``next_attempt``. ``shadow_denied``: the dependency
+    is in shadow and its budget refused this retry for that reason (``budget_exhausted``):
+    enforcement would have dead-lettered the job; None when the budget granted it."""
 
     dependency: str
     delay: float
     next_attempt: int
     snapshot: BudgetSnapshot
     source: str
+    shadow_denied: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class DepositSteps:
         failed call, or denials answered in the process), as the Rust ``deposit_now`` sends them."""
         policy = self.config.policy(dependency)
         self.local.deposit(dependency, policy, successes, first_attempts)
-        if self._flush_ms == 0 and self._should_try(dependency):
+        if self._flush_ms == 0 and self._health.should_try(dependency):
             with self._pending_lock:
                 kept = self._pending.pop(dependency, None)
             if kept is None or self._clock() - kept[2] > policy.window_ms:
@@ -105,7 +105,7 @@ class DepositSteps:
         except (redis.exceptions.RedisError, scripts.BadReply) as e:
             self._deposit_failed(dependency, successes, first_attempts, e, denied)
             return False
-        self._ok(dependency)
+        self._health.ok(dependency)
         self._deposited(dependency, successes, first_attempts)
         return True
 
@@ -116,7 +116,7 @@ class DepositSteps:
 
     def _deposit_failed(self: "FleetBudget", dependency: str, successes: int, first_attempts: int, e: BaseException,
                         denied: int = 0) -> None:
-        self._failed(dependency, e)
+        self._health.failed(dependency, e)
         if isinstance(e, redis.exceptions.ConnectionError) and not isinstance(e, redis.exceptions.TimeoutError):
             # Refused by a dead connection: kept for a later flush. A call past its deadline
             # usually reached Redis: not sent again (lua/README.md, "Coalesced deposits").

@@ -36,6 +36,9 @@ BUDGET_RETRIES = "fb-budget-retries"
 BUDGET_WINDOW_MS = "fb-budget-window-ms"
 BUDGET_WINDOW_INDEX = "fb-budget-window-index"
 BUDGET_SOURCE = "fb-budget-source"
+#: On a retry its dependency's budget refused while in shadow: the reason enforcement would have
+#: dead-lettered it (``budget_exhausted``); absent on a retry the budget granted.
+SHADOW_DENIED = "fb-shadow-denied"
 REPLAYED_MS = "fb-replayed-ms"
 #: Why a job waits without running (``primary_at_cap``, ``circuit_open``): set while the budget's
 #: ``admit`` holds it, removed once it runs (the Rust ``HOLD_REASON``).

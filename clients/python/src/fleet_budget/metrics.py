@@ -41,6 +41,10 @@ class Metrics:
             "fleet_budget_retries_denied_in_process",
             "Denials of the fleet store answered in the process while they stand, without a call "
             "(also in retries_denied_total).", dep, registry=r)
+        self.retries_would_deny = Counter(
+            "fleet_budget_retries_would_deny",
+            "Denials of a dependency in shadow, retried anyway: jobs enforcement would have "
+            "dead-lettered (also in retries_denied_total).", dep, registry=r)
         self.dead_letters = Counter(
             "fleet_budget_dead_letters", "Dead-letter decisions.", ["dependency", "reason"], registry=r)
         self.allowance = Gauge("fleet_budget_allowance", "Allowance at the last decision.", dep, registry=r)

@@ -1,13 +1,16 @@
 //! `budgetctl budget freeze|unfreeze|set|clear`: operators' overrides of a dependency's budget,
-//! with expiry, read by every worker's next script call; each recorded in the audit trail.
-//! The logic is `fleet_budget::control::overrides`; this module parses and prints.
+//! with expiry, read by every worker's next script call; `budgetctl budget shadow|enforce`:
+//! the switch between shadow and enforcement, read by every worker within its deny cache's
+//! staleness. Each is recorded in the audit trail. The logic is
+//! `fleet_budget::control::overrides` and `fleet_budget::control::enforcement`; this module
+//! parses and prints.
 
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use fleet_budget::control::overrides::{MAX_ACTOR_BYTES, MAX_OVERRIDE_DURATION, MAX_REASON_BYTES};
-use fleet_budget::control::{Change, OverrideAction, overrides};
-use fleet_budget::{Config, Dependency};
+use fleet_budget::control::{Change, OverrideAction, Switched, enforcement, overrides};
+use fleet_budget::{Config, Dependency, Enforcement};
 
 use crate::exit::usage;
 use crate::output::print_json;
@@ -30,6 +33,11 @@ pub(crate) enum BudgetCommand {
     Set(SetArgs),
     /// Removes every override of DEP.
     Clear(PlainArgs),
+    /// Puts DEP in shadow: its budget decides as always and counts what it refuses, but a
+    /// retry it refuses (`budget_exhausted`) is retried anyway, marked `fb-shadow-denied`.
+    Shadow(SwitchArgs),
+    /// Holds DEP to its budget again (or for the first time, whatever its configuration says).
+    Enforce(SwitchArgs),
 }
 
 /// Who and why, for every override.
@@ -76,6 +84,18 @@ pub(crate) struct SetArgs {
     who: Who,
 }
 
+/// `budget shadow` and `budget enforce`.
+#[derive(Debug, Args)]
+pub(crate) struct SwitchArgs {
+    /// The dependency.
+    dependency: String,
+    /// How long (`30m`, `2h`; at most 366 days); without it, until the next switch.
+    #[arg(long = "for", value_name = "DURATION", value_parser = override_duration)]
+    duration: Option<Duration>,
+    #[command(flatten)]
+    who: Who,
+}
+
 /// `budget unfreeze` and `budget clear`.
 #[derive(Debug, Args)]
 pub(crate) struct PlainArgs {
@@ -97,6 +117,8 @@ fn override_duration(s: &str) -> Result<Duration, String> {
 /// Runs the command.
 pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Result<()> {
     let (dependency, who, action) = match command {
+        BudgetCommand::Shadow(a) => return switch(config, a, Enforcement::Shadow).await,
+        BudgetCommand::Enforce(a) => return switch(config, a, Enforcement::Enforce).await,
         BudgetCommand::Freeze(a) => (
             &a.dependency,
             &a.who,
@@ -121,22 +143,7 @@ pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Res
         }
         BudgetCommand::Clear(a) => (&a.dependency, &a.who, OverrideAction::Clear),
     };
-    let dep = Dependency::new(dependency)
-        .map_err(|e| usage(format!("{dependency:?}: a dependency name {e}")))?;
-    let actor = who.actor.clone().unwrap_or_else(when::default_actor);
-    // The script refuses longer ones; refused here, naming the flag, before anything is sent.
-    if who.reason.len() > MAX_REASON_BYTES {
-        return Err(usage(format!(
-            "--reason is {} bytes long, at most {MAX_REASON_BYTES} allowed",
-            who.reason.len()
-        )));
-    }
-    if actor.len() > MAX_ACTOR_BYTES {
-        return Err(usage(format!(
-            "--actor (or $USER@<hostname>) is {} bytes long, at most {MAX_ACTOR_BYTES} allowed",
-            actor.len()
-        )));
-    }
+    let (dep, actor) = checked(dependency, who)?;
     let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
     let change = overrides::apply(
         &store,
@@ -162,6 +169,81 @@ pub(crate) async fn run(config: &Config, command: &BudgetCommand) -> anyhow::Res
     }
     outln!("{}", describe(&dep, action, &change));
     Ok(())
+}
+
+/// The dependency and the actor of a command, refused here, naming the flag, before anything is
+/// sent when Redis would refuse them.
+fn checked(dependency: &str, who: &Who) -> anyhow::Result<(Dependency, String)> {
+    let dep = Dependency::new(dependency)
+        .map_err(|e| usage(format!("{dependency:?}: a dependency name {e}")))?;
+    let actor = who.actor.clone().unwrap_or_else(when::default_actor);
+    if who.reason.len() > MAX_REASON_BYTES {
+        return Err(usage(format!(
+            "--reason is {} bytes long, at most {MAX_REASON_BYTES} allowed",
+            who.reason.len()
+        )));
+    }
+    if actor.len() > MAX_ACTOR_BYTES {
+        return Err(usage(format!(
+            "--actor (or $USER@<hostname>) is {} bytes long, at most {MAX_ACTOR_BYTES} allowed",
+            actor.len()
+        )));
+    }
+    Ok((dep, actor))
+}
+
+/// `budget shadow|enforce`: switches the dependency to `to`.
+async fn switch(config: &Config, a: &SwitchArgs, to: Enforcement) -> anyhow::Result<()> {
+    let (dep, actor) = checked(&a.dependency, &a.who)?;
+    let store = redis_conn::connect(config, redis_conn::cli_timeout(config)).await?;
+    let switched = enforcement::switch(
+        &store,
+        &config.audit.log(),
+        &dep,
+        to,
+        a.duration,
+        &actor,
+        &a.who.reason,
+    )
+    .await
+    .map_err(|e| redis_conn::unreachable(&config.redis_display(), &e))?;
+    if a.who.json {
+        return print_json(
+            JSON_SCHEMA_VERSION,
+            &serde_json::json!({
+                "dependency": dep.as_str(),
+                "action": to.as_str(),
+                "actor": actor,
+                "reason": a.who.reason,
+                "configured": config.enforcement.of(&dep).as_str(),
+                "switch": switched,
+            }),
+        );
+    }
+    outln!(
+        "{}",
+        describe_switch(&dep, config.enforcement.of(&dep), &switched)
+    );
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn describe_switch(dep: &Dependency, configured: Enforcement, switched: &Switched) -> String {
+    let what = match switched.after.enforcement {
+        Enforcement::Shadow => "in shadow: refused retries are counted and retried anyway",
+        Enforcement::Enforce => "enforced: refused retries are dead-lettered",
+    };
+    let ends = switched.after.until_ms.map_or_else(
+        || "until the next switch".to_owned(),
+        |until| {
+            format!(
+                "until {} (in {:.0}s), then {configured} as configured",
+                when::rfc3339_ms(until),
+                until.saturating_sub(switched.at_ms) as f64 / 1000.0
+            )
+        },
+    );
+    format!("{dep}: {what}, {ends}; every worker follows within its deny cache's staleness")
 }
 
 #[allow(clippy::cast_precision_loss)]

@@ -66,6 +66,10 @@ pub const BUDGET_WINDOW_INDEX: &str = "fb-budget-window-index";
 pub const BUDGET_SOURCE: &str = "fb-budget-source";
 /// The backoff delay computed for the pending retry (milliseconds, jitter included).
 pub const RETRY_DELAY_MS: &str = "fb-retry-delay-ms";
+/// Set on a retry its dependency's budget refused while in shadow (`enforcement = "shadow"` or
+/// `budgetctl budget shadow`): the reason enforcement would have dead-lettered it
+/// (`budget_exhausted`). Absent on a retry the budget granted.
+pub const SHADOW_DENIED: &str = "fb-shadow-denied";
 /// The delay tier the retry waited in (milliseconds).
 pub const RETRY_TIER_MS: &str = "fb-retry-tier-ms";
 /// When a retry whose delay exceeds the longest tier may run (Unix ms): it arrives early and

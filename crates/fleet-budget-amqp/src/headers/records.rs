@@ -11,8 +11,8 @@ use super::{
     BUDGET_WINDOW_INDEX, BUDGET_WINDOW_MS, DEAD_LETTER_HEADERS, DEAD_LETTERED_MS, DEPENDENCY,
     ERROR, ERROR_CLASS, FIRST_FAILURE_MS, HELD_SINCE_MS, HOLD_REASON, NOT_BEFORE_MS,
     ORIGINAL_EXCHANGE, ORIGINAL_QUEUE, ORIGINAL_ROUTING_KEY, PARK_REASON, PARKED_MS, REASON,
-    REPLAYED_MS, REPLAYS, RETRY_DELAY_MS, RETRY_TIER_MS, TASK, UNREADABLE_HEADERS, error_text,
-    now_ms,
+    REPLAYED_MS, REPLAYS, RETRY_DELAY_MS, RETRY_TIER_MS, SHADOW_DENIED, TASK, UNREADABLE_HEADERS,
+    error_text, now_ms,
 };
 
 /// What a worker reads from a delivery's headers before running the job.
@@ -216,6 +216,9 @@ pub struct RetryRecord {
     pub error_class: String,
     /// Text of the failure (redacted and truncated when written).
     pub error: String,
+    /// The reason enforcement would have dead-lettered it, when its dependency is in shadow
+    /// and the budget refused it ([`SHADOW_DENIED`]).
+    pub shadow_denied: Option<&'static str>,
 }
 
 impl RetryRecord {
@@ -236,6 +239,10 @@ impl RetryRecord {
         set_str(table, TASK, &self.task);
         set_str(table, ERROR_CLASS, &self.error_class);
         set_str(table, ERROR, &error_text(&self.error));
+        match self.shadow_denied {
+            Some(reason) => set_str(table, SHADOW_DENIED, reason),
+            None => remove(table, SHADOW_DENIED),
+        }
         remove(table, HOLD_REASON);
         remove(table, HELD_SINCE_MS);
     }
@@ -408,6 +415,7 @@ mod tests {
             first_failure_ms: 7_000,
             error_class: "timeout".into(),
             error: "GET https://bob:hunter2@search/x timed out".into(),
+            shadow_denied: None,
         }
     }
 
@@ -442,6 +450,23 @@ mod tests {
         }
         .write(&mut t);
         assert_eq!(get_u64(&t, NOT_BEFORE_MS).unwrap(), None);
+    }
+
+    /// A retry its budget refused in shadow says so; a later one the budget granted does not.
+    #[test]
+    fn a_retry_granted_in_shadow_carries_the_reason_enforcement_would_have_given() {
+        let mut t = FieldTable::default();
+        RetryRecord {
+            shadow_denied: Some("budget_exhausted"),
+            ..retry()
+        }
+        .write(&mut t);
+        assert_eq!(
+            get_str(&t, SHADOW_DENIED).unwrap().as_deref(),
+            Some("budget_exhausted")
+        );
+        retry().write(&mut t);
+        assert_eq!(get_str(&t, SHADOW_DENIED).unwrap(), None);
     }
 
     #[test]

@@ -123,6 +123,7 @@ impl Outcome {
             Decision::Retry {
                 delay,
                 next_attempt,
+                shadow_denied,
                 ..
             } => match first_hop(topology, *delay) {
                 None => Self::Requeue,
@@ -141,6 +142,7 @@ impl Outcome {
                         first_failure_ms: job.first_failure_ms(),
                         error_class: failure.class.clone(),
                         error: failure.message.clone(),
+                        shadow_denied: shadow_denied.map(DeadLetterReason::as_str),
                     },
                 },
             },

@@ -32,17 +32,23 @@
 //! breaker: the rate budget (and its fallback) still bounds retries, and a dead store must not
 //! stop primary traffic.
 
-use std::sync::PoisonError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
 
-use super::{FleetBudget, Route};
-use crate::breaker::{BreakerPolicy, Decided, Verdict};
-use crate::concurrency::{Lease, LeaseKind};
+#[cfg(doc)]
+use super::FleetBudget;
+use super::decide::{Jitter, dead_letter};
+use super::health::Health;
+use super::rate::RateBudget;
+use crate::breaker::{Breaker, BreakerPolicy, Decided, Verdict};
+use crate::concurrency::{ConcurrencyBudget, ConcurrencyPolicy, Lease, LeaseKind};
 use crate::decision::{BudgetSource, DeadLetterReason, Decision};
 use crate::dependency::Dependency;
-use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::policy::BudgetPolicy;
 
 /// Whether an execution may run now.
 #[derive(Debug)]
@@ -147,53 +153,44 @@ impl Call {
     }
 }
 
-impl FleetBudget {
-    /// Asks whether execution `attempt` (1 = first) of `task` may run now; see the module
-    /// documentation for what each answer means. `held_for` is how long the job has already been
-    /// held by earlier [`Admission::Wait`]s (`None`: never). Never waits for a slot.
-    ///
-    /// # Errors
-    /// An unmapped task whose name cannot be a dependency name. A failing store is not an
-    /// error: the call runs without a lease.
-    pub async fn admit(
-        &self,
-        task: &str,
-        attempt: u32,
-        held_for: Option<Duration>,
-    ) -> Result<Admission, Error> {
-        Ok(self
-            .admit_dependency(self.dependency(task)?, attempt, held_for)
-            .await)
-    }
+/// The admission of calls: the concurrency budgets' leases and the circuit breakers, each
+/// where the fleet store's Redis keeps them.
+#[derive(Debug)]
+pub(super) struct AdmissionControl {
+    /// Concurrency budgets by dependency (`[dependencies.X.concurrency]`).
+    pub(super) concurrency: BTreeMap<Dependency, ConcurrencyPolicy>,
+    /// Where leases are kept: the fleet store's Redis, when there is one.
+    pub(super) leases: Option<ConcurrencyBudget>,
+    /// Circuit breakers by dependency (`[dependencies.X.breaker]`).
+    pub(super) breakers: BTreeMap<Dependency, BreakerPolicy>,
+    /// Where breakers are kept: the fleet store's Redis, when there is one.
+    pub(super) breaker: Option<Breaker>,
+    pub(super) health: Arc<Health>,
+    pub(super) metrics: Metrics,
+    /// The jitter of held jobs' returns.
+    pub(super) jitter: Arc<Jitter>,
+}
 
-    /// [`FleetBudget::admit`] for a task already mapped ([`FleetBudget::route`]).
-    pub async fn admit_routed(
-        &self,
-        route: &Route,
-        attempt: u32,
-        held_for: Option<Duration>,
-    ) -> Admission {
-        self.admit_dependency(route.dependency().clone(), attempt, held_for)
-            .await
-    }
-
-    async fn admit_dependency(
+impl AdmissionControl {
+    /// Whether execution `attempt` of a job of `dependency` may run now (see the module
+    /// documentation); a half-open breaker's probe spends one retry of `rate` under `policy`.
+    pub(super) async fn admit(
         &self,
         dependency: Dependency,
         attempt: u32,
         held_for: Option<Duration>,
+        rate: &RateBudget,
+        policy: &BudgetPolicy,
     ) -> Admission {
         let mut call = Call::unjudged(dependency);
-        if let Some(held) = self.judge(&mut call, held_for).await {
+        if let Some(held) = self.judge(&mut call, held_for, rate, policy).await {
             return held;
         }
-        let inner = &self.inner;
         let dependency = call.dependency.clone();
-        let (Some(policy), Some(leases)) = (inner.concurrency.get(&dependency), &inner.leases)
-        else {
+        let (Some(policy), Some(leases)) = (self.concurrency.get(&dependency), &self.leases) else {
             return Admission::Run(call);
         };
-        if !inner.health.should_try(&dependency) {
+        if !self.health.should_try(&dependency) {
             return Admission::Run(call);
         }
         let kind = if attempt <= 1 {
@@ -202,7 +199,7 @@ impl FleetBudget {
             LeaseKind::Retry
         };
         let result = leases.acquire(&dependency, policy, kind).await;
-        inner.record(&dependency, &result);
+        self.health.record(&dependency, &result);
         let acquired = match result {
             Ok(acquired) => acquired,
             Err(e) => {
@@ -210,7 +207,7 @@ impl FleetBudget {
                 return Admission::Run(call);
             }
         };
-        inner.metrics.in_flight(&dependency, acquired.in_flight);
+        self.metrics.in_flight(&dependency, acquired.in_flight);
         let refusal = match acquired.lease {
             Ok(lease) => {
                 call.lease = Some(lease);
@@ -223,7 +220,8 @@ impl FleetBudget {
         if kind == LeaseKind::Primary && held_for.unwrap_or_default() < policy.max_wait {
             Admission::Wait(Hold::PrimaryAtCap)
         } else {
-            Admission::DeadLetter(self.dead_letter(
+            Admission::DeadLetter(dead_letter(
+                &self.metrics,
                 dependency,
                 refusal.dead_letter_reason(),
                 None,
@@ -234,18 +232,22 @@ impl FleetBudget {
 
     /// Asks `call`'s dependency's breaker, if it has one: `None` to go on (`call` marked as
     /// judged, and as a probe when it is one), else the admission of a held job.
-    async fn judge(&self, call: &mut Call, held_for: Option<Duration>) -> Option<Admission> {
-        let inner = &self.inner;
+    async fn judge(
+        &self,
+        call: &mut Call,
+        held_for: Option<Duration>,
+        rate: &RateBudget,
+        rate_policy: &BudgetPolicy,
+    ) -> Option<Admission> {
         let dependency = call.dependency.clone();
-        let (Some(policy), Some(breaker)) = (inner.breakers.get(&dependency), &inner.breaker)
-        else {
+        let (Some(policy), Some(breaker)) = (self.breakers.get(&dependency), &self.breaker) else {
             return None;
         };
-        if !inner.health.should_try(&dependency) {
+        if !self.health.should_try(&dependency) {
             return None;
         }
         let result = breaker.admit(&dependency, policy).await;
-        inner.record(&dependency, &result);
+        self.health.record(&dependency, &result);
         let decided = match result {
             Ok(decided) => decided,
             Err(e) => {
@@ -262,7 +264,7 @@ impl FleetBudget {
             Verdict::Probe { generation } => {
                 // A probe is one retry of the rate budget, which the floor grants however the
                 // dependency fails.
-                let (withdrawal, _) = self.withdraw(&dependency, &self.policy(&dependency)).await;
+                let (withdrawal, _) = rate.withdraw(&dependency, rate_policy).await;
                 if withdrawal.granted {
                     call.judged = true;
                     call.probe = Some(generation);
@@ -286,7 +288,8 @@ impl FleetBudget {
     ) -> Admission {
         let held = held_for.unwrap_or_default();
         if held >= policy.max_wait {
-            return Admission::DeadLetter(self.dead_letter(
+            return Admission::DeadLetter(dead_letter(
+                &self.metrics,
                 dependency,
                 DeadLetterReason::CircuitOpen,
                 None,
@@ -297,14 +300,7 @@ impl FleetBudget {
         let rest = Duration::from_millis(decided.open_until_ms.saturating_sub(decided.now_ms))
             .min(policy.max_wait - held)
             .max(Duration::from_secs(1));
-        let jitter = {
-            let mut rng = self
-                .inner
-                .rng
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            rng.random_range(1.0..=1.25)
-        };
+        let jitter = self.jitter.draw(|rng| rng.random_range(1.0..=1.25));
         Admission::Wait(Hold::CircuitOpen {
             retry_in: rest.mul_f64(jitter),
         })
@@ -313,9 +309,9 @@ impl FleetBudget {
     /// Logs and counts a change of a breaker's state (made by this call, so once fleet-wide),
     /// and a breaker lost while open (`to = "lost"`), and shows the state seen.
     fn breaker_seen(&self, dependency: &Dependency, decided: &Decided) {
-        let metrics = &self.inner.metrics;
+        let metrics = &self.metrics;
         metrics.breaker_state(dependency, decided.state.code());
-        if self.inner.health.breaker_lost(dependency, decided) {
+        if self.health.breaker_lost(dependency, decided) {
             metrics.breaker_transition(dependency, "lost");
             tracing::warn!(
                 dependency = %dependency,
@@ -336,61 +332,54 @@ impl FleetBudget {
         }
     }
 
-    /// Asks for a hedged request to `task`'s dependency: amplification like a retry, so it
-    /// draws on the same budgets, a slot of the retry share (when the dependency has a
-    /// concurrency budget) and one retry of the rate budget, granted or refused at once. `None`:
-    /// do not send the hedge. Counted in `fleet_budget_hedges_total`, never as a retry in this
-    /// process's metrics. Give a granted [`Call`] back to [`FleetBudget::finish`].
-    ///
-    /// # Errors
-    /// As [`FleetBudget::admit`]. A failing store refuses the hedge (a hedge is optional).
-    pub async fn try_hedge(&self, task: &str) -> Result<Option<Call>, Error> {
-        let dependency = self.dependency(task)?;
-        let inner = &self.inner;
+    /// A hedged request to `dependency`: a slot of the retry share (with a concurrency budget)
+    /// and one retry of `rate` under `policy`, granted or refused at once (see
+    /// [`FleetBudget::try_hedge`]).
+    pub(super) async fn try_hedge(
+        &self,
+        dependency: Dependency,
+        rate: &RateBudget,
+        policy: &BudgetPolicy,
+    ) -> Option<Call> {
         let mut call = Call::unjudged(dependency.clone());
-        if let Some(policy) = inner.concurrency.get(&dependency) {
-            let Some(leases) = &inner.leases else {
-                inner.metrics.hedge(&dependency, false);
-                return Ok(None);
+        if let Some(concurrency) = self.concurrency.get(&dependency) {
+            let Some(leases) = &self.leases else {
+                self.metrics.hedge(&dependency, false);
+                return None;
             };
-            let result = leases.try_hedge(&dependency, policy).await;
-            inner.record(&dependency, &result);
+            let result = leases.try_hedge(&dependency, concurrency).await;
+            self.health.record(&dependency, &result);
             let Ok(acquired) = result else {
-                inner.metrics.hedge(&dependency, false);
-                return Ok(None);
+                self.metrics.hedge(&dependency, false);
+                return None;
             };
-            inner.metrics.in_flight(&dependency, acquired.in_flight);
+            self.metrics.in_flight(&dependency, acquired.in_flight);
             let Ok(lease) = acquired.lease else {
-                inner.metrics.hedge(&dependency, false);
-                return Ok(None);
+                self.metrics.hedge(&dependency, false);
+                return None;
             };
             call.lease = Some(lease);
         }
-        let policy = self.policy(&dependency);
-        let (withdrawal, _) = self.withdraw(&dependency, &policy).await;
-        inner.metrics.hedge(&dependency, withdrawal.granted);
+        let (withdrawal, _) = rate.withdraw(&dependency, policy).await;
+        self.metrics.hedge(&dependency, withdrawal.granted);
         if withdrawal.granted {
-            Ok(Some(call))
+            Some(call)
         } else {
             self.finish(call, CallOutcome::Inconclusive).await;
-            Ok(None)
+            None
         }
     }
 
-    /// Gives back what `call` holds and reports how it ended to the dependency's breaker (a
-    /// probe that ended inconclusively is given back for another call to make). A store call
-    /// that fails is logged: the slot comes back when its lease expires, a lost probe after the
-    /// probe timeout.
-    pub async fn finish(&self, call: Call, outcome: CallOutcome) {
-        let inner = &self.inner;
-        if let (Some(lease), Some(leases)) = (&call.lease, &inner.leases) {
+    /// See [`FleetBudget::finish`].
+    pub(super) async fn finish(&self, call: Call, outcome: CallOutcome) {
+        if let (Some(lease), Some(leases)) = (&call.lease, &self.leases) {
             let result = leases.release_checked(lease).await;
-            inner.record(&call.dependency, &result);
+            self.health.record(&call.dependency, &result);
             match result {
                 Ok((in_flight, lost)) => {
-                    inner.metrics.in_flight(&call.dependency, in_flight);
+                    self.metrics.in_flight(&call.dependency, in_flight);
                     if lost {
-                        inner.metrics.lease_lost(&call.dependency);
+                        self.metrics.lease_lost(&call.dependency);
                     }
                 }
                 Err(e) => {
@@ -400,8 +389,8 @@ impl FleetBudget {
         }
         let (true, Some(policy), Some(breaker)) = (
             call.judged,
-            inner.breakers.get(&call.dependency),
-            &inner.breaker,
+            self.breakers.get(&call.dependency),
+            &self.breaker,
         ) else {
             return;
         };
@@ -417,7 +406,7 @@ impl FleetBudget {
                 .await
                 .map(Some),
         };
-        inner.record(dependency, &result);
+        self.health.record(dependency, &result);
         match result {
             Ok(Some(decided)) => self.breaker_seen(dependency, &decided),
             Ok(None) => {}

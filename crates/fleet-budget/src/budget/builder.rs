@@ -1,18 +1,18 @@
 //! [`FleetBudgetBuilder`]: a [`FleetBudget`] from parts (tests, the simulator, custom stores,
 //! a clock of one's own).
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
-use tokio::sync::Notify;
-
-use super::coalesce::{self, PendingDeposits};
+use super::admission::AdmissionControl;
+use super::coalesce::{Coalescer, CoalescerParts};
+use super::decide::Jitter;
 use super::deny_cache::DenyCache;
+use super::enforcement::EnforcementInForce;
 use super::health::Health;
 use super::heartbeat::{self, Registry};
+use super::rate::RateBudget;
+use super::route::{Policies, Routes};
 use super::{FleetBudget, Inner};
 use crate::breaker::Breaker;
 use crate::clock::{Clock, CoarseClock};
@@ -36,6 +36,7 @@ pub struct FleetBudgetBuilder {
     registry: Option<Arc<RedisStore>>,
     worker_id: Option<String>,
     dead_letters: Option<DeadLetterIndex>,
+    switches: Option<Arc<RedisStore>>,
 }
 
 impl FleetBudgetBuilder {
@@ -105,6 +106,16 @@ impl FleetBudgetBuilder {
         self
     }
 
+    /// Reads operators' switches between shadow and enforcement
+    /// (`budgetctl budget shadow|enforce`, [`crate::control::enforcement`]) in `store` when a
+    /// budget refuses a retry; without it, each dependency's configured `enforcement` decides.
+    /// [`FleetBudget::from_config`] gives its fleet store.
+    #[must_use]
+    pub fn enforcement_switches(mut self, store: Arc<RedisStore>) -> Self {
+        self.switches = Some(store);
+        self
+    }
+
     /// The id this worker reports under (default `{host}-{pid}-{4 random hex}`): whitespace
     /// and the characters the printable rules refuse are left out, and it is cut at 200 bytes;
     /// an id with nothing left keeps the default. Unique in the fleet, or two workers share
@@ -151,45 +162,58 @@ impl FleetBudgetBuilder {
         let fleet = self
             .fleet
             .map(|store| Arc::new(TimedStore::new(store, metrics.clone())) as Arc<dyn BudgetStore>);
-        let inner = Arc::new(Inner {
-            defaults: c.defaults,
-            policies: c.policies,
-            map: c.map,
-            own_budgets: crate::dependency::OwnBudgets::new(),
-            ceilings: c.ceilings,
-            fleet,
-            concurrency: c.concurrency,
-            leases: self.leases,
-            breakers: c.breakers,
-            breaker: self.breaker,
-            local,
-            fallback: c.redis.fallback,
-            health: Health::new(clock.clone()),
-            denials: DenyCache::new(c.redis.deny_cache),
+        let policies = Arc::new(Policies::new(&c));
+        let health = Arc::new(Health::new(
+            clock.clone(),
+            c.redis.fallback,
+            local.clone(),
+            metrics.clone(),
+        ));
+        let denials = Arc::new(DenyCache::new(c.redis.deny_cache));
+        let deposits = Arc::new(Coalescer::new(CoalescerParts {
+            fleet: fleet.clone(),
+            local: local.clone(),
+            policies: policies.clone(),
+            health: health.clone(),
+            denials: denials.clone(),
+            metrics: metrics.clone(),
             clock,
-            pending: PendingDeposits::default(),
             flush_interval: if coalesce {
                 c.redis.deposit_flush
             } else {
                 Duration::ZERO
             },
             flush_count: c.redis.deposit_flush_count,
-            flush_now: Notify::new(),
-            flusher_running: AtomicBool::new(coalesce),
+        }));
+        let jitter = Arc::new(Jitter::new(self.seed));
+        let inner = Arc::new(Inner {
+            routes: Routes::new(&c),
+            rate: RateBudget {
+                fleet,
+                local,
+                health: health.clone(),
+                denials,
+                deposits: deposits.clone(),
+            },
+            admission: AdmissionControl {
+                concurrency: c.concurrency,
+                leases: self.leases,
+                breakers: c.breakers,
+                breaker: self.breaker,
+                health: health.clone(),
+                metrics: metrics.clone(),
+                jitter: jitter.clone(),
+            },
+            enforcement: EnforcementInForce::new(c.enforcement, self.switches, c.redis.deny_cache),
+            policies,
+            health,
+            deposits,
+            jitter,
             metrics,
-            rng: Mutex::new(self.seed.map_or_else(
-                || SmallRng::from_rng(&mut rand::rng()),
-                SmallRng::seed_from_u64,
-            )),
             registry: registry.clone(),
             dead_letters: self.dead_letters,
         });
-        if coalesce {
-            tokio::spawn(coalesce::flusher(
-                Arc::downgrade(&inner),
-                inner.flush_interval,
-            ));
-        }
+        inner.deposits.start_flusher();
         if let Some(registry) = registry {
             tokio::spawn(heartbeat::heartbeat(Arc::downgrade(&inner), registry));
         }
@@ -213,6 +237,7 @@ impl FleetBudget {
             registry: None,
             worker_id: None,
             dead_letters: None,
+            switches: None,
         }
     }
 }

@@ -50,19 +50,62 @@
 //! [`FleetBudget::shutdown`]: super::FleetBudget::shutdown
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use super::Inner;
+use tokio::sync::Notify;
+
+use super::deny_cache::DenyCache;
+use super::health::Health;
+use super::route::Policies;
 use crate::allowance::BudgetSnapshot;
+use crate::clock::Clock;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::{BudgetStore, Deposits};
+use crate::metrics::Metrics;
+use crate::store::{BudgetStore, Deposits, LocalStore};
+
+/// The deposits of a [`FleetBudget`](super::FleetBudget): counted in the local store at once,
+/// and sent to the fleet store coalesced (or one call each when `redis.deposit_flush_ms = 0`),
+/// with the denials answered in the process.
+#[derive(Debug)]
+pub(super) struct Coalescer {
+    pending: PendingDeposits,
+    fleet: Option<Arc<dyn BudgetStore>>,
+    /// Sees every deposit: the budget when local only, else the fallback kept warm.
+    local: LocalStore,
+    policies: Arc<Policies>,
+    health: Arc<Health>,
+    /// A flush forgets the denials it may have made stale.
+    denials: Arc<DenyCache>,
+    metrics: Metrics,
+    clock: Arc<dyn Clock>,
+    /// Zero: no flusher, each deposit is its own call.
+    flush_interval: Duration,
+    flush_count: u64,
+    flush_now: Notify,
+    flusher_running: AtomicBool,
+}
+
+/// What a [`Coalescer`] is made of.
+#[derive(Debug)]
+pub(super) struct CoalescerParts {
+    pub(super) fleet: Option<Arc<dyn BudgetStore>>,
+    pub(super) local: LocalStore,
+    pub(super) policies: Arc<Policies>,
+    pub(super) health: Arc<Health>,
+    pub(super) denials: Arc<DenyCache>,
+    pub(super) metrics: Metrics,
+    pub(super) clock: Arc<dyn Clock>,
+    /// Zero: every deposit is sent with its own call (no flusher runs).
+    pub(super) flush_interval: Duration,
+    pub(super) flush_count: u64,
+}
 
 /// Deposits counted in this process and not yet recorded by the fleet store, per dependency.
 #[derive(Debug, Default)]
-pub(super) struct PendingDeposits(Mutex<HashMap<Dependency, Pending>>);
+struct PendingDeposits(Mutex<HashMap<Dependency, Pending>>);
 
 /// One dependency's pending deposits, and its denials answered in the process.
 #[derive(Debug, Clone, Copy)]
@@ -91,16 +134,72 @@ impl Pending {
 
 impl PendingDeposits {
     /// The total pending over every dependency.
-    pub(super) fn total(&self) -> u64 {
+    fn total(&self) -> u64 {
         let pending = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         pending.values().map(|p| p.deposits.total()).sum()
     }
 }
 
-impl Inner {
+impl Coalescer {
+    pub(super) fn new(parts: CoalescerParts) -> Self {
+        let coalescing = !parts.flush_interval.is_zero();
+        Self {
+            pending: PendingDeposits::default(),
+            fleet: parts.fleet,
+            local: parts.local,
+            policies: parts.policies,
+            health: parts.health,
+            denials: parts.denials,
+            metrics: parts.metrics,
+            clock: parts.clock,
+            flush_interval: parts.flush_interval,
+            flush_count: parts.flush_count,
+            flush_now: Notify::new(),
+            flusher_running: AtomicBool::new(coalescing),
+        }
+    }
+
+    /// Starts the background flusher when deposits are coalesced (a Tokio runtime is needed).
+    pub(super) fn start_flusher(self: &Arc<Self>) {
+        if self.flusher_running.load(Ordering::Acquire) {
+            tokio::spawn(flusher(Arc::downgrade(self), self.flush_interval));
+        }
+    }
+
+    /// Stops the background flusher (it ends after waking).
+    pub(super) fn stop_flusher(&self) {
+        self.flusher_running.store(false, Ordering::Release);
+        self.flush_now.notify_one();
+    }
+
+    /// Deposits counted and not yet sent to the fleet store.
+    pub(super) fn pending_total(&self) -> u64 {
+        self.pending.total()
+    }
+
+    /// Records `deposits` for `dependency`: in the local store at once; for the fleet store,
+    /// coalesced (the flusher is woken at `redis.deposit_flush_count`), or sent now without
+    /// coalescing (kept pending while the store fails for it).
+    pub(super) async fn deposit(&self, dependency: Dependency, deposits: Deposits) {
+        let policy = self.policies.of(&dependency);
+        // The local store always sees deposits: it is the budget when local only, and it keeps
+        // the fallback warm with this process's traffic when Redis fails.
+        self.local.deposit_now(&dependency, &policy, deposits);
+        let Some(fleet) = &self.fleet else { return };
+        if !self.flush_interval.is_zero() {
+            if self.coalesce(dependency, deposits) >= self.flush_count {
+                self.flush_now.notify_one();
+            }
+        } else if self.health.should_try(&dependency) {
+            self.deposit_now(&**fleet, dependency, deposits).await;
+        } else {
+            self.coalesce(dependency, deposits);
+        }
+    }
+
     /// Counts `deposits` for `dependency` to be sent with the next flush; returns how many are
     /// pending for it now.
-    pub(super) fn coalesce(&self, dependency: Dependency, deposits: Deposits) -> u64 {
+    fn coalesce(&self, dependency: Dependency, deposits: Deposits) -> u64 {
         let mut counted = Pending::empty(self.clock.now_ms());
         counted.deposits = deposits;
         self.add_pending(dependency, counted)
@@ -111,7 +210,7 @@ impl Inner {
     ///
     /// On the deny cache's hit path: an entry younger than a window is counted into under the
     /// lock and nothing else (the pending-deposits gauge does not move); the rest is
-    /// [`Inner::add_pending`]'s.
+    /// [`Coalescer::add_pending`]'s.
     pub(super) fn denied_in_process(&self, dependency: &Dependency) {
         let now = self.clock.now_ms();
         {
@@ -134,7 +233,7 @@ impl Inner {
 
     /// Sends `deposits` for `dependency` now, with any kept back by an earlier failed call (no
     /// flusher runs without coalescing: this is their next chance).
-    pub(super) async fn deposit_now(
+    async fn deposit_now(
         &self,
         fleet: &dyn BudgetStore,
         dependency: Dependency,
@@ -147,7 +246,7 @@ impl Inner {
             batch.denied = batch.denied.saturating_add(kept.denied);
             batch.since_ms = kept.since_ms;
         }
-        let policy = self.policy(&dependency);
+        let policy = self.policies.of(&dependency);
         let result = fleet
             .deposit_with_denials(&dependency, &policy, batch.deposits, batch.denied)
             .await;
@@ -175,7 +274,7 @@ impl Inner {
             // no longer stand. Denials alone make no room.
             self.denials.forget(dependency);
         }
-        self.record(dependency, &result);
+        self.health.record(dependency, &result);
         let snapshot = result?;
         self.metrics.snapshot(dependency, &snapshot);
         Ok(())
@@ -281,7 +380,7 @@ impl Inner {
             return Ok(());
         }
         let calls = batch.into_iter().map(|(dependency, pending)| async move {
-            let policy = self.policy(&dependency);
+            let policy = self.policies.of(&dependency);
             let result = fleet
                 .deposit_with_denials(&dependency, &policy, pending.deposits, pending.denied)
                 .await;
@@ -299,7 +398,7 @@ impl Inner {
 
     /// The policy window of `dependency` in ms: pending deposits older than this are dropped.
     fn window_ms(&self, dependency: &Dependency) -> u64 {
-        self.policy(dependency).window_ms()
+        self.policies.of(dependency).window_ms()
     }
 }
 
@@ -307,7 +406,7 @@ impl Inner {
 /// `redis.deposit_flush_count`; ends with the budget or at [`FleetBudget::shutdown`].
 ///
 /// [`FleetBudget::shutdown`]: super::FleetBudget::shutdown
-pub(super) async fn flusher(inner: Weak<Inner>, interval: Duration) {
+async fn flusher(inner: Weak<Coalescer>, interval: Duration) {
     loop {
         let Some(strong) = inner.upgrade() else {
             return;

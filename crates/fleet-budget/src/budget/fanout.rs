@@ -15,10 +15,10 @@
 //! A refusal by the cap is `fanout_exhausted`, decided before any budget is asked (like the
 //! attempt ceiling), so it spends nothing.
 
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use super::FleetBudget;
+use super::decide;
 use crate::decision::{BudgetSource, DeadLetterReason, Decision, Failure};
 use crate::error::Error;
 
@@ -31,13 +31,12 @@ pub struct FanOut {
     retries: u32,
 }
 
-impl FleetBudget {
-    /// The branches of one execution of `task`, allowed `max_retries` retries across all of
-    /// them.
-    #[must_use]
-    pub fn fan_out(&self, task: &str, max_retries: u32) -> FanOut {
-        FanOut {
-            budget: self.clone(),
+impl FanOut {
+    /// The branches of one execution of `task` on `budget`, allowed `max_retries` retries
+    /// across all of them ([`FleetBudget::fan_out`]).
+    pub(super) fn new(budget: FleetBudget, task: &str, max_retries: u32) -> Self {
+        Self {
+            budget,
             task: task.to_owned(),
             max_retries,
             retries: 0,
@@ -70,53 +69,33 @@ impl FanOut {
     ) -> Result<Decision, Error> {
         let budget = &self.budget;
         let dependency = budget.named_dependency(dependency)?;
-        if !failure.is_retryable() {
-            return Ok(budget.dead_letter(
-                dependency,
-                DeadLetterReason::NonRetryable,
-                None,
-                BudgetSource::NotConsulted,
-            ));
+        let refused = if failure.is_retryable() {
+            (self.retries >= self.max_retries).then_some(DeadLetterReason::FanoutExhausted)
+        } else {
+            Some(DeadLetterReason::NonRetryable)
+        };
+        if let Some(reason) = refused {
+            return Ok(budget.dead_letter(dependency, reason, None, BudgetSource::NotConsulted));
         }
-        if self.retries >= self.max_retries {
-            return Ok(budget.dead_letter(
-                dependency,
-                DeadLetterReason::FanoutExhausted,
-                None,
-                BudgetSource::NotConsulted,
-            ));
-        }
-        let policy = budget.policy(&dependency);
-        let (withdrawal, source) = budget.withdraw(&dependency, &policy).await;
-        let metrics = budget.metrics();
-        metrics.decided(&dependency, &withdrawal, source);
-        if !withdrawal.granted {
-            let reason = if withdrawal.snapshot.control.frozen {
-                DeadLetterReason::BudgetFrozen
-            } else {
-                DeadLetterReason::BudgetExhausted
-            };
+        let (withdrawal, source) = budget.withdraw_counted(&dependency).await;
+        let shadow_denied = decide::refusal(&withdrawal);
+        if let Some(reason) = shadow_denied
+            && !budget.shadows(&dependency, reason).await
+        {
             return Ok(budget.dead_letter(dependency, reason, Some(withdrawal.snapshot), source));
         }
         self.retries += 1;
-        let delay: Duration = {
-            let mut rng = budget
-                .inner
-                .rng
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            budget.ceiling(&self.task).backoff.delay(
-                self.retries,
-                failure.retry_after_hint(),
-                &mut *rng,
-            )
-        };
+        let backoff = budget.ceiling(&self.task).backoff;
+        let delay: Duration = budget
+            .jitter()
+            .draw(|rng| backoff.delay(self.retries, failure.retry_after_hint(), rng));
         Ok(Decision::Retry {
             dependency,
             delay,
             next_attempt: self.retries.saturating_add(1),
             snapshot: withdrawal.snapshot,
             source,
+            shadow_denied,
         })
     }
 }

@@ -6,8 +6,9 @@
 //! call goes straight to the fallback instead of each waiting for a deadline. The fallback
 //! (`redis.fallback`) is the local store (`local`), a refusal (`deny`) or a grant (`allow`).
 //!
-//! Every store result goes through `Inner::record`, the one place that moves a dependency into
-//! or out of the fallback.
+//! `Health` owns all of it: every store result goes through `Health::record`, the one place
+//! that moves a dependency into or out of the fallback, and `Health::fallback_withdrawal` is the
+//! fallback's answer.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -15,7 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Inner;
 use crate::breaker::{BreakerState, Decided};
 use crate::clock::Clock;
 use crate::config::FallbackMode;
@@ -24,7 +24,7 @@ use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::metrics::Metrics;
 use crate::policy::BudgetPolicy;
-use crate::store::Withdrawal;
+use crate::store::{LocalStore, Withdrawal};
 
 /// While the fleet store is failing for a dependency, it is tried again for it at most this
 /// often (clock time).
@@ -32,7 +32,7 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(PROBE_INTERVAL_MS);
 
 const PROBE_INTERVAL_MS: u64 = 200;
 
-/// The health of the fleet store, per dependency.
+/// The health of the fleet store, per dependency, and the fallback that decides meanwhile.
 ///
 /// Logs one line when the first dependency enters the fallback and one when the last leaves
 /// (per-dependency changes at debug level), so an outage of a single Redis is two lines, not one
@@ -40,6 +40,11 @@ const PROBE_INTERVAL_MS: u64 = 200;
 #[derive(Debug)]
 pub(super) struct Health {
     clock: Arc<dyn Clock>,
+    /// Who decides while the store fails (`redis.fallback`).
+    fallback: FallbackMode,
+    /// The in-process store: the `local` fallback's budget.
+    local: LocalStore,
+    metrics: Metrics,
     /// Dependencies in fallback; read without the lock on the hot path.
     degraded_count: AtomicU64,
     /// Degraded dependencies → their episode.
@@ -66,9 +71,17 @@ struct Episode {
 }
 
 impl Health {
-    pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
+    pub(super) fn new(
+        clock: Arc<dyn Clock>,
+        fallback: FallbackMode,
+        local: LocalStore,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             clock,
+            fallback,
+            local,
+            metrics,
             degraded_count: AtomicU64::new(0),
             degraded: Mutex::new(HashMap::new()),
             oom_logged: AtomicBool::new(false),
@@ -169,7 +182,17 @@ impl Health {
         episodes
     }
 
-    fn ok(&self, dependency: &Dependency, metrics: &Metrics) {
+    /// Records the result of a fleet store call for `dependency`: an answer takes it out of the
+    /// fallback, a failure (counted by kind) puts it in until a probe succeeds.
+    pub(super) fn record<T>(&self, dependency: &Dependency, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.ok(dependency),
+            Err(e) => self.failed(dependency, e),
+        }
+    }
+
+    fn ok(&self, dependency: &Dependency) {
+        let metrics = &self.metrics;
         if !self.any_degraded() {
             return;
         }
@@ -187,13 +210,8 @@ impl Health {
         }
     }
 
-    fn failed(
-        &self,
-        dependency: &Dependency,
-        error: &StoreError,
-        metrics: &Metrics,
-        mode: FallbackMode,
-    ) {
+    fn failed(&self, dependency: &Dependency, error: &StoreError) {
+        let (metrics, mode) = (&self.metrics, self.fallback);
         metrics.store_error(error.kind_label());
         if error.is_out_of_memory() && !self.oom_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(
@@ -236,18 +254,7 @@ impl Health {
     }
 }
 
-impl Inner {
-    /// Records the result of a fleet store call for `dependency`: an answer takes it out of the
-    /// fallback, a failure (counted by kind) puts it in until a probe succeeds.
-    pub(super) fn record<T>(&self, dependency: &Dependency, result: &Result<T, StoreError>) {
-        match result {
-            Ok(_) => self.health.ok(dependency, &self.metrics),
-            Err(e) => self
-                .health
-                .failed(dependency, e, &self.metrics, self.fallback),
-        }
-    }
-
+impl Health {
     /// The answer of the fallback to a request for one retry, while the fleet store does not
     /// answer for `dependency`.
     pub(super) fn fallback_withdrawal(
@@ -256,7 +263,7 @@ impl Inner {
         policy: &BudgetPolicy,
     ) -> (Withdrawal, BudgetSource) {
         self.metrics.fallback_decision(self.fallback.as_str());
-        if self.health.frozen(dependency) {
+        if self.frozen(dependency) {
             // An operator's freeze the fleet store showed, not ended: whatever the fallback
             // mode, nothing is granted (the dead letter says `budget_frozen`).
             let mut snapshot = self.local.status_now(dependency, policy);
@@ -299,11 +306,17 @@ mod tests {
     use crate::clock::ManualClock;
 
     fn degraded(clock: &ManualClock) -> (Health, Dependency, Metrics) {
-        let health = Health::new(Arc::new(clock.clone()));
-        let d = Dependency::new("search").unwrap();
         let metrics = Metrics::new();
+        let local = LocalStore::with_clock(Arc::new(clock.clone()));
+        let health = Health::new(
+            Arc::new(clock.clone()),
+            FallbackMode::Local,
+            local,
+            metrics.clone(),
+        );
+        let d = Dependency::new("search").unwrap();
         let e = StoreError::Timeout(Duration::from_millis(50));
-        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        health.failed(&d, &e);
         (health, d, metrics)
     }
 
@@ -323,7 +336,7 @@ mod tests {
         assert!(!health.should_try(&d), "for one caller");
         clock.advance(PROBE_INTERVAL);
         assert!(health.should_try(&d));
-        health.ok(&d, &metrics);
+        health.ok(&d);
         assert!(!health.any_degraded() && !metrics.fallback_is_active("search"));
         assert!(health.should_try(&d) && health.should_try(&d));
     }
@@ -332,15 +345,15 @@ mod tests {
     #[test]
     fn an_episode_is_timed_from_its_first_failure() {
         let clock = ManualClock::new(1_000_000);
-        let (health, d, metrics) = degraded(&clock);
+        let (health, d, _) = degraded(&clock);
         clock.advance(Duration::from_millis(700));
         let e = StoreError::Timeout(Duration::from_millis(50));
-        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        health.failed(&d, &e);
         clock.advance(Duration::from_millis(300));
         assert_eq!(health.episodes(), vec![(d.clone(), 1000)]);
-        health.ok(&d, &metrics);
+        health.ok(&d);
         assert!(health.episodes().is_empty());
-        health.failed(&d, &e, &metrics, FallbackMode::Local);
+        health.failed(&d, &e);
         assert_eq!(health.episodes(), vec![(d, 0)], "a new episode");
     }
 

@@ -1,16 +1,19 @@
 //! A task mapped once: the dependency whose budget it spends and its ceiling, resolved by
-//! [`FleetBudget::route`] and handed to the `*_routed` calls. A caller that reports one job
-//! several times (the AMQP worker asks to admit it, reports its attempt, then its failure or its
-//! success) maps the task once per job instead of once per call, and every call of the job
-//! speaks of the same dependency. Mapping a task, or a name a failure gives, to its dependency
-//! happens here and only here.
+//! [`Routes::route`] and handed to the `*_routed` calls. A caller that reports one job several
+//! times (the AMQP worker asks to admit it, reports its attempt, then its failure or its success)
+//! maps the task once per job instead of once per call, and every call of the job speaks of the
+//! same dependency. Mapping a task, or a name a failure gives, to its dependency happens here and
+//! only here, as does the choice of a dependency's policy.
 
-use super::FleetBudget;
-use crate::ceiling::TaskCeiling;
-use crate::dependency::{Dependency, Unresolved};
+use std::collections::BTreeMap;
+
+use crate::ceiling::{Ceilings, TaskCeiling};
+use crate::config::Config;
+use crate::dependency::{Dependency, DependencyMap, OwnBudgets, Unresolved};
 use crate::error::Error;
+use crate::policy::BudgetPolicy;
 
-/// A task and what it maps to, from [`FleetBudget::route`].
+/// A task and what it maps to, from [`FleetBudget::route`](super::FleetBudget::route).
 #[derive(Debug, Clone)]
 pub struct Route {
     task: String,
@@ -38,33 +41,72 @@ impl Route {
     }
 }
 
-impl FleetBudget {
-    /// Maps `task` once: its dependency ([`FleetBudget::dependency`]) and its ceiling
-    /// ([`FleetBudget::ceiling`]), for [`FleetBudget::admit_routed`],
-    /// [`FleetBudget::on_attempt_routed`], [`FleetBudget::on_failure_routed`] and
-    /// [`FleetBudget::on_success_routed`].
-    ///
-    /// # Errors
-    /// As [`FleetBudget::dependency`].
-    pub fn route(&self, task: &str) -> Result<Route, Error> {
+/// The budget policy of each dependency: its section's, else `[defaults]`.
+#[derive(Debug)]
+pub(super) struct Policies {
+    defaults: BudgetPolicy,
+    by_dependency: BTreeMap<Dependency, BudgetPolicy>,
+}
+
+impl Policies {
+    pub(super) fn new(config: &Config) -> Self {
+        Self {
+            defaults: config.defaults,
+            by_dependency: config.policies.clone(),
+        }
+    }
+
+    /// The policy of `dependency`.
+    pub(super) fn of(&self, dependency: &Dependency) -> BudgetPolicy {
+        self.by_dependency
+            .get(dependency)
+            .copied()
+            .unwrap_or(self.defaults)
+    }
+
+    /// Whether a section configures `dependency`.
+    fn configures(&self, dependency: &Dependency) -> bool {
+        self.by_dependency.contains_key(dependency)
+    }
+}
+
+/// Where tasks and the names failures give go: the dependency map, the unmapped names given a
+/// budget of their own, and the ceilings.
+#[derive(Debug)]
+pub(super) struct Routes {
+    map: DependencyMap,
+    /// The unmapped names given a budget of their own (bounded: `[unmapped_tasks]`).
+    own_budgets: OwnBudgets,
+    ceilings: Ceilings,
+}
+
+impl Routes {
+    pub(super) fn new(config: &Config) -> Self {
+        Self {
+            map: config.map.clone(),
+            own_budgets: OwnBudgets::new(),
+            ceilings: config.ceilings.clone(),
+        }
+    }
+
+    /// `task`, its dependency and its ceiling.
+    pub(super) fn route(&self, task: &str) -> Result<Route, Error> {
         Ok(Route {
             task: task.to_owned(),
             dependency: self.dependency(task)?,
-            ceiling: self.inner.ceilings.for_task(task),
+            ceiling: self.ceiling(task),
         })
     }
 
-    /// The dependency whose budget `task` spends: its mapping, else what `[unmapped_tasks]`
-    /// says (its own budget while fewer than the cap have one, else the shared `unmapped`
-    /// budget; a named dependency's; or a refusal).
-    ///
-    /// # Errors
-    /// An unmapped task that is refused ([`Error::UnmappedTask`]), or that is to be its own
-    /// dependency and whose name cannot be a dependency name ([`Error::InvalidTask`]).
-    pub fn dependency(&self, task: &str) -> Result<Dependency, Error> {
-        self.inner
-            .map
-            .resolve_admitting(task, &self.inner.own_budgets)
+    /// The attempt ceiling and backoff of `task`.
+    pub(super) fn ceiling(&self, task: &str) -> TaskCeiling {
+        self.ceilings.for_task(task)
+    }
+
+    /// See [`FleetBudget::dependency`](super::FleetBudget::dependency).
+    pub(super) fn dependency(&self, task: &str) -> Result<Dependency, Error> {
+        self.map
+            .resolve_admitting(task, &self.own_budgets)
             .map_err(|e| match e {
                 Unresolved::InvalidName(source) => Error::InvalidTask {
                     task: task.to_owned(),
@@ -76,22 +118,14 @@ impl FleetBudget {
             })
     }
 
-    /// The dependency whose budget a failure naming `name` spends
-    /// ([`Failure::in_dependency`](crate::Failure::in_dependency), a branch of a
-    /// [`FanOut`](super::FanOut)): `name` when a
-    /// section configures it (or a mapping, the shared dependency or `unmapped` is that name),
-    /// else what `[unmapped_tasks]` says, with the same cap and the same admitted names as
-    /// unmapped tasks: a name chosen by a handler (often read from the message) makes no more
-    /// budgets or metric label values than an unmapped task name does.
-    ///
-    /// # Errors
-    /// An unknown name that is refused ([`Error::UnmappedDependency`]), or that is to be its
-    /// own dependency and cannot be a dependency name ([`Error::InvalidDependency`]).
-    pub fn named_dependency(&self, name: &str) -> Result<Dependency, Error> {
-        let policies = &self.inner.policies;
-        self.inner
-            .map
-            .resolve_named_admitting(name, |d| policies.contains_key(d), &self.inner.own_budgets)
+    /// See [`FleetBudget::named_dependency`](super::FleetBudget::named_dependency).
+    pub(super) fn named_dependency(
+        &self,
+        name: &str,
+        policies: &Policies,
+    ) -> Result<Dependency, Error> {
+        self.map
+            .resolve_named_admitting(name, |d| policies.configures(d), &self.own_budgets)
             .map_err(|e| match e {
                 Unresolved::InvalidName(source) => Error::InvalidDependency {
                     dependency: name.to_owned(),

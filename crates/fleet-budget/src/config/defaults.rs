@@ -26,6 +26,8 @@ pub(super) struct RawDefaults {
     backoff_base_ms: Option<i64>,
     backoff_cap_ms: Option<i64>,
     max_delay_secs: Option<i64>,
+    /// `"enforce"` (the default) or `"shadow"` ([`crate::Enforcement`]).
+    pub(super) enforcement: Option<crate::decision::Enforcement>,
 }
 
 /// Longest `max_delay_secs` accepted: a week.

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::check::{Checker, quoted, toml_key};
 use super::defaults::PolicyFields;
+use crate::decision::Enforcement;
 use crate::dependency::{DEFAULT_MAX_OWN_BUDGETS, Dependency, DependencyMap, UnmappedTasks};
 use crate::policy::{BudgetPolicy, DepositBasis, WindowMode};
 use crate::printable::{CodePoint, is_unsafe_char};
@@ -21,6 +22,8 @@ pub(super) struct RawDependency {
     min_allowance: Option<i64>,
     deposit: Option<DepositBasis>,
     mode: Option<WindowMode>,
+    /// `"enforce"` or `"shadow"`; absent: `[defaults]`'s.
+    enforcement: Option<Enforcement>,
     /// `[dependencies.X.concurrency]`, resolved by `concurrency.rs`.
     pub(super) concurrency: Option<super::concurrency::RawConcurrency>,
     /// `[dependencies.X.breaker]`, resolved by `breaker.rs`.
@@ -121,13 +124,19 @@ impl RawUnmapped {
 }
 
 /// The policies of the dependencies with a section (fields not given come from `defaults`), and
-/// the task → dependency map; a task is mapped to one dependency at most.
+/// the task → dependency map (a task is mapped to one dependency at most), and the enforcement
+/// the sections give.
 pub(super) fn resolve(
     c: &mut Checker,
     sections: BTreeMap<String, RawDependency>,
     defaults: &BudgetPolicy,
-) -> (BTreeMap<Dependency, BudgetPolicy>, DependencyMap) {
+) -> (
+    BTreeMap<Dependency, BudgetPolicy>,
+    DependencyMap,
+    BTreeMap<Dependency, Enforcement>,
+) {
     let mut policies = BTreeMap::new();
+    let mut enforcement = BTreeMap::new();
     let mut map = DependencyMap::new();
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (name, dep) in sections {
@@ -145,6 +154,9 @@ pub(super) fn resolve(
             continue;
         };
         policies.insert(dependency.clone(), policy);
+        if let Some(given) = dep.enforcement {
+            enforcement.insert(dependency.clone(), given);
+        }
         for (i, task) in dep.tasks.iter().enumerate() {
             let key = format!("{at}.tasks[{i}]");
             if task.is_empty() {
@@ -184,7 +196,7 @@ pub(super) fn resolve(
             map.insert(task.clone(), dependency.clone());
         }
     }
-    (policies, map)
+    (policies, map, enforcement)
 }
 
 #[cfg(test)]

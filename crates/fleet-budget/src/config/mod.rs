@@ -16,6 +16,7 @@ mod check;
 mod concurrency;
 mod defaults;
 mod dependencies;
+mod enforcement;
 mod error;
 mod metrics;
 mod redis;
@@ -30,6 +31,7 @@ pub use self::audit::{AuditSettings, DEFAULT_AUDIT_MAX_AGE_DAYS, DEFAULT_AUDIT_M
 pub use self::check::{Checker, MAX_KEY_PREFIX_LEN, check_key_prefix, check_url};
 pub use self::defaults::{MAX_DELAY_SECS, MAX_RATIO, MAX_WINDOW_SECS};
 pub use self::dependencies::MAX_OWN_BUDGETS;
+pub use self::enforcement::Enforcements;
 pub use self::error::{ConfigError, Problem};
 pub use self::metrics::MetricsSettings;
 pub use self::redis::{
@@ -64,6 +66,9 @@ pub struct Config {
     pub concurrency: BTreeMap<Dependency, ConcurrencyPolicy>,
     /// The circuit breakers of the dependencies with a `[dependencies.X.breaker]` section.
     pub breakers: BTreeMap<Dependency, BreakerPolicy>,
+    /// Whether each dependency's rate budget dead-letters what it refuses or only counts it
+    /// (`enforcement`; operators switch it with `budgetctl budget shadow|enforce`).
+    pub enforcement: Enforcements,
 }
 
 impl Config {
@@ -238,6 +243,7 @@ impl RawConfig {
     fn resolve(mut self, origin: &str) -> Result<Config, ConfigError> {
         let mut c = Checker::new();
         let redis = self.redis.resolve(&mut c);
+        let default_enforcement = self.defaults.enforcement.unwrap_or_default();
         let (defaults, default_ceiling) = self.defaults.resolve(&mut c);
         let mut concurrency = BTreeMap::new();
         let mut breakers = Vec::new();
@@ -253,7 +259,8 @@ impl RawConfig {
                 breakers.push((name.clone(), raw));
             }
         }
-        let (policies, mut map) = dependencies::resolve(&mut c, self.dependencies, &defaults);
+        let (policies, mut map, enforcement) =
+            dependencies::resolve(&mut c, self.dependencies, &defaults);
         map.set_unmapped(self.unmapped_tasks.resolve(&mut c, &policies));
         // Resolved once the policies are known: half-open probes are spent from the floor.
         let mut breaker_policies = BTreeMap::new();
@@ -290,6 +297,10 @@ impl RawConfig {
             audit,
             concurrency,
             breakers: breaker_policies,
+            enforcement: Enforcements {
+                default: default_enforcement,
+                by_dependency: enforcement,
+            },
         })
     }
 }

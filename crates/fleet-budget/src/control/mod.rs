@@ -8,6 +8,8 @@
 //!   differ from the caller's), conflicts, overrides;
 //! - [`overrides`]: freeze / set / unfreeze / clear, written by `lua/override.lua` into the
 //!   budget hash, where every script reads them, each with its own expiry;
+//! - [`enforcement`]: the operators' switch between shadow and enforcement, in a key of its own
+//!   that expires with it, read by workers when their budget refuses a retry;
 //! - [`workers`]: the worker registry: which workers report, which decide from their
 //!   fallback, which went silent;
 //! - [`dead_letters`]: how many messages wait in a dead-letter or parked queue, row by row,
@@ -21,6 +23,7 @@
 
 pub mod audit;
 pub mod dead_letters;
+pub mod enforcement;
 pub mod moves;
 pub mod overrides;
 pub mod runs;
@@ -29,6 +32,7 @@ pub mod workers;
 
 pub use audit::{AuditEntry, AuditLog};
 pub use dead_letters::{DeadLetterIndex, IndexRows};
+pub use enforcement::{EnforcementSwitch, Switched};
 pub use moves::{Claim, ReplayMoves};
 pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
 pub use runs::RunJournal;

@@ -13,6 +13,7 @@
 //! | `fleet_budget_retries_granted_total` | counter | dependency | retries the budget granted |
 //! | `fleet_budget_retries_denied_total` | counter | dependency | retries the budget refused (never counted as retries) |
 //! | `fleet_budget_retries_denied_in_process_total` | counter | dependency | of those, the denials of the fleet store answered in the process while they stand (`redis.deny_cache_ms`), without a call (sent to Redis with the next deposit flush, so the fleet's `denied` counts them too) |
+//! | `fleet_budget_retries_would_deny_total` | counter | dependency | of the denials, those of a dependency in shadow (`enforcement = "shadow"` or `budgetctl budget shadow`): retried anyway, the job enforcement would have dead-lettered `budget_exhausted` |
 //! | `fleet_budget_dead_letters_total` | counter | dependency, reason | dead-letter decisions (`non_retryable`, `attempts_exhausted`, `budget_exhausted`, `budget_frozen`, `delay_exceeded`) |
 //! | `fleet_budget_allowance` | gauge | dependency | allowance this process saw at its last decision |
 //! | `fleet_budget_headroom` | gauge | dependency | retries still grantable at this process's last decision |
@@ -106,6 +107,7 @@ pub struct Metrics {
     retries_granted: IntCounterVec,
     retries_denied: IntCounterVec,
     retries_denied_in_process: IntCounterVec,
+    retries_would_deny: IntCounterVec,
     dead_letters: IntCounterVec,
     allowance: IntGaugeVec,
     headroom: IntGaugeVec,
@@ -161,6 +163,7 @@ impl Metrics {
             &m.retries_granted,
             &m.retries_denied,
             &m.retries_denied_in_process,
+            &m.retries_would_deny,
             &m.dead_letters,
             &m.store_errors,
             &m.fallback_decisions,
@@ -215,6 +218,11 @@ impl Metrics {
             retries_denied_in_process: counter(
                 "fleet_budget_retries_denied_in_process_total",
                 "Denials of the fleet store answered in the process while they stand, without a call (also in retries_denied_total).",
+                dep,
+            )?,
+            retries_would_deny: counter(
+                "fleet_budget_retries_would_deny_total",
+                "Denials of a dependency in shadow, retried anyway: jobs enforcement would have dead-lettered (also in retries_denied_total).",
                 dep,
             )?,
             dead_letters: counter(

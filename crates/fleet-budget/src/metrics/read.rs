@@ -37,7 +37,7 @@ impl Metrics {
 
     /// Value of a per-dependency counter, for tests and `budgetctl` (`successes`,
     /// `first_attempts`, `executions`, `retries_granted`, `retries_denied`,
-    /// `retries_denied_in_process`, `policy_conflicts`, `budget_lost`).
+    /// `retries_denied_in_process`, `retries_would_deny`, `policy_conflicts`, `budget_lost`).
     #[must_use]
     pub fn counter(&self, name: &str, dependency: &str) -> u64 {
         let c = match name {
@@ -47,6 +47,7 @@ impl Metrics {
             "retries_granted" => &self.retries_granted,
             "retries_denied" => &self.retries_denied,
             "retries_denied_in_process" => &self.retries_denied_in_process,
+            "retries_would_deny" => &self.retries_would_deny,
             "policy_conflicts" => &self.policy_conflicts,
             "budget_lost" => &self.budget_lost,
             _ => return 0,

@@ -49,6 +49,13 @@ impl Metrics {
         }
     }
 
+    /// Counts a refusal of a dependency in shadow, retried anyway.
+    pub(crate) fn would_deny(&self, d: &Dependency) {
+        self.retries_would_deny
+            .with_label_values(&[d.as_str()])
+            .inc();
+    }
+
     pub(crate) fn dead_letter(&self, d: &Dependency, reason: DeadLetterReason) {
         self.dead_letters
             .with_label_values(&[d.as_str(), reason.as_str()])

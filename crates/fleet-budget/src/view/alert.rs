@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::DependencyView;
 use crate::breaker::BreakerState;
+use crate::decision::Enforcement;
 
 /// Amplification (executions per first attempt over the last window) above which a dependency
 /// is alerted on: retries above half of the first attempts (docs/semantics.md,
@@ -23,6 +24,8 @@ pub enum AlertKind {
     Breaker,
     /// The budget is spent and retries are being denied (dead-lettered).
     Exhausted,
+    /// In shadow, the budget is spent: what it refuses is counted and retried anyway.
+    Shadow,
     /// Retries are above [`AMPLIFICATION_ALERT`] of the first attempts.
     Amplified,
     /// Retries were denied in the last window (the budget has room again now).
@@ -32,7 +35,7 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
-    /// The name in JSON: `frozen`, `breaker`, `exhausted`, `amplified`, `denials`,
+    /// The name in JSON: `frozen`, `breaker`, `exhausted`, `shadow`, `amplified`, `denials`,
     /// `policy_conflict`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -40,6 +43,7 @@ impl AlertKind {
             Self::Frozen => "frozen",
             Self::Breaker => "breaker",
             Self::Exhausted => "exhausted",
+            Self::Shadow => "shadow",
             Self::Amplified => "amplified",
             Self::Denials => "denials",
             Self::PolicyConflict => "policy_conflict",
@@ -47,7 +51,7 @@ impl AlertKind {
     }
 
     /// How bad, from 1 (look when you can) to 5 (an operator's hand is on it): frozen 5,
-    /// breaker 4, exhausted 3, amplified 2, denials and policy conflict 1. Front ends sort by
+    /// breaker 4, exhausted 3, shadow and amplified 2, denials and policy conflict 1. Front ends sort by
     /// it, worst first.
     #[must_use]
     pub fn severity(self) -> u8 {
@@ -55,7 +59,7 @@ impl AlertKind {
             Self::Frozen => 5,
             Self::Breaker => 4,
             Self::Exhausted => 3,
-            Self::Amplified => 2,
+            Self::Shadow | Self::Amplified => 2,
             Self::Denials | Self::PolicyConflict => 1,
         }
     }
@@ -105,7 +109,12 @@ pub(super) fn judge(view: &DependencyView) -> Vec<Alert> {
         _ => {}
     }
     let exhausted = view.retries_denied > 0 && view.remaining == 0;
-    if exhausted {
+    if exhausted && view.enforcement == Enforcement::Shadow {
+        alerts.push(Alert::new(
+            AlertKind::Shadow,
+            "SHADOW: budget exhausted, refused retries are retried anyway",
+        ));
+    } else if exhausted {
         alerts.push(Alert::new(
             AlertKind::Exhausted,
             "DENYING: budget exhausted, retries are dead-lettered",

@@ -19,6 +19,8 @@ pub mod read;
 
 use serde::Serialize;
 
+use crate::decision::Enforcement;
+
 pub use self::alert::{AMPLIFICATION_ALERT, Alert, AlertKind};
 pub use self::read::{read_dependency, read_fleet};
 use crate::allowance::WindowCounters;
@@ -76,6 +78,9 @@ pub struct DependencyView {
     pub in_flight: Option<InFlight>,
     /// The two windows Redis holds, previous then current.
     pub windows: [WindowCounters; 2],
+    /// Whether refused retries are dead-lettered or, in shadow, retried anyway (the
+    /// configuration's, unless an operator switched it; [`DependencyView::with_enforcement`]).
+    pub enforcement: Enforcement,
     /// What an operator should look at, worst first ([`alert`]).
     pub alerts: Vec<Alert>,
 }
@@ -181,10 +186,30 @@ impl DependencyView {
             breaker,
             in_flight,
             windows: [s.previous, s.current],
+            enforcement: Enforcement::Enforce,
             alerts: Vec::new(),
         };
         view.alerts = alert::judge(&view);
         view
+    }
+
+    /// The same view under `enforcement`, its alerts judged again (in shadow an exhausted
+    /// budget dead-letters nothing: [`AlertKind::Shadow`](alert::AlertKind::Shadow)).
+    #[must_use]
+    pub fn with_enforcement(mut self, enforcement: Enforcement) -> Self {
+        self.enforcement = enforcement;
+        self.alerts = alert::judge(&self);
+        self
+    }
+
+    /// In shadow, the retries enforcement would have denied in the last window (its
+    /// `retries_denied`); 0 while enforced.
+    #[must_use]
+    pub fn would_deny(&self) -> u64 {
+        match self.enforcement {
+            Enforcement::Shadow => self.retries_denied,
+            Enforcement::Enforce => 0,
+        }
     }
 
     /// First attempts and retries granted in the last window.

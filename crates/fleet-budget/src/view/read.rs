@@ -110,7 +110,13 @@ pub async fn read_dependency(
         },
         None => None,
     };
-    let view = DependencyView::new(dependency, &fleet, breaker, in_flight);
+    // An operator's switch, else the configuration (a switch written by hand in a form this
+    // build does not know is ignored, as the workers ignore it).
+    let enforcement = crate::control::enforcement::read(store, dependency)
+        .await?
+        .map_or_else(|| config.enforcement.of(dependency), |s| s.enforcement);
+    let view =
+        DependencyView::new(dependency, &fleet, breaker, in_flight).with_enforcement(enforcement);
     Ok((Some(view), unusable))
 }
 

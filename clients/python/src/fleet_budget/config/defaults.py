@@ -23,7 +23,7 @@ def read_defaults(c: _Checker, value: Any) -> tuple[BudgetPolicy, TaskCeiling]:
     sets none."""
     d = _table(c, "defaults", value)
     _unknown(c, "defaults", d, (*_POLICY_KEYS, "max_attempts", "backoff_base_ms", "backoff_cap_ms",
-                                "max_delay_secs"))
+                                "max_delay_secs", "enforcement"))
     defaults = _policy(c, "defaults", d, BudgetPolicy())
     ceiling = TaskCeiling(
         max_attempts=c.int_in("defaults.max_attempts", d.get("max_attempts"), 1, 1000, 5),

@@ -22,7 +22,7 @@ def read_dependencies(c: _Checker, value: Any, defaults: BudgetPolicy, policies:
     for name, dep in _table(c, "dependencies", value).items():
         at = f"dependencies.{_toml_key(name)}"
         dep = _table(c, at, dep)
-        _unknown(c, at, dep, ("tasks", *_POLICY_KEYS, "concurrency", "breaker"))
+        _unknown(c, at, dep, ("tasks", *_POLICY_KEYS, "concurrency", "breaker", "enforcement"))
         wrong = dependency_name_problem(name)
         if "concurrency" in dep:
             concurrency = _concurrency(c, f"{at}.concurrency", _table(c, f"{at}.concurrency", dep["concurrency"]))

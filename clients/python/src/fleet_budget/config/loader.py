@@ -15,6 +15,7 @@ from .breaker import read_breakers
 from .check import _Checker, _Unknown, _unknown
 from .dependencies import read_dependencies
 from .defaults import read_defaults
+from .enforcement import read_enforcement
 from .error import ConfigError
 from .metrics import read_metrics
 from .redis import ENV_REDIS_CA_FILE, ENV_REDIS_URL, REDIS_SCHEMES, RedisSettings, _url_problem, read_redis
@@ -53,6 +54,14 @@ class Config:
     #: ``[amqp] url`` or ``urls`` (``FLEET_BUDGET_AMQP_URL``/``_URLS`` over them): the broker's
     #: nodes, empty for Celery's own ``broker_url`` (``brokers.configure_celery``).
     amqp_urls: tuple[str, ...] = ()
+    #: ``[defaults] enforcement``: ``"enforce"`` or ``"shadow"`` (fleet_budget.decision).
+    default_enforcement: str = "enforce"
+    #: ``[dependencies.X] enforcement``, where a section gives one.
+    enforcement: dict[str, str] = field(default_factory=dict)
+
+    def enforcement_of(self, dependency: str) -> str:
+        """The configured enforcement of ``dependency``: its section's, else the default."""
+        return self.enforcement.get(dependency, self.default_enforcement)
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -140,6 +149,8 @@ def _resolve(root: dict[str, Any], origin: str) -> Config:
         config.amqp_prefix = prefix
     config.redis = read_redis(c, root.get("redis"))
     config.defaults, config.default_ceiling = read_defaults(c, root.get("defaults"))
+    config.default_enforcement, config.enforcement = read_enforcement(
+        c, root.get("defaults"), root.get("dependencies"))
     breakers = read_dependencies(c, root.get("dependencies"), config.defaults, config.policies, config.tasks,
                                  config.concurrency)
     config.unmapped = _unmapped(c, _table(c, "unmapped_tasks", root.get("unmapped_tasks")), config.policies)

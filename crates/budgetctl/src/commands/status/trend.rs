@@ -120,6 +120,8 @@ mod tests {
             breaker: None,
             concurrency: None,
             alerts: Vec::new(),
+            enforcement: "enforce",
+            would_deny: 0,
             retries: granted,
             denied,
         }

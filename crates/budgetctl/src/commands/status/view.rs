@@ -47,6 +47,12 @@ pub(crate) struct DependencyStatus {
     /// What an operator should look at, worst first (0.2.0): the library's alerts, the same
     /// the console shows.
     pub(crate) alerts: Vec<Alert>,
+    /// `enforce`, or `shadow`: refused retries are counted and retried anyway (the
+    /// configuration's `enforcement`, unless an operator switched it) (0.2.0).
+    pub(crate) enforcement: &'static str,
+    /// In shadow, the retries enforcement would have denied in the window (its
+    /// `retries_denied`); 0 while enforced (0.2.0).
+    pub(crate) would_deny: u64,
     /// Deprecated: `retries_granted` under its name before 0.2.0, printed until 0.3.0.
     pub(crate) retries: u64,
     /// Deprecated: `retries_denied` under its name before 0.2.0, printed until 0.3.0.
@@ -77,6 +83,8 @@ impl DependencyStatus {
             breaker: v.breaker.clone(),
             concurrency: v.in_flight,
             alerts: v.alerts.clone(),
+            enforcement: v.enforcement.as_str(),
+            would_deny: v.would_deny(),
             retries: v.retries_granted,
             denied: v.retries_denied,
         }

@@ -37,6 +37,7 @@ fn retry(delay: Duration) -> Decision {
         next_attempt: 3,
         snapshot: BudgetSnapshot::default(),
         source: BudgetSource::Fleet,
+        shadow_denied: None,
     }
 }
 
@@ -71,6 +72,7 @@ fn a_retry_waits_its_first_hop_and_the_rest_when_it_comes_back() {
             first_failure_ms: 1_000,
             error_class: "http_503".into(),
             error: "503".into(),
+            shadow_denied: None,
         }
     );
 }

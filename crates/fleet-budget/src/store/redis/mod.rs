@@ -30,6 +30,7 @@ mod call;
 mod connect;
 mod dead_letters;
 mod discovery;
+mod enforcement;
 mod group_commit;
 mod leases;
 mod memory;
