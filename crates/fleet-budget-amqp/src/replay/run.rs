@@ -378,8 +378,16 @@ impl Replayer {
                     Some(ch) => {
                         exchanges.scouting.insert(exchange.clone());
                         Ok(
-                            scout_move(t, ch, exchange.clone(), routing_key, d.data.clone(), copy)
-                                .boxed(),
+                            scout_move(
+                                t,
+                                publisher.connection().map(|c| c.status().clone()),
+                                ch,
+                                exchange.clone(),
+                                routing_key,
+                                d.data.clone(),
+                                copy,
+                            )
+                            .boxed(),
                         )
                     }
                     None => via
