@@ -704,13 +704,17 @@ async fn replay_under_alarm(name: &str, raise: &[&str], clear: &[&str], reason: 
             .count()
     };
     let mut ended = None;
-    wait_until(Duration::from_secs(120), "the replay says it is blocked", || {
-        if ended.is_none() {
-            ended = child.try_wait().unwrap();
-        }
-        let done = ended.is_some() || said("RabbitMQ blocked the connection") >= 1;
-        async move { done }
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "the replay says it is blocked",
+        || {
+            if ended.is_none() {
+                ended = child.try_wait().unwrap();
+            }
+            let done = ended.is_some() || said("RabbitMQ blocked the connection") >= 1;
+            async move { done }
+        },
+    )
     .await;
     assert!(
         ended.is_none(),

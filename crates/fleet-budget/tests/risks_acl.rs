@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fleet_budget::metrics::ExporterSource;
-use fleet_budget::risks::{Finding, RedisCheck, RedisRiskSource, read_redis_risks_with_client_rights};
+use fleet_budget::risks::{
+    Finding, RedisCheck, RedisRiskSource, read_redis_risks_with_client_rights,
+};
 use fleet_budget::store::{RedisStore, RedisTarget};
 use fleet_budget::testing::{RedisServer, eventually};
 use fleet_budget::{Config, FleetBudget};
@@ -154,29 +156,40 @@ async fn the_documented_users_read_the_eviction_policy_and_aof_with_acl_log_empt
     let risks = read_redis_risks_with_client_rights(&worker).await;
     println!("fleet-worker, noeviction, AOF on: {risks:#?}");
     assert!(
-        risks.iter().all(|r| matches!(r.finding, Finding::Ok { .. })),
+        risks
+            .iter()
+            .all(|r| matches!(r.finding, Finding::Ok { .. })),
         "{risks:?}"
     );
 
     // The exporter's user, through the exporter's source: the gauge says 1 for the policy.
     let _: String = server.cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
     let registry = Registry::new();
-    let source = RedisRiskSource::register(
-        Arc::new(store_as(&server, "fleet-readonly")),
-        &registry,
-    )
-    .unwrap();
+    let source =
+        RedisRiskSource::register(Arc::new(store_as(&server, "fleet-readonly")), &registry)
+            .unwrap();
     source.read().await.unwrap();
     let gauges: Vec<(String, i64)> = registry
         .gather()
         .iter()
         .filter(|f| f.name() == "fleet_budget_redis_risk")
         .flat_map(|f| f.get_metric().iter())
-        .map(|m| (m.get_label()[0].value().to_owned(), m.get_gauge().get_value() as i64))
+        .map(|m| {
+            (
+                m.get_label()[0].value().to_owned(),
+                m.get_gauge().get_value() as i64,
+            )
+        })
         .collect();
     println!("fleet-readonly, exporter: {gauges:?}");
-    assert!(gauges.contains(&("maxmemory_policy".to_owned(), 1)), "{gauges:?}");
-    assert!(gauges.contains(&("persistence".to_owned(), 0)), "{gauges:?}");
+    assert!(
+        gauges.contains(&("maxmemory_policy".to_owned(), 1)),
+        "{gauges:?}"
+    );
+    assert!(
+        gauges.contains(&("persistence".to_owned(), 0)),
+        "{gauges:?}"
+    );
 
     // A worker's start-up check, spawned when its store is made.
     let text = format!(
@@ -188,16 +201,22 @@ async fn the_documented_users_read_the_eviction_policy_and_aof_with_acl_log_empt
     let budget = FleetBudget::from_config(&Config::from_toml(&text, "acl.toml").unwrap())
         .await
         .unwrap();
-    eventually("the worker's start-up check", Duration::from_secs(20), async || {
-        info_calls.now() >= before + 2
-    })
+    eventually(
+        "the worker's start-up check",
+        Duration::from_secs(20),
+        async || info_calls.now() >= before + 2,
+    )
     .await;
     drop(budget);
     println!(
         "INFO sent by the users in all: {} (two per reading: memory, persistence)",
         info_calls.now()
     );
-    assert_eq!(refused(&server), Vec::<String>::new(), "nothing may be refused");
+    assert_eq!(
+        refused(&server),
+        Vec::<String>::new(),
+        "nothing may be refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -534,10 +534,7 @@ async fn queue_consumer_timeout(
 /// smaller when both are set (RabbitMQ's rule); `None` when neither is a positive number.
 fn consumer_timeout_of(q: &Value) -> Option<(Duration, String)> {
     let millis = |v: Option<&Value>| v.and_then(Value::as_u64).filter(|ms| *ms > 0);
-    let argument = millis(
-        q.get("arguments")
-            .and_then(|a| a.get("x-consumer-timeout")),
-    );
+    let argument = millis(q.get("arguments").and_then(|a| a.get("x-consumer-timeout")));
     let policy = millis(
         q.get("effective_policy_definition")
             .and_then(|d| d.get("consumer-timeout")),
@@ -546,7 +543,10 @@ fn consumer_timeout_of(q: &Value) -> Option<(Duration, String)> {
         .get("policy")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .map_or_else(|| "a policy".to_owned(), |p| format!("policy {:?}", short(p)));
+        .map_or_else(
+            || "a policy".to_owned(),
+            |p| format!("policy {:?}", short(p)),
+        );
     match (argument, policy) {
         (Some(a), Some(p)) if a <= p => Some((
             Duration::from_millis(a),

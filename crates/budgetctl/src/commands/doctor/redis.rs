@@ -138,7 +138,12 @@ async fn hello(store: &RedisStore) -> Result<risks::ServerFacts, String> {
         .await
         .map_err(|e| short(&e.to_string()))?;
     let pairs = risks::reply_pairs(&reply);
-    let get = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
     if get("version").is_none() {
         return Err("HELLO did not say the version".to_owned());
     }
