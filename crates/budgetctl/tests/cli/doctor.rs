@@ -204,7 +204,10 @@ fn a_documented_least_privilege_user_reads_the_policy_from_info_and_guesses_no_r
     assert_eq!(persistence["state"], "not_checked", "{persistence}");
     let found = persistence["found"].as_str().unwrap();
     assert!(found.contains("AOF off (INFO persistence)"), "{found}");
-    assert!(found.contains("no permissions"), "CONFIG's refusal: {found}");
+    assert!(
+        found.contains("no permissions"),
+        "CONFIG's refusal: {found}"
+    );
     // HELLO answers every user: the version is known all the same.
     assert_eq!(check(&v, "redis", "version")["state"], "ok", "{v:#}");
     assert_eq!(check(&v, "redis", "evalsha")["state"], "ok", "{v:#}");

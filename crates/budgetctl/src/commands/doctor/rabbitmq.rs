@@ -442,8 +442,8 @@ async fn consumer_timeout(
                 ),
                 CONSUMER_TIMEOUT_COST,
                 "raise the queue's consumer-timeout (policy) above the longest job, or the job's \
-                 timeout and lease below it (docs/guides/operations.md, \"consumer_timeout and the \
-                 longest task\")",
+                 timeout and lease below it \
+                 (docs/guides/operations.md#consumer_timeout-and-the-longest-task)",
             ),
             Some(longest) => Check::ok(
                 SERVICE,
