@@ -47,11 +47,10 @@ fn nodes_within(urls: &[String], connect: Duration) -> ConnectionConfig {
     }
 }
 
-/// A connect deadline the live node meets on this machine now: ten times what one connect to
-/// it alone takes (measured with a long deadline), and never less than 5 s. A fixed 2 s, then
-/// five times one connect with at least 2 s, were passed by the shared RabbitMQ's own handshake
-/// on a loaded machine (load 12–14: the broker, the builds and the test share two cores), and
-/// the test failed though connect did go past the dead nodes.
+/// A connect deadline the live node meets on this machine now: five times what one connect to
+/// it alone takes (measured with a long deadline), and never less than 2 s. A fixed 2 s was
+/// passed by the shared RabbitMQ's own handshake on a loaded machine (load 12: the broker and
+/// the test share two cores), and the test failed though connect did go past the dead nodes.
 /// The dead nodes still cost one deadline each, which is what the test shows.
 async fn deadline_the_live_node_meets(live: &str) -> Duration {
     let started = std::time::Instant::now();
@@ -63,7 +62,7 @@ async fn deadline_the_live_node_meets(live: &str) -> Duration {
     .unwrap_or_else(|e| panic!("the live node {live}: {e}"));
     let took = started.elapsed();
     let _ = conn.close(200, "done".into()).await;
-    (took * 10).max(Duration::from_secs(5))
+    (took * 5).max(Duration::from_secs(2))
 }
 
 #[tokio::test]

@@ -132,20 +132,9 @@ async fn run(case: Case) -> (String, Vec<String>) {
         if reason != "attempts_exhausted" {
             problems.push(format!("{}: {id} dead-lettered as {reason}", case.name));
         }
-        // Never before the window: a job is not dead-lettered while its window still runs. How
-        // late it lands after the window is the machine's load, so it is printed, not asserted;
-        // what is asserted is the plan: the delays the worker asked add up to at most 1.1 ×
-        // the window (the ceiling's promise), whatever the scheduler then made of them.
-        if ratio < 1.0 {
+        if !(1.0..=1.1).contains(&ratio) {
             problems.push(format!(
                 "{}: {id} dead-lettered {gap:?} after its first failure, {ratio:.3} × the window",
-                case.name
-            ));
-        }
-        let planned: Duration = runs.iter().filter_map(|r| r.delay).sum();
-        if planned.as_secs_f64() > 1.1 * window.as_secs_f64() {
-            problems.push(format!(
-                "{}: {id} was planned {planned:?} of delays, more than 1.1 × the window {window:?}",
                 case.name
             ));
         }
