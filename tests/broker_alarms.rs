@@ -14,6 +14,10 @@
 //!   shows the loss, as `docs/semantics.md` says.
 //! - `consumer_timeout` set to 5 s: a job that runs longer is named, its channel closed by the
 //!   broker, the worker reconnects, the job comes back and succeeds, counted.
+//! - `budgetctl replay` started while a memory or a disk alarm is in force: it says it is
+//!   blocked with the broker's reason, moves nothing and does not spin while held, and once the
+//!   alarm is cleared moves every dead letter once and exits 0 (its binary, built beside this
+//!   test: `cargo build -p budgetctl`).
 //!
 //! Each prints its accounting (copied into `docs/RELIABILITY.md`). Where no RabbitMQ server
 //! scripts are installed the tests say so and pass without running.
@@ -561,4 +565,225 @@ async fn consumer_timeout() {
         counts.connections >= 2,
         "the worker consumed again: {counts:?}"
     );
+}
+
+#[test]
+fn budgetctl_replay_waits_out_a_memory_alarm_and_moves_each_dead_letter_once() {
+    on_a_private_node(|| {
+        replay_under_alarm(
+            "replaymem",
+            &["set_vm_memory_high_watermark", "0.000001"],
+            &["set_vm_memory_high_watermark", "0.4"],
+            "low on memory",
+        )
+    });
+}
+
+#[test]
+fn budgetctl_replay_waits_out_a_disk_alarm_and_moves_each_dead_letter_once() {
+    on_a_private_node(|| {
+        replay_under_alarm(
+            "replaydisk",
+            &["set_disk_free_limit", "10000GB"],
+            &["set_disk_free_limit", "50MB"],
+            "low on disk",
+        )
+    });
+}
+
+/// Publishes `n` dead letters of `dependency` straight to the dead-letter exchange, with the
+/// headers a worker writes; their message ids.
+async fn seed_dead_letters(site: &Site, dependency: &str, n: usize) -> Vec<String> {
+    let record = site.broker.dead_letter_record(
+        dependency,
+        fleet_budget::DeadLetterReason::BudgetExhausted,
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap(),
+    );
+    let mut table = lapin::types::FieldTable::default();
+    record.write(&mut table);
+    headers::set_u64(&mut table, headers::ATTEMPT, u64::from(record.attempts));
+    let publisher = Publisher::connect(site.node.url()).await.unwrap();
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = headers::new_message_id();
+        let props = lapin::BasicProperties::default()
+            .with_message_id(lapin::types::ShortString::from(id.clone()))
+            .with_type(lapin::types::ShortString::from(record.task.as_str()))
+            .with_delivery_mode(2)
+            .with_headers(table.clone());
+        let pending = publisher
+            .send(
+                &site.topology.dead_exchange,
+                &record.original_routing_key,
+                format!("job {i}").as_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        fleet_budget_amqp::publish::confirmed(pending)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    publisher.close().await;
+    ids
+}
+
+/// CPU time (user + system, in clock ticks) of process `pid` so far, from `/proc`.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// `budgetctl replay` started while a resource alarm is in force: its copies wait, it says once
+/// that the broker blocked it (with the broker's reason), it does not spin, and once the alarm
+/// is cleared it moves every dead letter once and exits 0; every message is accounted for.
+async fn replay_under_alarm(name: &str, raise: &[&str], clear: &[&str], reason: &str) {
+    const DEAD: usize = 300;
+    /// How long the alarm is held after the replay was seen blocked: three publish deadlines.
+    const HOLD: Duration = Duration::from_millis(3 * OPERATION_TIMEOUT_MS);
+    let site = Site::start(name, 8).await;
+    let ids = seed_dead_letters(&site, "search", DEAD).await;
+    let dir = std::env::temp_dir().join(unique_prefix(&format!("{name}-config")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("fleet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[redis]\nurl = \"{}\"\n[amqp]\nurl = \"{}\"\nprefix = \"{}\"\n\
+             retry_tiers_secs = [0.2, 0.5]\noperation_timeout_ms = {OPERATION_TIMEOUT_MS}\n",
+            site.config.budget.redis.url,
+            site.node.url(),
+            site.config.amqp.prefix
+        ),
+    )
+    .unwrap();
+    let budgetctl = common::budgetctl_beside("cargo build -p budgetctl");
+    let reindex = std::process::Command::new(&budgetctl)
+        .arg("--config")
+        .arg(&config)
+        .args(["dlq", "reindex", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        reindex.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reindex.stderr)
+    );
+    let dead_queue = site.topology.dead_queue.clone();
+    let work_queue = site.topology.work_queue.clone();
+    assert_eq!(site.broker.depth(&dead_queue).await as usize, DEAD);
+
+    site.node.ctl(raise).unwrap();
+    let stderr_path = dir.join("replay.stderr");
+    let mut child = std::process::Command::new(&budgetctl)
+        .arg("--config")
+        .arg(&config)
+        .args(["replay", "--dependency", "search", "--json"])
+        .env("RUST_LOG", "warn,fleet_budget_amqp=info,lapin=off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let said = |text: &str| -> usize {
+        std::fs::read_to_string(&stderr_path)
+            .unwrap_or_default()
+            .matches(text)
+            .count()
+    };
+    let mut ended = None;
+    wait_until(
+        Duration::from_secs(120),
+        "the replay says it is blocked",
+        || {
+            if ended.is_none() {
+                ended = child.try_wait().unwrap();
+            }
+            let done = ended.is_some() || said("RabbitMQ blocked the connection") >= 1;
+            async move { done }
+        },
+    )
+    .await;
+    assert!(
+        ended.is_none(),
+        "the replay ended under the alarm ({ended:?}): {}",
+        std::fs::read_to_string(&stderr_path).unwrap_or_default()
+    );
+    let ticks_at_block = cpu_ticks(pid);
+    let work_at_block = site.broker.depth(&work_queue).await;
+    tokio::time::sleep(HOLD).await;
+    let ticks_at_clear = cpu_ticks(pid);
+    let still_running = child.try_wait().unwrap().is_none();
+    let work_at_clear = site.broker.depth(&work_queue).await;
+    site.node.ctl(clear).unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    let in_work = site.broker.drain(&work_queue).await;
+    let mut copies: BTreeMap<String, u64> = BTreeMap::new();
+    for (props, _) in &in_work {
+        let id = headers::message_id(props).unwrap_or("-").to_owned();
+        *copies.entry(id).or_insert(0) += 1;
+    }
+    let dead_left = site.broker.depth(&dead_queue).await;
+    let parked = site.broker.depth(&site.topology.parked_queue).await;
+    let a = account(&ids, &copies);
+    let cpu = match (ticks_at_block, ticks_at_clear) {
+        (Some(b), Some(c)) => format!("{} ticks", c.saturating_sub(b)),
+        _ => "unknown".to_owned(),
+    };
+    println!(
+        "{name}: dead letters {DEAD}; blocked lines {}, unblocked lines {}; work queue at block \
+         {work_at_block}, at clear {work_at_clear}; CPU while held {:.1} s: {cpu}; exit {:?}; \
+         moved {} (report), in the work queue {} unique, duplicates {}, lost {}, dead-letter \
+         queue left {dead_left}, parked {parked}",
+        said("RabbitMQ blocked the connection"),
+        said("RabbitMQ unblocked the connection"),
+        HOLD.as_secs_f64(),
+        output.status.code(),
+        report["moved"],
+        a.unique,
+        a.duplicates,
+        a.lost,
+    );
+    assert!(still_running, "the replay waits out the alarm: {stderr}");
+    assert!(output.status.success(), "exit 0 after the clear: {stderr}");
+    assert!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("RabbitMQ blocked the connection"))
+            .all(|l| l.contains(reason)),
+        "the block is said with the broker's reason: {stderr}"
+    );
+    assert!(
+        said("RabbitMQ unblocked the connection") >= 1,
+        "the unblock is said: {stderr}"
+    );
+    // Once per blocked connection (the run's and the keeper's at most), not once per copy.
+    assert!(
+        said("RabbitMQ blocked the connection") <= 3,
+        "the block is said once per connection: {stderr}"
+    );
+    assert_eq!(work_at_clear, 0, "nothing passed the alarm");
+    assert_eq!(a.lost, 0, "every dead letter is in the work queue");
+    assert_eq!(a.duplicates, 0, "no dead letter moved twice");
+    assert_eq!(dead_left, 0, "the dead-letter queue is empty");
+    assert_eq!(parked, 0, "nothing parked");
+    assert_eq!(report["moved"], serde_json::json!(DEAD), "{report}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,6 +4,7 @@ on private redis-servers: an eviction policy and no persistence named, noevictio
 from __future__ import annotations
 
 import logging
+import pathlib
 import shutil
 import subprocess
 import time
@@ -70,10 +71,66 @@ def test_noeviction_with_aof_is_no_risk(server):
     assert states == {"maxmemory_policy": "ok", "persistence": "ok"}
 
 
-def test_an_acl_user_is_not_asked():
+def test_an_acl_user_is_read_from_the_url():
     assert acl_user("redis://fleet-worker:pw@h:6379/0") == "fleet-worker"
     assert acl_user("redis://:pw@h:6379") is None
     assert acl_user("redis://default:pw@h") is None
+
+
+_README = pathlib.Path(__file__).resolve().parents[3] / "lua" / "README.md"
+
+
+def _documented_users(password: str) -> list[list[str]]:
+    lines = [line.split() for line in _README.read_text().splitlines()
+             if line.startswith("ACL SETUSER ")]
+    return [[f">{password}" if w == ">CHANGE-ME" else w for w in line] for line in lines]
+
+
+@pytest.mark.parametrize("server", [["--maxmemory-policy", "allkeys-lru"]], indirect=True)
+def test_the_worker_user_reads_the_policy_with_its_rights_and_acl_log_stays_empty(server, caplog):
+    caplog.set_level(logging.INFO, logger="fleet_budget")
+    admin = redis.Redis.from_url(server, socket_timeout=1)
+    try:
+        for user in _documented_users("risks-pw"):
+            assert admin.execute_command(*user[0:]) in (b"OK", "OK", True), user
+        admin.execute_command("ACL", "LOG", "RESET")
+        url = server.replace("redis://", "redis://fleet-worker:risks-pw@")
+        budget = FleetBudget(redis_url=url, key_prefix="fb")
+        try:
+            for _ in range(300):
+                if _risk_lines(caplog):
+                    break
+                time.sleep(0.05)
+        finally:
+            budget.close()
+        lines = [r.getMessage() for r in caplog.records if "Redis" in r.getMessage()]
+        print(lines)
+        assert sum("maxmemory-policy allkeys-lru" in line and "INFO memory" in line
+                   for line in _risk_lines(caplog)) == 1, lines
+        assert any("AOF off (INFO persistence)" in line for line in lines), lines
+        assert not any("risks-pw" in line for line in lines), lines
+        assert admin.execute_command("ACL", "LOG") == [], "nothing may be refused"
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize("server", [["--maxmemory-policy", "allkeys-lru"]], indirect=True)
+def test_a_user_without_info_is_told_what_to_grant(server):
+    admin = redis.Redis.from_url(server, socket_timeout=1)
+    try:
+        worker = next(u for u in _documented_users("risks-pw") if u[2] == "fleet-worker")
+        admin.execute_command(*[w for w in worker if not w.startswith("+info|")])
+        url = server.replace("redis://", "redis://fleet-worker:risks-pw@")
+        client = redis.Redis.from_url(url, socket_timeout=1)
+        try:
+            risks = read_redis_risks(client, config=False)
+        finally:
+            client.close()
+        print(risks)
+        assert [state for _, state, *_ in risks] == ["not_checked", "not_checked"]
+        assert all("+info|memory +info|persistence" in found for _, _, found, *_ in risks), risks
+    finally:
+        admin.close()
 
 
 @pytest.mark.parametrize("server", [["--maxmemory-policy", "volatile-lru"]], indirect=True)

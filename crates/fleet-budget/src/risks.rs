@@ -10,11 +10,14 @@
 //! `fleet_budget_redis_risk{check}` ([`RedisRiskSource`]).
 //!
 //! The settings are read with `CONFIG GET`, else with `INFO` (a managed Redis often renames
-//! `CONFIG` or an ACL forbids it; the ACL lines of `lua/README.md` forbid both): what neither
-//! shows is reported [`Finding::NotChecked`] with the server's reason, never guessed. The calls
+//! `CONFIG` or an ACL forbids it). Under an ACL user a worker sends only `INFO memory` and
+//! `INFO persistence`, which the ACL lines of `lua/README.md` grant (and nothing else of
+//! `INFO`), so nothing lands in `ACL LOG`. What is not shown is reported [`Finding::NotChecked`]
+//! with the server's reason, never guessed. The calls
 //! go through [`RedisStore::query`] (its deadline); nothing here writes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus::{IntGaugeVec, Opts, Registry};
 use redis::Value;
@@ -141,14 +144,29 @@ pub const SCRIPTS: [(&str, &str); 11] = [
     ("dead_letters.lua", include_str!("../lua/dead_letters.lua")),
 ];
 
+/// How the settings are asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asking {
+    /// `CONFIG GET` (which shows the RDB schedule), else `INFO`: the default user, and
+    /// `budgetctl doctor` under any user.
+    ConfigThenInfo,
+    /// `INFO memory` and `INFO persistence` only: what the ACL lines of `lua/README.md` grant
+    /// (`+info|memory +info|persistence`), so a worker under them leaves `ACL LOG` empty.
+    InfoSections,
+}
+
 /// Reads every [`RedisCheck`] from the server of `store` (`CONFIG GET`, else `INFO`); never
 /// fails: what cannot be read is [`Finding::NotChecked`].
 pub async fn read_redis_risks(store: &RedisStore) -> Vec<RedisRisk> {
+    read_risks(store, Asking::ConfigThenInfo).await
+}
+
+async fn read_risks(store: &RedisStore, asking: Asking) -> Vec<RedisRisk> {
     let mut out = Vec::with_capacity(RedisCheck::ALL.len());
     for check in RedisCheck::ALL {
         let finding = match check {
-            RedisCheck::MaxmemoryPolicy => maxmemory(store).await,
-            RedisCheck::Persistence => persistence(store).await,
+            RedisCheck::MaxmemoryPolicy => maxmemory(store, asking).await,
+            RedisCheck::Persistence => persistence(store, asking).await,
         };
         out.push(RedisRisk { check, finding });
     }
@@ -179,35 +197,27 @@ pub fn log_redis_risks(risks: &[RedisRisk], server: &str) {
 }
 
 /// Reads the risks of `store`'s server and logs them ([`log_redis_risks`]): what a worker does
-/// once when its fleet store is made (spawned, so a Redis that is down delays nothing). Under an
-/// ACL user ([`acl_user`]) it asks nothing and logs that it did not check.
+/// once when its fleet store is made (spawned, so a Redis that is down delays nothing), with the
+/// rights of the worker's user ([`read_redis_risks_with_client_rights`]).
 pub async fn log_redis_risks_once(store: Arc<RedisStore>) {
-    let risks = read_redis_risks_unless_acl_user(&store).await;
+    let risks = read_redis_risks_with_client_rights(&store).await;
     log_redis_risks(&risks, &store.target().display());
 }
 
-/// [`read_redis_risks`], except under an ACL user ([`acl_user`]): then every check is
-/// [`Finding::NotChecked`] and nothing is sent. The users of `lua/README.md` are granted neither
-/// `CONFIG` nor `INFO`, and a refused command is an entry in `ACL LOG`, which operators watch for
-/// intrusions: a worker or the exporter that probed at every start and scrape would fill it.
-/// `budgetctl doctor`, run by an operator, asks anyway.
-pub async fn read_redis_risks_unless_acl_user(store: &RedisStore) -> Vec<RedisRisk> {
-    match acl_user(store.target()) {
-        Some(user) => RedisCheck::ALL
-            .iter()
-            .map(|&check| RedisRisk {
-                check,
-                finding: Finding::NotChecked {
-                    why: format!(
-                        "connected as ACL user {user:?}, which is not asked for CONFIG or INFO \
-                         (a refusal would fill ACL LOG); run `budgetctl doctor` with a user \
-                         granted +config|get +info"
-                    ),
-                },
-            })
-            .collect(),
-        None => read_redis_risks(store).await,
-    }
+/// [`read_redis_risks`] as a worker or the exporter reads them: under an ACL user ([`acl_user`])
+/// only `INFO memory` and `INFO persistence` are sent, the two sections the ACL lines of
+/// `lua/README.md` grant (`+info|memory +info|persistence`), never `CONFIG`, which they refuse.
+/// A refused command is an entry in `ACL LOG`, which operators watch for intrusions: under the
+/// documented lines nothing is refused. `INFO` shows `maxmemory_policy` and whether AOF is on,
+/// not the RDB schedule: with AOF off, persistence is [`Finding::NotChecked`] with what `INFO`
+/// did show (`budgetctl doctor`, run by an operator with `CONFIG GET`, reads the schedule).
+pub async fn read_redis_risks_with_client_rights(store: &RedisStore) -> Vec<RedisRisk> {
+    let asking = if acl_user(store.target()).is_some() {
+        Asking::InfoSections
+    } else {
+        Asking::ConfigThenInfo
+    };
+    read_risks(store, asking).await
 }
 
 /// The ACL user named in the target's URL (the first, for a cluster), unless it is `default`.
@@ -249,8 +259,21 @@ pub async fn read_server_facts(store: &RedisStore) -> Result<ServerFacts, String
     })
 }
 
-async fn maxmemory(store: &RedisStore) -> Finding {
-    let (policies, limits, via) = match config_get(store, "maxmemory*").await {
+/// `CONFIG GET` of `pattern` when `asking` allows it; `Err` (the server's answer, or that it
+/// was not asked) sends the caller to `INFO`.
+async fn config_get_if_asked(
+    store: &RedisStore,
+    pattern: &str,
+    asking: Asking,
+) -> Result<Vec<(String, String)>, String> {
+    match asking {
+        Asking::ConfigThenInfo => config_get(store, pattern).await,
+        Asking::InfoSections => Err("not asked under an ACL user".to_owned()),
+    }
+}
+
+async fn maxmemory(store: &RedisStore, asking: Asking) -> Finding {
+    let (policies, limits, via) = match config_get_if_asked(store, "maxmemory*", asking).await {
         Ok(pairs) => (
             values(&pairs, "maxmemory-policy"),
             values(&pairs, "maxmemory"),
@@ -265,7 +288,9 @@ async fn maxmemory(store: &RedisStore) -> Finding {
             Err(info_refused) => {
                 return Finding::NotChecked {
                     why: format!(
-                        "maxmemory-policy not readable: CONFIG GET: {config_refused}; INFO: {info_refused}"
+                        "maxmemory-policy not readable: CONFIG GET: {config_refused}; INFO memory: \
+                         {info_refused}{}",
+                        grant_hint(&info_refused)
                     ),
                 };
             }
@@ -297,8 +322,23 @@ async fn maxmemory(store: &RedisStore) -> Finding {
     }
 }
 
-async fn persistence(store: &RedisStore) -> Finding {
-    match config_get(store, "save").await {
+/// Whether an error text is an ACL refusal (`NOPERM`).
+fn is_refusal(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("noperm") || lower.contains("no permissions")
+}
+
+/// What to grant when `INFO` was refused (an ACL line older than lua/README.md's).
+fn grant_hint(refusal: &str) -> &'static str {
+    if is_refusal(refusal) {
+        " (grant the user +info|memory +info|persistence, as lua/README.md's ACL lines do)"
+    } else {
+        ""
+    }
+}
+
+async fn persistence(store: &RedisStore, asking: Asking) -> Finding {
+    match config_get_if_asked(store, "save", asking).await {
         Ok(save_pairs) => {
             let appendonly = config_get(store, "appendonly").await.unwrap_or_default();
             let save = values(&save_pairs, "save");
@@ -325,14 +365,23 @@ async fn persistence(store: &RedisStore) -> Finding {
             Ok(info) if values(&info, "aof_enabled").iter().any(|v| v == "1") => Finding::Ok {
                 found: "AOF on (INFO persistence)".to_owned(),
             },
-            Ok(_) => Finding::NotChecked {
-                why: format!(
-                    "INFO shows AOF off and cannot show the RDB schedule; CONFIG GET save: {config_refused}"
-                ),
-            },
+            Ok(info) => {
+                let field = |name: &str| first(&info, name).unwrap_or_else(|| "?".to_owned());
+                Finding::NotChecked {
+                    why: format!(
+                        "AOF off (INFO persistence), which does not show the RDB schedule \
+                         (rdb_saves {} since start, rdb_changes_since_last_save {}); CONFIG GET \
+                         save: {config_refused}",
+                        field("rdb_saves"),
+                        field("rdb_changes_since_last_save"),
+                    ),
+                }
+            }
             Err(info_refused) => Finding::NotChecked {
                 why: format!(
-                    "persistence not readable: CONFIG GET: {config_refused}; INFO: {info_refused}"
+                    "persistence not readable: CONFIG GET: {config_refused}; INFO persistence: \
+                     {info_refused}{}",
+                    grant_hint(&info_refused)
                 ),
             },
         },
@@ -344,9 +393,7 @@ async fn config_get(store: &RedisStore, pattern: &str) -> Result<Vec<(String, St
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg(pattern);
     let reply: Value = store.query(&cmd).await.map_err(|e| short(&e.to_string()))?;
-    let mut pairs = Vec::new();
-    pairs_of(&reply, &mut pairs, 0);
-    Ok(pairs)
+    Ok(reply_pairs(&reply))
 }
 
 /// `INFO section` as (field, value) pairs (a text per node on a cluster, all of them).
@@ -354,9 +401,10 @@ async fn info(store: &RedisStore, section: &str) -> Result<Vec<(String, String)>
     let mut cmd = redis::cmd("INFO");
     cmd.arg(section);
     let reply: Value = store.query(&cmd).await.map_err(|e| short(&e.to_string()))?;
-    let mut texts = Vec::new();
-    texts_of(&reply, &mut texts, 0);
-    Ok(texts.iter().flat_map(|t| parse_info(t)).collect::<Vec<_>>())
+    Ok(reply_texts(&reply)
+        .iter()
+        .flat_map(|t| parse_info(t))
+        .collect())
 }
 
 /// The `field:value` lines of an `INFO` text (comments and blank lines skipped).
@@ -387,17 +435,38 @@ fn text(v: &Value) -> Option<String> {
         Value::SimpleString(s) => Some(s.clone()),
         Value::VerbatimString { text, .. } => Some(text.clone()),
         Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".to_owned()),
         _ => None,
     }
 }
 
-/// Collects name/value pairs from a `CONFIG GET` reply of any shape; nesting is bounded.
+/// The name/value pairs of a reply of any shape (`CONFIG GET`, `HELLO`): a flat RESP2 array of
+/// names and values, a RESP3 map, or one of those per node on a cluster. Values that are not
+/// texts (`HELLO`'s `modules`) are skipped; nesting is bounded; every text is redacted and cut.
+#[must_use]
+pub fn reply_pairs(reply: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    pairs_of(reply, &mut out, 0);
+    out
+}
+
+/// Every text of a reply (one, or one per node on a cluster; `OK` for a simple OK); nesting is
+/// bounded. Not cut: an `INFO` text is parsed line by line ([`parse_info`]), which cuts each.
+#[must_use]
+pub fn reply_texts(reply: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    texts_of(reply, &mut out, 0);
+    out
+}
+
 fn pairs_of(v: &Value, out: &mut Vec<(String, String)>, depth: usize) {
     if depth > 3 {
         return;
     }
     match v {
-        Value::Array(items) if items.iter().all(|i| text(i).is_some()) => {
+        Value::Array(items)
+            if items.len() % 2 == 0 && items.iter().step_by(2).all(|k| text(k).is_some()) =>
+        {
             for pair in items.chunks_exact(2) {
                 if let [k, v] = pair
                     && let (Some(k), Some(v)) = (text(k), text(v))
@@ -411,7 +480,10 @@ fn pairs_of(v: &Value, out: &mut Vec<(String, String)>, depth: usize) {
             for (k, v) in entries {
                 match (text(k), text(v)) {
                     (Some(k), Some(v)) => out.push((short(&k), short(&v))),
-                    _ => pairs_of(v, out, depth + 1),
+                    (_, None) if matches!(v, Value::Map(_) | Value::Array(_)) => {
+                        pairs_of(v, out, depth + 1);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -419,7 +491,6 @@ fn pairs_of(v: &Value, out: &mut Vec<(String, String)>, depth: usize) {
     }
 }
 
-/// Collects the texts of an `INFO` reply (one, or one per node); nesting is bounded.
 fn texts_of(v: &Value, out: &mut Vec<String>, depth: usize) {
     if depth > 3 {
         return;
@@ -433,8 +504,10 @@ fn texts_of(v: &Value, out: &mut Vec<String>, depth: usize) {
     }
 }
 
-/// `text` redacted and cut to [`MAX_TEXT`] characters.
-fn short(text: &str) -> String {
+/// `text` redacted and cut to a bounded length (200 characters and `…`): what a check shows of
+/// a reply or an error, so a hostile reply is cut, never grown, and a password never shown.
+#[must_use]
+pub fn short(text: &str) -> String {
     let text = redact_text(text);
     if text.chars().count() > MAX_TEXT {
         let mut cut: String = text.chars().take(MAX_TEXT).collect();
@@ -446,10 +519,14 @@ fn short(text: &str) -> String {
 }
 
 /// The exporter's reading of the risks: `fleet_budget_redis_risk{check}` 1 for a risk, 0 for
-/// none, and no series for a check the server would not answer (`budgetctl exporter`).
+/// none, and no series for a check the server would not answer (`budgetctl exporter`). Read with
+/// the client's rights ([`read_redis_risks_with_client_rights`]); once the server has refused
+/// them (`NOPERM`: a user with an ACL line older than lua/README.md's), it is not asked again,
+/// so scrapes do not add to `ACL LOG`.
 pub struct RedisRiskSource {
     store: Arc<RedisStore>,
     gauge: IntGaugeVec,
+    refused: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisRiskSource {
@@ -475,7 +552,11 @@ impl RedisRiskSource {
             &["check"],
         )?;
         registry.register(Box::new(gauge.clone()))?;
-        Ok(Self { store, gauge })
+        Ok(Self {
+            store,
+            gauge,
+            refused: AtomicBool::new(false),
+        })
     }
 }
 
@@ -486,12 +567,18 @@ impl ExporterSource for RedisRiskSource {
 
     fn read(&self) -> ReadFuture<'_> {
         Box::pin(async move {
-            for risk in read_redis_risks_unless_acl_user(&self.store).await {
+            if self.refused.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            for risk in read_redis_risks_with_client_rights(&self.store).await {
                 let label = [risk.check.as_str()];
                 match risk.finding {
                     Finding::Risk { .. } => self.gauge.with_label_values(&label).set(1),
                     Finding::Ok { .. } => self.gauge.with_label_values(&label).set(0),
-                    Finding::NotChecked { .. } => {
+                    Finding::NotChecked { why } => {
+                        if is_refusal(&why) {
+                            self.refused.store(true, Ordering::Relaxed);
+                        }
                         let _ = self.gauge.remove_label_values(&label);
                     }
                 }

@@ -741,3 +741,78 @@ async fn a_lease_lost_before_its_expiry_is_counted() {
     println!("leases lost to FLUSHALL: 2 held, counted lost {lost}");
     assert_eq!(lost, 2);
 }
+
+/// The audit trail under eviction (issue 33): the stream has no TTL, so under `volatile-lru` a
+/// cache filling memory never takes it; under `allkeys-lru` it goes whole, and the next entry
+/// recorded starts a new trail marked `trail_started`, so a reader sees where the earlier
+/// entries were lost (`docs/semantics.md`, "Lost budgets").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_trail_is_kept_under_volatile_lru_and_its_loss_is_marked_under_allkeys_lru() {
+    use fleet_budget::control::AuditEntry;
+    use fleet_budget::keys::audit_key;
+
+    for policy in ["volatile-lru", "allkeys-lru"] {
+        let server =
+            RedisServer::start_with(&["--maxmemory", "8mb", "--maxmemory-policy", policy], &[]);
+        let store = RedisStore::new(
+            RedisTarget::Single(server.url()),
+            PREFIX,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let log = AuditLog::default();
+        freeze(&server, "mail").await;
+        for i in 0..4 {
+            log.record(
+                &store,
+                &AuditEntry::new("ops", "replay", Some("search"), &format!("run {i}")),
+            )
+            .await
+            .unwrap();
+        }
+        let before = log.read(&store, None, None, None, 100).await.unwrap();
+        assert_eq!(before.len(), 5);
+        assert_eq!(
+            before.iter().filter(|e| e.trail_started).count(),
+            1,
+            "the first entry of a new trail says it started it"
+        );
+        assert!(before[0].trail_started, "the first, not another");
+
+        let audit = audit_key(PREFIX);
+        let gone: Vec<String> = if policy.starts_with("allkeys") {
+            vec![audit.clone()]
+        } else {
+            Vec::new()
+        };
+        let (written, evicted) = fill_cache(&server, 30_000, &gone);
+        let kept = exists(&server, &audit);
+        log.record(
+            &store,
+            &AuditEntry::new("ops", "unfreeze", Some("mail"), "after the fill"),
+        )
+        .await
+        .unwrap();
+        let after = log.read(&store, None, None, None, 100).await.unwrap();
+        let marked = after.iter().filter(|e| e.trail_started).count();
+        println!(
+            "{policy}: cache keys written {written}, evicted {evicted}; audit trail kept: {kept}; \
+             entries before the fill 5, after one more write {}; entries marked trail_started \
+             {marked} (the newest marked: {})",
+            after.len(),
+            after.last().is_some_and(|e| e.trail_started),
+        );
+        if policy.starts_with("volatile") {
+            assert!(kept, "no TTL: volatile-lru does not take the trail");
+            assert_eq!(after.len(), 6, "nothing lost");
+            assert_eq!(marked, 1, "no new start");
+        } else {
+            assert!(!kept, "allkeys-lru took the trail (the fill waits for it)");
+            assert_eq!(after.len(), 1, "the earlier entries are gone");
+            assert!(
+                after[0].trail_started,
+                "the entry written after the loss says the trail started there"
+            );
+        }
+    }
+}

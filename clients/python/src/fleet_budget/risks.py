@@ -7,8 +7,10 @@ client reads the settings once when it starts (:func:`start`), as the Rust crate
 ``fleet_budget::risks`` does for its workers, and ``budgetctl doctor`` checks them with the rest.
 
 Read with ``CONFIG GET``, else ``INFO``; what neither shows is "not checked" with the server's
-reason, never guessed. Under an ACL user nothing is asked: the users of ``lua/README.md`` have
-neither command, and a refusal is an entry in ``ACL LOG``, which operators watch. The check runs
+reason, never guessed. Under an ACL user only ``INFO memory`` and ``INFO persistence`` are sent:
+the users of ``lua/README.md`` are granted those two sections (``+info|memory
++info|persistence``) and no ``CONFIG``, and a refusal is an entry in ``ACL LOG``, which operators
+watch. ``INFO`` shows ``maxmemory_policy`` and whether AOF is on, not the RDB schedule. The check runs
 in a daemon thread on a connection of its own (closed after), so a Redis that is down delays
 nothing and the budget's own client (sync or asyncio) is not touched.
 """
@@ -70,20 +72,38 @@ def _info(client: Any, section: str) -> dict[str, str]:
     return {_short(k): _short(v) for k, v in dict(reply).items()}
 
 
-def read_redis_risks(client: Any) -> list[tuple[str, str, str, str, str]]:
+class _NotAsked(redis.exceptions.RedisError):
+    """``CONFIG`` is not sent under an ACL user."""
+
+
+def _grant_hint(refusal: Any) -> str:
+    if isinstance(refusal, redis.exceptions.NoPermissionError) or "noperm" in str(refusal).lower():
+        return " (grant the user +info|memory +info|persistence, as lua/README.md's ACL lines do)"
+    return ""
+
+
+def read_redis_risks(client: Any, config: bool = True) -> list[tuple[str, str, str, str, str]]:
     """Each check as ``(check, state, found, cost, action)``: ``state`` is ``ok``, ``risk`` or
-    ``not_checked`` (then ``found`` says why); ``cost`` and ``action`` are empty unless a risk."""
+    ``not_checked`` (then ``found`` says why); ``cost`` and ``action`` are empty unless a risk.
+    ``config=False`` sends only ``INFO memory`` and ``INFO persistence`` (an ACL user's rights)."""
+
+    def config_get(name: str) -> dict[str, str]:
+        if not config:
+            raise _NotAsked("not asked under an ACL user")
+        return _config_get(client, name)
+
     out = []
     # maxmemory-policy
     try:
-        pairs = _config_get(client, "maxmemory*")
+        pairs = config_get("maxmemory*")
         policy, limit, via = pairs.get("maxmemory-policy"), pairs.get("maxmemory", "unknown"), "CONFIG GET"
     except redis.exceptions.RedisError as config_refused:
         try:
             info = _info(client, "memory")
             policy, limit, via = info.get("maxmemory_policy"), info.get("maxmemory", "unknown"), "INFO memory"
         except redis.exceptions.RedisError as info_refused:
-            policy, via = None, f"CONFIG GET: {_short(config_refused)}; INFO: {_short(info_refused)}"
+            policy, via = None, (f"CONFIG GET: {_short(config_refused)}; INFO memory: "
+                                 f"{_short(info_refused)}{_grant_hint(info_refused)}")
     if policy is None:
         out.append(("maxmemory_policy", "not_checked", f"maxmemory-policy not readable ({via})", "", ""))
     elif policy == "noeviction":
@@ -93,7 +113,7 @@ def read_redis_risks(client: Any) -> list[tuple[str, str, str, str, str]]:
                     EVICTION_COST, EVICTION_ACTION))
     # persistence
     try:
-        save = _config_get(client, "save").get("save", "")
+        save = config_get("save").get("save", "")
         aof = _config_get(client, "appendonly").get("appendonly", "no")
         rdb_on, aof_on = bool(save.strip()), aof == "yes"
         found = f"RDB {'on' if rdb_on else 'off'} (save {save!r}), AOF {'on' if aof_on else 'off'} (CONFIG GET)"
@@ -107,11 +127,15 @@ def read_redis_risks(client: Any) -> list[tuple[str, str, str, str, str]]:
             if str(info.get("aof_enabled")) == "1":
                 out.append(("persistence", "ok", "AOF on (INFO persistence)", "", ""))
             else:
-                out.append(("persistence", "not_checked", "INFO shows AOF off and cannot show the RDB "
-                            f"schedule; CONFIG GET save: {_short(config_refused)}", "", ""))
+                out.append(("persistence", "not_checked", "AOF off (INFO persistence), which does not "
+                            f"show the RDB schedule (rdb_saves {info.get('rdb_saves', '?')} since "
+                            "start, rdb_changes_since_last_save "
+                            f"{info.get('rdb_changes_since_last_save', '?')}); CONFIG GET save: "
+                            f"{_short(config_refused)}", "", ""))
         except redis.exceptions.RedisError as info_refused:
             out.append(("persistence", "not_checked", f"persistence not readable: CONFIG GET: "
-                        f"{_short(config_refused)}; INFO: {_short(info_refused)}", "", ""))
+                        f"{_short(config_refused)}; INFO persistence: {_short(info_refused)}"
+                        f"{_grant_hint(info_refused)}", "", ""))
     return out
 
 
@@ -127,18 +151,11 @@ def log_redis_risks(risks: list[tuple[str, str, str, str, str]], server: str) ->
 
 def _check(url: str, timeout: float, kwargs: dict[str, Any]) -> None:
     server = redact_url(url)
-    user = acl_user(url)
-    if user is not None:
-        why = (f"connected as ACL user {user!r}, which is not asked for CONFIG or INFO (a refusal "
-               "would fill ACL LOG); run `budgetctl doctor` with a user granted +config|get +info")
-        log_redis_risks([(c, "not_checked", why, "", "") for c in ("maxmemory_policy", "persistence")],
-                        server)
-        return
     client = None
     try:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                       **kwargs)
-        log_redis_risks(read_redis_risks(client), server)
+        log_redis_risks(read_redis_risks(client, config=acl_user(url) is None), server)
     except Exception as e:  # noqa: BLE001 - a check that cannot run never stops a worker
         log.info("Redis settings not checked at %s: %s", server, _short(e))
     finally:

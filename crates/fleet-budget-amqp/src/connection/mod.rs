@@ -256,8 +256,9 @@ pub struct ConnectionWatch {
     /// The broker's block in force, with its place in the metrics (released when it is lifted
     /// or the last clone of the watch goes).
     blocked: Arc<Mutex<Option<BlockedNow>>>,
-    /// Where a block is counted (the worker's metrics), if anywhere.
-    metrics: Option<AmqpMetrics>,
+    /// Where a block is counted (the worker's metrics), if anywhere; shared with the clone that
+    /// reads the events ([`ConnectionWatch::new`]), which is made before the metrics are given.
+    metrics: Arc<Mutex<Option<AmqpMetrics>>>,
     /// The deadlines of the watched connection's steps ([`ConnectionWatch::within`]).
     timeouts: Timeouts,
 }
@@ -276,23 +277,45 @@ impl ConnectionWatch {
     /// Starts watching `conn`, whose steps take the default deadlines (until 0.3.0, those of the
     /// deprecated [`set_timeouts`] when a program still calls it); see
     /// [`ConnectionWatch::with_timeouts`].
+    ///
+    /// Inside a tokio runtime the watch also reads the connection's events on its own, every
+    /// 200 ms (`BLOCK_POLL`), so that a block is said when the broker sends it, with its reason,
+    /// even while the watch's owner only waits (a replay whose copies wait out an alarm asks the
+    /// watch nothing). That reader ends within 200 ms of the connection's loss or of the last
+    /// other clone of the watch going.
     #[must_use]
     pub fn new(conn: &Connection) -> Self {
-        Self {
+        let watch = Self {
             status: conn.status().clone(),
             events: Arc::new(Mutex::new(Box::pin(conn.events_listener()))),
             error: Arc::new(Mutex::new(None)),
             blocked: Arc::new(Mutex::new(None)),
-            metrics: None,
+            metrics: Arc::new(Mutex::new(None)),
             timeouts: process_wide().0,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let reader = watch.clone();
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(blocked::BLOCK_POLL).await;
+                    reader.read_events();
+                    if reader.is_lost() || Arc::strong_count(&reader.events) == 1 {
+                        break;
+                    }
+                }
+            });
         }
+        watch
     }
 
     /// The watch, counting the broker's blocks of the connection in `metrics`
     /// (`fleet_budget_amqp_connection_blocked`, `fleet_budget_amqp_connection_blocks_total`).
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Option<AmqpMetrics>) -> Self {
-        self.metrics = metrics;
+    pub fn with_metrics(self, metrics: Option<AmqpMetrics>) -> Self {
+        *self
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = metrics;
         self
     }
 
@@ -383,6 +406,8 @@ impl ConnectionWatch {
         );
         let gauge = self
             .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map(|m| m.connection_blocked(resource));
         let blocked = Blocked {

@@ -377,10 +377,16 @@ impl Replayer {
                 let sent: Result<Confirm, PublishError> = match scout {
                     Some(ch) => {
                         exchanges.scouting.insert(exchange.clone());
-                        Ok(
-                            scout_move(t, ch, exchange.clone(), routing_key, d.data.clone(), copy)
-                                .boxed(),
+                        Ok(scout_move(
+                            t,
+                            publisher.connection().map(|c| c.status().clone()),
+                            ch,
+                            exchange.clone(),
+                            routing_key,
+                            d.data.clone(),
+                            copy,
                         )
+                        .boxed())
                     }
                     None => via
                         .send(&exchange, &routing_key, &d.data, copy)

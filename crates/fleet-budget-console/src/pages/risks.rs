@@ -8,7 +8,7 @@
 //! of their last start; a freeze that Redis may evict is worth knowing before applying one.
 //! The checks are read in the background ([`read`], every few minutes), never by a page view.
 
-use fleet_budget::risks::{Finding, read_redis_risks_unless_acl_user};
+use fleet_budget::risks::{Finding, read_redis_risks_with_client_rights};
 use fleet_budget::store::RedisStore;
 use fleet_budget_amqp::{Migrations, Object, StepState, WorkerConfig};
 use maud::{Markup, html};
@@ -35,7 +35,7 @@ pub(crate) struct Risk {
 /// only). What cannot be read is not a risk here (`budgetctl doctor` says why).
 pub(crate) async fn read(store: &RedisStore, config: &WorkerConfig) -> Vec<Risk> {
     let mut out = Vec::new();
-    for r in read_redis_risks_unless_acl_user(store).await {
+    for r in read_redis_risks_with_client_rights(store).await {
         if let Finding::Risk {
             found,
             cost,

@@ -2,6 +2,14 @@
 //! prefix (`<prefix>:v1:audit`), bounded by count (`XADD MAXLEN`) and by age (`XTRIM MINID`).
 //! Times are the server's (the stream id), so entries from hosts with skewed clocks sort right.
 //! The bounds are the configuration's `[audit]` section (`Config::audit.log()`).
+//!
+//! The stream has no expiry, so an eviction policy of the `volatile-*` kind never takes it; an
+//! `allkeys-*` policy, `FLUSHALL` or a restart without persistence takes it whole (it is one
+//! key). Nothing in Redis can then tell a lost trail from one never started, so the entry that
+//! starts a trail says so: it is written only when no stream exists (`XADD NOMKSTREAM` first),
+//! carries `trail_started` (shown by `budgetctl audit --json` and the console), and the writer
+//! logs a warning. A reader who sees `trail_started` on an entry after the first install knows
+//! that everything before it is gone (docs/semantics.md, "Lost budgets").
 
 use std::time::Duration;
 
@@ -49,7 +57,15 @@ pub struct AuditEntry {
     pub before: Option<serde_json::Value>,
     /// The state after (JSON), when the action has one.
     pub after: Option<serde_json::Value>,
+    /// This entry started the trail: no stream existed when it was written, so the trail is new
+    /// or everything recorded before it was lost (evicted, flushed, or a restart without
+    /// persistence). Omitted from JSON when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub trail_started: bool,
 }
+
+/// The field that marks the entry that started a trail, and its value.
+const TRAIL_STARTED: (&str, &str) = ("trail", "started");
 
 /// Keeps at most `max` characters of `text`.
 fn bounded(text: &str, max: usize) -> String {
@@ -69,6 +85,7 @@ impl AuditEntry {
             reason: bounded(reason, 1000),
             before: None,
             after: None,
+            trail_started: false,
         }
     }
 
@@ -105,7 +122,23 @@ impl AuditLog {
             ("before", before.as_str()),
             ("after", after.as_str()),
         ];
-        let id = store.audit_append(self.max_entries.max(1), &fields).await?;
+        let max_entries = self.max_entries.max(1);
+        let id = match store.audit_append_to_existing(max_entries, &fields).await? {
+            Some(id) => id,
+            None => {
+                let mut starting = fields.to_vec();
+                starting.push(TRAIL_STARTED);
+                let id = store.audit_append(max_entries, &starting).await?;
+                tracing::warn!(
+                    action = entry.action.as_str(),
+                    "the audit trail was empty: this entry starts it. If entries were recorded \
+                     before, they were lost (an eviction policy other than noeviction, FLUSHALL, \
+                     or a restart without persistence; `budgetctl doctor` checks the first and \
+                     the last)"
+                );
+                id
+            }
+        };
         let now_ms = id_ms(&id);
         let max_age = u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX);
         if now_ms > max_age {
@@ -176,6 +209,7 @@ fn parse_entry(id: String, fields: &[(String, String)]) -> AuditEntry {
     let mut entry = AuditEntry::new(get("actor"), get("action"), dependency, get("reason"));
     entry.before = json("before");
     entry.after = json("after");
+    entry.trail_started = get(TRAIL_STARTED.0) == TRAIL_STARTED.1;
     entry.at_ms = id_ms(&id);
     entry.id = id;
     entry

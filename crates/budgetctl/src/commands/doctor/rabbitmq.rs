@@ -56,10 +56,11 @@ pub(super) async fn checks(config: &WorkerConfig, management: Option<&Management
         return out;
     };
     let vhost = vhost_of(&config.amqp.url);
-    out.extend(version_and_quorum(m).await);
+    let (checks, version) = version_and_quorum(m).await;
+    out.extend(checks);
     out.push(policies(m, &vhost, &topology).await);
     out.push(alarms(m).await);
-    out.push(consumer_timeout(config));
+    out.push(consumer_timeout(m, &vhost, &topology, config, version).await);
     out
 }
 
@@ -159,21 +160,43 @@ async fn topology_check(config: &WorkerConfig) -> Result<Check, Check> {
     ))
 }
 
-async fn version_and_quorum(m: &Management) -> Vec<Check> {
+/// The broker's version as read from `/api/overview` (major, minor, and the text).
+#[derive(Debug, Clone)]
+struct BrokerVersion {
+    major: u32,
+    minor: u32,
+    text: String,
+}
+
+impl BrokerVersion {
+    /// Whether the broker reads a per-queue delivery acknowledgement timeout: the queue argument
+    /// `x-consumer-timeout` and the policy key `consumer-timeout`, from RabbitMQ 3.12.
+    fn has_per_queue_consumer_timeout(&self) -> bool {
+        (self.major, self.minor) >= (3, 12)
+    }
+}
+
+async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion>) {
     let overview = match m.get("/api/overview").await {
         Ok(Some(v)) => v,
         Ok(None) => {
             let why = "GET /api/overview: 404 (is this the management API?)";
-            return vec![
-                Check::not_checked(SERVICE, "version", why),
-                Check::not_checked(SERVICE, "quorum_queues", why),
-            ];
+            return (
+                vec![
+                    Check::not_checked(SERVICE, "version", why),
+                    Check::not_checked(SERVICE, "quorum_queues", why),
+                ],
+                None,
+            );
         }
         Err(e) => {
-            return vec![
-                Check::not_checked(SERVICE, "version", short(&e)),
-                Check::not_checked(SERVICE, "quorum_queues", short(&e)),
-            ];
+            return (
+                vec![
+                    Check::not_checked(SERVICE, "version", short(&e)),
+                    Check::not_checked(SERVICE, "quorum_queues", short(&e)),
+                ],
+                None,
+            );
         }
     };
     let version = overview
@@ -230,7 +253,15 @@ async fn version_and_quorum(m: &Management) -> Vec<Check> {
         ),
         Err(e) => Check::not_checked(SERVICE, "quorum_queues", short(&e)),
     });
-    out
+    let known = (major, minor) != (0, 0);
+    (
+        out,
+        known.then_some(BrokerVersion {
+            major,
+            minor,
+            text: version,
+        }),
+    )
 }
 
 /// The policy and operator policy in force on each of our queues, and the keys of their
@@ -365,15 +396,92 @@ async fn alarms(m: &Management) -> Check {
     }
 }
 
-/// `consumer_timeout` beside how long a delivery may stay unacknowledged under the
-/// configuration: a concurrency lease, which outlives the call it covers (a job waiting for a
-/// slot waits in a delay tier, its delivery settled).
-fn consumer_timeout(config: &WorkerConfig) -> Check {
+/// The delivery acknowledgement timeout of the work queue, beside how long a delivery may stay
+/// unacknowledged under the configuration: a concurrency lease, which outlives the call it
+/// covers (a job waiting for a slot waits in a delay tier, its delivery settled).
+///
+/// What the management API shows, by version (RabbitMQ's consumers guide, "Delivery
+/// Acknowledgement Timeout"): up to 3.11 the timeout is node-wide only (`consumer_timeout` in
+/// `rabbitmq.conf` or `advanced.config`), which no endpoint of the API returns; from 3.12 a queue
+/// may carry its own, the queue argument `x-consumer-timeout` or the policy key
+/// `consumer-timeout` (the smaller of the two when both are set), and both show on
+/// `/api/queues/<vhost>/<queue>`. The node-wide value stays unreadable on every version: doctor
+/// says so instead of assuming the default.
+async fn consumer_timeout(
+    m: &Management,
+    vhost: &str,
+    topology: &Topology,
+    config: &WorkerConfig,
+    version: Option<BrokerVersion>,
+) -> Check {
     const CHECK: &str = "consumer_timeout";
     let longest = config.budget.concurrency.values().map(|p| p.lease).max();
-    let not_shown = "RabbitMQ's management API does not show consumer_timeout (read it with \
-                     `rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).'`; \
-                     default 30 min)";
+    let per_queue = match &version {
+        Some(v) if v.has_per_queue_consumer_timeout() => {
+            match queue_consumer_timeout(m, vhost, &topology.work_queue).await {
+                Ok(found) => found,
+                Err(e) => return Check::not_checked(SERVICE, CHECK, short(&e)),
+            }
+        }
+        _ => None,
+    };
+    if let Some((timeout, source)) = per_queue {
+        let found = format!(
+            "{}: delivery acknowledgement timeout {} ({source})",
+            topology.work_queue,
+            humantime::format_duration(timeout)
+        );
+        return match longest {
+            Some(longest) if longest > timeout => Check::risk(
+                SERVICE,
+                CHECK,
+                format!(
+                    "{found}, below the longest a job may hold its delivery: {} (its concurrency \
+                     lease, longer than the call)",
+                    humantime::format_duration(longest)
+                ),
+                CONSUMER_TIMEOUT_COST,
+                "raise the queue's consumer-timeout (policy) above the longest job, or the job's \
+                 timeout and lease below it \
+                 (docs/guides/operations.md#consumer_timeout-and-the-longest-task)",
+            ),
+            Some(longest) => Check::ok(
+                SERVICE,
+                CHECK,
+                format!(
+                    "{found}, above the longest a job may hold its delivery: {}",
+                    humantime::format_duration(longest)
+                ),
+            ),
+            None => Check::not_checked(
+                SERVICE,
+                CHECK,
+                format!(
+                    "{found}; the configuration bounds no job's length (no concurrency lease), so \
+                     it cannot be compared: size it by the longest task (docs/guides/operations.md)"
+                ),
+            ),
+        };
+    }
+    let not_shown = match &version {
+        Some(v) if v.has_per_queue_consumer_timeout() => format!(
+            "{} has no x-consumer-timeout argument nor consumer-timeout policy, so RabbitMQ {} \
+             applies the node-wide consumer_timeout, which the management API does not show \
+             (default 30 min; read it with `rabbitmq-diagnostics environment`, or give the queue \
+             a consumer-timeout policy to make it visible here)",
+            topology.work_queue, v.text
+        ),
+        Some(v) => format!(
+            "RabbitMQ {} has only the node-wide consumer_timeout (rabbitmq.conf or \
+             advanced.config), which the management API does not show (default 30 min; read it \
+             with `rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).'`); a \
+             per-queue timeout comes with 3.12",
+            v.text
+        ),
+        None => "the broker's version is unknown and the management API does not show the \
+                 node-wide consumer_timeout (default 30 min)"
+            .to_owned(),
+    };
     match longest {
         Some(longest) if longest > DEFAULT_CONSUMER_TIMEOUT => Check::risk(
             SERVICE,
@@ -383,10 +491,10 @@ fn consumer_timeout(config: &WorkerConfig) -> Check {
                  above the default consumer_timeout of 30 min; {not_shown}",
                 humantime::format_duration(longest)
             ),
-            "a delivery unacknowledged past consumer_timeout closes the worker's channel: every \
-             job in flight on it comes back and runs again",
+            CONSUMER_TIMEOUT_COST,
             "raise consumer_timeout above the longest job (rabbitmq.conf `consumer_timeout`, in \
-             ms), or the job's timeout and lease below it",
+             ms; from 3.12 a `consumer-timeout` policy on the work queue), or the job's timeout and \
+             lease below it",
         ),
         Some(longest) => Check::not_checked(
             SERVICE,
@@ -405,6 +513,61 @@ fn consumer_timeout(config: &WorkerConfig) -> Check {
     }
 }
 
+/// What a delivery held past the timeout costs.
+const CONSUMER_TIMEOUT_COST: &str = "a delivery unacknowledged past the timeout closes the \
+     worker's channel: every job in flight on it comes back and runs again";
+
+/// The work queue's own timeout (RabbitMQ 3.12 and later): the smaller of its `x-consumer-timeout`
+/// argument and its effective policy's `consumer-timeout`, and where it came from; `None` when
+/// neither is set (a queue not declared yet included).
+async fn queue_consumer_timeout(
+    m: &Management,
+    vhost: &str,
+    queue: &str,
+) -> Result<Option<(Duration, String)>, String> {
+    let path = format!("/api/queues/{}/{}", segment(vhost), segment(queue));
+    Ok(m.get(&path).await?.as_ref().and_then(consumer_timeout_of))
+}
+
+/// The delivery acknowledgement timeout a queue of `/api/queues` carries, and where it comes
+/// from: its `x-consumer-timeout` argument or its effective policy's `consumer-timeout`, the
+/// smaller when both are set (RabbitMQ's rule); `None` when neither is a positive number.
+fn consumer_timeout_of(q: &Value) -> Option<(Duration, String)> {
+    let millis = |v: Option<&Value>| v.and_then(Value::as_u64).filter(|ms| *ms > 0);
+    let argument = millis(q.get("arguments").and_then(|a| a.get("x-consumer-timeout")));
+    let policy = millis(
+        q.get("effective_policy_definition")
+            .and_then(|d| d.get("consumer-timeout")),
+    );
+    let policy_name = q
+        .get("policy")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map_or_else(
+            || "a policy".to_owned(),
+            |p| format!("policy {:?}", short(p)),
+        );
+    match (argument, policy) {
+        (Some(a), Some(p)) if a <= p => Some((
+            Duration::from_millis(a),
+            format!("queue argument x-consumer-timeout, below {policy_name}'s {p} ms"),
+        )),
+        (Some(a), Some(p)) => Some((
+            Duration::from_millis(p),
+            format!("{policy_name}'s consumer-timeout, below the queue argument's {a} ms"),
+        )),
+        (Some(a), None) => Some((
+            Duration::from_millis(a),
+            "queue argument x-consumer-timeout".to_owned(),
+        )),
+        (None, Some(p)) => Some((
+            Duration::from_millis(p),
+            format!("{policy_name}'s consumer-timeout"),
+        )),
+        (None, None) => None,
+    }
+}
+
 fn short(text: &str) -> String {
     let text = redact_text(text);
     if text.chars().count() > MAX_TEXT {
@@ -413,5 +576,51 @@ fn short(text: &str) -> String {
         cut
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queues_own_consumer_timeout_is_the_smaller_of_argument_and_policy() {
+        let q = serde_json::json!({
+            "arguments": {"x-consumer-timeout": 600_000},
+            "policy": "long-jobs",
+            "effective_policy_definition": {"consumer-timeout": 3_600_000}
+        });
+        let (t, from) = consumer_timeout_of(&q).unwrap();
+        assert_eq!(t, Duration::from_secs(600));
+        assert!(from.contains("queue argument"), "{from}");
+        let q = serde_json::json!({
+            "arguments": {},
+            "policy": "long-jobs",
+            "effective_policy_definition": {"consumer-timeout": 2_400_000}
+        });
+        let (t, from) = consumer_timeout_of(&q).unwrap();
+        assert_eq!(t, Duration::from_secs(2400));
+        assert!(from.contains("\"long-jobs\""), "{from}");
+        // Neither, or values the broker would refuse: nothing of the queue's own.
+        for q in [
+            serde_json::json!({"arguments": {}}),
+            serde_json::json!({"arguments": {"x-consumer-timeout": "600000"}}),
+            serde_json::json!({"effective_policy_definition": {"consumer-timeout": -1}}),
+        ] {
+            assert_eq!(consumer_timeout_of(&q), None, "{q}");
+        }
+    }
+
+    #[test]
+    fn per_queue_timeouts_start_with_3_12() {
+        let v = |major, minor| BrokerVersion {
+            major,
+            minor,
+            text: String::new(),
+        };
+        assert!(!v(3, 10).has_per_queue_consumer_timeout());
+        assert!(!v(3, 11).has_per_queue_consumer_timeout());
+        assert!(v(3, 12).has_per_queue_consumer_timeout());
+        assert!(v(4, 0).has_per_queue_consumer_timeout());
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fleet_budget::keys::{budget_key, dead_letters_key, workers_key, workers_seen_key};
 use fleet_budget::redact::redact_text;
-use fleet_budget::risks::{self, Finding};
+use fleet_budget::risks::{self, Finding, short};
 use fleet_budget::store::RedisStore;
 use fleet_budget::{BudgetPolicy, Dependency};
 use fleet_budget_amqp::{Topology, WorkerConfig};
@@ -23,8 +23,6 @@ const SERVICE: &str = "redis";
 const DOCTOR_DEPENDENCY: &str = "fleet-budget-doctor";
 /// Timed round trips of each kind.
 const SAMPLES: usize = 5;
-/// The longest error text kept.
-const MAX_TEXT: usize = 200;
 
 /// Every Redis check, and the latency measured (when Redis answered).
 pub(super) async fn checks(config: &WorkerConfig) -> (Vec<Check>, Option<Latency>) {
@@ -139,9 +137,13 @@ async fn hello(store: &RedisStore) -> Result<risks::ServerFacts, String> {
         .query(&redis::cmd("HELLO"))
         .await
         .map_err(|e| short(&e.to_string()))?;
-    let mut pairs = Vec::new();
-    flat_pairs(&reply, &mut pairs);
-    let get = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| short(v));
+    let pairs = risks::reply_pairs(&reply);
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
     if get("version").is_none() {
         return Err("HELLO did not say the version".to_owned());
     }
@@ -155,11 +157,7 @@ async fn hello(store: &RedisStore) -> Result<risks::ServerFacts, String> {
 async fn cluster_slots(store: &RedisStore) -> Check {
     let reply: Result<Value, _> = store.query(redis::cmd("CLUSTER").arg("INFO")).await;
     let text = match reply {
-        Ok(v) => {
-            let mut texts = Vec::new();
-            all_texts(&v, &mut texts, 0);
-            texts.join("\n")
-        }
+        Ok(v) => risks::reply_texts(&v).join("\n"),
         Err(e) => return Check::not_checked(SERVICE, "cluster_slots", short(&e.to_string())),
     };
     let pairs = risks::parse_info(&text);
@@ -193,8 +191,7 @@ async fn scripts(store: &RedisStore) -> Check {
             .await;
         match reply {
             Ok(v) => {
-                let mut shas = Vec::new();
-                all_texts(&v, &mut shas, 0);
+                let shas = risks::reply_texts(&v);
                 if !shas.contains(&expected) {
                     failed.push(format!(
                         "{name}: loaded as {:?}",
@@ -360,9 +357,7 @@ async fn acl_keys(store: &RedisStore, config: &WorkerConfig) -> Check {
         match answer {
             Ok(Value::Okay) => {}
             Ok(v) => {
-                let mut texts = Vec::new();
-                all_texts(&v, &mut texts, 0);
-                let text = texts.join(" ");
+                let text = risks::reply_texts(&v).join(" ");
                 if text != "OK" {
                     let key = args.get(1).map_or("", String::as_str);
                     let command = args.first().map_or("", String::as_str);
@@ -422,63 +417,4 @@ fn max_ms(samples: &[Duration]) -> f64 {
         .iter()
         .map(|d| d.as_secs_f64() * 1000.0)
         .fold(0.0, f64::max)
-}
-
-fn text_of(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::VerbatimString { text, .. } => Some(text.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        Value::Okay => Some("OK".to_owned()),
-        _ => None,
-    }
-}
-
-/// The name/value pairs of a `HELLO` reply (RESP2 flat array or RESP3 map).
-fn flat_pairs(v: &Value, out: &mut Vec<(String, String)>) {
-    match v {
-        Value::Array(items) => {
-            for pair in items.chunks_exact(2) {
-                if let [k, v] = pair
-                    && let (Some(k), Some(v)) = (text_of(k), text_of(v))
-                {
-                    out.push((k, v));
-                }
-            }
-        }
-        Value::Map(entries) => {
-            for (k, v) in entries {
-                if let (Some(k), Some(v)) = (text_of(k), text_of(v)) {
-                    out.push((k, v));
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Every text in a reply (one per node on a cluster); nesting bounded.
-fn all_texts(v: &Value, out: &mut Vec<String>, depth: usize) {
-    if depth > 3 {
-        return;
-    }
-    match v {
-        Value::Array(items) => items.iter().for_each(|i| all_texts(i, out, depth + 1)),
-        Value::Map(entries) => entries
-            .iter()
-            .for_each(|(_, v)| all_texts(v, out, depth + 1)),
-        other => out.extend(text_of(other)),
-    }
-}
-
-fn short(text: &str) -> String {
-    let text = redact_text(text);
-    if text.chars().count() > MAX_TEXT {
-        let mut cut: String = text.chars().take(MAX_TEXT).collect();
-        cut.push('…');
-        cut
-    } else {
-        text
-    }
 }

@@ -78,6 +78,29 @@ impl RedisStore {
         self.query(&xadd).await
     }
 
+    /// [`Self::audit_append`] to a trail that exists (`XADD NOMKSTREAM`): `None`, and nothing
+    /// written, when the stream is gone (never made, or lost to an eviction, `FLUSHALL` or a
+    /// restart without persistence).
+    ///
+    /// # Errors
+    /// Redis failed or passed the store's deadline.
+    pub(crate) async fn audit_append_to_existing(
+        &self,
+        max_entries: u64,
+        fields: &[(&str, &str)],
+    ) -> Result<Option<String>, StoreError> {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(audit_key(self.prefix()))
+            .arg("NOMKSTREAM")
+            .arg("MAXLEN")
+            .arg(max_entries)
+            .arg("*");
+        for (field, value) in fields {
+            xadd.arg(*field).arg(*value);
+        }
+        self.query(&xadd).await
+    }
+
     /// Drops the audit entries older than server ms `min_ms`.
     ///
     /// # Errors
