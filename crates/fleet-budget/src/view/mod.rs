@@ -194,7 +194,7 @@ impl DependencyView {
     }
 
     /// The same view under `enforcement`, its alerts judged again (in shadow an exhausted
-    /// budget dead-letters nothing: [`AlertKind::Shadow`](alert::AlertKind::Shadow)).
+    /// budget dead-letters nothing: [`AlertKind::Shadow`]).
     #[must_use]
     pub fn with_enforcement(mut self, enforcement: Enforcement) -> Self {
         self.enforcement = enforcement;
