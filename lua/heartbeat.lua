@@ -14,6 +14,14 @@
 --          more than retention_ms ago, or more than retention_ms ahead of now), leave: entries
 --          removed (0 or 1)
 -- Errors   a bad argument (named) or a key of another type; either writes nothing.
+local key_names = {'worker reports hash', 'worker last-seen set'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 local action = ARGV[1]
 if action ~= 'beat' and action ~= 'leave' then
   return redis.error_reply('fleet-budget: ARGV[1] action must be "beat" or "leave"')

@@ -17,6 +17,14 @@
 --          the last of which sent conflicting_policy ("" if none) conflict_age_ms ago (-1);
 --          allowance_ratio (text) and allowance_min are the ratio and floor the allowance uses:
 --          the policy in force's, or an operator's set override's in their place)
+local key_names = {'budget hash'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
 -- without an expiry is never made by accident (only while an operator's override is in force).

@@ -165,22 +165,22 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
         (
             "deposit",
             vec!["1000", "-1", "0"],
-            "ARGV[2] successes must be a plain integer from 0 to 10^15",
+            "ARGV[2] successes must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
             vec!["1000", "1e3", "0"],
-            "ARGV[2] successes must be a plain integer from 0 to 10^15",
+            "ARGV[2] successes must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
             vec!["1000", "1000000000000000", "0"],
-            "ARGV[2] successes must be a plain integer from 0 to 10^15",
+            "ARGV[2] successes must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
             vec!["1000", "1", ""],
-            "ARGV[3] first_attempts must be a plain integer from 0 to 10^15",
+            "ARGV[3] first_attempts must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
@@ -211,12 +211,12 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
         (
             "deposit",
             vec!["1000", "1", "0", "0.2", "10", "a", "fixed", "-1"],
-            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+            "ARGV[8] denied must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
             vec!["1000", "1", "0", "0.2", "10", "a", "fixed", "1e3"],
-            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+            "ARGV[8] denied must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",
@@ -230,7 +230,7 @@ fn every_script_names_its_bad_argument_and_writes_nothing() {
                 "fixed",
                 "1000000000000000",
             ],
-            "ARGV[8] denied must be a plain integer from 0 to 10^15",
+            "ARGV[8] denied must be a plain integer from 0 to 999999999999999 (at most 15 digits)",
         ),
         (
             "deposit",

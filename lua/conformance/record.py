@@ -229,6 +229,7 @@ def arguments():
     bad.append(spend("bad", t, window="0", policy=["x", "y", "z", "w"], check=errors("fleet-budget: ARGV[1]")))
     for n in ["0", "10001", "1e3", "1.0", " 5", "-1"]:
         bad.append(spend_many("bad", n, t, check=errors("fleet-budget: ARGV[2] n")))
+    ok.append(deposit("big", "999999999999999", "999999999999999", t))
     for s in ["1000000000000000", "-1", "1.0", "1e3"]:
         bad.append(deposit("bad", s, "0", t, check=errors("fleet-budget: ARGV[2]")))
     bad.append(deposit("bad", "0", "x", t, check=errors("fleet-budget: ARGV[3]")))
@@ -238,7 +239,15 @@ def arguments():
     bad.append(spend("bad", t, memory=["123", "1,2"], check=errors("fleet-budget: ARGV[7]")))
     bad.append(status("bad", t, policy=["0.2", "10", "s", "both"], check=errors("fleet-budget: ARGV[5]")))
     bad.append(cmd("EXISTS", key("bad"), check=lambda r: r == 0))
-    nokey = [call("spend", [], [W, *POLICY], t, check=lambda r: isinstance(r, Exception)),
+    missing = lambda text: errors(f"fleet-budget: {text} is missing")
+    nokey = [call("spend", [], [W, *POLICY], t, check=missing("KEYS[1] budget hash")),
+             call("deposit", [], [W, 1, 0, *POLICY], t, check=missing("KEYS[1] budget hash")),
+             call("status", [], [W, *POLICY], t, check=missing("KEYS[1] budget hash")),
+             call("breaker", [], ["admit"], t, check=missing("KEYS[1] breaker hash")),
+             call("lease_acquire", [key("l") + ":lp"], ["p", "id", 10, 1000, 0], t,
+                  check=missing("KEYS[2] retry lease set")),
+             call("heartbeat", [], ["beat", "w1", "{}", W], t, check=missing("KEYS[1] worker reports hash")),
+             Step(check=missing("KEYS[1] dead-letter index"), script="dead_letters", keys=[], args=["10", "x", "1"]),
              cmd("SET", key("str"), "x"),
              spend("str", t, check=errors("fleet-budget: key")),
              status("str", t, check=errors("fleet-budget: key")),
@@ -254,9 +263,9 @@ def arguments():
                 v("refused arguments name the first bad one and write nothing",
                   "Each error starts 'fleet-budget: ARGV[k] <name>'. An error is not a denial: the call "
                   "was not decided, and sending it again gets the same error.", bad),
-                v("a missing key name, a key of another type, a tampered field",
-                  "No KEYS[1] is a raw Lua error (a caller bug; not named); a key of another type or a field "
-                  "that is not a number is named, and nothing is written.", nokey)]}
+                v("a missing key, a key of another type, a tampered field",
+                  "A call without the keys a script needs gets an error naming the first missing one (KEYS[k] and "
+                  "what it is); a key of another type or a field that is not a number is named, and nothing is written.", nokey)]}
 
 
 def batches():

@@ -19,6 +19,8 @@
 --          cancel: {state, g, pi, now}
 --          status: {state, g, ou, pi, po, ch, no, volume_sc, failures_sc, window_ms, now}
 --                  (volume and failures are sliding estimates scaled by window_ms)
+local key_names = {'breaker hash'}
+-- @include keys_arg.lua
 local key = KEYS[1]
 local op = ARGV[1]
 if op ~= 'admit' and op ~= 'record' and op ~= 'cancel' and op ~= 'status' then

@@ -4,9 +4,15 @@
 -- decision. Contract: lua/README.md, "Dead-letter index".
 --
 -- KEYS[1]  the queue's index (HASH row -> count), e.g. "fb:v1:dead-letters:{fleet.dead}"
--- ARGV     max_rows (integer, 1 to 100000), then pairs: row (1-2048 bytes, opaque here: the
---          callers' JSON array), delta (a non-zero integer, -1000000 to 1000000)
--- Reply    one integer per pair, the change applied. An increase is applied whole: to its row,
+-- KEYS[2]  optional: the writer's last batch (HASH, field "last": a sequence number), e.g.
+--          "fb:v1:dead-letters-writer:{fleet.dead}:<writer>": a batch is applied once, so a
+--          writer may send it again after a timeout; expires 10 minutes after its last write
+-- ARGV     max_rows (integer, 1 to 100000), with KEYS[2] the batch's sequence number (an
+--          integer, 1 to 2^53, above the writer's last), then pairs: row (1-2048 bytes, opaque
+--          here: the callers' JSON array), delta (a non-zero integer, -1000000 to 1000000)
+-- Reply    with KEYS[2] and a sequence number not above the one it holds: an empty array (the
+--          batch was applied before; nothing is written). Else one integer per pair, the change
+--          applied. An increase is applied whole: to its row,
 --          or, when that row is new and the index already holds max_rows rows, to the row "[]"
 --          (counts beyond the bound: a producer's hostile error classes cannot grow the hash
 --          without bound). A decrease never takes a count below 0 (a row at 0 is removed): it
@@ -14,15 +20,28 @@
 --          dead-lettered while Redis was unreachable, or by the broker itself), and replies
 --          what it took (0 to delta).
 -- Errors   a bad argument (named) or a key of another type; either writes nothing.
+local key_names = {'dead-letter index'}
+-- @include keys_arg.lua
 local max_rows = tonumber(ARGV[1])
 if not max_rows or max_rows < 1 or max_rows > 100000 or max_rows ~= math.floor(max_rows) then
   return redis.error_reply('fleet-budget: ARGV[1] max_rows must be an integer from 1 to 100000')
 end
-if #ARGV < 3 or #ARGV % 2 ~= 1 then
+local first, seq = 2, nil
+if KEYS[2] ~= nil then
+  seq = tonumber(ARGV[2])
+  if not seq or seq < 1 or seq > 9007199254740992 or seq ~= math.floor(seq) then
+    return redis.error_reply('fleet-budget: ARGV[2] sequence must be an integer from 1 to 2^53 (KEYS[2] is the writer\'s last batch)')
+  end
+  first = 3
+end
+if #ARGV < first + 1 or (#ARGV - first) % 2 ~= 1 then
+  if seq then
+    return redis.error_reply('fleet-budget: ARGV must be max_rows, the sequence number, then row and delta pairs')
+  end
   return redis.error_reply('fleet-budget: ARGV must be max_rows, then row and delta pairs')
 end
 local deltas = {}
-for i = 2, #ARGV, 2 do
+for i = first, #ARGV, 2 do
   local row, delta = ARGV[i], tonumber(ARGV[i + 1])
   if #row < 1 or #row > 2048 then
     return redis.error_reply('fleet-budget: ARGV[' .. i .. '] row must be 1 to 2048 bytes')
@@ -36,10 +55,24 @@ local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
   return redis.error_reply('fleet-budget: key ' .. KEYS[1] .. ' is not a dead-letter index (' .. kind .. ')')
 end
+if seq then
+  local writer = redis.call('TYPE', KEYS[2]).ok
+  if writer ~= 'hash' and writer ~= 'none' then
+    return redis.error_reply('fleet-budget: key ' .. KEYS[2] .. ' is not a dead-letter writer\'s last batch (' .. writer .. ')')
+  end
+  -- Anything but a number (written by someone else) counts as no batch applied.
+  -- HGET, HSET and PEXPIRE: what the worker's ACL grants (lua/README.md).
+  local last = tonumber(redis.call('HGET', KEYS[2], 'last') or '0') or 0
+  if seq <= last then
+    return {}
+  end
+  redis.call('HSET', KEYS[2], 'last', string.format('%d', seq))
+  redis.call('PEXPIRE', KEYS[2], 600000)
+end
 local beyond = '[]'
 local reply = {}
 for n = 1, #deltas do
-  local row, delta = ARGV[2 * n], deltas[n]
+  local row, delta = ARGV[first + 2 * (n - 1)], deltas[n]
   local have = tonumber(redis.call('HGET', KEYS[1], row) or '0') or 0
   if delta > 0 then
     if have == 0 and row ~= beyond and redis.call('HLEN', KEYS[1]) >= max_rows then

@@ -14,12 +14,14 @@
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
 --           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
+local key_names = {'budget hash'}
+-- @include keys_arg.lua
 -- @include window_arg.lua
 if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 15 then
-  return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 if not string.match(ARGV[3] or '', '^%d+$') or #ARGV[3] > 15 then
-  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 local successes = tonumber(ARGV[2])
 local first_attempts = tonumber(ARGV[3])
@@ -33,7 +35,7 @@ local mem = 9
 -- @include budget.lua
 -- @include restore.lua
 if not string.match(denied_text, '^%d+$') or #denied_text > 15 then
-  return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 denied = tonumber(denied_text)
 cur[1] = cur[1] + successes
@@ -43,7 +45,7 @@ cur[4] = cur[4] + denied
 
 -- Write the whole hash when the window rolled (or the key is new), else only the counters that
 -- changed, by HINCRBY of the ARGV strings (checked to be plain integers above): a deposit may be
--- up to 10^15, so the server adds exactly, not Lua's doubles.
+-- up to 999999999999999, so the server adds exactly, not Lua's doubles.
 local changed = {}
 -- @include save.lua
 if not rolled then

@@ -12,6 +12,8 @@
 --          more than retention_ms ago, or more than retention_ms ahead of now), leave: entries
 --          removed (0 or 1)
 -- Errors   a bad argument (named) or a key of another type; either writes nothing.
+local key_names = {'worker reports hash', 'worker last-seen set'}
+-- @include keys_arg.lua
 local action = ARGV[1]
 if action ~= 'beat' and action ~= 'leave' then
   return redis.error_reply('fleet-budget: ARGV[1] action must be "beat" or "leave"')

@@ -12,6 +12,8 @@
 --          primaries in flight, retries in flight (after the call), retry slots, server ms
 -- Errors   "fleet-budget: ARGV[n] ..." for a bad argument, "fleet-budget: key <key> is not a
 --          lease set: WRONGTYPE ..." for a key of another type; either writes nothing.
+local key_names = {'primary lease set', 'retry lease set'}
+-- @include keys_arg.lua
 local kind = ARGV[1]
 if kind ~= 'p' and kind ~= 'r' then
   return redis.error_reply('fleet-budget: ARGV[1] kind must be "p" or "r"')

@@ -9,6 +9,8 @@
 --          primaries in flight, retries in flight (after the call), then (since 0.2.0) the
 --          server's ms: a lease not removed before its expiry was lost (evicted, flushed)
 -- Errors   as lease_acquire.lua: a bad argument, or a key of another type; either writes nothing.
+local key_names = {'primary lease set', 'retry lease set'}
+-- @include keys_arg.lua
 local id = ARGV[1] or ''
 if #id < 1 or #id > 128 then
   return redis.error_reply('fleet-budget: ARGV[1] lease id must be 1 to 128 bytes')

@@ -10,6 +10,8 @@
 -- Reply    {now_ms, fu, fa, fy, ft, su, sr, sm, sa, sy, st}: the server's time and the override
 --          fields as they were before (false when absent): freeze until / by / why / since,
 --          set until / ratio / floor / by / why / since
+local key_names = {'budget hash'}
+-- @include keys_arg.lua
 local action = ARGV[1]
 local fields = { 'fu', 'fa', 'fy', 'ft', 'su', 'sr', 'sm', 'sa', 'sy', 'st' }
 local t = redis.call('TIME')

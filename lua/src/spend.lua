@@ -14,6 +14,8 @@
 --          may differ from ARGV; next_grant_ms, the last field: ms until one more spend could be
 --          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply"), then, for a
 --          caller that sent its memory: birth, fu, su, sr, sm, lost
+local key_names = {'budget hash'}
+-- @include keys_arg.lua
 -- @include window_arg.lua
 local at = 2
 local propose = true

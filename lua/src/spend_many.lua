@@ -13,6 +13,8 @@
 --           conflict, frozen, overridden, [ratio, min_allowance, basis, mode,] next_grant_ms}
 --          (as spend.lua's; next_grant_ms after all n) with the counters as they are after all n: request k (1-based) saw cur_retries -
 --          g + min(k, g) and cur_denied - (n - g) + max(0, k - g).
+local key_names = {'budget hash'}
+-- @include keys_arg.lua
 -- @include window_arg.lua
 -- @include n_arg.lua
 local at = 3

@@ -15,6 +15,8 @@
 --          the last of which sent conflicting_policy ("" if none) conflict_age_ms ago (-1);
 --          allowance_ratio (text) and allowance_min are the ratio and floor the allowance uses:
 --          the policy in force's, or an operator's set override's in their place)
+local key_names = {'budget hash'}
+-- @include keys_arg.lua
 -- @include window_arg.lua
 local at = 2
 local propose = false

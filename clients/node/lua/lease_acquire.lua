@@ -14,6 +14,14 @@
 --          primaries in flight, retries in flight (after the call), retry slots, server ms
 -- Errors   "fleet-budget: ARGV[n] ..." for a bad argument, "fleet-budget: key <key> is not a
 --          lease set: WRONGTYPE ..." for a key of another type; either writes nothing.
+local key_names = {'primary lease set', 'retry lease set'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 local kind = ARGV[1]
 if kind ~= 'p' and kind ~= 'r' then
   return redis.error_reply('fleet-budget: ARGV[1] kind must be "p" or "r"')

@@ -12,6 +12,14 @@
 -- Reply    {now_ms, fu, fa, fy, ft, su, sr, sm, sa, sy, st}: the server's time and the override
 --          fields as they were before (false when absent): freeze until / by / why / since,
 --          set until / ratio / floor / by / why / since
+local key_names = {'budget hash'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 local action = ARGV[1]
 local fields = { 'fu', 'fa', 'fy', 'ft', 'su', 'sr', 'sm', 'sa', 'sy', 'st' }
 local t = redis.call('TIME')

@@ -11,6 +11,14 @@
 --          primaries in flight, retries in flight (after the call), then (since 0.2.0) the
 --          server's ms: a lease not removed before its expiry was lost (evicted, flushed)
 -- Errors   as lease_acquire.lua: a bad argument, or a key of another type; either writes nothing.
+local key_names = {'primary lease set', 'retry lease set'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 local id = ARGV[1] or ''
 if #id < 1 or #id > 128 then
   return redis.error_reply('fleet-budget: ARGV[1] lease id must be 1 to 128 bytes')

@@ -21,6 +21,14 @@
 --          cancel: {state, g, pi, now}
 --          status: {state, g, ou, pi, po, ch, no, volume_sc, failures_sc, window_ms, now}
 --                  (volume and failures are sliding estimates scaled by window_ms)
+local key_names = {'breaker hash'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 local key = KEYS[1]
 local op = ARGV[1]
 if op ~= 'admit' and op ~= 'record' and op ~= 'cancel' and op ~= 'status' then

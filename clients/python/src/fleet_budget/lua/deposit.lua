@@ -16,6 +16,14 @@
 --           cur_successes, cur_first_attempts, cur_retries, cur_denied,
 --           prev_successes, prev_first_attempts, prev_retries, prev_denied,
 --           conflict, frozen, overridden, ratio, min_allowance, basis, mode}
+local key_names = {'budget hash'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
 -- without an expiry is never made by accident (only while an operator's override is in force).
@@ -25,10 +33,10 @@ if not window or window < 1 or window > 86400000 or window ~= math.floor(window)
   return redis.error_reply('fleet-budget: ARGV[1] window_ms must be a positive integer, at most 86400000 (one day)')
 end
 if not string.match(ARGV[2] or '', '^%d+$') or #ARGV[2] > 15 then
-  return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[2] successes must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 if not string.match(ARGV[3] or '', '^%d+$') or #ARGV[3] > 15 then
-  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[3] first_attempts must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 local successes = tonumber(ARGV[2])
 local first_attempts = tonumber(ARGV[3])
@@ -313,7 +321,7 @@ if not birth then
   extra[#extra + 1] = 'e'; extra[#extra + 1] = birth
 end
 if not string.match(denied_text, '^%d+$') or #denied_text > 15 then
-  return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 10^15')
+  return redis.error_reply('fleet-budget: ARGV[8] denied must be a plain integer from 0 to 999999999999999 (at most 15 digits)')
 end
 denied = tonumber(denied_text)
 cur[1] = cur[1] + successes
@@ -337,7 +345,7 @@ if frozen == 1 then allowance = 0 end
 
 -- Write the whole hash when the window rolled (or the key is new), else only the counters that
 -- changed, by HINCRBY of the ARGV strings (checked to be plain integers above): a deposit may be
--- up to 10^15, so the server adds exactly, not Lua's doubles.
+-- up to 999999999999999, so the server adds exactly, not Lua's doubles.
 local changed = {}
 -- [shared/save.lua] Writes what the call changed, in one HSET (each redis.call costs server CPU:
 -- a call within a window is TIME, HMGET and this HSET). After a roll (a new window, a new key or

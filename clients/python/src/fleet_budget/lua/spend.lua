@@ -16,6 +16,14 @@
 --          may differ from ARGV; next_grant_ms, the last field: ms until one more spend could be
 --          granted if nothing changed, 0 now, -1 never: lua/README.md, "Reply"), then, for a
 --          caller that sent its memory: birth, fu, su, sr, sm, lost
+local key_names = {'budget hash'}
+-- The keys the script needs, named in `key_names` in order: a call that passes fewer gets an
+-- error naming the first one missing, never Lua's own error about a nil value.
+for k = 1, #key_names do
+  if KEYS[k] == nil then
+    return redis.error_reply('fleet-budget: KEYS[' .. k .. '] ' .. key_names[k] .. ' is missing (the call passed ' .. #KEYS .. ' keys)')
+  end
+end
 -- [shared/window_arg.lua] ARGV[1], the window length in ms: a positive integer, at most one day
 -- (86400000: the configuration's bound). inf, 1e300 or nan never reach PEXPIREAT: a key
 -- without an expiry is never made by accident (only while an operator's override is in force).
