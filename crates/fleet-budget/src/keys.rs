@@ -62,6 +62,16 @@ pub fn dead_letters_key(prefix: &str, queue: &str) -> String {
     format!("{prefix}:v{KEY_SCHEMA_VERSION}:dead-letters:{{{queue}}}")
 }
 
+/// The last batch that writer `writer` applied to the dead-letter index of `queue` under
+/// `prefix` ([`crate::control::DeadLetterIndex::change_once`]): a hash whose field `last` is the
+/// batch's sequence number, so that a batch sent again after a timeout is not counted twice;
+/// it expires 10 minutes after its last write. After `v1:` comes `d`, never `{`, so it is never a
+/// budget key; the queue's name is its hash tag (the index's slot).
+#[must_use]
+pub fn dead_letters_writer_key(prefix: &str, queue: &str, writer: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:dead-letters-writer:{{{queue}}}:{writer}")
+}
+
 /// The moves of the replays of the queue `queue` under `prefix`
 /// ([`crate::control::ReplayMoves`]): dead letter → the run that is moving it. After `v1:` comes
 /// `r`, never `{`, so it is never a budget key; the queue's name is its hash tag.

@@ -51,6 +51,7 @@ pub mod control;
 pub mod decision;
 pub mod dependency;
 pub mod error;
+pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod policy;

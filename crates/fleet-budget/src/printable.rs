@@ -109,9 +109,59 @@ impl fmt::Display for CodePoint {
     }
 }
 
+/// Unix ms as an RFC 3339 UTC time to the second (`2026-03-01T12:00:00Z`), as the CLI, the
+/// console and the reports show times. The ms come from Redis entries and message headers
+/// anyone can write: a time past the year 9999, which RFC 3339 cannot show, is shown as the
+/// number it is, never a panic.
+#[must_use]
+pub fn rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil(i64::try_from(days).unwrap_or(i64::MAX / 2));
+    if y > 9999 {
+        return format!("{ms} ms after the epoch (past the year 9999)");
+    }
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The civil date of `days` since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_rfc3339_up_to_the_year_9999_and_numbers_after() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_ms(1_796_604_919_999), "2026-12-07T00:55:19Z");
+        assert_eq!(rfc3339_ms(253_402_300_799_000), "9999-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339_ms(253_402_300_800_000),
+            "253402300800000 ms after the epoch (past the year 9999)"
+        );
+        assert_eq!(
+            rfc3339_ms(u64::MAX),
+            format!("{} ms after the epoch (past the year 9999)", u64::MAX)
+        );
+    }
 
     #[test]
     fn controls_and_bidi_overrides_are_shown_as_codes() {

@@ -153,12 +153,37 @@ enum Asking {
     /// `INFO memory` and `INFO persistence` only: what the ACL lines of `lua/README.md` grant
     /// (`+info|memory +info|persistence`), so a worker under them leaves `ACL LOG` empty.
     InfoSections,
+    /// `INFO memory` and `INFO persistence` first, and `CONFIG GET` only for what they do not
+    /// show (the RDB schedule with AOF off, or everything when `INFO` is refused) and only when
+    /// `config` says the user may run it: `budgetctl doctor`, which asks the server what the
+    /// user may run before (so nothing it sends is refused).
+    InfoFirst {
+        /// Whether `CONFIG GET` may be sent.
+        config: bool,
+    },
 }
 
 /// Reads every [`RedisCheck`] from the server of `store` (`CONFIG GET`, else `INFO`); never
 /// fails: what cannot be read is [`Finding::NotChecked`].
 pub async fn read_redis_risks(store: &RedisStore) -> Vec<RedisRisk> {
     read_risks(store, Asking::ConfigThenInfo).await
+}
+
+/// [`read_redis_risks`] from `INFO memory` and `INFO persistence` first, with `CONFIG GET` only
+/// for what they do not show and only when `config_get_allowed` (the caller asked the server
+/// whether the user may run it): what `budgetctl doctor` sends, so that a user without `CONFIG`
+/// (the ACL lines of `lua/README.md`) is refused nothing and `ACL LOG` stays empty.
+pub async fn read_redis_risks_info_first(
+    store: &RedisStore,
+    config_get_allowed: bool,
+) -> Vec<RedisRisk> {
+    read_risks(
+        store,
+        Asking::InfoFirst {
+            config: config_get_allowed,
+        },
+    )
+    .await
 }
 
 async fn read_risks(store: &RedisStore, asking: Asking) -> Vec<RedisRisk> {
@@ -267,12 +292,32 @@ async fn config_get_if_asked(
     asking: Asking,
 ) -> Result<Vec<(String, String)>, String> {
     match asking {
-        Asking::ConfigThenInfo => config_get(store, pattern).await,
+        Asking::ConfigThenInfo | Asking::InfoFirst { config: true } => {
+            config_get(store, pattern).await
+        }
         Asking::InfoSections => Err("not asked under an ACL user".to_owned()),
+        Asking::InfoFirst { config: false } => {
+            Err("not sent: the user may not run it (redis.acl_check_cmd)".to_owned())
+        }
     }
 }
 
 async fn maxmemory(store: &RedisStore, asking: Asking) -> Finding {
+    if let Asking::InfoFirst { config } = asking {
+        // INFO memory shows both settings: CONFIG GET only when it does not answer.
+        if let Ok(info) = info(store, "memory").await {
+            let policies = values(&info, "maxmemory_policy");
+            if !policies.is_empty() {
+                return memory_finding(&policies, &values(&info, "maxmemory"), "INFO memory");
+            }
+        }
+        let then = if config {
+            Asking::ConfigThenInfo
+        } else {
+            Asking::InfoSections
+        };
+        return Box::pin(maxmemory(store, then)).await;
+    }
     let (policies, limits, via) = match config_get_if_asked(store, "maxmemory*", asking).await {
         Ok(pairs) => (
             values(&pairs, "maxmemory-policy"),
@@ -301,6 +346,11 @@ async fn maxmemory(store: &RedisStore, asking: Asking) -> Finding {
             why: format!("{via} did not show maxmemory-policy"),
         };
     }
+    memory_finding(&policies, &limits, via)
+}
+
+/// The finding of the eviction policies and limits read through `via`.
+fn memory_finding(policies: &[String], limits: &[String], via: &str) -> Finding {
     let limit = limits.first().map_or("unknown", String::as_str);
     let evicting: Vec<&String> = policies.iter().filter(|p| *p != "noeviction").collect();
     match evicting.first() {
@@ -338,6 +388,9 @@ fn grant_hint(refusal: &str) -> &'static str {
 }
 
 async fn persistence(store: &RedisStore, asking: Asking) -> Finding {
+    if let Asking::InfoFirst { config } = asking {
+        return persistence_info_first(store, config).await;
+    }
     match config_get_if_asked(store, "save", asking).await {
         Ok(save_pairs) => {
             let appendonly = config_get(store, "appendonly").await.unwrap_or_default();
@@ -384,6 +437,56 @@ async fn persistence(store: &RedisStore, asking: Asking) -> Finding {
                     grant_hint(&info_refused)
                 ),
             },
+        },
+    }
+}
+
+/// Persistence from `INFO persistence` (AOF on is enough); the RDB schedule, which it does not
+/// show, from `CONFIG GET save` when `config` allows it; `INFO` refused: as
+/// [`Asking::ConfigThenInfo`] when `config` allows, else not checked.
+async fn persistence_info_first(store: &RedisStore, config: bool) -> Finding {
+    let info = match info(store, "persistence").await {
+        Ok(info) => info,
+        Err(_) if config => return Box::pin(persistence(store, Asking::ConfigThenInfo)).await,
+        Err(_) => return Box::pin(persistence(store, Asking::InfoSections)).await,
+    };
+    if values(&info, "aof_enabled").iter().any(|v| v == "1") {
+        return Finding::Ok {
+            found: "AOF on (INFO persistence)".to_owned(),
+        };
+    }
+    let field = |name: &str| first(&info, name).unwrap_or_else(|| "?".to_owned());
+    let save = if config {
+        config_get(store, "save").await
+    } else {
+        Err("not sent: the user may not run it (redis.acl_check_cmd)".to_owned())
+    };
+    match save {
+        Ok(pairs) => {
+            let save = values(&pairs, "save");
+            let rdb_on = save.iter().any(|s| !s.trim().is_empty());
+            let found = format!(
+                "RDB {} (save {:?}), AOF off (INFO persistence; CONFIG GET save)",
+                if rdb_on { "on" } else { "off" },
+                save.first().map_or("", String::as_str),
+            );
+            if rdb_on {
+                Finding::Ok { found }
+            } else {
+                Finding::Risk {
+                    found,
+                    cost: PERSISTENCE_COST,
+                    action: PERSISTENCE_ACTION,
+                }
+            }
+        }
+        Err(why) => Finding::NotChecked {
+            why: format!(
+                "AOF off (INFO persistence), which does not show the RDB schedule (rdb_saves {} \
+                 since start, rdb_changes_since_last_save {}); CONFIG GET save: {why}",
+                field("rdb_saves"),
+                field("rdb_changes_since_last_save"),
+            ),
         },
     }
 }

@@ -47,6 +47,59 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// The workspace example `name` of `package`, built by cargo for a test that runs it as its own
+/// OS process (`examples/storm_worker.rs` as the fleet's worker processes), with the profile the
+/// test was built with (`test`, or `bench` for `--release`): its dependencies are the ones
+/// already compiled for the test, and the build is a no-op when it is up to date (the `dev`
+/// profile would compile the library again, and `cargo test` then again).
+#[must_use]
+pub fn workspace_example(package: &str, name: &str) -> PathBuf {
+    let profile = if cfg!(debug_assertions) {
+        "test"
+    } else {
+        "bench"
+    };
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["build", "--quiet", "--profile", profile])
+        .args(["-p", package, "--example", name]);
+    // What cargo set for the test's own run (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, …) is not the
+    // nested build's environment: ring's build script is rerun when it changes, and with it the
+    // whole tree, here and again at the next `cargo test`. Only what finds the toolchain and the
+    // target directory passes.
+    build.env_clear();
+    for (key, value) in std::env::vars_os() {
+        let var = key.to_string_lossy();
+        if ["PATH", "HOME", "TMPDIR", "RUSTFLAGS", "RUSTDOCFLAGS"].contains(&var.as_ref())
+            || var.starts_with("RUSTUP_")
+            || var == "CARGO_HOME"
+            || var.starts_with("CARGO_TARGET_DIR")
+            || var.starts_with("CARGO_BUILD_")
+            || var.starts_with("CARGO_NET_")
+            || var.starts_with("CARGO_REGISTRIES_")
+            || var.starts_with("CARGO_PROFILE_")
+        {
+            build.env(&key, &value);
+        }
+    }
+    let status = build.status().expect("run cargo");
+    assert!(
+        status.success(),
+        "cargo build -p {package} --example {name}: {status}"
+    );
+    // The test is `<target>/<profile>/deps/<test>-…`; examples sit beside `deps`.
+    let example = std::env::current_exe()
+        .expect("the test's own path")
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("the test sits in <target>/<profile>/deps")
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(example.exists(), "{} not built", example.display());
+    example
+}
+
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers `PING`.
     #[must_use]
@@ -126,11 +179,29 @@ impl RedisServer {
             if let Ok(mut c) = self.connection()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
-                return true;
+                return self.answered_by_own_child(&mut c);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// Whether the server that answered on the port is this one's child. Two tests can probe
+    /// the same free port: the second `redis-server` then fails to bind, but before it exits
+    /// the first one answers its `PING`, and the two tests share one server (CI of stop 40:
+    /// another test's kill cut the pause test's connections, "unexpected end of file"). A
+    /// server whose `INFO` the default user may not read is taken at its word.
+    fn answered_by_own_child(&self, c: &mut redis::Connection) -> bool {
+        let Some(own) = self.child.as_ref().map(Child::id) else {
+            return false;
+        };
+        let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(c) else {
+            return true;
+        };
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+            .is_none_or(|pid| pid == own)
     }
 
     /// The port.

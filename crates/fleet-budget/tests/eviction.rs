@@ -816,3 +816,323 @@ async fn the_audit_trail_is_kept_under_volatile_lru_and_its_loss_is_marked_under
         }
     }
 }
+
+/// The overrides keeper (`fleet_budget::control::keeper`) in the process, pass by pass: a freeze
+/// no worker saw, lost (`FLUSHALL`), is put back by a keeper whose Redis user may run
+/// `override.lua`; one under the read-only user of `lua/README.md` may not, and counts the
+/// failure under `reason="noperm"` instead of guessing, keeping its copy to try again every
+/// pass, and logs it once, not once per pass.
+#[tokio::test]
+async fn the_keeper_puts_back_a_lost_freeze_and_counts_what_its_user_may_not() {
+    use std::sync::Arc;
+
+    use fleet_budget::control::Keeper;
+
+    let server = RedisServer::start();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/README.md"))
+            .unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fleet-readonly "))
+        .unwrap()
+        .replace(">CHANGE-ME", ">keeper-pw")
+        .replace("~fb:v1:*", &format!("~{PREFIX}:v1:*"));
+    let args: Vec<&str> = line.split_whitespace().collect();
+    let ok: String = server.cmd(&args);
+    assert_eq!(ok, "OK");
+    let store = |url: String| {
+        Arc::new(RedisStore::new(RedisTarget::Single(url), PREFIX, Duration::from_secs(5)).unwrap())
+    };
+    let readonly_url = format!(
+        "redis://fleet-readonly:keeper-pw@127.0.0.1:{}",
+        server.port()
+    );
+    let config = config(&server);
+    let reader = Keeper::new(store(readonly_url), &config, "test").unwrap();
+    let writer = Keeper::new(store(server.url()), &config, "test").unwrap();
+    let registry = prometheus::Registry::new();
+    reader.register(&registry).unwrap();
+
+    captured::install();
+    freeze(&server, "mail").await;
+    assert_eq!(reader.pass().await.unwrap().kept, 1);
+    assert_eq!(writer.pass().await.unwrap().kept, 1);
+    let _: () = server.cmd(&["FLUSHALL"]);
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        refused.push(reader.pass().await.unwrap());
+    }
+    let (noperm, error) = (
+        restore_failures(&registry, "noperm"),
+        restore_failures(&registry, "error"),
+    );
+    let logged = captured::count("could not be put back");
+    assert!(
+        !exists(&server, &key("mail")),
+        "the read-only user wrote nothing"
+    );
+    let put_back = writer.pass().await.unwrap();
+    let fresh = worker(&server).await;
+    let (granted, _) = ask(&fresh, "send", 20).await;
+    println!(
+        "keeper passes after FLUSHALL: read-only user, 3 passes, restored {}, failures counted \
+         noperm {noperm} error {error}, logged {logged} time(s), copies kept {}; operator's user \
+         restored {}; a new worker then asked 20, granted {granted}",
+        refused.iter().map(|p| p.restored).sum::<usize>(),
+        refused[2].kept,
+        put_back.restored
+    );
+    assert!(refused.iter().all(|p| p.restored == 0));
+    assert!(
+        refused.iter().all(|p| p.kept == 1),
+        "the copy is kept to try again"
+    );
+    assert_eq!((noperm, error), (3.0, 0.0), "one refusal per pass, named");
+    assert_eq!(logged, 1, "logged once, not once per pass");
+    assert!(
+        captured::count("reason=\"noperm\"") == 1 || captured::count("reason=noperm") == 1,
+        "the log line names the reason"
+    );
+    assert_eq!(put_back.restored, 1);
+    assert_eq!(granted, 0, "the freeze holds again");
+}
+
+/// `fleet_budget_overrides_restore_failures_total{reason}` of a keeper.
+fn restore_failures(registry: &prometheus::Registry, reason: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == "fleet_budget_overrides_restore_failures_total")
+        .and_then(|f| {
+            f.get_metric()
+                .iter()
+                .find(|m| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == "reason" && l.value() == reason)
+                })
+                .map(|m| m.get_counter().get_value())
+        })
+        .unwrap()
+}
+
+/// A restore that fails for another reason than the user's rights is counted under
+/// `reason="error"`: here full memory (`noeviction`), where `override.lua` is refused with `OOM`
+/// at its first write. Once memory frees, the next pass puts the freeze back.
+#[tokio::test]
+async fn a_restore_refused_by_full_memory_is_counted_as_error_and_tried_again() {
+    use std::sync::Arc;
+
+    use fleet_budget::control::Keeper;
+
+    let server = RedisServer::start_with(
+        &["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"],
+        &[],
+    );
+    let store = RedisStore::new(
+        RedisTarget::Single(server.url()),
+        PREFIX,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let keeper = Keeper::new(Arc::new(store), &config(&server), "test").unwrap();
+    let registry = prometheus::Registry::new();
+    keeper.register(&registry).unwrap();
+    freeze(&server, "mail").await;
+    assert_eq!(keeper.pass().await.unwrap().kept, 1);
+    let written = fill_until_oom(&server);
+    // The freeze lost (a DEL frees too little to let a write through).
+    let _: () = server.cmd(&["DEL", &key("mail")]);
+    let refused = keeper.pass().await.unwrap();
+    let (noperm, error) = (
+        restore_failures(&registry, "noperm"),
+        restore_failures(&registry, "error"),
+    );
+    // Memory frees: the next pass puts it back.
+    let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    let put_back = keeper.pass().await.unwrap();
+    println!(
+        "restore under full memory (noeviction; {written} cache keys until OOM): restored {}, \
+         failures counted noperm {noperm} error {error}; after memory freed restored {}",
+        refused.restored, put_back.restored
+    );
+    assert_eq!(refused.restored, 0);
+    assert_eq!((noperm, error), (0.0, 1.0), "not a refusal of the user");
+    assert_eq!(put_back.restored, 1);
+    assert!(exists(&server, &key("mail")));
+}
+
+/// The log lines written on this thread (a global subscriber writes each event into a buffer of
+/// the thread that emitted it, as in `crates/fleet-budget/tests/outage.rs`): a test on a
+/// current-thread runtime reads its own lines only.
+mod captured {
+    use std::io::Write;
+    use std::sync::Once;
+
+    thread_local! {
+        static LOGS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    struct ThreadLogs;
+
+    impl Write for ThreadLogs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            LOGS.with(|l| l.borrow_mut().extend_from_slice(buf));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Starts capturing this thread's lines (from empty).
+    pub(crate) fn install() {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(|| ThreadLogs)
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+        });
+        LOGS.with(|l| l.borrow_mut().clear());
+    }
+
+    /// How many of this thread's lines contain `needle`.
+    pub(crate) fn count(needle: &str) -> usize {
+        LOGS.with(|l| {
+            String::from_utf8_lossy(&l.borrow())
+                .lines()
+                .filter(|l| l.contains(needle))
+                .count()
+        })
+    }
+}
+
+/// Lost open breakers are counted, not silently dropped, and not put back (issue 33): the
+/// keeper remembers an open breaker and, when `allkeys-lru` evicts its key before its open
+/// period ended, counts it in `fleet_budget_breakers_lost_total{dependency}` and logs it once,
+/// leaving the key gone (the next failures reopen it). A breaker whose open period had ended
+/// before its key went is not counted: it would have half-opened anyway.
+#[tokio::test]
+async fn the_keeper_counts_an_open_breaker_lost_to_allkeys_lru_and_does_not_put_it_back() {
+    use std::sync::Arc;
+
+    use fleet_budget::breaker::{Breaker, BreakerState};
+    use fleet_budget::control::Keeper;
+
+    captured::install();
+    let server = RedisServer::start_with(
+        &["--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru"],
+        &[],
+    );
+    let text = format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 5000\nkey_prefix = \"{PREFIX}\"\nheartbeat_ms = 0\n\
+         [dependencies.search]\ntasks = [\"index\"]\n[dependencies.search.breaker]\n\
+         min_volume = 4\nfailure_ratio = 0.5\nopen_secs = 3600\n\
+         [dependencies.mail]\ntasks = [\"send\"]\n[dependencies.mail.breaker]\n\
+         min_volume = 4\nfailure_ratio = 0.5\nopen_secs = 1\n",
+        server.url()
+    );
+    let config = Config::from_toml(&text, "test").unwrap();
+    let store = Arc::new(
+        RedisStore::new(
+            RedisTarget::Single(server.url()),
+            PREFIX,
+            Duration::from_secs(5),
+        )
+        .unwrap(),
+    );
+    let keeper = Keeper::new(Arc::clone(&store), &config, "test").unwrap();
+    let registry = prometheus::Registry::new();
+    keeper.register(&registry).unwrap();
+    let lost_series = |dependency: &str| {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == "fleet_budget_breakers_lost_total")
+            .and_then(|f| {
+                f.get_metric()
+                    .iter()
+                    .find(|m| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == "dependency" && l.value() == dependency)
+                    })
+                    .map(|m| m.get_counter().get_value())
+            })
+    };
+    assert_eq!(lost_series("search"), Some(0.0), "a series from zero");
+
+    // Both breakers open: search for an hour, mail for a second.
+    let breaker = Breaker::new(Arc::clone(&store));
+    for name in ["search", "mail"] {
+        let policy = config.breakers[&dep(name)];
+        for _ in 0..4 {
+            breaker
+                .record(&dep(name), &policy, false, None)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            breaker.status(&dep(name), &policy).await.unwrap().state,
+            BreakerState::Open
+        );
+    }
+    let seen = keeper.pass().await.unwrap();
+    assert_eq!(seen.breakers_lost, 0, "both there");
+    // Mail's open period ends (by the server's clock) before its key goes.
+    let mail_policy = config.breakers[&dep("mail")];
+    fleet_budget::testing::eventually(
+        "mail's open period ends",
+        Duration::from_secs(30),
+        async || {
+            let status = breaker.status(&dep("mail"), &mail_policy).await.unwrap();
+            status.now_ms >= status.open_until_ms
+        },
+    )
+    .await;
+
+    let search_key = format!("{PREFIX}:v1:{{search}}:cb");
+    let mail_key = format!("{PREFIX}:v1:{{mail}}:cb");
+    let (written, evicted) = fill_cache(&server, 30_000, &[search_key.clone(), mail_key.clone()]);
+    let found = keeper.pass().await.unwrap();
+    let again = keeper.pass().await.unwrap();
+    let search_lost = lost_series("search").unwrap();
+    let mail_lost = lost_series("mail").unwrap_or(0.0);
+    let logged = captured::count("an open circuit breaker vanished from Redis");
+    let put_back = exists(&server, &search_key);
+    println!(
+        "open breakers under allkeys-lru (maxmemory 8mb): cache keys written {written}, evicted \
+         {evicted}; keeper pass after the loss counted {} lost (search {search_lost}, mail, \
+         whose open period had ended, {mail_lost}); next pass {}; warnings {logged}; search's \
+         breaker put back {put_back}",
+        found.breakers_lost, again.breakers_lost
+    );
+    assert_eq!(found.breakers_lost, 1, "search's, not mail's");
+    assert_eq!(search_lost, 1.0);
+    assert_eq!(mail_lost, 0.0, "an ended open period is not a loss");
+    assert_eq!(again.breakers_lost, 0, "counted once, then forgotten");
+    assert_eq!(logged, 1, "logged once");
+    assert!(!put_back, "a breaker is not put back");
+
+    // Lost again (reopened by failures, then flushed): counted, not logged again.
+    let policy = config.breakers[&dep("search")];
+    for _ in 0..4 {
+        breaker
+            .record(&dep("search"), &policy, false, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(keeper.pass().await.unwrap().breakers_lost, 0);
+    let _: () = server.cmd(&["FLUSHALL"]);
+    assert_eq!(keeper.pass().await.unwrap().breakers_lost, 1);
+    assert_eq!(lost_series("search"), Some(2.0));
+    assert_eq!(
+        captured::count("an open circuit breaker vanished from Redis"),
+        1,
+        "once per breaker"
+    );
+}

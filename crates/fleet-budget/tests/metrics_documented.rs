@@ -7,7 +7,7 @@
 //! concurrency lease, a hedge, a breaker that opens, then Redis gone and the fallback deciding),
 //! and the fleet exporter reads the same Redis. Then the names of the tables in
 //! `src/metrics/mod.rs` (the worker's), `src/metrics/fleet.rs` and `src/metrics/exporter.rs` (the
-//! exporter's), and every `fleet_budget_*` name in the guides (`docs/`, `README.md`,
+//! exporter's; its alerts, `src/metrics/alerts.rs`, are the guide's), and every `fleet_budget_*` name in the guides (`docs/`, `README.md`,
 //! `ARCHITECTURE.md`, `lua/README.md`), must each have a `# TYPE` line in the exposition of the
 //! registry that serves it. A labelled family appears only once a series of it is set, which is
 //! why the paths are run and not only the registry built.
@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_budget::metrics::FleetExporter;
+use fleet_budget::metrics::{AlertSource, FleetExporter};
 use fleet_budget::risks::RedisRiskSource;
 use fleet_budget::store::{BudgetStore, Deposits, RedisStore, RedisTarget};
 use fleet_budget::testing::RedisServer;
@@ -241,6 +241,31 @@ async fn expositions() -> (String, String) {
     )
     .unwrap();
     let exporter = exporter.source(Box::new(risks));
+    // The read model's alerts `budgetctl exporter` adds (`fleet_budget_alert`): index's breaker
+    // is open.
+    let fbt_store = || {
+        Arc::new(
+            RedisStore::new(
+                RedisTarget::Single(server.url()),
+                "fbt",
+                Duration::from_secs(5),
+            )
+            .unwrap(),
+        )
+    };
+    let alerts = AlertSource::register(
+        fbt_store(),
+        config.clone(),
+        Arc::default(),
+        100,
+        exporter.registry(),
+    )
+    .unwrap();
+    let exporter = exporter.source(Box::new(alerts));
+    // The overrides keeper `budgetctl exporter` runs beside (`fleet_budget::control::keeper`).
+    let keeper = fleet_budget::control::Keeper::new(fbt_store(), &config, "exporter").unwrap();
+    keeper.register(exporter.registry()).unwrap();
+    keeper.pass().await.unwrap();
     let exported = exporter.scrape().await;
     // Redis gone: store errors, and the fallback decides (for `mail`: a denial of `search`
     // still stands in the process, without a call).

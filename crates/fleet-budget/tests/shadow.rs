@@ -7,7 +7,9 @@
 //! The storm: four processes' budgets (each its own connection and cache) with 32 tasks each
 //! decide a storm against a dependency in shadow beside the same storm against one enforced, in
 //! the same run. Small here; `storm_of_200000_decisions_in_shadow_beside_enforcement` (ignored)
-//! is the full size of `docs/BENCHMARKS.md`. Figures are printed, not asserted on time.
+//! is the full size of `docs/BENCHMARKS.md`. Figures are printed, not asserted on time. The same
+//! storms in OS processes, and with the allowance growing during them, are
+//! `crates/fleet-budget/tests/shadow_processes.rs`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -335,6 +337,70 @@ async fn a_freeze_holds_in_shadow() {
         budget.metrics().counter("retries_would_deny", "shadowed"),
         0
     );
+}
+
+/// Redis does not answer (a port nobody listens on): a `deny` fallback's refusal is the
+/// machinery's and holds in shadow; a `local` fallback's refusal of its exhausted budget is the
+/// budget's, and is retried anyway, marked and counted (`docs/semantics.md`, "What shadow does not
+/// cover").
+#[tokio::test]
+async fn in_shadow_a_deny_fallback_holds_and_a_local_fallbacks_refusal_is_shadowed() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", closed.local_addr().unwrap());
+    drop(closed);
+    for (fallback, shadowed) in [("deny", false), ("local", true)] {
+        let text = format!(
+            "[redis]\nurl = \"{url}\"\ntimeout_ms = 200\nkey_prefix = \"fbs\"\nfallback = \"{fallback}\"\n\
+             [defaults]\nenforcement = \"shadow\"\nmin_allowance = 2\n\
+             [dependencies.shadowed]\ntasks = [\"shadowed\"]\n"
+        );
+        let config = Config::from_toml(&text, "test").unwrap();
+        let budget = FleetBudget::from_config(&config).await.unwrap();
+        // The local fallback grants its floor's share first; then it refuses.
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            seen.push(fail(&budget, "shadowed").await);
+        }
+        let refused_and_retried = seen
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d,
+                    Decision::Retry {
+                        shadow_denied: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count();
+        let dead_lettered = seen
+            .iter()
+            .filter(|d| d.dead_letter_reason().is_some())
+            .count();
+        println!(
+            "fallback {fallback}: 20 failures, {refused_and_retried} refused and retried anyway, \
+             {dead_lettered} dead-lettered"
+        );
+        if shadowed {
+            assert!(refused_and_retried > 0, "{fallback}: {seen:?}");
+            assert_eq!(dead_lettered, 0, "{fallback}: {seen:?}");
+            assert_eq!(
+                budget.metrics().counter("retries_would_deny", "shadowed"),
+                u64::try_from(refused_and_retried).unwrap()
+            );
+        } else {
+            assert_eq!(refused_and_retried, 0, "{fallback}: {seen:?}");
+            assert_eq!(dead_lettered, 20, "{fallback}: {seen:?}");
+            assert!(
+                seen.iter()
+                    .all(|d| d.dead_letter_reason() == Some(DeadLetterReason::BudgetExhausted))
+            );
+            assert_eq!(
+                budget.metrics().counter("retries_would_deny", "shadowed"),
+                0
+            );
+        }
+    }
 }
 
 #[test]

@@ -53,10 +53,18 @@ pub(super) fn refusal(withdrawal: &Withdrawal) -> Option<DeadLetterReason> {
     }
 }
 
-/// Whether a refusal for `reason` is retried anyway under `enforcement`: in shadow, a budget
-/// exhausted is; a freeze is an operator's order, not an observation, and holds.
-pub(super) fn shadows(reason: DeadLetterReason, enforcement: Enforcement) -> bool {
-    enforcement == Enforcement::Shadow && reason == DeadLetterReason::BudgetExhausted
+/// Whether a refusal for `reason`, answered by `source`, is retried anyway under `enforcement`:
+/// in shadow, a budget exhausted is (Redis's, the deny cache's, a `local` fallback's); a freeze
+/// is an operator's order, not an observation, and holds; so does a `deny` fallback's refusal
+/// while Redis fails ([`BudgetSource::Blind`]): the machinery's, not the budget's.
+pub(super) fn shadows(
+    reason: DeadLetterReason,
+    source: BudgetSource,
+    enforcement: Enforcement,
+) -> bool {
+    enforcement == Enforcement::Shadow
+        && reason == DeadLetterReason::BudgetExhausted
+        && source != BudgetSource::Blind
 }
 
 /// The jitter of delays and holds, seedable for deterministic tests and simulations.

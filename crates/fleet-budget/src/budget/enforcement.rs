@@ -68,17 +68,21 @@ impl EnforcementInForce {
         {
             return switched.unwrap_or(configured);
         }
-        let switched = match enforcement::read(store, dependency).await {
-            Ok(switch) => switch.map(|s| s.enforcement),
+        // A read is kept from when it was asked, so a slow answer does not stretch "within the
+        // staleness"; a failed one from the failure, so a Redis that does not answer is asked
+        // at most once per staleness.
+        let asked = Instant::now();
+        let (at, switched) = match enforcement::read(store, dependency).await {
+            Ok(switch) => (asked, switch.map(|s| s.enforcement)),
             Err(error) => {
                 tracing::debug!(%error, %dependency, "enforcement switch not read; the last one read stands");
-                kept.and_then(|(_, switched)| switched)
+                (Instant::now(), kept.and_then(|(_, switched)| switched))
             }
         };
         self.read
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(dependency.clone(), (Instant::now(), switched));
+            .insert(dependency.clone(), (at, switched));
         switched.unwrap_or(configured)
     }
 }

@@ -80,7 +80,7 @@ impl FanOut {
         let (withdrawal, source) = budget.withdraw_counted(&dependency).await;
         let shadow_denied = decide::refusal(&withdrawal);
         if let Some(reason) = shadow_denied
-            && !budget.shadows(&dependency, reason).await
+            && !budget.shadows(&dependency, reason, source).await
         {
             return Ok(budget.dead_letter(dependency, reason, Some(withdrawal.snapshot), source));
         }

@@ -400,7 +400,7 @@ impl FleetBudget {
         let (withdrawal, source) = self.withdraw_counted(&dependency).await;
         let shadow_denied = decide::refusal(&withdrawal);
         if let Some(reason) = shadow_denied
-            && !self.shadows(&dependency, reason).await
+            && !self.shadows(&dependency, reason, source).await
         {
             return self.dead_letter(dependency, reason, Some(withdrawal.snapshot), source);
         }
@@ -421,8 +421,13 @@ impl FleetBudget {
 
     /// Whether `dependency`'s budget's refusal for `reason` is retried anyway (shadow, see
     /// [`Enforcement`]); counted in `fleet_budget_retries_would_deny_total` when it is.
-    async fn shadows(&self, dependency: &Dependency, reason: DeadLetterReason) -> bool {
-        if !decide::shadows(reason, Enforcement::Shadow) {
+    async fn shadows(
+        &self,
+        dependency: &Dependency,
+        reason: DeadLetterReason,
+        source: BudgetSource,
+    ) -> bool {
+        if !decide::shadows(reason, source, Enforcement::Shadow) {
             return false;
         }
         let shadow = self.inner.enforcement.of(dependency).await == Enforcement::Shadow;

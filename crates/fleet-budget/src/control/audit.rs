@@ -174,18 +174,140 @@ impl AuditLog {
         let raw = store.audit_range(&until, &since, count).await?;
         let mut entries: Vec<AuditEntry> = raw
             .into_iter()
-            .map(|(id, fields)| {
-                let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-                let fields: Vec<(String, String)> =
-                    fields.iter().map(|(k, v)| (text(k), text(v))).collect();
-                parse_entry(text(&id), &fields)
+            .filter(|(_, fields)| {
+                dependency.is_none_or(|d| raw_field(fields, "dependency") == d.as_bytes())
             })
-            .filter(|e| dependency.is_none_or(|d| e.dependency.as_deref() == Some(d)))
             .take(limit)
+            .map(|(id, fields)| entry_of(&id, &fields))
             .collect();
         entries.reverse();
         Ok(entries)
     }
+
+    /// The entries since server ms `since_ms` until `until_ms`, oldest first, that are
+    /// `dependency`'s, or of no dependency with an action among `unowned_actions`, at most
+    /// `limit` (the newest of them). The trail is filtered in Redis ([`AUDIT_WHERE_LUA`]),
+    /// [`AuditLog::READ_CHUNK`] entries a call, newest first, and only the entries kept cross
+    /// the network and are parsed: a report after one dependency's entries of a full trail of
+    /// 10,000 reads those, not the 10,000 (which cost 0.6 s to read in a debug build).
+    ///
+    /// # Errors
+    /// Redis failed, passed the store's deadline, or the trail's key is not a stream.
+    pub async fn read_where(
+        &self,
+        store: &RedisStore,
+        since_ms: u64,
+        until_ms: u64,
+        dependency: &str,
+        unowned_actions: &[&str],
+        limit: usize,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let key = crate::keys::audit_key(store.prefix());
+        let mut until = until_ms.to_string();
+        // The trail holds at most `max_entries`: reading stops there whatever it holds.
+        let mut budget = self.max_entries.max(1);
+        let mut entries = Vec::new();
+        while budget > 0 && entries.len() < limit {
+            let count = budget.min(Self::READ_CHUNK);
+            let mut call = AUDIT_WHERE_SCRIPT.key(&key);
+            call.arg(&until)
+                .arg(since_ms)
+                .arg(count)
+                .arg(dependency)
+                .arg(unowned_actions);
+            let reply = store.invoke("audit_where", call).await?;
+            let bad = |detail: &str| StoreError::BadReply {
+                script: "audit_where",
+                detail: detail.to_owned(),
+            };
+            let mut reply = reply.into_iter();
+            let (Some(scanned), Some(last), Some(kept)) =
+                (reply.next(), reply.next(), reply.next())
+            else {
+                return Err(bad("not three values"));
+            };
+            let scanned: u64 = redis::FromRedisValue::from_redis_value(scanned)
+                .map_err(|_| bad("the count scanned is not a number"))?;
+            let last: Vec<u8> = redis::FromRedisValue::from_redis_value(last)
+                .map_err(|_| bad("the last id scanned is not text"))?;
+            let kept: Vec<RawEntry> = redis::FromRedisValue::from_redis_value(kept)
+                .map_err(|_| bad("the entries kept are not stream entries"))?;
+            budget = budget.saturating_sub(scanned);
+            entries.extend(
+                kept.iter()
+                    .take(limit - entries.len())
+                    .map(|(id, fields)| entry_of(id, fields)),
+            );
+            // The next call starts just before the oldest entry scanned.
+            match before(&String::from_utf8_lossy(&last)) {
+                Some(b) if scanned == count => until = b,
+                _ => break,
+            }
+        }
+        entries.reverse();
+        Ok(entries)
+    }
+
+    /// Entries [`AuditLog::read_where`] scans a call (about a millisecond of Redis's time).
+    pub const READ_CHUNK: u64 = 1000;
+}
+
+/// A stream entry as Redis sends it: its id and its fields.
+type RawEntry = (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// The filter of [`AuditLog::read_where`], run in Redis: `XREVRANGE` of at most `ARGV[3]`
+/// entries from `ARGV[1]` down to `ARGV[2]`, replying with how many it scanned, the id of the
+/// oldest of them (empty when none) and those whose `dependency` field is `ARGV[4]`, or empty
+/// with an `action` among `ARGV[5..]`, as `XREVRANGE` replies them. Read-only.
+pub const AUDIT_WHERE_LUA: &str = r"
+local entries = redis.call('XREVRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+local kept = {}
+for _, e in ipairs(entries) do
+  local f = e[2]
+  local action, dep = '', ''
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'action' then action = f[i + 1] elseif f[i] == 'dependency' then dep = f[i + 1] end
+  end
+  local keep = dep == ARGV[4]
+  if not keep and dep == '' then
+    for j = 5, #ARGV do
+      if action == ARGV[j] then keep = true break end
+    end
+  end
+  if keep then kept[#kept + 1] = e end
+end
+local last = ''
+if #entries > 0 then last = entries[#entries][1] end
+return {#entries, last, kept}
+";
+
+static AUDIT_WHERE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(AUDIT_WHERE_LUA));
+
+/// The greatest stream id before `id` (`ms-seq`), as an inclusive bound; `None` before the
+/// first or when `id` is no stream id.
+fn before(id: &str) -> Option<String> {
+    let (ms, seq) = id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    match seq.checked_sub(1) {
+        Some(seq) => Some(format!("{ms}-{seq}")),
+        None => Some(format!("{}-{}", ms.checked_sub(1)?, u64::MAX)),
+    }
+}
+
+/// A field of a raw entry as stored, empty when absent.
+fn raw_field<'a>(fields: &'a [(Vec<u8>, Vec<u8>)], name: &str) -> &'a [u8] {
+    fields
+        .iter()
+        .find(|(k, _)| k == name.as_bytes())
+        .map_or(&[], |(_, v)| v.as_slice())
+}
+
+/// A raw entry, parsed.
+fn entry_of(id: &[u8], fields: &[(Vec<u8>, Vec<u8>)]) -> AuditEntry {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let fields: Vec<(String, String)> = fields.iter().map(|(k, v)| (text(k), text(v))).collect();
+    parse_entry(text(id), &fields)
 }
 
 /// The ms part of a stream id.

@@ -26,7 +26,7 @@ use crate::error::StoreError;
 use crate::store::RedisStore;
 
 /// Most (row, change) pairs in one call: a batch of a replay is at most this many rows.
-const CHUNK: usize = 500;
+const CHUNK: usize = DeadLetterIndex::BATCH_ROWS;
 
 /// A queue's dead-letter index, in the Redis of a [`RedisStore`].
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ impl IndexRows {
 impl DeadLetterIndex {
     /// The bound on rows by default.
     pub const DEFAULT_MAX_ROWS: u64 = 10_000;
+
+    /// The most (row, change) pairs sent in one call.
+    pub const BATCH_ROWS: usize = 500;
 
     /// The index kept in `store`'s Redis, under its key prefix.
     #[must_use]
@@ -113,6 +116,38 @@ impl DeadLetterIndex {
         Ok(applied)
     }
 
+    /// Applies `changes` (row, delta; a delta of 0 is left out) to `queue`'s index as batch
+    /// `seq` of writer `writer`, in one call: only if `seq` is above the last batch that writer
+    /// applied to `queue` (kept 10 minutes after its last write, [`crate::keys::dead_letters_writer_key`]).
+    /// So a batch whose answer was lost (a timeout) may be sent again without being counted
+    /// twice, as long as the writer sends a queue's batches in the order of their numbers and a
+    /// later one only once an earlier one is applied or given up. Returns `None` when the batch
+    /// was applied before, else the change applied to each pair. Send at most
+    /// [`DeadLetterIndex::BATCH_ROWS`] pairs.
+    ///
+    /// # Errors
+    /// Redis failed or passed the store's deadline (the batch may or may not be applied: send
+    /// it again), or a key is not what it should be.
+    pub async fn change_once(
+        &self,
+        queue: &str,
+        writer: &str,
+        seq: u64,
+        changes: &[(String, i64)],
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let wanted: Vec<(String, i64)> = changes
+            .iter()
+            .filter(|(_, d)| *d != 0)
+            .map(|(r, d)| (r.clone(), (*d).clamp(-1_000_000, 1_000_000)))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        self.store
+            .dead_letters_change_once(queue, writer, seq, self.max_rows, &wanted)
+            .await
+    }
+
     /// `queue`'s index.
     ///
     /// # Errors
@@ -142,6 +177,25 @@ impl DeadLetterIndex {
             }
         }
         Ok(out)
+    }
+
+    /// Lets `queue`'s index expire `secs` seconds from now (the dead-letter ledger's hours,
+    /// `fleet_budget_amqp::dead_letters::ledger_queue`, are kept that long).
+    ///
+    /// # Errors
+    /// Redis failed or passed the store's deadline.
+    pub async fn expire(&self, queue: &str, secs: u64) -> Result<(), StoreError> {
+        let key = crate::keys::dead_letters_key(self.store.prefix(), queue);
+        let _: i64 = self
+            .store
+            // PEXPIRE: what the worker's ACL grants (`lua/README.md`).
+            .query(
+                redis::cmd("PEXPIRE")
+                    .arg(key)
+                    .arg(secs.clamp(1, u64::MAX / 1000) * 1000),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Deletes `queue`'s index (before a rebuild).

@@ -34,12 +34,12 @@ pub struct EnforcementSwitch {
 }
 
 /// The switch's fields, in the order [`EnforcementSwitch::from_values`] reads them.
-const FIELDS: [&str; 5] = ["m", "u", "a", "y", "t"];
+pub(crate) const FIELDS: [&str; 5] = ["m", "u", "a", "y", "t"];
 
 impl EnforcementSwitch {
     /// From the values of [`FIELDS`], in order; `None` when there is no switch or its mode is
     /// not one this build knows (written by hand: ignored, the configuration decides).
-    fn from_values(values: &[Value]) -> Option<Self> {
+    pub(crate) fn from_values(values: &[Value]) -> Option<Self> {
         let text = |i: usize| match values.get(i) {
             Some(Value::BulkString(b)) => Some(
                 String::from_utf8_lossy(b.get(..b.len().min(1024)).unwrap_or_default())

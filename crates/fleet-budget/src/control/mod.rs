@@ -8,6 +8,9 @@
 //!   differ from the caller's), conflicts, overrides;
 //! - [`overrides`]: freeze / set / unfreeze / clear, written by `lua/override.lua` into the
 //!   budget hash, where every script reads them, each with its own expiry;
+//! - [`keeper`]: a copy of the overrides in a long-running operator process (the exporter, the
+//!   console), that puts back an override Redis lost before its end (an eviction, `FLUSHALL`)
+//!   and counts an audit trail lost;
 //! - [`enforcement`]: the operators' switch between shadow and enforcement, in a key of its own
 //!   that expires with it, read by workers when their budget refuses a retry;
 //! - [`workers`]: the worker registry: which workers report, which decide from their
@@ -24,6 +27,7 @@
 pub mod audit;
 pub mod dead_letters;
 pub mod enforcement;
+pub mod keeper;
 pub mod moves;
 pub mod overrides;
 pub mod runs;
@@ -33,6 +37,7 @@ pub mod workers;
 pub use audit::{AuditEntry, AuditLog};
 pub use dead_letters::{DeadLetterIndex, IndexRows};
 pub use enforcement::{EnforcementSwitch, Switched};
+pub use keeper::{Keeper, keep_overrides};
 pub use moves::{Claim, ReplayMoves};
 pub use overrides::{Change, Freeze, OverrideAction, Overrides, SetOverride};
 pub use runs::RunJournal;

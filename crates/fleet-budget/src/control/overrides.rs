@@ -1,7 +1,8 @@
 //! Operators' overrides of a dependency's budget: a freeze (no retry at all, the floor included)
 //! or a set (ratio and/or floor), each ending by itself. Written atomically by
 //! `lua/override.lua` into the budget hash, where every script reads them (`lua/README.md`,
-//! "Overrides"); every change is recorded in the [`super::AuditLog`].
+//! "Overrides"); every change is recorded in the [`super::AuditLog`]. An `unfreeze` or `clear`
+//! first writes the dependency's lift record, which tells a [`super::keeper`] a lift from a loss.
 
 use std::time::Duration;
 
@@ -97,7 +98,7 @@ pub struct Overrides {
 }
 
 /// The override fields, in the order `override.lua` replies with them.
-const FIELDS: [&str; 10] = ["fu", "fa", "fy", "ft", "su", "sr", "sm", "sa", "sy", "st"];
+pub(crate) const FIELDS: [&str; 10] = ["fu", "fa", "fy", "ft", "su", "sr", "sm", "sa", "sy", "st"];
 
 impl Overrides {
     /// Those still in force at server time `now_ms` (expired ones stay in the hash, inert).
@@ -196,6 +197,9 @@ pub async fn apply(
     actor: &str,
     reason: &str,
 ) -> Result<Change, StoreError> {
+    if matches!(action, OverrideAction::Unfreeze | OverrideAction::Clear) {
+        record_lift(store, dependency).await?;
+    }
     let mut args = vec![action.as_str().to_owned()];
     match action {
         OverrideAction::Freeze { duration } => {
@@ -245,6 +249,25 @@ pub async fn apply(
         )
         .await?;
     Ok(change)
+}
+
+/// Writes `dependency`'s lift record ([`super::keeper::lift_key`]) before an `unfreeze` or a
+/// `clear`: the server ms of the lift, lasting [`super::keeper::LIFT_RECORD_TTL`]. A keeper that
+/// finds an override it kept gone from a hash that is not the one it was in reads it to tell a
+/// lift (an override set before the record) from a loss. Written first, so that no keeper can
+/// see the override gone without the record.
+async fn record_lift(store: &RedisStore, dependency: &Dependency) -> Result<(), StoreError> {
+    let now_ms = store.server_time_ms().await?;
+    let key = super::keeper::lift_key(store.prefix(), dependency);
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&key).arg("at").arg(now_ms);
+    let _: i64 = store.query(&hset).await?;
+    let mut pexpire = redis::cmd("PEXPIRE");
+    pexpire
+        .arg(&key)
+        .arg(millis(super::keeper::LIFT_RECORD_TTL));
+    let _: i64 = store.query(&pexpire).await?;
+    Ok(())
 }
 
 fn millis(d: Duration) -> u64 {

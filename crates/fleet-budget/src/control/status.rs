@@ -54,21 +54,33 @@ pub async fn fleet_status(
     policy: &BudgetPolicy,
 ) -> Result<FleetStatus, StoreError> {
     let (status, reply) = store.read_status(dependency, policy).await?;
+    // The server time of the status read is the one that matters: no `TIME` call.
+    let stored = overrides::read_stored(store, dependency).await?;
+    from_reads(status, &reply, stored)
+}
+
+/// The fleet status from `status.lua`'s reply (parsed and whole) and the overrides stored.
+///
+/// # Errors
+/// A reply the script never sends.
+pub(crate) fn from_reads(
+    status: crate::store::BudgetStatus,
+    reply: &[redis::Value],
+    stored: Overrides,
+) -> Result<FleetStatus, StoreError> {
     let bad = |detail: String| StoreError::BadReply {
         script: "status",
         detail,
     };
-    let ttl = int_at(&reply, 21).map_err(bad)?;
-    let conflicts = int_at(&reply, 22).map_err(bad)?;
-    let last = text_at(&reply, 23).map_err(bad)?;
-    let age = int_at(&reply, 24).map_err(bad)?;
+    let ttl = int_at(reply, 21).map_err(bad)?;
+    let conflicts = int_at(reply, 22).map_err(bad)?;
+    let last = text_at(reply, 23).map_err(bad)?;
+    let age = int_at(reply, 24).map_err(bad)?;
     let s = status.snapshot;
     let now_ms = s
         .window_index
         .saturating_mul(s.window_ms)
         .saturating_add(s.elapsed_ms);
-    // The server time of the status read is the one that matters: no `TIME` call.
-    let stored = overrides::read_stored(store, dependency).await?;
     Ok(FleetStatus {
         snapshot: s,
         policy: status.policy,

@@ -38,9 +38,11 @@
 //! Amplification is `executions_total / first_attempts_total`; alert above ~1.5 sustained, and on
 //! sustained denials, not on single spikes (`deploy/prometheus/alerts.yml`).
 
+mod alerts;
 mod calls;
 mod exporter;
 mod fleet;
+mod prometheus_api;
 mod read;
 mod record;
 mod server;
@@ -49,8 +51,10 @@ mod timed_store;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use alerts::AlertSource;
 pub use exporter::{ExporterSource, FleetExporter, ReadFuture, SCRAPER_SHARE};
 pub use fleet::{DependencyBudget, READ_CONCURRENCY, read_budgets, write_budgets};
+pub use prometheus_api::{Prometheus, Series as PrometheusSeries};
 
 pub use server::{
     CONNECTION_TIMEOUT, Exposition, HEAD_TIMEOUT, MAX_CONNECTIONS, MetricsServer, RenderFuture,

@@ -25,6 +25,7 @@ pub use self::alert::{AMPLIFICATION_ALERT, Alert, AlertKind};
 pub use self::read::{read_dependency, read_fleet};
 use crate::allowance::WindowCounters;
 use crate::breaker::{BreakerState, BreakerStatus};
+use crate::control::enforcement::EnforcementSwitch;
 use crate::control::{FleetStatus, Overrides};
 use crate::dependency::Dependency;
 use crate::policy::BudgetPolicy;
@@ -81,6 +82,9 @@ pub struct DependencyView {
     /// Whether refused retries are dead-lettered or, in shadow, retried anyway (the
     /// configuration's, unless an operator switched it; [`DependencyView::with_enforcement`]).
     pub enforcement: Enforcement,
+    /// The operator's switch in force, when there is one (who, why, until when); `None`: the
+    /// configuration decides.
+    pub enforcement_switch: Option<EnforcementSwitch>,
     /// What an operator should look at, worst first ([`alert`]).
     pub alerts: Vec<Alert>,
 }
@@ -187,6 +191,7 @@ impl DependencyView {
             in_flight,
             windows: [s.previous, s.current],
             enforcement: Enforcement::Enforce,
+            enforcement_switch: None,
             alerts: Vec::new(),
         };
         view.alerts = alert::judge(&view);

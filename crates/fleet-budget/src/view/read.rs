@@ -1,6 +1,8 @@
 //! Reading the fleet's views from Redis: which dependencies there are (configured, and found
-//! by their budget keys), and each one's budget, overrides, breaker and calls in flight, one
-//! store call per kind of fact, many dependencies at once on the shared connection.
+//! by their budget keys), and each one's budget, overrides, breaker and calls in flight, many
+//! dependencies at once on the shared connection. The budget, its overrides and the
+//! enforcement switch are one round trip per dependency (one pipeline); a breaker and calls in
+//! flight, where configured, one more each.
 //!
 //! A key the scripts refuse is listed as [`Unusable`], not fatal: the other dependencies are
 //! still shown, and so is what could be read of that one (a budget with an unreadable breaker is
@@ -11,10 +13,13 @@ use futures::StreamExt;
 use super::{BreakerView, DependencyView, FleetView, InFlight, Unusable};
 use crate::breaker::status_on;
 use crate::config::Config;
-use crate::control::fleet_status;
+use crate::control::enforcement::{self, EnforcementSwitch, FIELDS as SWITCH_FIELDS};
+use crate::control::overrides::FIELDS as OVERRIDE_FIELDS;
+use crate::control::{FleetStatus, Overrides, fleet_status, status};
 use crate::dependency::Dependency;
 use crate::error::StoreError;
 use crate::metrics::READ_CONCURRENCY;
+use crate::policy::BudgetPolicy;
 use crate::redact::redact_text;
 use crate::store::{DiscoveryError, RedisStore};
 
@@ -86,8 +91,8 @@ pub async fn read_dependency(
 ) -> Result<(Option<DependencyView>, Vec<Unusable>), StoreError> {
     let mut unusable = Vec::new();
     let policy = config.policy(dependency);
-    let fleet = match fleet_status(store, dependency, &policy).await {
-        Ok(f) => f,
+    let (fleet, switch) = match status_and_switch(store, dependency, &policy).await {
+        Ok(read) => read,
         Err(e) => {
             refused::<()>(e, dependency, &mut unusable)?;
             return Ok((None, unusable));
@@ -112,12 +117,37 @@ pub async fn read_dependency(
     };
     // An operator's switch, else the configuration (a switch written by hand in a form this
     // build does not know is ignored, as the workers ignore it).
-    let enforcement = crate::control::enforcement::read(store, dependency)
-        .await?
+    let enforcement = switch
+        .as_ref()
         .map_or_else(|| config.enforcement.of(dependency), |s| s.enforcement);
-    let view =
+    let mut view =
         DependencyView::new(dependency, &fleet, breaker, in_flight).with_enforcement(enforcement);
+    view.enforcement_switch = switch;
     Ok((Some(view), unusable))
+}
+
+/// The budget, its overrides and the enforcement switch of `dependency` in one round trip
+/// (one pipeline), or one by one when Redis refused the pipeline (the status script not
+/// loaded yet, a key of another type: the one-by-one reads load it and name the key).
+async fn status_and_switch(
+    store: &RedisStore,
+    dependency: &Dependency,
+    policy: &BudgetPolicy,
+) -> Result<(FleetStatus, Option<EnforcementSwitch>), StoreError> {
+    if let Some(read) = store
+        .read_status_with_fields(dependency, policy, &OVERRIDE_FIELDS, &SWITCH_FIELDS)
+        .await?
+    {
+        let fleet = status::from_reads(
+            read.status,
+            &read.reply,
+            Overrides::from_values(&read.budget),
+        )?;
+        return Ok((fleet, EnforcementSwitch::from_values(&read.enforcement)));
+    }
+    let fleet = fleet_status(store, dependency, policy).await?;
+    let switch = enforcement::read(store, dependency).await?;
+    Ok((fleet, switch))
 }
 
 /// A key the scripts refuse listed in `unusable` (what was read of it then shows nothing);

@@ -11,6 +11,7 @@ use super::spend::{Entry, batch_answer};
 use crate::allowance::BudgetSnapshot;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
+use crate::keys::enforcement_key;
 use crate::policy::BudgetPolicy;
 use crate::store::{BudgetStatus, BudgetStore, Deposits, StoreFuture, Withdrawal};
 
@@ -84,6 +85,76 @@ impl RedisStore {
         let status = parse_status(&reply, policy)?;
         Ok((status, reply))
     }
+
+    /// [`Self::read_status`] and the values of `budget_fields` of the budget hash and of
+    /// `enforcement_fields` of the enforcement switch (`HMGET`s), in one round trip: one
+    /// pipeline, the three keys in the dependency's slot. Why: a reader of the whole fleet
+    /// (the console, every few seconds) made three round trips per dependency.
+    ///
+    /// `None` when Redis refused the pipeline (the script not loaded yet on this server, a key
+    /// of another type): the caller then reads them one by one, which loads the script and
+    /// names the refused key.
+    ///
+    /// # Errors
+    /// Redis could not be reached, passed the store's deadline, or sent a reply the script
+    /// never sends.
+    pub(crate) async fn read_status_with_fields(
+        &self,
+        dependency: &Dependency,
+        policy: &BudgetPolicy,
+        budget_fields: &[&str],
+        enforcement_fields: &[&str],
+    ) -> Result<Option<StatusWithFields>, StoreError> {
+        let key = self.key(dependency);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(STATUS_SCRIPT.get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(policy.window_ms());
+        for arg in policy_args(policy) {
+            evalsha.arg(arg);
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(evalsha);
+        pipe.cmd("HMGET").arg(&key).arg(budget_fields);
+        pipe.cmd("HMGET")
+            .arg(enforcement_key(self.prefix(), dependency))
+            .arg(enforcement_fields);
+        type Replies = (Vec<redis::Value>, Vec<redis::Value>, Vec<redis::Value>);
+        match self.query_pipeline::<Replies>(&pipe).await {
+            Ok((reply, budget, enforcement)) => {
+                let status = parse_status(&reply, policy)?;
+                Ok(Some(StatusWithFields {
+                    status,
+                    reply,
+                    budget,
+                    enforcement,
+                }))
+            }
+            // A refusal of one command (NOSCRIPT, WRONGTYPE, a script's error): read one by
+            // one. A connection that failed fails this read, as any other would.
+            Err(StoreError::Redis(e))
+                if !(e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What [`RedisStore::read_status_with_fields`] read in one round trip.
+#[derive(Debug, Clone)]
+pub(crate) struct StatusWithFields {
+    /// `status.lua`'s reply, parsed.
+    pub(crate) status: BudgetStatus,
+    /// `status.lua`'s whole reply.
+    pub(crate) reply: Vec<redis::Value>,
+    /// The budget hash's fields asked, in order (missing ones nil).
+    pub(crate) budget: Vec<redis::Value>,
+    /// The enforcement switch's fields asked, in order (missing ones nil).
+    pub(crate) enforcement: Vec<redis::Value>,
 }
 
 impl BudgetStore for RedisStore {

@@ -9,6 +9,11 @@ use super::connect::Connection;
 use super::reply::bad_key;
 use crate::error::StoreError;
 
+/// How many times a call that may be repeated (a read, a delete, a write of the same value) is
+/// tried when Redis passed the deadline or the connection dropped: one miss under load (a box
+/// at load 14, a Redis busy with a large command) says little about the next.
+const REPEATABLE_TRIES: u32 = 3;
+
 impl RedisStore {
     /// Runs one command within the store's deadline (for tools: overrides, the audit stream).
     ///
@@ -48,6 +53,31 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
+    /// [`RedisStore::query`] of a command that may be repeated without changing its effect (a
+    /// read, a delete, a write of the same value): tried again, up to three times in all, when
+    /// Redis passed the deadline or the connection failed.
+    ///
+    /// # Errors
+    /// The last try failed or passed its deadline.
+    pub async fn query_repeatable<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        repeated(|| self.query(cmd)).await
+    }
+
+    /// [`RedisStore::query_pipeline`] of commands that may be repeated, as
+    /// [`RedisStore::query_repeatable`].
+    ///
+    /// # Errors
+    /// The last try failed or passed its deadline.
+    pub(crate) async fn query_pipeline_repeatable<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        repeated(|| self.query_pipeline(pipe)).await
+    }
+
     /// Runs `invocation` (its keys and arguments set) within the store's deadline.
     ///
     /// # Errors
@@ -71,6 +101,31 @@ impl RedisStore {
                 other => other,
             }),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+/// Whether a failed call may succeed if tried again at once: the deadline passed or the
+/// connection failed (not an answer of Redis: a refused command, a key of another type).
+fn worth_again(e: &StoreError) -> bool {
+    e.is_timeout() || e.is_connection_error()
+}
+
+/// `call`, tried again (up to [`REPEATABLE_TRIES`] in all, a little later each time) while it
+/// fails in a way [`worth_again`] says a new try may not.
+async fn repeated<T, F, Fut>(mut call: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 1;
+    loop {
+        match call().await {
+            Err(e) if tries < REPEATABLE_TRIES && worth_again(&e) => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(tries))).await;
+            }
+            done => return done,
         }
     }
 }
