@@ -23,6 +23,8 @@
 //! * [`history`]: a dependency's past read back (series from Prometheus): its incidents, its
 //!   healthy retry fraction, and the ratio, floor and recovery window its traffic recommends
 //!   (`budgetctl tune`, `budgetctl incident report`).
+//! * [`chart`]: that past drawn as an SVG line chart, the same for `budgetctl tune`,
+//!   `budgetctl incident report` and the console's incident page.
 //! * [`upstream`], [`queue`] and [`accounting`]: the pieces of the incident drill
 //!   (`budgetctl demo`): a dependency that browns out on a schedule, a queue with delayed
 //!   retries, a dead-letter queue and a parking lot, and the tally that accounts for every job.
@@ -49,6 +51,7 @@ pub mod accounting;
 pub mod brownout;
 mod budget;
 pub mod capacity;
+pub mod chart;
 pub mod concurrency;
 pub mod history;
 pub mod queue;
