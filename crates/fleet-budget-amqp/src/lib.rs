@@ -46,6 +46,7 @@ pub mod dead_letters;
 pub mod error;
 pub mod frame_guard;
 pub mod headers;
+pub mod incident;
 pub mod inspect;
 pub mod metrics;
 pub mod publish;

@@ -153,6 +153,28 @@ impl Row {
     }
 }
 
+/// How long the dead-letter ledger keeps an hour (14 days): `budgetctl incident report` reads
+/// it for ranges within that.
+pub const LEDGER_KEEP_SECS: u64 = 14 * 24 * 3600;
+
+/// The dead-letter ledger of `queue` for `hour` (Unix ms / 3,600,000), an index of its own
+/// beside the queue's: every message a worker put into `queue` in that hour, counted under its
+/// row when the broker confirmed it and never counted out (the queue's index says what still
+/// waits; the ledger what entered). Kept [`LEDGER_KEEP_SECS`], so it stays bounded; an incident
+/// report accounts for each of its messages (replayed, purged, or still waiting).
+#[must_use]
+pub fn ledger_queue(queue: &str, hour: u64) -> String {
+    format!("{queue}{LEDGER_MARK}{hour}")
+}
+
+/// What [`ledger_queue`] puts between a queue's name and the hour.
+const LEDGER_MARK: &str = ":entered:";
+
+/// Whether `name` is a ledger's ([`ledger_queue`]) rather than a queue's.
+pub(crate) fn is_ledger_queue(name: &str) -> bool {
+    name.contains(LEDGER_MARK)
+}
+
 /// Which queue of the topology a change counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Counted {
@@ -180,6 +202,10 @@ pub struct Changes {
     /// Messages whose change could not be recorded (Redis failed): the index is off by this
     /// many until rebuilt.
     pub unrecorded: u64,
+    /// This gatherer as a writer of the index (named at its first call) and its last batch's
+    /// number: a batch whose answer was lost is sent again, applied once.
+    writer: Option<String>,
+    sent: u64,
 }
 
 impl Changes {
@@ -212,21 +238,41 @@ impl Changes {
         self.len() == 0
     }
 
-    /// Applies what waits to `index` (nothing without one), a call per queue; a failure is
-    /// logged and counted in [`Changes::unrecorded`], never retried (a retry after a timeout
-    /// could count twice).
+    /// Applies what waits to `index` (nothing without one), a call per queue (and 500 rows).
+    /// A call that Redis did not answer in time is sent again, up to three tries in all: each
+    /// is numbered for this gatherer, so the script applies it once ([`DeadLetterIndex::change_once`]).
+    /// A failure past that is logged and counted in [`Changes::unrecorded`].
     pub async fn apply(&mut self, index: Option<&DeadLetterIndex>) {
+        const TRIES: u32 = 3;
         let by_queue = std::mem::take(&mut self.by_queue);
         let Some(index) = index else { return };
+        let writer = self
+            .writer
+            .get_or_insert_with(|| format!("{}-{:016x}", std::process::id(), rand::random::<u64>()))
+            .clone();
         for (queue, rows) in by_queue {
             let changes: Vec<(String, i64)> = rows.into_iter().filter(|(_, d)| *d != 0).collect();
-            if changes.is_empty() {
-                continue;
-            }
-            if let Err(e) = index.change(&queue, &changes).await {
-                let n: u64 = changes.iter().map(|(_, d)| d.unsigned_abs()).sum();
-                self.unrecorded += n;
-                tracing::warn!(queue = %queue, messages = n, error = %e, "dead-letter index not updated; `budgetctl dlq stats` shows an estimate until `budgetctl dlq reindex`");
+            for chunk in changes.chunks(DeadLetterIndex::BATCH_ROWS) {
+                self.sent += 1;
+                let mut tries = 0;
+                let failed = loop {
+                    tries += 1;
+                    match index.change_once(&queue, &writer, self.sent, chunk).await {
+                        Ok(_) => break None,
+                        Err(e) if (e.is_timeout() || e.is_connection_error()) && tries < TRIES => {
+                            tokio::time::sleep(std::time::Duration::from_millis(
+                                50 * u64::from(tries),
+                            ))
+                            .await;
+                        }
+                        Err(e) => break Some(e),
+                    }
+                };
+                if let Some(e) = failed {
+                    let n: u64 = chunk.iter().map(|(_, d)| d.unsigned_abs()).sum();
+                    self.unrecorded += n;
+                    tracing::warn!(queue = %queue, messages = n, tries, error = %e, "dead-letter index not updated; `budgetctl dlq stats` shows an estimate until `budgetctl dlq reindex`");
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use fleet_budget::control::AuditEntry;
 use serde_json::{Value, json};
 
 use super::purge::PurgeReport;
-use super::report::ReplayReport;
+use super::report::{GroupMoves, ReplayReport};
 use super::select::ReplayFilter;
 use crate::topology::QueueDepths;
 
@@ -42,6 +42,11 @@ pub fn replay_entry(
             "failed": report.failed,
         }),
     );
+    if !report.by_group.is_empty() {
+        // What it took out, by dependency × reason × error class: an incident report accounts
+        // for each dead letter with these.
+        extend(&mut after, json!({ "by_group": report.by_group }));
+    }
     AuditEntry::new(actor, action, filter.dependency.as_deref(), note)
         .with_before_after(&depths(before), &after)
 }
@@ -63,6 +68,22 @@ pub fn purge_entry(
     );
     AuditEntry::new(actor, PARKED_PURGE, filter.dependency.as_deref(), note)
         .with_before_after(&depths(before), &after)
+}
+
+/// `entry` (a purge's) with what it removed by dependency × reason × error class × minute
+/// ([`super::purge_queue_by_group`]), so that an incident report accounts for each purged
+/// message; unchanged when `groups` is empty.
+#[must_use]
+pub fn with_groups(mut entry: AuditEntry, groups: &[GroupMoves]) -> AuditEntry {
+    if groups.is_empty() {
+        return entry;
+    }
+    let more = json!({ "by_group": groups });
+    match entry.after.as_mut() {
+        Some(after) => extend(after, more),
+        None => entry.after = Some(more),
+    }
+    entry
 }
 
 /// The suffix of an intent's action (`replay_started`, `parked_purge_started`): recorded before

@@ -23,6 +23,12 @@
 //! Cancelling stops the run the way it stops at its bound: it reads no further message, puts
 //! back a message that was waiting at a hold or for its pace (counted skipped), settles the
 //! copies in flight and returns its report, marked `cancelled`. Nothing is dropped.
+//!
+//! While a RabbitMQ resource alarm blocks the run's connection its copies wait (the progress
+//! does not change); [`ReplayHandle::blocked`] says so, with the broker's reason, for a caller
+//! that shows the run (the console).
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -31,7 +37,29 @@ use super::Replayer;
 use super::dry_run::DryRunReport;
 use super::report::{ReplayProgress, ReplayReport};
 use super::select::ReplayOptions;
+use crate::connection::{Blocked, ConnectionWatch};
 use crate::error::AmqpError;
+
+/// The watch of the connection a started run opened, shared with its handle (empty until the
+/// run has connected).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Opened(Arc<Mutex<Option<ConnectionWatch>>>);
+
+impl Opened {
+    pub(super) fn set(&self, watch: &ConnectionWatch) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(watch.clone());
+    }
+
+    fn blocked(&self) -> Option<Blocked> {
+        // Cloned out of the lock: reading the watch's events takes the watch's own locks.
+        let watch = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        watch.filter(|w| !w.is_lost()).and_then(|w| w.blocked())
+    }
+}
 
 /// Whether a started replay moves anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +112,7 @@ pub struct ReplayHandle {
     progress: watch::Receiver<ReplayProgress>,
     cancel: watch::Sender<bool>,
     task: JoinHandle<Result<ReplayOutcome, AmqpError>>,
+    opened: Opened,
 }
 
 impl ReplayHandle {
@@ -104,6 +133,18 @@ impl ReplayHandle {
     /// returns its report.
     pub fn cancel(&self) {
         self.cancel.send_replace(true);
+    }
+
+    /// The broker's block of the run's connection in force (a memory or disk alarm), with its
+    /// reason: meanwhile nothing is published, so nothing moves, and the run waits for the
+    /// unblock (its copies' deadlines count unblocked time only). `None` when it is not
+    /// blocked, not connected yet, or ended.
+    #[must_use]
+    pub fn blocked(&self) -> Option<Blocked> {
+        if self.task.is_finished() {
+            return None;
+        }
+        self.opened.blocked()
     }
 
     /// Whether the run has ended.
@@ -139,7 +180,9 @@ impl Replayer {
     pub fn start(&self, options: ReplayOptions, mode: ReplayMode) -> ReplayHandle {
         let (progress_tx, progress) = watch::channel(ReplayProgress::default());
         let (cancel, cancelled) = watch::channel(false);
-        let replayer = self.clone();
+        let opened = Opened::default();
+        let mut replayer = self.clone();
+        replayer.opened = Some(opened.clone());
         let from_parked = self.from_parked;
         let task = tokio::spawn(async move {
             let publish = |p: &ReplayProgress| {
@@ -170,6 +213,7 @@ impl Replayer {
             progress,
             cancel,
             task,
+            opened,
         }
     }
 }

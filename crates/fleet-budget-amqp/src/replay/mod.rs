@@ -76,9 +76,9 @@ pub use gate::Breakers;
 pub use handle::{ReplayHandle, ReplayMode, ReplayOutcome};
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
 pub use peek::{Peek, QueuedMessage, peek_queue};
-pub use purge::{PurgeIndex, PurgeReport, purge_queue};
+pub use purge::{PurgeIndex, PurgeReport, purge_queue, purge_queue_by_group};
 pub use reindex::Reindexed;
-pub use report::{Held, Rate, ReplayProgress, ReplayReport};
+pub use report::{GroupMoves, Held, Rate, ReplayProgress, ReplayReport};
 pub use select::{ReplayFilter, ReplayOptions};
 
 /// Replays dead-lettered messages (see the module documentation).
@@ -96,6 +96,9 @@ pub struct Replayer {
     /// Where the queues' contents are counted (`crate::dead_letters`): the budget's fleet
     /// store's, or one given.
     index: Option<DeadLetterIndex>,
+    /// Where a started run leaves the watch of the connection it opens, for its handle to say
+    /// whether the broker blocks it ([`ReplayHandle::blocked`]).
+    opened: Option<handle::Opened>,
 }
 
 /// The queue a [`Replayer`] reads: the dead-letter queue, or the parked queue.
@@ -154,6 +157,7 @@ impl Replayer {
             breakers: None,
             source_queue,
             from_parked: false,
+            opened: None,
         }
     }
 
@@ -239,6 +243,9 @@ impl Replayer {
         let t = self.connection.timeouts;
         let conn = connect(&self.connection, what).await?;
         let watch = ConnectionWatch::new(&conn).with_timeouts(t);
+        if let Some(opened) = &self.opened {
+            opened.set(&watch);
+        }
         let ch = t.within("open a channel", conn.create_channel()).await?;
         let depth = queue_depth_within(&ch, &self.source_queue, t).await?;
         Ok((Publisher::on(conn, t), ch, u64::from(depth), watch))

@@ -3,10 +3,13 @@
 //! [`super::inspect`] does. Not a `queue.purge`: that would take messages that arrive meanwhile
 //! and could not filter.
 
+use std::collections::BTreeMap;
+
 use fleet_budget::control::DeadLetterIndex;
 
 use super::inspect::{InspectOptions, Look, inspect_queue_with};
 use super::peek::QueuedMessage;
+use super::report::GroupMoves;
 use super::select::ReplayFilter;
 use crate::connection::ConnectionConfig;
 use crate::dead_letters::{Changes, Counted};
@@ -49,13 +52,38 @@ pub async fn purge_queue(
     limit: Option<u64>,
     index: PurgeIndex<'_>,
 ) -> Result<PurgeReport, AmqpError> {
+    Ok(purge_queue_by_group(to, queue, filter, limit, index)
+        .await?
+        .0)
+}
+
+/// [`purge_queue`], and what it removed by dependency × reason × error class × minute, as the
+/// index counted it (nothing without an index; `out` each, `parked` 0): for the audit entry
+/// ([`super::audit::with_groups`]), so that an incident report accounts for each purged
+/// message.
+///
+/// # Errors
+/// As [`purge_queue`].
+pub async fn purge_queue_by_group(
+    to: impl Into<ConnectionConfig>,
+    queue: &str,
+    filter: &ReplayFilter,
+    limit: Option<u64>,
+    index: PurgeIndex<'_>,
+) -> Result<(PurgeReport, Vec<GroupMoves>), AmqpError> {
     let mut chosen = 0u64;
     let mut changes = Changes::default();
+    let mut groups: BTreeMap<(String, String, String, u64), u64> = BTreeMap::new();
     let inspection = inspect_queue_with(to, queue, &InspectOptions::default(), |d| {
         if limit.is_none_or(|l| chosen < l) && QueuedMessage::read(d).selected_by(filter) {
             chosen += 1;
-            if let Some((_, counted)) = index {
-                changes.add(queue, counted, &headers::table(&d.properties), -1);
+            if let Some((_, counted)) = index
+                && let Some(row) = counted.row(&headers::table(&d.properties))
+            {
+                changes.add_row(queue, &row, -1);
+                *groups
+                    .entry((row.dependency, row.reason, row.error_class, row.minute))
+                    .or_default() += 1;
             }
             Look::Remove
         } else {
@@ -74,13 +102,33 @@ pub async fn purge_queue(
             );
         }
     }
-    Ok(PurgeReport {
+    let removed_all = inspection.removed == chosen;
+    let report = PurgeReport {
         total: inspection.total,
         seen: inspection.seen,
         removed: inspection.removed,
         kept: inspection.put_back + inspection.requeued,
         index_unrecorded: changes.unrecorded,
-    })
+    };
+    // Cut off half-way, which ones went is not known: no breakdown.
+    let groups = if removed_all {
+        groups
+            .into_iter()
+            .map(
+                |((dependency, reason, error_class, minute), out)| GroupMoves {
+                    dependency,
+                    reason,
+                    error_class,
+                    minute,
+                    out,
+                    parked: 0,
+                },
+            )
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok((report, groups))
 }
 
 impl super::Replayer {

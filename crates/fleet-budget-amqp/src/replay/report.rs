@@ -120,6 +120,26 @@ impl Rate {
     }
 }
 
+/// What a replay took out of its source queue for one dependency × reason × error class ×
+/// minute, as the
+/// dead-letter index counted it (a run without an index has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupMoves {
+    /// The dependency.
+    pub dependency: String,
+    /// Why they had been dead-lettered (or parked).
+    pub reason: String,
+    /// Their error class (empty when none).
+    pub error_class: String,
+    /// The minute they were dead-lettered in (Unix ms / 60,000; 0 when unknown).
+    pub minute: u64,
+    /// Taken out of the source queue (moved back to work, parked, or dropped as already
+    /// moved).
+    pub out: u64,
+    /// Of those, parked.
+    pub parked: u64,
+}
+
 /// The outcome of a replay. `matched = moved + parked_looping + uncertain + already_moved +
 /// failed`; `seen = moved + parked + skipped + failed + already_moved`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -170,6 +190,9 @@ pub struct ReplayReport {
     /// to `idle_timeout` (see the `end` module). 0 unless another consumer reads the queue or the
     /// broker is slow; meanwhile the queue's depth reads that much short.
     pub not_ready: u64,
+    /// What it took out of the source queue, by dependency × reason × error class (empty
+    /// without a dead-letter index).
+    pub by_group: Vec<GroupMoves>,
 }
 
 #[cfg(test)]

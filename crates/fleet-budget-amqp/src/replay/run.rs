@@ -24,7 +24,7 @@ use super::gate::Gates;
 use super::handle::Stop;
 use super::pacer::Pacer;
 // Also at their old path, `replay::run`.
-use super::report::Rate;
+use super::report::{GroupMoves, Rate};
 pub use super::report::{ReplayProgress, ReplayReport};
 use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
@@ -522,6 +522,20 @@ impl Replayer {
         p.paused_on = None;
         p.held = None;
         progress(&p);
+        report.by_group = settler
+            .by_group
+            .iter()
+            .map(
+                |((dependency, reason, error_class, minute), (out, parked))| GroupMoves {
+                    dependency: dependency.clone(),
+                    reason: reason.clone(),
+                    error_class: error_class.clone(),
+                    minute: *minute,
+                    out: *out,
+                    parked: *parked,
+                },
+            )
+            .collect();
         report.seen = p.seen;
         report.moved = p.moved;
         report.parked = p.parked;

@@ -41,6 +41,10 @@ pub(super) struct Settler {
     notes: BTreeMap<u64, Vec<(String, Row, i64)>>,
     /// Index changes of acked originals, not yet sent.
     pub(super) changes: Changes,
+    /// What the run took out of its source queue, by dependency × reason × error class × the
+    /// minute they were dead-lettered in (the rows its acked originals were counted under), and
+    /// how many of those it parked.
+    pub(super) by_group: BTreeMap<(String, String, String, u64), (u64, u64)>,
     /// Originals acked (the ack sent without error).
     pub(super) acked: u64,
     /// When the oldest original waiting for its ack was confirmed.
@@ -168,7 +172,25 @@ impl Settler {
     /// Moves the notes of the acked `tags` into [`Settler::changes`].
     fn acked_notes(&mut self, tags: impl Iterator<Item = u64>) {
         for tag in tags {
-            for (queue, row, delta) in self.notes.remove(&tag).unwrap_or_default() {
+            let notes = self.notes.remove(&tag).unwrap_or_default();
+            // The group is the row it left the source queue under (the parked row's when it was
+            // not counted there).
+            let out = notes.iter().find(|(_, _, d)| *d < 0);
+            let parked = notes.iter().find(|(_, _, d)| *d > 0);
+            if let Some((_, row, _)) = out.or(parked) {
+                let group = self
+                    .by_group
+                    .entry((
+                        row.dependency.clone(),
+                        row.reason.clone(),
+                        row.error_class.clone(),
+                        row.minute,
+                    ))
+                    .or_default();
+                group.0 += u64::from(out.is_some());
+                group.1 += u64::from(parked.is_some());
+            }
+            for (queue, row, delta) in notes {
                 self.changes.add_row(&queue, &row, delta);
             }
         }

@@ -72,7 +72,7 @@ impl Worker {
             flusher.stop().await;
         }
         if let Some(tally) = &self.tally {
-            tally.flush().await;
+            tally.flush_last().await;
         }
         if let Err(e) = self.budget.flush().await {
             tracing::warn!(error = %e, "could not flush budget counters at shutdown; they stay pending");

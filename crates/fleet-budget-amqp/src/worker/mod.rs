@@ -214,6 +214,13 @@ pub struct WorkerCounts {
     /// Jobs of the work queue of which no copy at all could be published (not even a parked
     /// one), rejected without requeue so that the broker dead-letters them intact.
     pub broker_dead_lettered: u64,
+    /// Dead letters (and parked copies) the dead-letter index could not count: Redis refused
+    /// or did not answer a batch through all its tries. The index is short by this many until
+    /// `budgetctl dlq reindex`, and every look says it is an estimate.
+    pub index_unrecorded: u64,
+    /// Batches of the dead-letter index sent again because Redis did not answer an earlier try
+    /// in time (each applied once: `dead_letters.lua` numbers a writer's batches).
+    pub index_sent_again: u64,
 }
 
 #[derive(Debug, Default)]
@@ -230,6 +237,8 @@ struct Stats {
     parked: AtomicU64,
     held: AtomicU64,
     broker_dead_lettered: AtomicU64,
+    index_unrecorded: Arc<AtomicU64>,
+    index_sent_again: Arc<AtomicU64>,
 }
 
 impl Stats {
@@ -248,6 +257,8 @@ impl Stats {
             parked: l(&self.parked),
             held: l(&self.held),
             broker_dead_lettered: l(&self.broker_dead_lettered),
+            index_unrecorded: l(&self.index_unrecorded),
+            index_sent_again: l(&self.index_sent_again),
         }
     }
 
@@ -309,13 +320,19 @@ impl Worker {
     #[must_use]
     pub fn new(budget: FleetBudget, topology: Topology, options: WorkerOptions) -> Self {
         let (stop, _) = watch::channel(false);
-        let tally = budget.dead_letter_index().cloned().map(Tally::new);
+        let stats = Arc::new(Stats::default());
+        let tally = budget.dead_letter_index().cloned().map(|index| {
+            Tally::new(index).counting_in(
+                Arc::clone(&stats.index_unrecorded),
+                Arc::clone(&stats.index_sent_again),
+            )
+        });
         Self {
             tally,
             budget,
             topology: Arc::new(topology),
             options,
-            stats: Arc::default(),
+            stats,
             stop: Arc::new(stop),
             refusals: Arc::default(),
         }

@@ -66,7 +66,12 @@ async fn looks_read_no_message_and_actions_touch_exactly_their_selection() {
         Some(env.budget().await),
     );
     let counts = replayer.counts().await.unwrap();
-    assert_eq!((counts.depth, counts.indexed()), (60, 60), "{counts:?}");
+    assert_eq!(
+        (counts.depth, counts.indexed()),
+        (60, 60),
+        "{:?} {counts:?}",
+        counts.why_estimate()
+    );
     assert!(counts.exact(), "{:?}", counts.why_estimate());
     let groups: Vec<_> = counts
         .groups()
@@ -170,5 +175,103 @@ async fn looks_read_no_message_and_actions_touch_exactly_their_selection() {
     assert_eq!(
         env.depth_reaching(&env.topology.work_queue, 40, LONG).await,
         40
+    );
+}
+
+/// A Redis that stalls (a busy script of 300 ms every 400 ms, as a large `DEL` or a slow script
+/// of another user does) while a worker with the default 50 ms deadline dead-letters 400 jobs:
+/// the batches its tally sends pass their deadline and run later in Redis; it sends them again,
+/// and the script applies each batch once. The index counts every dead letter exactly once:
+/// none lost for want of an answer, none counted twice by a retry.
+#[tokio::test]
+async fn a_stalling_redis_counts_every_dead_letter_once() {
+    let env = Env::new(
+        "dlstall",
+        "",
+        "",
+        "[dependencies.search]\ntasks = [\"index\"]\n",
+    )
+    .await;
+    let publisher = env.publisher().await;
+    for _ in 0..400 {
+        publisher
+            .publish_job(&env.topology.work_exchange, "index", "index", b"timeout")
+            .await
+            .unwrap();
+    }
+    publisher.close().await;
+    let mut config = env.config.budget.clone();
+    config.redis.timeout = std::time::Duration::from_millis(50);
+    let budget = fleet_budget::FleetBudget::from_config(&config)
+        .await
+        .unwrap();
+
+    // The stalls, from a connection of their own.
+    let stalling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let url = env.redis.url();
+    let staller = {
+        let stalling = std::sync::Arc::clone(&stalling);
+        std::thread::spawn(move || {
+            let mut stalls = 0_u32;
+            while stalling.load(std::sync::atomic::Ordering::SeqCst) {
+                let done = std::process::Command::new("redis-cli")
+                    .args(["-u", &url, "EVAL"])
+                    .arg(
+                        "local t = redis.call('TIME') local until_us = t[1] * 1000000 + t[2] + 300000 \
+                         repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= until_us",
+                    )
+                    .arg("0")
+                    .output()
+                    .expect("redis-cli");
+                assert!(done.status.success(), "{done:?}");
+                stalls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            stalls
+        })
+    };
+
+    let runner = start_worker(budget, &env, |job| async move {
+        let class = String::from_utf8_lossy(&job.payload).into_owned();
+        Err(Failure::non_retryable("it failed").with_class(class))
+    });
+    let handle = runner.0.clone();
+    wait_until(LONG, "400 dead letters", || {
+        let counts = handle.counts();
+        async move { counts.dead_lettered == 400 }
+    })
+    .await;
+    // A few more stalls over the batches still unanswered, then Redis answers again.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    stalling.store(false, std::sync::atomic::Ordering::SeqCst);
+    let stalls = staller.join().unwrap();
+    let counts = stop_worker(runner).await;
+    env.depth_reaching(&env.topology.dead_queue, 400, LONG)
+        .await;
+
+    let replayer = Replayer::new(
+        env.url.clone(),
+        env.topology.clone(),
+        Some(env.budget().await),
+    );
+    let looked = replayer.counts().await.unwrap();
+    println!(
+        "stalling Redis ({stalls} stalls of 300 ms): 400 dead-lettered, index {} of depth {}, \
+         batches sent again {}, unrecorded {}",
+        looked.indexed(),
+        looked.depth,
+        counts.index_sent_again,
+        counts.index_unrecorded
+    );
+    assert_eq!(
+        (looked.depth, looked.indexed(), counts.index_unrecorded),
+        (400, 400, 0),
+        "{:?} {looked:?} {counts:?}",
+        looked.why_estimate()
+    );
+    assert!(looked.exact(), "{:?}", looked.why_estimate());
+    assert!(
+        counts.index_sent_again > 0,
+        "the stalls made some batch go unanswered: {counts:?}"
     );
 }

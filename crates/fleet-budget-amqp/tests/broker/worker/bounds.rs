@@ -109,17 +109,32 @@ async fn a_thousand_unmapped_names_make_at_most_the_cap_of_budgets_and_label_val
     );
     assert_eq!(budget.metrics().counter("first_attempts", "unmapped"), 997);
 
-    // Every key but the worker registry's two and the dead-letter indexes (one per fleet and
-    // queue, whatever the tasks; the index's rows are bounded on their own).
+    // Every key but the worker registry's two, the dead-letter indexes (one per fleet and
+    // queue, whatever the tasks; the index's rows are bounded on their own) and the dead-letter
+    // ledgers (one per queue and hour, kept 14 days: bounded by time, not by the tasks), and
+    // the index's writer keys (one per queue and worker process, gone 10 minutes after its
+    // last batch: bounded by the fleet).
     let prefix = &env.config.budget.redis.key_prefix;
-    let registry = [
+    let hour = fleet_budget::clock::now_ms() / 3_600_000;
+    let mut registry = vec![
         fleet_budget::keys::workers_key(prefix),
         fleet_budget::keys::workers_seen_key(prefix),
-        fleet_budget::keys::dead_letters_key(prefix, &env.topology.dead_queue),
-        fleet_budget::keys::dead_letters_key(prefix, &env.topology.parked_queue),
     ];
+    for queue in [&env.topology.dead_queue, &env.topology.parked_queue] {
+        registry.push(fleet_budget::keys::dead_letters_key(prefix, queue));
+        for h in [hour.saturating_sub(1), hour] {
+            registry.push(fleet_budget::keys::dead_letters_key(
+                prefix,
+                &fleet_budget_amqp::dead_letters::ledger_queue(queue, h),
+            ));
+        }
+    }
     let keys: Vec<String> = env.redis.cmd(&["KEYS", &format!("{prefix}:*")]);
-    let keys: Vec<String> = keys.into_iter().filter(|k| !registry.contains(k)).collect();
+    let writers = format!("{prefix}:v1:dead-letters-writer:");
+    let keys: Vec<String> = keys
+        .into_iter()
+        .filter(|k| !registry.contains(k) && !k.starts_with(&writers))
+        .collect();
     assert!(keys.len() <= 5, "budget keys {keys:?}");
     assert!(keys.iter().any(|k| k.contains("{unmapped}")), "{keys:?}");
     let mut expected = own(&labels);
