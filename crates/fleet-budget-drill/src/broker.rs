@@ -8,15 +8,17 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use fleet_budget::{Failure, FleetBudget};
+use fleet_budget_amqp::replay::{ReplayFilter, audit};
 use fleet_budget_amqp::{
-    AmqpError, Job, Migrations, Publisher, QueueDepths, ReplayOptions, Replayer, Topology, Worker,
-    WorkerConfig, WorkerHandle, WorkerOptions, delete_topology, queue_depth,
+    AmqpError, Job, Migrations, Publisher, QueueDepths, ReplayOptions, ReplayReport, Replayer,
+    Topology, Worker, WorkerConfig, WorkerHandle, WorkerOptions, delete_topology, queue_depth,
 };
 use fleet_budget_sim::accounting::{Accounting, JobOutcomes};
 use futures::future::try_join_all;
 
 use crate::job::{payload, submit_paced};
-use crate::{DrillError, MAX_REPLAYS, ReplayTotals, TASK};
+use crate::trail::{ACTOR, Audit};
+use crate::{DEPENDENCY, DrillError, MAX_REPLAYS, ReplayTotals, TASK};
 
 /// Message counts of a run's queues, on a channel of their own.
 #[derive(Clone)]
@@ -198,33 +200,105 @@ pub(crate) async fn publish_paced(
 
 /// After recovery: the library replayer on the dead letters at `rate` per second, pass after
 /// pass until the dead-letter queue is empty (at most [`MAX_REPLAYS`] + 2 passes), waiting up
-/// to `settle_within` after each for the workers to settle what it moved.
+/// to `settle_within` after each for the workers to settle what it moved. Its moves are counted
+/// in the budget's dead-letter index, and each pass is audited in `trail` (when the run has
+/// Redis) as `budgetctl replay` audits it.
 pub(crate) async fn replay_dead_letters(
     c: &WorkerConfig,
     budget: &FleetBudget,
     depths: &Depths,
     workers: &Workers,
-    rate: u32,
-    settle_within: Duration,
+    (rate, settle_within): (u32, Duration),
+    trail: Option<&Audit>,
 ) -> Result<ReplayTotals, DrillError> {
     let mut options = ReplayOptions::new(c);
     options.rate = Some(f64::from(rate));
     options.max_replays = MAX_REPLAYS;
     options.idle_timeout = Duration::from_secs(2);
+    options.filter = drill_filter();
     let replayer = Replayer::new(
         c.amqp.connection(),
         depths.topology.clone(),
         Some(budget.clone()),
-    );
+    )
+    .with_index(budget.dead_letter_index().cloned());
     let mut replay = ReplayTotals::default();
     for _ in 0..=MAX_REPLAYS + 1 {
         if depths.dead().await? == 0 {
             break;
         }
-        let r = replayer.run(&options, |_| {}).await?;
+        let before = depths.read().await?;
+        let run = fleet_budget_amqp::headers::new_message_id();
+        if let Some(t) = trail {
+            t.record(&audit::intent_entry(
+                ACTOR,
+                audit::REPLAY,
+                &options.filter,
+                t.note(),
+                &run,
+                &before,
+                &serde_json::Value::Null,
+            ))
+            .await?;
+        }
+        let r = match replayer.run(&options, |_| {}).await {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(t) = trail {
+                    let after = depths.read().await.unwrap_or_else(|_| before.clone());
+                    let entry = audit::ended(
+                        audit::replay_entry(
+                            ACTOR,
+                            audit::REPLAY,
+                            &options.filter,
+                            t.note(),
+                            &before,
+                            &after,
+                            &ReplayReport::default(),
+                        ),
+                        &run,
+                        &format!(
+                            "failed: {}",
+                            fleet_budget::redact::redact_text(&e.to_string())
+                        ),
+                    );
+                    let _ = t.record(&entry).await;
+                }
+                return Err(e.into());
+            }
+        };
         replay.moved += r.moved;
         replay.parked += r.parked;
         wait_settled(depths, workers.handles(), settle_within).await?;
+        if let Some(t) = trail {
+            let after = depths.read().await?;
+            t.record(&audit::ended(
+                audit::replay_entry(
+                    ACTOR,
+                    audit::REPLAY,
+                    &options.filter,
+                    t.note(),
+                    &before,
+                    &after,
+                    &r,
+                ),
+                &run,
+                if r.cancelled {
+                    "cancelled"
+                } else {
+                    "completed"
+                },
+            ))
+            .await?;
+        }
     }
     Ok(replay)
+}
+
+/// What the drill's replays and purges select: its dependency's messages (all of them).
+pub(crate) fn drill_filter() -> ReplayFilter {
+    ReplayFilter {
+        dependency: Some(DEPENDENCY.to_owned()),
+        ..ReplayFilter::default()
+    }
 }

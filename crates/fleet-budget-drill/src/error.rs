@@ -47,6 +47,10 @@ pub enum DrillError {
     /// A channel could not be opened on a connection that was open.
     #[error(transparent)]
     Channel(#[from] lapin::Error),
+    /// A replay or purge of the run could not be audited (Redis failed): nothing is moved that
+    /// the trail would not account for.
+    #[error("the drill's audit trail could not be written: {0}")]
+    Audit(fleet_budget::StoreError),
 }
 
 impl DrillError {

@@ -26,6 +26,7 @@ mod progress;
 mod rabbit;
 mod report;
 pub mod scenario;
+mod trail;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ pub use self::progress::{DrillProgress, Watcher};
 pub use self::report::{DemoReport, RunReport};
 use self::report::{FirstPass, ReplayTotals};
 pub use self::scenario::ScenarioProgress;
+pub use self::trail::RunTrail;
 
 /// The version of the `--json` shapes of the drill and of the scenarios
 /// (`docs/schemas/demo.schema.json`).

@@ -12,11 +12,13 @@ use fleet_budget_sim::accounting::JobOutcomes;
 use fleet_budget_sim::upstream::Upstream;
 
 use crate::broker::{
-    Depths, Workers, on_own_topology, publish_paced, replay_dead_letters, wait_settled,
+    Depths, Workers, drill_filter, on_own_topology, publish_paced, replay_dead_letters,
+    wait_settled,
 };
 use crate::job::{call, dead_letters, job_failure, parse_payload};
 use crate::progress::{Progress, QueueGauge, Watched, Watcher};
-use crate::{DrillError, FirstPass, RunReport, RunSettings, amqp_settings};
+use crate::trail::{Audit, RunTrail, purge_parked};
+use crate::{DEPENDENCY, DrillError, FirstPass, RunReport, RunSettings, amqp_settings};
 
 /// Queue depths, polled from the broker in the background.
 #[derive(Debug, Default)]
@@ -119,6 +121,12 @@ async fn drill(
     watcher: &Arc<dyn Watcher>,
 ) -> Result<RunReport, DrillError> {
     let started = Instant::now();
+    let since_ms = fleet_budget::clock::now_ms();
+    let trail = Audit::of(
+        c,
+        budget,
+        &format!("the drill's replay after recovery ({})", s.label),
+    );
     let upstream = Arc::new(Upstream::new(s.schedule));
     let outcomes = Arc::new(JobOutcomes::default());
     let gauge = Arc::new(RabbitGauge::default());
@@ -162,8 +170,8 @@ async fn drill(
         budget,
         depths,
         &workers,
-        s.replay_rate(),
-        Duration::from_secs(10),
+        (s.replay_rate(), Duration::from_secs(10)),
+        trail.as_ref(),
     )
     .await?;
 
@@ -173,5 +181,21 @@ async fn drill(
     progress.finish().await;
 
     let accounting = depths.tally(jobs, &outcomes).await?;
-    Ok(RunReport::new(s, first, &upstream, &replay, accounting))
+    // The run's queues are deleted after this: what is parked is purged first, audited, so
+    // that the trail accounts for it.
+    let run_trail = match &trail {
+        Some(t) => {
+            purge_parked(c, budget, topology, depths, t, &drill_filter()).await?;
+            Some(RunTrail {
+                key_prefix: s.key_prefix.clone(),
+                amqp_prefix: c.amqp.prefix.clone(),
+                dependency: DEPENDENCY.to_owned(),
+                since_ms,
+                until_ms: fleet_budget::clock::now_ms(),
+                dead_letter_decisions: dead_letters(metrics).values().sum(),
+            })
+        }
+        None => None,
+    };
+    Ok(RunReport::new(s, first, &upstream, &replay, accounting).with_trail(run_trail))
 }

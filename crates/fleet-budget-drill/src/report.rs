@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::job::dead_letters;
 use crate::mode::Mode;
+use crate::trail::RunTrail;
 use crate::{DEPENDENCY, Drill, MAX_ATTEMPTS, MIN_ALLOWANCE, RATIO, RunSettings, WINDOW};
 
 /// What a run measured by the end of its first pass, before the replay.
@@ -98,6 +99,9 @@ pub struct RunReport {
     pub replay_upstream_calls: u64,
     /// Deprecated: `executions_per_second` under its name before 0.2.0, printed until 0.3.0.
     pub upstream_calls_per_second: Vec<u64>,
+    /// Where the run left its trail for `budgetctl incident report` (on Redis and RabbitMQ;
+    /// `null` otherwise).
+    pub trail: Option<RunTrail>,
 }
 
 impl RunReport {
@@ -133,7 +137,15 @@ impl RunReport {
             upstream_calls: first.calls,
             peak_upstream_calls_per_sec: peak,
             replay_upstream_calls: replay_executions,
+            trail: None,
         }
+    }
+
+    /// With the trail the run left.
+    #[must_use]
+    pub(crate) fn with_trail(mut self, trail: Option<RunTrail>) -> Self {
+        self.trail = trail;
+        self
     }
 }
 

@@ -15,9 +15,11 @@ use super::Setup;
 use super::dependency::{CallFailure, Dependency};
 use super::report::{FirstPass, RunFigures};
 use crate::broker::{
-    Depths, Workers, on_own_topology, publish_paced, replay_dead_letters, wait_settled,
+    Depths, Workers, drill_filter, on_own_topology, publish_paced, replay_dead_letters,
+    wait_settled,
 };
 use crate::job::{dead_letters, malformed_document, parse_payload};
+use crate::trail::{Audit, purge_parked};
 use crate::{DrillError, Watcher, amqp_settings};
 
 /// Which failure a failed call is, for the budget (and the breaker).
@@ -225,13 +227,21 @@ async fn drive(
         workers.handles(),
     );
 
+    let trail = Audit::of(
+        c,
+        budget,
+        &format!(
+            "scenario {}: the replay after recovery ({label})",
+            setup.scenario.as_str()
+        ),
+    );
     let replay = replay_dead_letters(
         c,
         budget,
         depths,
         &workers,
-        setup.replay_rate.max(1),
-        Duration::from_secs(30),
+        (setup.replay_rate.max(1), Duration::from_secs(30)),
+        trail.as_ref(),
     )
     .await?;
 
@@ -240,6 +250,10 @@ async fn drive(
     let _ = shown.await;
 
     let accounting = depths.tally(jobs, &shared.outcomes).await?;
+    // The run's queues are deleted after this: what is parked is purged first, audited.
+    if let Some(t) = &trail {
+        purge_parked(c, budget, topology, depths, t, &drill_filter()).await?;
+    }
     let drained = Duration::from_millis(shared.last_success_ms.load(Ordering::Relaxed))
         .saturating_sub(setup.profile.trouble.until);
     Ok(RunFigures::new(
