@@ -55,17 +55,31 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr, `warn` and up unless `RUST_LOG` says otherwise. lapin's own log is off by
-/// default: it reports expected outcomes (a passive declare of a missing queue) as errors, and
-/// the libraries return every real failure anyway.
+/// Logs go to stderr, `warn` and up unless `RUST_LOG` says otherwise. lapin's own log is off
+/// unless `RUST_LOG` names it: it reports expected outcomes as errors (a passive declare of a
+/// missing queue; the topology check's probe of a queue's arguments, every 5 minutes in the
+/// console), and the libraries return every real failure anyway.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
+    let spec = log_spec(std::env::var("RUST_LOG").ok().as_deref());
+    let filter = tracing_subscriber::EnvFilter::try_new(&spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
         .with_env_filter(filter)
         .try_init();
+}
+
+/// The log filter when `RUST_LOG` says nothing.
+const DEFAULT_LOG: &str = "warn,lapin=off";
+
+/// The filter for `RUST_LOG` (`None`: unset): lapin off unless it names lapin.
+fn log_spec(rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim) {
+        None | Some("") => DEFAULT_LOG.to_owned(),
+        Some(spec) if spec.contains("lapin") => spec.to_owned(),
+        Some(spec) => format!("{spec},lapin=off"),
+    }
 }
 
 /// Colour codes only on a terminal, and never when `NO_COLOR` is set to anything but empty
@@ -124,4 +138,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_spec;
+
+    #[test]
+    fn lapin_stays_off_unless_rust_log_names_it() {
+        assert_eq!(log_spec(None), "warn,lapin=off");
+        assert_eq!(log_spec(Some(" ")), "warn,lapin=off");
+        assert_eq!(log_spec(Some("info")), "info,lapin=off");
+        assert_eq!(
+            log_spec(Some("warn,fleet_budget=debug")),
+            "warn,fleet_budget=debug,lapin=off"
+        );
+        assert_eq!(log_spec(Some("info,lapin=debug")), "info,lapin=debug");
+    }
 }

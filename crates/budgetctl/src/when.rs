@@ -42,18 +42,7 @@ pub(crate) fn when(s: &str) -> Result<When, String> {
         .ok_or_else(|| format!("`{s}` is before the epoch"))
 }
 
-/// Formats server ms as an RFC 3339 time (seconds). The ms come from Redis entries and message
-/// headers anyone can write: a time RFC 3339 cannot show (after the year 9999, where humantime's
-/// formatter gives up) is shown as the number it is, never a panic.
-pub(crate) fn rfc3339_ms(ms: u64) -> String {
-    use std::fmt::Write as _;
-    let mut shown = String::new();
-    let at = UNIX_EPOCH.checked_add(Duration::from_millis(ms));
-    match at.map(|t| write!(shown, "{}", humantime::format_rfc3339_seconds(t))) {
-        Some(Ok(())) => shown,
-        _ => format!("{ms} ms after the epoch (past the year 9999)"),
-    }
-}
+pub(crate) use fleet_budget::printable::rfc3339_ms;
 
 /// Who runs the command, for the audit trail: `$USER@<hostname>`.
 pub(crate) fn default_actor() -> String {

@@ -3,7 +3,9 @@
 //! the worker's tally counts them (this dependency's in the range, another dependency's, and this
 //! one's from before the range), then the report in Markdown and in HTML, the HTML rendered by
 //! headless Chromium: the override with who and why, the dead letters by reason and error class,
-//! the others left out, and hostile text shown as text.
+//! the others left out, and hostile text shown as text. A replay audited as replays were before
+//! they recorded a breakdown by reason and error class shows "breakdown not recorded" (in the
+//! report and on the console's page), its count in the total, not zeros.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,13 +14,19 @@
     missing_docs
 )]
 
+#[path = "support/console.rs"]
+mod console;
+
 use std::process::{Command, Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use console::Console;
 use fleet_budget::FleetBudget;
+use fleet_budget::control::AuditEntry;
+use fleet_budget::store::RedisStore;
 use fleet_budget::testing::{RedisServer, free_port};
 use fleet_budget_amqp::WorkerConfig;
-use fleet_budget_amqp::dead_letters::Row;
+use fleet_budget_amqp::dead_letters::{Row, ledger_queue};
 use fleet_budget_amqp::topology::Topology;
 
 fn budgetctl(config: &std::path::Path, args: &[&str]) -> Output {
@@ -124,6 +132,41 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
                 )
                 .await
                 .unwrap();
+            // A replay of 3 of them, audited as replays were before they recorded `by_group`
+            // (0.1's shape: the depths, the selection, the counts).
+            let mut old = AuditEntry::new("bob", "replay", Some("payments"), "INC-7 replay");
+            old.after = Some(serde_json::json!({
+                "work_queue": 0, "dead_letter_queue": 7, "parked_queue": 2,
+                "selected": "dependency=payments", "moved": 3, "parked": 0,
+                "skipped": 0, "failed": 0
+            }));
+            config
+                .budget
+                .audit
+                .log()
+                .record(
+                    &RedisStore::from_settings(&config.budget.redis).unwrap(),
+                    &old,
+                )
+                .await
+                .unwrap();
+            // What the workers' tally counts in the ledger as the dead letters entered: this
+            // dependency's 12 + 3 of the range (2 of the 12 since parked, 3 replayed), the
+            // others'.
+            index
+                .change(
+                    &ledger_queue(&topology.dead_queue, now_minute / 60),
+                    &[
+                        (
+                            row("payments", "budget_exhausted", "http_503", now_minute),
+                            12,
+                        ),
+                        (row("payments", "budget_frozen", "http_503", now_minute), 3),
+                        (row("search", "budget_exhausted", "timeout", now_minute), 5),
+                    ],
+                )
+                .await
+                .unwrap();
             index
                 .change(
                     &topology.parked_queue,
@@ -174,11 +217,55 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
         !md.contains("timeout") && !md.contains("decode"),
         "another dependency's or an older dead letter: {md}"
     );
+    // Every dead letter of the range accounted for: the group cannot say where the replayed 3
+    // went (the old entry recorded no breakdown), the row of what was not recorded says it,
+    // and the total nets them.
     assert!(
-        md.contains("| still in the dead-letter queue | 10 |"),
+        md.contains("| budget_exhausted | http_503 | 12 | 0 | 0 | 7 | 2 | 3 |"),
         "{md}"
     );
+    assert!(
+        md.contains("| breakdown not recorded |  | 0 | 3 | 0 | 0 | 0 | -3 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| total |  | 15 | 3 | 0 | 10 | 2 | 0 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| replay | bob | INC-7 replay | 3 | 0 | 0 | 0 | 0 | breakdown not recorded |"),
+        "{md}"
+    );
+    assert!(md.contains("Every dead letter is accounted for"), "{md}");
     assert!(md.contains("no Prometheus"), "{md}");
+
+    // A Prometheus that does not answer is said in the report, not fatal.
+    let unanswered = budgetctl(
+        &config_path,
+        &[
+            "incident",
+            "report",
+            "--dependency",
+            "payments",
+            "--since",
+            "10m",
+            "--prometheus",
+            &format!("http://127.0.0.1:{}", free_port()),
+            "--timeout",
+            "5s",
+        ],
+    );
+    let without = String::from_utf8(unanswered.stdout).unwrap();
+    assert!(
+        unanswered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unanswered.stderr)
+    );
+    assert!(
+        without.contains("Source: Prometheus could not be read:")
+            && without.contains("| total |  | 15 | 3 | 0 | 10 | 2 | 0 |"),
+        "{without}"
+    );
 
     let html_path = dir.join("report.html");
     let html = budgetctl(
@@ -218,6 +305,23 @@ fn the_report_shows_who_froze_why_and_the_dead_letters_by_reason_and_renders_in_
         dom.contains("<td>budget_frozen</td><td>http_503</td><td>3</td>"),
         "{dom}"
     );
+
+    // The console's page says the same.
+    let console = Console::start(&config_path, &[]);
+    let page = console.get("/incident?dependency=payments&since=10m");
+    assert!(
+        page.contains("<td>replay</td><td>bob</td><td>INC-7 replay</td><td>3</td><td>0</td><td>0</td><td>0</td><td>0</td><td>breakdown not recorded</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td>breakdown not recorded</td><td></td><td>0</td><td>3</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("Every dead letter is accounted for"),
+        "{page}"
+    );
+    drop(console);
     let _ = std::fs::remove_dir_all(&dir);
     drop(redis);
 }

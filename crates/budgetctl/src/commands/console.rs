@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use fleet_budget_amqp::WorkerConfig;
-use fleet_budget_console::{ConsoleSettings, NetLimits, PublicUrl, Token, Viewers};
+use fleet_budget_console::{ConsoleSettings, NetLimits, Prometheus, PublicUrl, Token, Viewers};
 
 use crate::exit::usage;
 
@@ -80,6 +80,15 @@ pub(crate) struct ConsoleArgs {
     /// Connections open at once from one client address (IPv6: one /64).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_connections_per_address: u64,
+    /// Prometheus's HTTP API (`http://[user:password@]host[:port][/path]`): the overview's
+    /// sparklines from the counters the workers export, instead of the console's own readings
+    /// (which it falls back to, saying so, while Prometheus fails).
+    #[arg(long, value_name = "URL")]
+    prometheus_url: Option<String>,
+    /// Seconds between the points of the sparklines read from Prometheus (each counts over
+    /// its step).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    prometheus_step_secs: u64,
 }
 
 /// Tokens from a file, or from the environment variable `var` (the file wins).
@@ -222,6 +231,13 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ConsoleArgs) -> anyhow::Re
             args.max_connections
         );
     }
+    settings.prometheus = args
+        .prometheus_url
+        .as_deref()
+        .map(|url| Prometheus::parse(url, settings.upstream_timeout))
+        .transpose()
+        .map_err(|e| usage(format!("--prometheus-url {e}")))?;
+    settings.prometheus_step = Duration::from_secs(args.prometheus_step_secs);
     let behind_tls = public_url.as_ref().is_some_and(PublicUrl::https);
     settings.public_url = public_url;
     if !args.bind.ip().is_loopback() && !behind_tls {

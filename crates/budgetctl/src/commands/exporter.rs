@@ -4,26 +4,24 @@
 //! dead-letter and parked queues from RabbitMQ (`fleet_budget_amqp::QueueSource`, over one
 //! connection kept across scrapes and named `fleet-budget exporter` on the broker), and each
 //! dependency's alerts as the library's read model judges them (`fleet_budget::view`, the alerts
-//! `budgetctl status` and the console show), served by `MetricsServer`.
-//!
-//! | name | type | labels | meaning |
-//! |---|---|---|---|
-//! | `fleet_budget_alert` | gauge | dependency, kind | the severity (1 to 5) of each alert in force (`kind`: `frozen`, `breaker`, `exhausted`, `amplified`, `denials`, `policy_conflict`); a dependency without alerts has no series |
+//! `budgetctl status` and the console show: `fleet_budget::metrics::AlertSource`), served by
+//! `MetricsServer`. Beside the scrapes it runs the overrides keeper
+//! (`fleet_budget::control::keeper`): a copy of the operators' overrides put back when Redis
+//! loses one before its end, and the audit trail watched for a loss
+//! (`fleet_budget_overrides_restored_total`, `fleet_budget_audit_trail_lost_total`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Args;
-use fleet_budget::control::DeadLetterIndex;
-use fleet_budget::metrics::{ExporterSource, FleetExporter, MetricsServer, ReadFuture};
+use fleet_budget::Dependency;
+use fleet_budget::control::{DeadLetterIndex, Keeper};
+use fleet_budget::metrics::{AlertSource, FleetExporter, MetricsServer};
 use fleet_budget::redact::{redact_text, redact_url};
 use fleet_budget::risks::RedisRiskSource;
 use fleet_budget::store::{BudgetStore, RedisStore};
-use fleet_budget::view;
-use fleet_budget::{Config, Dependency};
 use fleet_budget_amqp::{QueueSource, Topology, WorkerConfig};
-use prometheus::{IntGaugeVec, Opts};
 
 use crate::exit::usage;
 use crate::redis_conn;
@@ -44,6 +42,11 @@ pub(crate) struct ExporterArgs {
     /// Do not read RabbitMQ (budgets only).
     #[arg(long)]
     no_rabbitmq: bool,
+    /// How often the overrides keeper reads every dependency's overrides, keeping a copy it
+    /// puts back when Redis loses one before its end (milliseconds; 0: no keeper). Putting back
+    /// needs a Redis user that may run `override.lua` (the operator's).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    keep_overrides_ms: u64,
     /// Do not serve `fleet_budget_alert` (it reads each dependency's overrides, breaker and
     /// leases at each scrape, beside its budget).
     #[arg(long)]
@@ -86,12 +89,23 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ExporterArgs) -> anyhow::R
         )?;
         exporter = exporter.source(Box::new(alerts));
     }
+    // The overrides keeper (`fleet_budget::control::keeper`): a copy of the overrides in this
+    // process, put back when Redis loses one; its series in the exporter's registry.
+    let keeper = if args.keep_overrides_ms > 0 {
+        let keeper = Arc::new(Keeper::new(Arc::clone(&store), budget, "exporter")?);
+        keeper.register(exporter.registry())?;
+        tokio::spawn(Arc::clone(&keeper).run(Duration::from_millis(args.keep_overrides_ms)));
+        Some(keeper)
+    } else {
+        None
+    };
     let exporter = Arc::new(exporter);
     if args.discover_secs > 0 {
         tokio::spawn(discover(
             store,
             Arc::clone(&exporter),
             found,
+            keeper,
             Duration::from_secs(args.discover_secs),
         ));
     }
@@ -118,11 +132,15 @@ async fn discover(
     store: Arc<RedisStore>,
     exporter: Arc<FleetExporter>,
     alerts_found: Arc<Mutex<Vec<Dependency>>>,
+    keeper: Option<Arc<Keeper>>,
     every: Duration,
 ) {
     loop {
         match store.discover_dependencies().await {
             Ok(found) => {
+                if let Some(keeper) = &keeper {
+                    keeper.set_found(found.clone());
+                }
                 *alerts_found.lock().unwrap_or_else(PoisonError::into_inner) = found.clone();
                 exporter.set_found_dependencies(found);
             }
@@ -131,81 +149,5 @@ async fn discover(
             }
         }
         tokio::time::sleep(every).await;
-    }
-}
-
-/// `fleet_budget_alert{dependency,kind}` (module docs): the read model's alerts of the
-/// dependencies configured, then those found, at most `max` of them, read at each scrape.
-struct AlertSource {
-    store: Arc<RedisStore>,
-    config: Config,
-    found: Arc<Mutex<Vec<Dependency>>>,
-    max: usize,
-    alerts: IntGaugeVec,
-}
-
-impl AlertSource {
-    fn register(
-        store: Arc<RedisStore>,
-        config: Config,
-        found: Arc<Mutex<Vec<Dependency>>>,
-        max: usize,
-        registry: &prometheus::Registry,
-    ) -> Result<Self, prometheus::Error> {
-        let alerts = IntGaugeVec::new(
-            Opts::new(
-                "fleet_budget_alert",
-                "Severity (1 to 5) of each alert in force on a dependency, as budgetctl status and the console show it.",
-            ),
-            &["dependency", "kind"],
-        )?;
-        registry.register(Box::new(alerts.clone()))?;
-        Ok(Self {
-            store,
-            config,
-            found,
-            max,
-            alerts,
-        })
-    }
-
-    fn dependencies(&self) -> Vec<Dependency> {
-        let mut deps: Vec<Dependency> = self.config.policies.keys().cloned().collect();
-        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
-        for d in found.iter() {
-            if !self.config.policies.contains_key(d) {
-                deps.push(d.clone());
-            }
-        }
-        deps.truncate(self.max);
-        deps
-    }
-}
-
-impl ExporterSource for AlertSource {
-    fn name(&self) -> &'static str {
-        "alerts"
-    }
-
-    fn read(&self) -> ReadFuture<'_> {
-        Box::pin(async move {
-            let deps = self.dependencies();
-            let fleet = view::read_fleet(&self.store, &self.config, &deps)
-                .await
-                .map_err(|e| redact_text(&e.to_string()))?;
-            self.alerts.reset();
-            for v in &fleet.dependencies {
-                for a in &v.alerts {
-                    self.alerts
-                        .with_label_values(&[v.dependency.as_str(), a.kind.as_str()])
-                        .set(i64::from(a.severity));
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn clear(&self) {
-        self.alerts.reset();
     }
 }

@@ -5,7 +5,7 @@
 
 use clap::{Args, Subcommand};
 use fleet_budget_amqp::dead_letters::Counted;
-use fleet_budget_amqp::replay::{audit, purge_queue};
+use fleet_budget_amqp::replay::{audit, purge_queue_by_group};
 use fleet_budget_amqp::{ReplayOptions, Replayer, Topology, WorkerConfig, queue_depths};
 use serde::Serialize;
 
@@ -127,7 +127,7 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
     record(&config.budget, &intent).await.map_err(|e| {
         anyhow::anyhow!("nothing deleted: the purge's intent could not be audited: {e:#}")
     })?;
-    let r = purge_queue(
+    let (r, groups) = purge_queue_by_group(
         config.amqp.connection(),
         &topology.parked_queue,
         &filter,
@@ -140,13 +140,16 @@ async fn purge(config: &WorkerConfig, topology: &Topology, args: &PurgeArgs) -> 
         .await
         .map_err(|e| broker_error(config, &e))?;
     let entry = audit::ended(
-        audit::purge_entry(
-            &args.trail.actor(),
-            &filter,
-            args.trail.note(),
-            &before,
-            &after,
-            &r,
+        audit::with_groups(
+            audit::purge_entry(
+                &args.trail.actor(),
+                &filter,
+                args.trail.note(),
+                &before,
+                &after,
+                &r,
+            ),
+            &groups,
         ),
         &run_id,
         "completed",

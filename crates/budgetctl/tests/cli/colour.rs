@@ -1,13 +1,17 @@
 //! Log lines carry colour codes only on a terminal, and never when `NO_COLOR` is set: a pipe or
 //! a log file gets plain text. The terminal is a pseudo-terminal made by util-linux `script`;
 //! the command is `migrate --dry-run` against a broker that refuses, which logs lapin's
-//! `create channel` at `RUST_LOG=debug` and exits by itself.
+//! `create channel` at `RUST_LOG=debug,lapin=debug` (lapin's log stays off unless `RUST_LOG`
+//! names it) and exits by itself.
 
 use std::process::Command;
 
 use crate::{budgetctl, stderr};
 
 const ESC: char = '\u{1b}';
+
+/// Debug everywhere, lapin named so that its `create channel` line is written.
+const LOG: &str = "debug,lapin=debug";
 
 /// The command's stderr (with stdout) as a terminal shows it, `NO_COLOR` set or not.
 fn on_a_terminal(no_color: Option<&str>) -> String {
@@ -18,7 +22,7 @@ fn on_a_terminal(no_color: Option<&str>) -> String {
         "/dev/null",
     ])
     .env("FB_BUDGETCTL", env!("CARGO_BIN_EXE_budgetctl"))
-    .env("RUST_LOG", "debug")
+    .env("RUST_LOG", LOG)
     .env_remove("FLEET_BUDGET_AMQP_URL")
     .env_remove("NO_COLOR");
     if let Some(v) = no_color {
@@ -32,7 +36,7 @@ fn on_a_terminal(no_color: Option<&str>) -> String {
 fn logs_are_coloured_only_on_a_terminal_and_never_with_no_color() {
     let piped = budgetctl()
         .args(["--amqp-url", "amqp://127.0.0.1:1", "migrate", "--dry-run"])
-        .env("RUST_LOG", "debug")
+        .env("RUST_LOG", LOG)
         .env_remove("NO_COLOR")
         .output()
         .expect("run budgetctl");

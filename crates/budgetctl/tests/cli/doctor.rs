@@ -205,13 +205,180 @@ fn a_documented_least_privilege_user_reads_the_policy_from_info_and_guesses_no_r
     let found = persistence["found"].as_str().unwrap();
     assert!(found.contains("AOF off (INFO persistence)"), "{found}");
     assert!(
-        found.contains("no permissions"),
-        "CONFIG's refusal: {found}"
+        found.contains("not sent: the user may not run it"),
+        "CONFIG GET asked of the server's rights, not sent: {found}"
     );
     // HELLO answers every user: the version is known all the same.
     assert_eq!(check(&v, "redis", "version")["state"], "ok", "{v:#}");
     assert_eq!(check(&v, "redis", "evalsha")["state"], "ok", "{v:#}");
+    let keys = check(&v, "redis", "acl_keys");
+    assert_eq!(keys["state"], "ok", "{keys}");
+    assert!(
+        keys["found"]
+            .as_str()
+            .unwrap()
+            .contains("redis.acl_check_cmd"),
+        "{keys}"
+    );
     assert_eq!(code, 4, "nothing at risk, some checks not made: exit 4");
+}
+
+/// Issue 33: doctor asks the server what the user may run (`redis.acl_check_cmd`) before it
+/// sends `CONFIG GET`, `CLUSTER INFO` or `ACL`, so a run under each user of lua/README.md leaves
+/// `ACL LOG` empty; the default user still reads the RDB schedule with `CONFIG GET`.
+#[test]
+fn doctor_under_the_documented_users_leaves_acl_log_empty() {
+    let server = RedisServer::start();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/README.md"))
+            .unwrap();
+    let users: Vec<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER "))
+        .map(|l| l.replace(">CHANGE-ME", ">doctor-pw"))
+        .collect();
+    assert_eq!(users.len(), 3, "worker, read-only, operator");
+    for line in &users {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let ok: String = server.cmd(&args);
+        assert_eq!(ok, "OK");
+    }
+    let _: String = server.cmd(&["ACL", "LOG", "RESET"]);
+    for line in &users {
+        let user = line.split_whitespace().nth(2).unwrap();
+        let url = format!("redis://{user}:doctor-pw@127.0.0.1:{}", server.port());
+        let (code, v) = redis_doctor(&url);
+        let log: Vec<redis::Value> = server.cmd(&["ACL", "LOG"]);
+        let persistence = check(&v, "redis", "persistence");
+        let keys = check(&v, "redis", "acl_keys");
+        println!(
+            "doctor as {user}: exit {code}; ACL LOG entries {}; persistence {}: {}; acl_keys {}",
+            log.len(),
+            persistence["state"],
+            persistence["found"],
+            keys["state"]
+        );
+        assert!(log.is_empty(), "{user}: refused {log:?}");
+        assert_eq!(
+            check(&v, "redis", "maxmemory_policy")["state"],
+            "ok",
+            "{v:#}"
+        );
+    }
+    // The default user may run CONFIG GET: the RDB schedule is read.
+    let (_, v) = redis_doctor(&server.url());
+    let persistence = check(&v, "redis", "persistence");
+    assert!(
+        persistence["found"]
+            .as_str()
+            .unwrap()
+            .contains("CONFIG GET save"),
+        "{persistence}"
+    );
+}
+
+/// `redis/keeper_rights` (issue 33): whether the user doctor runs as may run what the overrides
+/// keeper runs (its reads, `EVALSHA` of `override.lua` and the commands inside it, the audit
+/// `XADD`). Under each ACL user of lua/README.md: `fleet-readonly`, the exporter's documented
+/// user, may read but not restore, a risk that says what it costs; `fleet-operator` and the
+/// default user may restore; `fleet-worker` may not even read what the keeper reads, so no keeper
+/// runs under it and doctor run with a worker's configuration keeps its exit code (0 on this
+/// Redis, with AOF on). Nothing is refused (`ACL LOG` empty): the rights are asked.
+#[test]
+fn the_keeper_s_rights_are_a_risk_only_under_a_user_a_keeper_runs_as() {
+    let server = RedisServer::start_with(&["--appendonly", "yes"], &[]);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/README.md"))
+            .unwrap();
+    for line in readme.lines().filter(|l| l.starts_with("ACL SETUSER ")) {
+        let line = line.replace(">CHANGE-ME", ">keeper-pw");
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let ok: String = server.cmd(&args);
+        assert_eq!(ok, "OK");
+    }
+    let _: String = server.cmd(&["ACL", "LOG", "RESET"]);
+    let mut seen = Vec::new();
+    for user in [
+        "fleet-worker",
+        "fleet-readonly",
+        "fleet-operator",
+        "default",
+    ] {
+        let url = if user == "default" {
+            server.url()
+        } else {
+            format!("redis://{user}:keeper-pw@127.0.0.1:{}", server.port())
+        };
+        let (code, v) = redis_doctor(&url);
+        let c = check(&v, "redis", "keeper_rights").clone();
+        println!(
+            "doctor as {user}: exit {code}; keeper_rights {}: {}",
+            c["state"], c["found"]
+        );
+        seen.push((user, code, c, v));
+    }
+    let log: Vec<redis::Value> = server.cmd(&["ACL", "LOG"]);
+    assert!(log.is_empty(), "nothing refused: {log:?}");
+    for (user, code, c, v) in &seen {
+        match *user {
+            "fleet-readonly" => {
+                assert_eq!(c["state"], "risk", "{v:#}");
+                let found = c["found"].as_str().unwrap();
+                // EVALSHA is granted; the writes inside override.lua are not.
+                assert!(found.contains("override.lua's HSET"), "{found}");
+                assert!(found.contains("the audit XADD"), "{found}");
+                assert!(
+                    c["cost"]
+                        .as_str()
+                        .unwrap()
+                        .contains("a freeze lost to eviction is not put back"),
+                    "{c}"
+                );
+                assert!(
+                    c["action"].as_str().unwrap().contains("fleet-operator"),
+                    "{c}"
+                );
+                assert_eq!(*code, 3, "a risk exits 3");
+            }
+            "fleet-worker" => {
+                assert_eq!(c["state"], "ok", "{v:#}");
+                assert!(
+                    c["found"]
+                        .as_str()
+                        .unwrap()
+                        .contains("no overrides keeper can run under this user"),
+                    "{c}"
+                );
+                assert_eq!(
+                    v["risks"], 0,
+                    "a worker's user: no risk from the keeper's rights: {v:#}"
+                );
+                assert_eq!(
+                    *code, 0,
+                    "a worker's user on a sound Redis: exit 0, as before"
+                );
+            }
+            _ => {
+                assert_eq!(c["state"], "ok", "{user}: {v:#}");
+                assert!(
+                    c["found"]
+                        .as_str()
+                        .unwrap()
+                        .contains("may run what the overrides keeper runs"),
+                    "{c}"
+                );
+            }
+        }
+    }
+    // The text names the risk with what it costs and what to do.
+    let url = format!(
+        "redis://fleet-readonly:keeper-pw@127.0.0.1:{}",
+        server.port()
+    );
+    let o = run(&["--redis-url", &url, "doctor", "--no-rabbitmq"]);
+    let text = stdout(&o);
+    assert!(text.contains("RISK redis keeper_rights"), "{text}");
+    assert!(!text.contains("keeper-pw"), "{text}");
 }
 
 /// A private RabbitMQ node with the management plugin on a free port (never the shared broker).

@@ -10,7 +10,8 @@ use fleet_budget_amqp::{AmqpError, Migrations, Object, StepState, Topology, Work
 use serde_json::Value;
 
 use super::Check;
-use super::management::{Management, segment, vhost_of};
+use super::management::{Management, vhost_of};
+use fleet_budget::http::percent_encode as segment;
 
 const SERVICE: &str = "rabbitmq";
 /// RabbitMQ's default `consumer_timeout` (30 minutes).

@@ -4,7 +4,6 @@
 //! dependency, or `--json`.
 
 pub(crate) mod chart;
-pub(crate) mod prometheus;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -13,14 +12,17 @@ use std::time::{Duration, SystemTime};
 use clap::Args;
 use fleet_budget::ceiling::{Schedule, TaskCeiling};
 use fleet_budget::config::Config;
+use fleet_budget::metrics::{Prometheus, PrometheusSeries as Series};
 use fleet_budget::{Dependency, DepositBasis};
 use fleet_budget_sim::history::{self, Recommendation, Rules, Sample};
 use serde::Serialize;
 
-use self::prometheus::{MAX_POINTS, Prometheus, Series};
 use crate::exit::usage;
 use crate::output::{print_json, table};
 use crate::when::{self, When, rfc3339_ms};
+
+/// Prometheus's limit of points per series of a range query.
+const MAX_POINTS: u64 = Prometheus::MAX_POINTS;
 
 /// The version of this command's `--json` shape (`docs/schemas/tune.schema.json`).
 const JSON_SCHEMA_VERSION: u32 = 1;
@@ -131,7 +133,8 @@ pub(crate) async fn run(config: &Config, args: &TuneArgs) -> anyhow::Result<()> 
         .prometheus
         .as_deref()
         .ok_or_else(|| usage(NO_HISTORY))?;
-    let prometheus = Prometheus::new(url, args.timeout)?;
+    let prometheus =
+        Prometheus::parse(url, args.timeout).map_err(|e| usage(format!("--prometheus {e}")))?;
     let range = Range::of(args.since, args.until, args.step)?;
     let rules = Rules::default();
     let mut tuned = fetch(&prometheus, config, &range, &args.dependencies).await?;
@@ -391,15 +394,8 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A duration in ms as people read it: `850ms`, `12.4s`, `6m30s`, `2h05m`.
-pub(crate) fn human_ms(ms: u64) -> String {
-    match ms {
-        0..1_000 => format!("{ms}ms"),
-        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
-        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
-}
+/// A duration in ms as people read it: the chart's words, one format for the tools.
+pub(crate) use fleet_budget_sim::chart::human_ms;
 
 fn fraction(f: f64) -> String {
     format!("{f:.4}")
