@@ -4,8 +4,14 @@
 //! (`budgetctl status --json`, `budgetctl dlq stats --json`), in the same run. Figures are
 //! printed, never asserted on time; the secret is asserted absent from every page.
 //!
-//! `cargo run -p fleet-budget-console --example console_bench -- [DEPENDENCIES] [DEAD_LETTERS]`
-//! (defaults 1000 and 100000; 0 dead letters measures the overview only) with `BUDGETCTL` naming
+//! `cargo run -p fleet-budget-console --example console_bench -- [DEPENDENCIES] [DEAD_LETTERS]
+//! [AUDIT_ENTRIES] [WORKERS]` (defaults 1000, 100000, 0 and 0; 0 dead letters measures the
+//! overview and the pages that read no dead letter (workers, incident, audit) only;
+//! audit entries are recorded before the console starts, a tenth of them of `d0`, each with its
+//! before and after states, so that a dependency's page and the audit pages are timed over a
+//! long trail; the trail keeps 10,000 at most; workers are entries of the worker registry,
+//! written as workers write them, a tenth in fallback, a tenth silent, one in a hundred
+//! unreadable, so that the workers' pages are timed over a large registry) with `BUDGETCTL` naming
 //! the binary to compare with (default `target/debug/budgetctl`). Uses a Redis of its own and a
 //! topology of its own on the shared RabbitMQ (deleted at the end). Beside the overview's times
 //! it prints a Redis `PING` from the same process over the same loopback: the floor any page
@@ -78,6 +84,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let deps: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let dead: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let audit_entries: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let registry: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(0);
     let bin = std::env::var("BUDGETCTL").unwrap_or_else(|_| "target/debug/budgetctl".to_owned());
     let redis = RedisServer::start();
     let broker = TestBroker::new("console-bench");
@@ -110,6 +118,49 @@ async fn main() {
         }
     }
     budget.shutdown().await.unwrap();
+
+    if audit_entries > 0 {
+        let t = Instant::now();
+        let r = &config.budget.redis;
+        let store = fleet_budget::store::RedisStore::new_with_tls(
+            fleet_budget::store::RedisTarget::from_settings(r),
+            &r.key_prefix,
+            Duration::from_secs(10),
+            &r.tls,
+        )
+        .unwrap();
+        let log = fleet_budget::control::AuditLog::default();
+        let state = serde_json::json!({"ratio": 0.1, "min_allowance": 10, "until_ms": 1_796_650_000_000_u64});
+        for i in 0..audit_entries {
+            let dependency = format!("d{}", if i % 10 == 0 { 0 } else { 1 + i % 999 });
+            let entry = fleet_budget::control::AuditEntry::new(
+                "bench",
+                "set",
+                Some(&dependency),
+                "an incident's override, recorded with its before and after",
+            )
+            .with_before_after(&state, &state);
+            log.record(&store, &entry).await.unwrap();
+        }
+        eprintln!(
+            "recorded {audit_entries} audit entries in {:.1}s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
+    if registry > 0 {
+        let t = Instant::now();
+        seed_workers(
+            &config.budget.redis.url,
+            &config.budget.redis.key_prefix,
+            registry,
+        )
+        .await;
+        eprintln!(
+            "wrote {registry} worker registry entries in {:.1}s",
+            t.elapsed().as_secs_f64()
+        );
+    }
 
     let started = Instant::now();
     if dead > 0 {
@@ -172,16 +223,19 @@ async fn main() {
     let mut settings = ConsoleSettings::new(config.clone(), operators, Viewers::Open);
     settings.bind = "127.0.0.1:0".parse().unwrap();
     settings.dead_letter_refresh = Duration::from_secs(2);
-    settings.history_every = Duration::from_secs(3600);
+    // The default: the fleet read every 5 s in the background while the pages are timed.
     let console = fleet_budget_console::start(settings).await.unwrap();
     let addr = console.addr().to_string();
+    // The first reading (a page waits for it).
+    assert_eq!(get(&addr, "/api/overview").await.0, 200);
 
     println!(
-        "overview, {deps} dependencies (median of 5; the console in-process, budgetctl a new process each run):"
+        "overview, {deps} dependencies (median of 5; times at the client over loopback; the console in-process, rendering its last reading; budgetctl a new process each run):"
     );
     let mut page = Vec::new();
     let mut json = Vec::new();
     let mut status = Vec::new();
+    let (mut page_bytes, mut json_bytes) = (0, 0);
     for _ in 0..5 {
         let t = Instant::now();
         let (code, bytes) = get(&addr, "/").await;
@@ -192,16 +246,32 @@ async fn main() {
         assert_eq!(code, 200);
         json.push(t.elapsed());
         status.push(cli(&bin, &config_path, &["status", "--json"]));
-        let _ = (bytes, jbytes);
+        (page_bytes, json_bytes) = (bytes, jbytes);
     }
     println!(
-        "  console GET /               {:>8.1} ms",
+        "  console GET /               {:>8.1} ms {page_bytes:>9} bytes",
         median(page).as_secs_f64() * 1000.0
     );
     println!(
-        "  console GET /api/overview   {:>8.1} ms",
+        "  console GET /api/overview   {:>8.1} ms {json_bytes:>9} bytes (all {deps} rows, serialized once per reading)",
         median(json).as_secs_f64() * 1000.0
     );
+    // A dependency's page: its row of the same reading, its history, its audit trail.
+    for path in ["/dependency/d0", &format!("/dependency/d{}", deps - 1)] {
+        let mut times = Vec::new();
+        let mut size = 0;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (code, bytes) = get(&addr, path).await;
+            assert_eq!(code, 200, "{path}");
+            times.push(t.elapsed());
+            size = bytes;
+        }
+        println!(
+            "  console GET {path:<16}{:>8.1} ms {size:>9} bytes",
+            median(times).as_secs_f64() * 1000.0
+        );
+    }
     println!(
         "  budgetctl status --json     {:>8.1} ms",
         median(status).as_secs_f64() * 1000.0
@@ -229,6 +299,38 @@ async fn main() {
         "  reference: Redis PING       {:>8.3} ms",
         median(ping).as_secs_f64() * 1000.0
     );
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let j: serde_json::Value =
+            serde_json::from_str(&body_of(&addr, "/api/overview", "").await).unwrap();
+        took.push(Duration::from_millis(j["read_took_ms"].as_u64().unwrap()));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    println!(
+        "  the console's background reading of the fleet (every 5 s, what the pages show) {:>8.1} ms",
+        median(took).as_secs_f64() * 1000.0
+    );
+    // The pages that read no dead letter, timed whatever the queue holds.
+    if registry > 0 {
+        // Written again: fresh, as their workers would keep them (silent after 15 s).
+        seed_workers(
+            &config.budget.redis.url,
+            &config.budget.redis.key_prefix,
+            registry,
+        )
+        .await;
+    }
+    println!("workers ({registry} registry entries written), incident and audit (median of 5):");
+    for path in [
+        "/workers",
+        "/api/workers",
+        "/incident?dependency=d0&since=24h",
+        "/audit",
+        "/audit?dependency=d0",
+    ] {
+        let (took, size) = timed(&addr, path).await;
+        println!("  console GET {path:<60} {took:>8.1} ms {size:>9} bytes");
+    }
     if dead == 0 {
         console.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -273,11 +375,18 @@ async fn main() {
         .collect();
     let mut paths = vec![
         "/".to_owned(),
+        "/api/overview".to_owned(),
+        "/fragments/overview".to_owned(),
+        "/dependency/d0".to_owned(),
+        "/workers".to_owned(),
+        "/api/workers".to_owned(),
         "/dead-letters".to_owned(),
         "/dead-letters?sort=oldest".to_owned(),
         "/dead-letters?queue=parked".to_owned(),
         "/replays".to_owned(),
+        "/incident?dependency=d0&since=24h".to_owned(),
         "/audit".to_owned(),
+        "/audit?dependency=d0".to_owned(),
     ];
     for g in &groups {
         paths.push(g.clone());
@@ -329,6 +438,65 @@ async fn main() {
     );
     console.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The median of 5 requests of `path` (ms) and its weight.
+async fn timed(addr: &str, path: &str) -> (f64, usize) {
+    let mut times = Vec::new();
+    let mut size = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let (code, bytes) = get(addr, path).await;
+        assert_eq!(code, 200, "{path}");
+        times.push(t.elapsed());
+        size = bytes;
+    }
+    (median(times).as_secs_f64() * 1000.0, size)
+}
+
+/// `n` entries of the worker registry, as `heartbeat.lua` writes them (a report under the id,
+/// the server's time in the sorted set): a tenth deciding three dependencies from their
+/// fallback, a tenth silent (last seen a minute ago), one in a hundred not a worker's report.
+async fn seed_workers(url: &str, prefix: &str, n: usize) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let reports = fleet_budget::keys::workers_key(prefix);
+    let seen = fleet_budget::keys::workers_seen_key(prefix);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            let id = format!("bench-{i:05}");
+            let fallback = if i % 10 == 3 {
+                serde_json::json!([
+                    {"dependency": "d0", "for_ms": 12_000},
+                    {"dependency": "d1", "for_ms": 9_000},
+                    {"dependency": "d2", "for_ms": 4_000}
+                ])
+            } else {
+                serde_json::json!([])
+            };
+            let report = if i % 100 == 7 {
+                "not a report".to_owned()
+            } else {
+                serde_json::json!({
+                    "v": 1, "id": id, "host": format!("host-{}", i % 200), "pid": 1000 + i,
+                    "lang": "rust", "version": "0.2.0", "started_ms": now_ms - 3_600_000,
+                    "interval_ms": 5000, "fallback": fallback, "fallback_more": 0
+                })
+                .to_string()
+            };
+            let at = if i % 10 == 5 {
+                now_ms - 60_000
+            } else {
+                now_ms - (i as u64 % 4000)
+            };
+            pipe.cmd("HSET").arg(&reports).arg(&id).arg(report).ignore();
+            pipe.cmd("ZADD").arg(&seen).arg(at).arg(&id).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
 }
 
 /// One request (`Connection: close`): status, head, body.

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use fleet_budget::control::{FleetWorkers, fleet_workers};
+use fleet_budget::control::{FleetWorkers, WorkerEntry, fleet_workers};
 use fleet_budget::store::RedisStore;
 use fleet_budget::view::{self, Alert, DependencyView};
 use fleet_budget::{Config, Dependency, StoreError, WindowCounters};
@@ -62,6 +62,29 @@ pub(crate) struct DependencyRow {
     pub(crate) now_ms: u64,
     /// The two windows Redis holds: previous and current (granted, denied, first attempts).
     pub(crate) windows: [[u64; 3]; 2],
+    /// The current window's index (server time / window length): which window `windows[1]`
+    /// is, for counting denials over more than the two windows Redis holds.
+    pub(crate) window_index: u64,
+    /// `enforce` (refused retries are dead-lettered) or `shadow` (counted and retried anyway).
+    pub(crate) enforcement: &'static str,
+    /// An operator's switch in force (`budgetctl budget shadow|enforce`, or the console's
+    /// button); `None`: the configuration decides.
+    pub(crate) enforcement_switch: Option<SwitchView>,
+    /// In shadow, the retries enforcement would have denied in the last window (the budget's
+    /// window, `window_secs`); 0 while enforced.
+    pub(crate) would_deny: u64,
+}
+
+/// An operator's enforcement switch, for people.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SwitchView {
+    pub(crate) enforcement: &'static str,
+    pub(crate) actor: String,
+    pub(crate) reason: String,
+    /// Seconds until it ends; `None`: until the next switch.
+    pub(crate) expires_in_secs: Option<f64>,
+    /// Server ms when it was switched.
+    pub(crate) since_ms: u64,
 }
 
 /// An override in force, for people.
@@ -71,6 +94,8 @@ pub(crate) struct OverrideView {
     pub(crate) actor: String,
     pub(crate) reason: String,
     pub(crate) expires_in_secs: f64,
+    /// Server ms when it ends.
+    pub(crate) until_ms: u64,
 }
 
 /// A breaker as the overview shows it.
@@ -128,6 +153,66 @@ pub(crate) struct Overview {
     pub(crate) workers: Option<WorkersLine>,
     /// Why it could not (redacted, escaped).
     pub(crate) workers_error: Option<String>,
+    /// The registry as this reading read it (texts through [`workers_shown`]), its entries
+    /// worst first ([`worst_first`]): what the workers' page and `/api/workers` show a page of,
+    /// so that neither reads (up to 10,000 entries) per request.
+    #[serde(skip)]
+    pub(crate) registry: Option<Arc<FleetWorkers>>,
+    /// The console's clock (Unix ms) when this reading ended (set after [`overview`] returns:
+    /// not in [`Overview::json_head`], added to each answer by [`Overview::json`]).
+    #[serde(skip)]
+    pub(crate) read_at_ms: u64,
+    /// How long the reading took (ms), its serialization included (as `read_at_ms`).
+    #[serde(skip)]
+    pub(crate) read_took_ms: u64,
+    /// The fields above serialized once per reading, in the background, without the closing
+    /// `}`: `/api/overview` at 1,000 dependencies is about a megabyte, and serializing it per
+    /// request cost 84 ms (debug build, loaded machine); now an answer copies these bytes and
+    /// adds the reading's times ([`Overview::json`]). Empty only in an `Overview` made by hand.
+    #[serde(skip)]
+    pub(crate) json_head: Vec<u8>,
+}
+
+impl Overview {
+    /// Serializes the reading's fields once, for every `/api/overview` answer until the next.
+    fn serialize_once(&mut self) {
+        self.json_head = self.head();
+    }
+
+    /// The reading's fields as a JSON object without its closing `}`.
+    fn head(&self) -> Vec<u8> {
+        // Nothing here fails to serialize (no map with keys other than text); were it to, the
+        // answer would still be an object, with its version.
+        let mut json =
+            serde_json::to_vec(self).unwrap_or_else(|_| b"{\"schema_version\":1}".to_vec());
+        json.pop();
+        json
+    }
+
+    /// The answer of `/api/overview` (held to `docs/schemas/console/overview.schema.json`):
+    /// the reading as serialized once, with when it was read, how long that took, and how old
+    /// it is at `now_ms` (the console's clock).
+    pub(crate) fn json(&self, now_ms: u64) -> Vec<u8> {
+        let times = format!(
+            "\"read_at_ms\":{},\"read_took_ms\":{},\"read_age_ms\":{}}}",
+            self.read_at_ms,
+            self.read_took_ms,
+            now_ms.saturating_sub(self.read_at_ms)
+        );
+        // Empty only when made by hand (never by [`overview`]): serialized now.
+        let fresh;
+        let head = if self.json_head.is_empty() {
+            fresh = self.head();
+            &fresh
+        } else {
+            &self.json_head
+        };
+        let mut out = Vec::with_capacity(head.len() + 1 + times.len());
+        out.extend_from_slice(head);
+        out.push(b',');
+        out.extend_from_slice(times.as_bytes());
+        out
+    }
 }
 
 /// Registry entries the console reads at most (freshest first).
@@ -164,6 +249,25 @@ pub(crate) async fn workers(store: &RedisStore) -> Result<FleetWorkers, String> 
 /// console's one door for outside text ([`crate::pages::t`]).
 fn shown(s: &str) -> String {
     crate::pages::t(s)
+}
+
+/// Where an entry stands in the workers' list: in fallback first (a worker deciding from its
+/// fallback now), then unreadable, silent, and reporting.
+pub(crate) fn rank(w: &WorkerEntry) -> u8 {
+    if w.in_fallback() {
+        0
+    } else if w.unreadable.is_some() {
+        1
+    } else if w.silent {
+        2
+    } else {
+        3
+    }
+}
+
+/// The registry's entries worst first ([`rank`]), each rank last seen first (as read).
+pub(crate) fn worst_first(read: &mut FleetWorkers) {
+    read.workers.sort_by_key(rank);
 }
 
 /// The worker registry with every text a worker wrote redacted and escaped
@@ -214,6 +318,7 @@ fn row(v: &DependencyView) -> DependencyRow {
             actor: shown(&f.actor),
             reason: shown(&f.reason),
             expires_in_secs: v.secs_until(f.until_ms),
+            until_ms: f.until_ms,
         }),
         set: set.as_ref().map(|o| OverrideView {
             what: format!(
@@ -225,6 +330,7 @@ fn row(v: &DependencyView) -> DependencyRow {
             actor: shown(&o.actor),
             reason: shown(&o.reason),
             expires_in_secs: v.secs_until(o.until_ms),
+            until_ms: o.until_ms,
         }),
         breaker: v.breaker.as_ref().map(|b| BreakerView {
             state: b.state.as_str(),
@@ -245,6 +351,16 @@ fn row(v: &DependencyView) -> DependencyRow {
         alerts: v.alerts.clone(),
         now_ms: v.now_ms,
         windows: [counters(&v.windows[0]), counters(&v.windows[1])],
+        window_index: v.window_index,
+        enforcement: v.enforcement.as_str(),
+        enforcement_switch: v.enforcement_switch.as_ref().map(|s| SwitchView {
+            enforcement: s.enforcement.as_str(),
+            actor: shown(&s.actor),
+            reason: shown(&s.reason),
+            expires_in_secs: s.until_ms.map(|u| v.secs_until(u)),
+            since_ms: s.since_ms,
+        }),
+        would_deny: v.would_deny(),
     }
 }
 
@@ -273,25 +389,63 @@ pub(crate) async fn overview(
             error: shown(&format!("key {}: {}", u.key, u.detail)),
         })
         .collect();
-    let (workers, workers_error) = match workers(store).await {
+    let (workers, workers_error, registry) = match workers(store).await {
         Ok(read) => {
             let by_dependency = read.in_fallback_by_dependency();
             for r in &mut rows {
                 r.workers_in_fallback =
                     Some(by_dependency.get(&r.dependency).copied().unwrap_or(0));
             }
-            (Some(WorkersLine::of(&read)), None)
+            let line = WorkersLine::of(&read);
+            let mut registry = workers_shown(read);
+            worst_first(&mut registry);
+            (Some(line), None, Some(Arc::new(registry)))
         }
-        Err(e) => (None, Some(e)),
+        Err(e) => (None, Some(e), None),
     };
-    Ok(Overview {
+    let mut ov = Overview {
         schema_version: 1,
         key_prefix: store.prefix().to_owned(),
         dependencies: rows,
         unusable,
         workers,
         workers_error,
-    })
+        registry,
+        read_at_ms: fleet_budget::clock::now_ms(),
+        read_took_ms: 0,
+        json_head: Vec::new(),
+    };
+    ov.serialize_once();
+    Ok(ov)
+}
+
+/// The console's last reading of the whole fleet, which every overview (page, fragment, JSON)
+/// is rendered from. Why: reading 1,000 dependencies costs hundreds of milliseconds, and a page
+/// view that read them itself cost that each time, for every viewer; the console reads them
+/// anyway every few seconds for the history, so a page is that reading rendered, saying how old
+/// it is. An operator's change is followed by a new reading before its answer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Reading {
+    /// The last reading that succeeded (`None` before the first).
+    pub(crate) overview: Option<Arc<Overview>>,
+    /// Why the last attempt failed; `None` when it succeeded (or none was made yet).
+    pub(crate) failure: Option<Arc<StoreError>>,
+    /// The number of the read this came from (reads are numbered as they start).
+    pub(crate) read: u64,
+}
+
+/// The last hour of each dependency read from Prometheus (`crate::prometheus`), for the
+/// overview's sparklines.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sparks {
+    /// Prometheus's URL, password redacted.
+    pub(crate) from: String,
+    /// Each dependency's points (escaped names), oldest first, one a step.
+    pub(crate) hours: BTreeMap<String, Vec<Point>>,
+    /// The console's clock when read.
+    pub(crate) read_at_ms: u64,
+    /// Why the last read failed (the sparklines are then the console's own).
+    pub(crate) error: Option<String>,
 }
 
 /// One reading of a dependency, for its charts.
@@ -311,6 +465,74 @@ pub(crate) struct Point {
 struct Kept {
     recent: VecDeque<Point>,
     hour: VecDeque<Point>,
+    /// In shadow: the retries denied in each window (by its index) the console saw in shadow,
+    /// over the last hour, as (the most seen, the count when it was last seen enforced: what
+    /// enforcement denied before the switch); the windows' length (a new length starts the
+    /// count again).
+    shadow: BTreeMap<u64, (u64, u64)>,
+    shadow_window_ms: u64,
+    /// The window and its denials at the last reading that found the dependency enforced.
+    last_enforced: Option<(u64, u64)>,
+}
+
+/// What enforcement would have dead-lettered of a dependency in shadow, counted by the
+/// console from its readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShadowCount {
+    /// Retries denied (jobs that enforcement would have dead-lettered).
+    pub(crate) denied: u64,
+    /// The windows counted.
+    pub(crate) windows: u64,
+    /// Their length (ms): the budget's window.
+    pub(crate) window_ms: u64,
+    /// How far back the count reaches (ms): an hour, or less when the console has not seen
+    /// the dependency in shadow that long.
+    pub(crate) covers_ms: u64,
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+impl Kept {
+    /// Counts the denials of the windows `r` shows, when in shadow. A window's counter only
+    /// grows while it is current, and Redis keeps it, final, as the previous window for one
+    /// window more: so each window's count is the largest seen of it, and a window read only
+    /// while current (the console missed its last seconds) is counted with what was seen. The
+    /// previous window is counted only when the console saw it in shadow while it was current;
+    /// the window of the switch counts from the denials of the last reading before it (those
+    /// enforcement denied are not counted; those between that reading and the switch are).
+    fn count_shadow(&mut self, r: &DependencyRow) {
+        if r.enforcement != "shadow" {
+            self.last_enforced = Some((r.window_index, r.windows[1][1]));
+            return;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // ms of a window
+        let window_ms = (r.window_secs * 1000.0).round().max(0.0) as u64;
+        if window_ms == 0 {
+            return;
+        }
+        if window_ms != self.shadow_window_ms {
+            self.shadow.clear();
+            self.shadow_window_ms = window_ms;
+        }
+        let [previous, current] = r.windows;
+        let baseline = match self.last_enforced.take() {
+            Some((i, denied)) if i == r.window_index => denied,
+            _ => 0,
+        };
+        let now = self.shadow.entry(r.window_index).or_insert((0, baseline));
+        now.0 = now.0.max(current[1]);
+        if let Some(before) = r
+            .window_index
+            .checked_sub(1)
+            .and_then(|i| self.shadow.get_mut(&i))
+        {
+            before.0 = before.0.max(previous[1]);
+        }
+        // Windows that ended more than an hour ago are dropped.
+        let oldest_end = r.now_ms.saturating_sub(HOUR_MS);
+        self.shadow
+            .retain(|i, _| i.saturating_add(1).saturating_mul(window_ms) > oldest_end);
+    }
 }
 
 /// The last readings of each dependency seen, bounded: [`HISTORY_POINTS`] and [`HOUR_POINTS`]
@@ -331,6 +553,7 @@ impl History {
                 continue;
             }
             let kept = self.points.entry(r.dependency.clone()).or_default();
+            kept.count_shadow(r);
             let point = Point {
                 at_ms: r.now_ms,
                 spent: r.spent,
@@ -367,11 +590,164 @@ impl History {
             .unwrap_or_default()
     }
 
+    /// What enforcement would have dead-lettered of `dependency` over the last hour the console
+    /// saw it in shadow (server time `now_ms`); `None` when it never saw it in shadow, or when
+    /// the budget's window is longer than an hour (its `would_deny` is then the better count).
+    pub(crate) fn shadow_hour(&self, dependency: &str, now_ms: u64) -> Option<ShadowCount> {
+        let kept = self.points.get(dependency)?;
+        let window_ms = kept.shadow_window_ms;
+        if window_ms == 0 || window_ms > HOUR_MS {
+            return None;
+        }
+        let oldest_end = now_ms.saturating_sub(HOUR_MS);
+        let counted: Vec<(u64, u64)> = kept
+            .shadow
+            .iter()
+            .filter(|(i, _)| i.saturating_add(1).saturating_mul(window_ms) > oldest_end)
+            .map(|(i, (most, baseline))| (*i, most.saturating_sub(*baseline)))
+            .collect();
+        let first = counted.first()?.0;
+        Some(ShadowCount {
+            denied: counted.iter().map(|(_, n)| n).sum(),
+            windows: u64::try_from(counted.len()).unwrap_or(u64::MAX),
+            window_ms,
+            covers_ms: now_ms
+                .saturating_sub(first.saturating_mul(window_ms))
+                .min(HOUR_MS),
+        })
+    }
+
     /// The readings a minute apart of `dependency` over the last hour, oldest first.
     pub(crate) fn hour_of(&self, dependency: &str) -> Vec<Point> {
         self.points
             .get(dependency)
             .map(|k| k.hour.iter().copied().collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{DependencyRow, History, Overview};
+
+    const WINDOW_MS: u64 = 60_000;
+
+    /// A reading of `d` in window `index`, `at` ms into it, with the previous and current
+    /// windows' denials.
+    pub(crate) fn reading(
+        d: &str,
+        shadow: bool,
+        index: u64,
+        at: u64,
+        denied: [u64; 2],
+    ) -> DependencyRow {
+        DependencyRow {
+            dependency: d.to_owned(),
+            allowance: 10,
+            spent: 10,
+            remaining: 0,
+            denied: denied[0] + denied[1],
+            denials_per_sec: 0.0,
+            first_attempts: 100,
+            amplification: Some(1.1),
+            window_secs: 60.0,
+            policy: String::new(),
+            conflict: None,
+            frozen: None,
+            set: None,
+            breaker: None,
+            concurrency: None,
+            workers_in_fallback: None,
+            alert: String::new(),
+            severity: 0,
+            alerts: Vec::new(),
+            now_ms: index * WINDOW_MS + at,
+            windows: [[0, denied[0], 0], [0, denied[1], 0]],
+            window_index: index,
+            enforcement: if shadow { "shadow" } else { "enforce" },
+            enforcement_switch: None,
+            would_deny: 0,
+        }
+    }
+
+    fn record(h: &mut History, r: DependencyRow) {
+        h.record(&Overview {
+            schema_version: 1,
+            key_prefix: String::new(),
+            dependencies: vec![r],
+            unusable: Vec::new(),
+            workers: None,
+            workers_error: None,
+            registry: None,
+            read_at_ms: 0,
+            read_took_ms: 0,
+            json_head: Vec::new(),
+        });
+    }
+
+    #[test]
+    fn the_json_is_serialized_once_and_carries_the_reading_s_times() {
+        let mut ov = Overview {
+            schema_version: 1,
+            key_prefix: "p\"q".to_owned(),
+            dependencies: vec![reading("s", true, 100, 10_000, [0, 3])],
+            unusable: Vec::new(),
+            workers: None,
+            workers_error: Some("nope".to_owned()),
+            registry: None,
+            read_at_ms: 1_000,
+            read_took_ms: 7,
+            json_head: Vec::new(),
+        };
+        // By hand (no head yet), then as a reading serializes it: the same answer.
+        let lazy: serde_json::Value = serde_json::from_slice(&ov.json(1_500)).unwrap();
+        ov.serialize_once();
+        assert!(!ov.json_head.is_empty());
+        let once: serde_json::Value = serde_json::from_slice(&ov.json(1_500)).unwrap();
+        assert_eq!(lazy, once);
+        assert_eq!(once["key_prefix"], "p\"q");
+        assert_eq!(once["dependencies"][0]["dependency"], "s");
+        assert_eq!(once["read_at_ms"], 1_000);
+        assert_eq!(once["read_took_ms"], 7);
+        assert_eq!(once["read_age_ms"], 500);
+        // A clock set back: an age of 0, not a wrap.
+        let back: serde_json::Value = serde_json::from_slice(&ov.json(10)).unwrap();
+        assert_eq!(back["read_age_ms"], 0);
+    }
+
+    #[test]
+    fn shadow_counts_each_window_once_from_the_switch_on() {
+        let mut h = History::default();
+        // Enforced: 3 denied in window 100 (dead-lettered, not counted).
+        record(&mut h, reading("s", false, 100, 10_000, [0, 3]));
+        assert_eq!(h.shadow_hour("s", 100 * WINDOW_MS + 10_000), None);
+        // Switched: the window's count goes on from 3.
+        record(&mut h, reading("s", true, 100, 20_000, [0, 5]));
+        record(&mut h, reading("s", true, 100, 55_000, [0, 7]));
+        // The window rolled: its final count (8) is now the previous window's.
+        record(&mut h, reading("s", true, 101, 1_000, [8, 2]));
+        record(&mut h, reading("s", true, 101, 6_000, [8, 4]));
+        let now = 101 * WINDOW_MS + 6_000;
+        let c = h.shadow_hour("s", now).unwrap();
+        assert_eq!(c.denied, (8 - 3) + 4);
+        assert_eq!(c.windows, 2);
+        assert_eq!(c.window_ms, WINDOW_MS);
+        assert_eq!(c.covers_ms, 66_000);
+        // An hour later with readings all along: only the windows of the last hour count.
+        for i in 102..=170 {
+            record(&mut h, reading("s", true, i, 30_000, [1, 1]));
+        }
+        let c = h.shadow_hour("s", 170 * WINDOW_MS + 30_000).unwrap();
+        assert_eq!(c.covers_ms, 3_600_000);
+        assert_eq!(
+            c.windows, 61,
+            "the windows that ended in the last hour and the current"
+        );
+        assert_eq!(c.denied, 61);
+        // Enforced again: nothing new is counted, and a dependency never in shadow has none.
+        record(&mut h, reading("s", false, 171, 0, [1, 50]));
+        assert_eq!(h.shadow_hour("s", 171 * WINDOW_MS).unwrap().denied, 60);
+        record(&mut h, reading("t", false, 171, 0, [1, 50]));
+        assert_eq!(h.shadow_hour("t", 171 * WINDOW_MS), None);
     }
 }

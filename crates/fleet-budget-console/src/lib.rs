@@ -35,6 +35,7 @@ mod dead_letters;
 mod filters;
 mod fleet;
 mod pages;
+mod prometheus;
 mod replay;
 mod routes;
 mod server;
@@ -49,6 +50,7 @@ use fleet_budget_amqp::{Topology, WorkerConfig};
 use tokio::sync::Notify;
 
 pub use access::{LoginLimits, MIN_TOKEN_BYTES, Token, TokenError, Viewers};
+pub use fleet_budget::metrics::Prometheus;
 
 use crate::access::{Access, Counters, lock};
 use crate::dead_letters::{Sample, Which};
@@ -88,6 +90,13 @@ pub struct ConsoleSettings {
     pub limits: NetLimits,
     /// The login limits (per client address, per token label).
     pub login_limits: LoginLimits,
+    /// Where the overview's sparklines come from when set (`--prometheus-url`): Prometheus's
+    /// range queries over the counters the workers export; else, and whenever Prometheus
+    /// fails, the console's own readings.
+    pub prometheus: Option<Prometheus>,
+    /// The step of the sparklines read from Prometheus (one point per step over the last
+    /// hour; each point counts over its step).
+    pub prometheus_step: Duration,
 }
 
 /// The public address of the console, as given to `--public-url`.
@@ -200,6 +209,8 @@ impl ConsoleSettings {
             trusted_proxies: Vec::new(),
             limits: NetLimits::default(),
             login_limits: LoginLimits::default(),
+            prometheus: None,
+            prometheus_step: Duration::from_secs(60),
         }
     }
 }
@@ -249,9 +260,74 @@ pub(crate) struct App {
     pub(crate) risks: Mutex<Arc<Vec<pages::risks::Risk>>>,
     /// The counters of `/metrics`.
     pub(crate) counters: Arc<Counters>,
+    /// The last reading of the fleet ([`fleet::Reading`]), which the overview renders.
+    pub(crate) reading: tokio::sync::watch::Sender<fleet::Reading>,
+    /// Reads started (each reading carries its number).
+    pub(crate) reads_started: std::sync::atomic::AtomicU64,
+    /// Wakes the fleet's reader before its time (after an operator's change).
+    pub(crate) read_now: Notify,
+    /// The last hour of each dependency as Prometheus has it, when configured.
+    pub(crate) sparks: Mutex<Option<Arc<fleet::Sparks>>>,
 }
 
 impl App {
+    /// The last reading of the fleet, waiting for the first (within the upstream deadline).
+    ///
+    /// # Errors
+    /// The last read failed, or none succeeded in time (a page that says so).
+    pub(crate) async fn overview(&self) -> Result<Arc<fleet::Overview>, routes::ConsoleError> {
+        let mut rx = self.reading.subscribe();
+        let waited = tokio::time::timeout(self.settings.upstream_timeout, async {
+            loop {
+                {
+                    let r = rx.borrow_and_update();
+                    if let Some(e) = &r.failure {
+                        return Err(routes::ConsoleError::upstream("Redis", &**e));
+                    }
+                    if let Some(ov) = &r.overview {
+                        return Ok(Arc::clone(ov));
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return Err(routes::ConsoleError::upstream(
+                        "Redis",
+                        &fleet_budget::StoreError::Timeout(self.settings.upstream_timeout),
+                    ));
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| {
+            Err(routes::ConsoleError::upstream(
+                "Redis",
+                &fleet_budget::StoreError::Timeout(self.settings.upstream_timeout),
+            ))
+        })
+    }
+
+    /// Asks the fleet's reader for a new reading, started after this call, and waits for it
+    /// (within the upstream deadline): what an operator's change does before answering, so the
+    /// overview it goes back to shows the change.
+    pub(crate) async fn read_again(&self) {
+        let mut rx = self.reading.subscribe();
+        let wanted = self
+            .reads_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_add(1);
+        self.read_now.notify_one();
+        let waited = tokio::time::timeout(self.settings.upstream_timeout, async {
+            while rx.borrow_and_update().read < wanted {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!("console: no new reading of the fleet within the deadline");
+        }
+    }
+
     pub(crate) fn sample(&self, which: Which) -> Sample {
         let i = match which {
             Which::Dead => 0,
@@ -362,15 +438,29 @@ pub async fn start(settings: ConsoleSettings) -> Result<RunningConsole, StartErr
         sample_wanted: Arc::default(),
         queue_work: Arc::new(tokio::sync::Mutex::new(())),
         counters: Arc::new(Counters::default()),
+        reading: tokio::sync::watch::Sender::new(fleet::Reading::default()),
+        reads_started: std::sync::atomic::AtomicU64::new(0),
+        read_now: Notify::new(),
+        sparks: Mutex::new(None),
         settings,
     });
     let jobs = Arc::clone(&app.jobs);
-    let background = vec![
-        tokio::spawn(keep_history(app.clone())),
+    let mut background = vec![
+        tokio::spawn(keep_reading(app.clone())),
         tokio::spawn(dead_letters::keep_samples(app.clone())),
         tokio::spawn(async move { jobs.keep_alive().await }),
         tokio::spawn(keep_risks(app.clone())),
     ];
+    // A copy of the operators' overrides, put back when Redis loses one before its end.
+    background.extend(fleet_budget::control::keep_overrides(
+        Arc::clone(&app.store),
+        &app.settings.config.budget,
+        "console",
+        None,
+    ));
+    if app.settings.prometheus.is_some() {
+        background.push(tokio::spawn(keep_sparks(app.clone())));
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = app.settings.limits.clone();
     let trusted = app.settings.trusted_proxies.clone();
@@ -406,21 +496,84 @@ async fn keep_risks(app: Arc<App>) {
     }
 }
 
-/// Reads every dependency every `history_every`, for the charts.
-async fn keep_history(app: Arc<App>) {
+/// Reads every dependency every `history_every` (or at once when an operator's change asks):
+/// the reading every overview renders, and a point of the history.
+async fn keep_reading(app: Arc<App>) {
     loop {
-        let read = tokio::time::timeout(
-            app.settings.upstream_timeout,
-            fleet::overview(&app.settings.config.budget, &app.store, None),
-        )
-        .await;
-        match read {
-            Ok(Ok(overview)) => lock(&app.history).record(&overview),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "console: reading the budgets for the history failed");
-            }
-            Err(_) => tracing::warn!("console: reading the budgets for the history timed out"),
+        read_fleet(&app).await;
+        tokio::select! {
+            () = tokio::time::sleep(app.settings.history_every) => {}
+            () = app.read_now.notified() => {}
         }
-        tokio::time::sleep(app.settings.history_every).await;
+    }
+}
+
+/// One reading of the fleet, published.
+async fn read_fleet(app: &App) {
+    let number = app
+        .reads_started
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        .saturating_add(1);
+    let started = std::time::Instant::now();
+    let timeout = app.settings.upstream_timeout;
+    let read = tokio::time::timeout(
+        timeout,
+        fleet::overview(&app.settings.config.budget, &app.store, None),
+    )
+    .await
+    .unwrap_or(Err(fleet_budget::StoreError::Timeout(timeout)));
+    match read {
+        Ok(mut overview) => {
+            overview.read_at_ms = fleet_budget::clock::now_ms();
+            overview.read_took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(0);
+            lock(&app.history).record(&overview);
+            let overview = Arc::new(overview);
+            app.reading.send_modify(|r| {
+                r.overview = Some(overview);
+                r.failure = None;
+                r.read = number;
+            });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "console: reading the fleet failed");
+            app.reading.send_modify(|r| {
+                r.failure = Some(Arc::new(e));
+                r.read = number;
+            });
+        }
+    }
+}
+
+/// Reads the last hour of every dependency from Prometheus, when configured, a few times a
+/// step (at least every 30 s): the overview's sparklines, which fall back to the console's own
+/// readings while this fails.
+async fn keep_sparks(app: Arc<App>) {
+    let Some(prometheus) = app.settings.prometheus.clone() else {
+        return;
+    };
+    let step = app.settings.prometheus_step;
+    let every = (step / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        let now_ms = fleet_budget::clock::now_ms();
+        let read = prometheus::hour(&prometheus, now_ms, step).await;
+        let sparks = match read {
+            Ok(hours) => fleet::Sparks {
+                from: prometheus.shown().to_owned(),
+                hours,
+                read_at_ms: now_ms,
+                error: None,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "console: reading the sparklines from Prometheus failed");
+                fleet::Sparks {
+                    from: prometheus.shown().to_owned(),
+                    hours: std::collections::BTreeMap::new(),
+                    read_at_ms: now_ms,
+                    error: Some(e),
+                }
+            }
+        };
+        *lock(&app.sparks) = Some(Arc::new(sparks));
+        tokio::time::sleep(every).await;
     }
 }

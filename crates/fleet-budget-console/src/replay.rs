@@ -48,6 +48,9 @@ use tokio::sync::watch;
 
 use crate::access::lock;
 
+/// How often a running replay's page state looks whether RabbitMQ blocks its connection.
+const BLOCK_LOOK: Duration = Duration::from_millis(250);
+
 /// Ended jobs kept for their pages.
 pub(crate) const JOBS_KEPT: usize = 20;
 /// Jobs waiting or running at once; more are refused (the page says so).
@@ -199,6 +202,9 @@ pub(crate) struct JobState {
     pub(crate) held: Option<String>,
     /// While held by an open breaker: the server time (Unix ms) its open period ends.
     pub(crate) held_until_ms: Option<u64>,
+    /// While RabbitMQ blocks the run's connection (a memory or disk alarm): the broker's reason
+    /// (`low on memory`). Nothing is published, so nothing moves, until it is unblocked.
+    pub(crate) blocked: Option<String>,
     /// The rate moves go at now (messages/s; `None`: nothing decided yet).
     pub(crate) rate_now: Option<f64>,
     /// Why the rate is what it is (the library's wire name: `starting`, `at_rate`, `slowed`,
@@ -220,8 +226,8 @@ pub(crate) struct JobState {
 }
 
 impl JobState {
-    /// The run's state in a word, for its page: `queued`, `held`, `running`, `cancelling`,
-    /// `cancelled`, `done`, `failed` or `interrupted`.
+    /// The run's state in a word, for its page: `queued`, `blocked`, `held`, `running`,
+    /// `cancelling`, `cancelled`, `done`, `failed` or `interrupted`.
     pub(crate) fn state(&self) -> &'static str {
         if self.interrupted {
             return "interrupted";
@@ -232,6 +238,7 @@ impl JobState {
             (true, None, false) => "done",
             (false, ..) if self.cancel_requested_by.is_some() => "cancelling",
             (false, ..) if self.queued => "queued",
+            (false, ..) if self.blocked.is_some() => "blocked",
             (false, ..) if self.held.is_some() => "held",
             (false, ..) => "running",
         }
@@ -253,7 +260,11 @@ impl JobState {
         self.rate_now = p.rate.map(Rate::per_sec);
         self.pace = p.pace.map(|s| s.as_str().to_owned());
         self.pace_text = p.pace.map(Pace::describe);
-        self.eta_secs = p.eta().map(|d| d.as_secs_f64());
+        // No time left to tell while RabbitMQ blocks the run: nothing moves.
+        self.eta_secs = p
+            .eta()
+            .filter(|_| self.blocked.is_none())
+            .map(|d| d.as_secs_f64());
         self.slowdowns = p.slowdowns;
     }
 }
@@ -455,6 +466,7 @@ impl Jobs {
                 r.state.done = true;
                 r.state.queued = false;
                 r.state.held = None;
+                r.state.blocked = None;
                 r.state.paused_on = None;
                 save(Some(store), r).await;
             }
@@ -743,9 +755,30 @@ impl Run<'_> {
         // run's end entry still leaves where it stopped (`budgetctl audit`).
         let journal = RunJournal::new(Arc::clone(&self.cx.store));
         let mut tick = tokio::time::interval(Duration::from_secs(2));
+        // A resource alarm blocks the run's connection without changing its progress (its copies
+        // wait): looked at on its own, as often as the library reads the connection's events.
+        let mut alarm = tokio::time::interval(BLOCK_LOOK);
+        alarm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut due = None;
             tokio::select! {
+                _ = alarm.tick() => {
+                    let blocked = handle.blocked().map(|b| b.reason);
+                    let mut s = lock(&self.job.state);
+                    if s.blocked != blocked {
+                        match &blocked {
+                            Some(reason) => tracing::warn!(job = %s.id, reason = %reason, "console: the replay's connection is blocked by RabbitMQ (a resource alarm); nothing moves until it is unblocked"),
+                            None => tracing::info!(job = %s.id, "console: the replay's connection is unblocked"),
+                        }
+                        s.blocked = blocked;
+                        if s.blocked.is_some() {
+                            s.eta_secs = None;
+                        } else {
+                            s.follow(&handle.progress());
+                        }
+                        s.elapsed_secs = self.started.elapsed().as_secs_f64();
+                    }
+                }
                 _ = tick.tick() => {
                     let s = lock(&self.job.state).clone();
                     due = Some(json!({
@@ -781,6 +814,7 @@ impl Run<'_> {
                 save(Some(&self.cx.store), &self.job.record()).await;
             }
         }
+        lock(&self.job.state).blocked = None;
         let outcome = handle.wait().await;
         let _ = budget.shutdown().await;
         let r = match outcome {

@@ -24,13 +24,13 @@
   function overview(table) {
     poll(table.getAttribute("data-source"), 2000, function (html) {
       var doc = new DOMParser().parseFromString(html, "text/html");
-      ["overview-rows", "overview-pager", "workers-line"].forEach(function (id) {
+      ["overview-rows", "overview-pager", "workers-line", "reading-age"].forEach(function (id) {
         var fresh = doc.getElementById(id);
         var old = document.getElementById(id);
         if (fresh && old) { old.parentNode.replaceChild(document.importNode(fresh, true), old); }
       });
       var note = document.getElementById("refreshed");
-      if (note) { note.textContent = "last read " + new Date().toLocaleTimeString(); }
+      if (note) { note.textContent = "This page refreshes every 2 s (last at " + new Date().toLocaleTimeString() + ")."; }
     }, "text/html");
   }
 

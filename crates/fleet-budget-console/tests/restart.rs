@@ -2,7 +2,9 @@
 //! same port, Redis of the test's own, the shared RabbitMQ under a topology of its own):
 //! operators stay logged in, a replay that was moving messages when the console died is listed
 //! as interrupted with the counts it reached, and running it again moves each message once.
-//! A token taken out of the configuration ends its sessions at the next start.
+//! A token taken out of the configuration ends its sessions at the next start. The same restart
+//! driven from Chromium: the browser's session sees the replay interrupted and runs it again.
+//! Every `/api/replay` answer read is held to `docs/schemas/console/replay.schema.json`.
 //!
 //! No timed assertion: each wait is a hang check; the figures are printed.
 #![allow(
@@ -12,6 +14,8 @@
     clippy::indexing_slicing,
     missing_docs
 )]
+
+mod support;
 
 #[allow(dead_code)]
 #[path = "browser/webdriver.rs"]
@@ -31,7 +35,8 @@ use fleet_budget_amqp::{Replayer, WorkerConfig, queue_depths};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use webdriver::http;
+use support::{csrf_of, location, set_cookie};
+use webdriver::{Driver, http};
 
 const OPERATOR: &str = "operator-token-0123456789";
 const OTHER_OPERATOR: &str = "another-operator-token-9876543210";
@@ -169,35 +174,6 @@ async fn dead_letters(s: &Setup) {
         .unwrap();
 }
 
-fn set_cookie(head: &str, name: &str) -> String {
-    head.lines()
-        .filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
-        .find_map(|l| {
-            let v = l.split_once(':').unwrap().1.trim();
-            v.strip_prefix(&format!("{name}="))
-                .map(|rest| rest.split(';').next().unwrap().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no cookie {name} in {head}"))
-}
-
-fn csrf_of(page: &str) -> String {
-    let at = page
-        .find("name=\"csrf\" value=\"")
-        .unwrap_or_else(|| panic!("no CSRF token in the page"));
-    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
-    rest[..rest.find('"').unwrap()].to_owned()
-}
-
-fn location(head: &str) -> String {
-    head.lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .starts_with("location:")
-                .then(|| l.split_once(':').unwrap().1.trim().to_owned())
-        })
-        .unwrap_or_default()
-}
-
 /// Logs in; the session cookie (`fbc_session=...`).
 async fn login(addr: &str, token: &str) -> String {
     let (_, head, _) = http(addr, "GET", "/login", &[], None).await;
@@ -232,7 +208,25 @@ async fn post(addr: &str, cookie: &str, path: &str, form: &str) -> (u16, String,
     (status, head, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// GETs `/api/replay/ID` until `done` holds for its JSON (a hang check).
+/// `job`, an answer of `/api/replay/ID`, held to `docs/schemas/console/replay.schema.json` by
+/// the suite's validator (`crates/budgetctl/tests/cli/validate_json.py`, Python `jsonschema`:
+/// `FLEET_BUDGET_PYTHON`, else the repository's `.venv`, else `python3`).
+fn hold_to_schema(job: &Value) {
+    let verdict = support::validate("replay", &[job]);
+    assert_eq!(
+        verdict["documents"],
+        serde_json::json!([[]]),
+        "/api/replay does not match docs/schemas/console/replay.schema.json: {verdict}\n{job}"
+    );
+    assert_eq!(
+        verdict["schemas"]["replay"],
+        serde_json::json!([]),
+        "{verdict}"
+    );
+}
+
+/// GETs `/api/replay/ID` until `done` holds for its JSON (a hang check); every answer held to
+/// its schema.
 async fn job_until(addr: &str, cookie: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let started = Instant::now();
     loop {
@@ -240,6 +234,7 @@ async fn job_until(addr: &str, cookie: &str, id: &str, done: impl Fn(&Value) -> 
         if status == 200 {
             let job: Value = serde_json::from_str(&body).unwrap();
             if done(&job) {
+                hold_to_schema(&job);
                 return job;
             }
         }
@@ -354,6 +349,104 @@ async fn sessions_and_an_interrupted_replay_outlive_a_restart_and_the_rerun_move
     let fresh = login(&addr, OTHER_OPERATOR).await;
     let (_, _, page) = get(&addr, &fresh, "/replays").await;
     assert!(page.contains("ann (operator)"));
+    console.kill().await.unwrap();
+    let _ = std::fs::remove_file(&s.config_path);
+    let _ = std::fs::remove_file(&s.tokens);
+}
+
+/// The restart as an operator meets it in Chromium: logged in in the browser, a replay started
+/// from the dead-letter page, the console killed (SIGKILL) and started again; the same browser
+/// session reads the replay's page, which says it was interrupted, and its "Run again" moves
+/// what is left, each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_replay_killed_with_its_console_reads_interrupted_and_runs_again() {
+    let s = setup("console-restart-browser");
+    s.broker.migrate().await;
+    dead_letters(&s).await;
+    let addr = s.addr();
+    let base = format!("http://{addr}");
+    let mut console = s.start().await;
+    let driver = Driver::start().await;
+    let b = driver.browser().await;
+    b.goto(&format!("{base}/login")).await;
+    b.type_into("#login input[name=token]", OPERATOR).await;
+    b.click("#login button").await;
+    b.until_text("header .who", None, |t| t.contains("ann (operator)"))
+        .await;
+
+    // The dry run from the group's row, then the replay at 1 message a second.
+    let replay_button = "form.replay button";
+    b.until_text(
+        "#groups tbody",
+        Some(&format!("{base}/dead-letters")),
+        |t| t.contains("search"),
+    )
+    .await;
+    b.click(replay_button).await;
+    b.type_into("#confirm-replay input[name=rate]", "1").await;
+    b.type_into("#confirm-replay input[name=note]", "browser restart test")
+        .await;
+    b.click("#confirm-replay button").await;
+    b.until_text("#j-state", None, |t| !t.is_empty()).await;
+    let path = b.run("return location.pathname").await;
+    let path = path.as_str().unwrap().to_owned();
+    assert!(path.starts_with("/replay/"), "{path}");
+    let id = path.trim_start_matches("/replay/").to_owned();
+    // The page's live refresh shows the moves.
+    let moved = b
+        .until_text("#j-moved", None, |t| t.parse::<u64>().unwrap_or(0) >= 2)
+        .await;
+    println!("moved before the kill (the page): {moved}");
+    // The record is written every 2 s: let one carry the moves.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    console.kill().await.unwrap();
+
+    // Started again: the same browser session reads the replay as interrupted.
+    let mut console = s.start().await;
+    let state = b
+        .until_text("#j-state", Some(&format!("{base}{path}")), |t| {
+            t == "interrupted"
+        })
+        .await;
+    assert_eq!(state, "interrupted");
+    assert!(b.text("header .who").await.contains("ann (operator)"));
+    b.find("#interrupted").await;
+    let stopped_at: u64 = b.text("#j-moved").await.parse().unwrap();
+    assert!((2..MESSAGES).contains(&stopped_at), "{stopped_at}");
+    b.screenshot("replay-interrupted").await;
+
+    // Run again, from the page.
+    b.click("#rerun button").await;
+    let again = b.until_text("#j-state", None, |t| t == "done").await;
+    assert_eq!(again, "done");
+    let path_again = b.run("return location.pathname").await;
+    let again_id = path_again
+        .as_str()
+        .unwrap()
+        .trim_start_matches("/replay/")
+        .to_owned();
+    assert_ne!(again_id, id, "a new job");
+    // Its answer, in the browser's session, held to the schema.
+    let job = b
+        .run_async(&format!(
+            "const done = arguments[arguments.length - 1];\
+             fetch('/api/replay/{again_id}', {{credentials: 'same-origin'}})\
+               .then(r => r.text()).then(done).catch(e => done(''));"
+        ))
+        .await;
+    let job: Value = serde_json::from_str(job.as_str().unwrap_or_default()).unwrap();
+    hold_to_schema(&job);
+    assert_eq!(job["rerun_of"], id.as_str(), "{job}");
+    let depths = queue_depths(s.broker.url.clone(), &s.broker.topology)
+        .await
+        .unwrap();
+    println!(
+        "depths after the rerun: work {}, dead {}, parked {}",
+        depths.work, depths.dead, depths.parked
+    );
+    assert_eq!(u64::from(depths.work), MESSAGES, "each message moved once");
+    assert_eq!(depths.dead, 0);
+    b.quit().await;
     console.kill().await.unwrap();
     let _ = std::fs::remove_file(&s.config_path);
     let _ = std::fs::remove_file(&s.tokens);

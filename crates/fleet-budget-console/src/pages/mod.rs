@@ -11,6 +11,7 @@
 mod audit;
 mod dead_letters;
 mod dependency;
+pub(crate) mod incident;
 mod overview;
 mod replay;
 pub(crate) mod risks;
@@ -24,10 +25,10 @@ use crate::access::{Role, Visitor};
 
 pub(crate) use audit::{AuditPage, audit};
 pub(crate) use dead_letters::{dead_letters, dry_run, group, message, purge_confirm, purged};
-pub(crate) use dependency::*;
-pub(crate) use overview::*;
+pub(crate) use dependency::{Kept, Shown, dependency};
+pub(crate) use overview::{OverviewPage, overview, overview_fragment};
 pub(crate) use replay::{held_text, rate_text, replay, replays};
-pub(crate) use workers::workers;
+pub(crate) use workers::{WorkersPage, workers};
 
 /// Text from outside, redacted, with unsafe characters by code point (maud escapes the HTML):
 /// the one door every such text passes, on the pages and in the JSON answers.

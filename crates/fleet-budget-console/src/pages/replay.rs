@@ -7,8 +7,16 @@ use super::{count, csrf_input, is_operator, layout, short, short_at, t, time};
 use crate::access::Visitor;
 use crate::replay::{JobState, Kind};
 
-/// Why a run waits, in words (`-` when it does not).
+/// Why a run waits, in words (`-` when it does not): RabbitMQ's block of its connection first
+/// (nothing can move then), else what holds it.
 pub(crate) fn held_text(j: &JobState) -> String {
+    if let Some(reason) = &j.blocked {
+        return format!(
+            "blocked: a RabbitMQ resource alarm ({}) blocks the replay's connection; nothing is \
+             published until the broker unblocks it",
+            t(reason)
+        );
+    }
     let dependency = t(j.paused_on.as_deref().unwrap_or("its dependency"));
     match j.held.as_deref() {
         None => "-".to_owned(),
@@ -25,6 +33,9 @@ pub(crate) fn rate_text(j: &JobState) -> String {
     }
     if j.queued {
         return "0/s (waiting for its turn)".to_owned();
+    }
+    if j.blocked.is_some() && !j.done {
+        return "0/s (blocked by RabbitMQ)".to_owned();
     }
     if j.held.is_some() {
         // The last rate decided is not what a held run moves at.
@@ -126,7 +137,7 @@ pub(crate) fn replay(v: &Visitor, j: &JobState) -> Markup {
             @if j.kind.is_purge() {
                 p.note { "A purge reads the queue once: it removes the messages of its selection present at its start and puts every other one back. Cancel stops it at its next message; what it has not removed stays. Its intent is in the audit trail before the first message goes, its end when it ends." }
             } @else {
-            p.note { "The replay is paced by its dependency's health: it starts slow and doubles while the replayed jobs succeed, up to the rate asked; it is halved when they fail again and climbs back when they stop; it is held while the dependency's breaker is open or an operator froze its budget. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
+            p.note { "The replay is paced by its dependency's health: it starts slow and doubles while the replayed jobs succeed, up to the rate asked; it is halved when they fail again and climbs back when they stop; it is held while the dependency's breaker is open or an operator froze its budget, and blocked while a RabbitMQ resource alarm (memory or disk) stops every publish, going on by itself once the alarm clears. Cancel stops it at its next step; what it has not moved stays in the dead-letter queue." }
             }
         },
     )

@@ -5,8 +5,9 @@
 //! an incident (issue 32); every page that shows a time calls [`ago`] (or [`relative`] for the
 //! words alone), so the wording is the same everywhere.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
+use fleet_budget::printable::rfc3339_ms;
 use maud::{Markup, html};
 
 /// A point in time (Unix ms) as `<time>`: "3 min ago" (or "in 3 min"), its exact UTC time in
@@ -19,7 +20,7 @@ pub(crate) fn ago(ms: Option<u64>) -> Markup {
 pub(crate) fn ago_at(ms: Option<u64>, now_ms: u64) -> Markup {
     match ms {
         Some(ms) => html! {
-            time datetime=(rfc3339(ms)) title=(utc(ms)) { (relative(ms, now_ms)) }
+            time datetime=(rfc3339_ms(ms)) title=(utc(ms)) { (relative(ms, now_ms)) }
         },
         None => html! { "-" },
     }
@@ -52,17 +53,12 @@ pub(crate) fn span(d: Duration) -> String {
 
 /// The exact time: `2026-12-07 00:25:19 UTC`.
 pub(crate) fn utc(ms: u64) -> String {
-    rfc3339(ms).replacen('T', " ", 1).replace('Z', " UTC")
-}
-
-/// `2026-12-07T00:25:19Z` (what `datetime` takes).
-fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    rfc3339_ms(ms).replacen('T', " ", 1).replace('Z', " UTC")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{ago_at, relative, utc};
 
     const NOW: u64 = 1_796_604_919_000; // 2026-12-07T00:55:19Z
 
@@ -84,5 +80,12 @@ mod tests {
             "<time datetime=\"2026-12-07T00:52:19Z\" title=\"2026-12-07 00:52:19 UTC\">3 min ago</time>"
         );
         assert_eq!(ago_at(None, NOW).into_string(), "-");
+        // A registry's or a header's time is anyone's to write: past the year 9999 it is shown
+        // as its number (humantime's formatter refused it, and `to_string` panicked).
+        assert!(
+            ago_at(Some(u64::MAX), NOW)
+                .into_string()
+                .contains("ms after the epoch (past the year 9999)")
+        );
     }
 }

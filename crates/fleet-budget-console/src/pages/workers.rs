@@ -1,13 +1,15 @@
-//! The worker registry as a page: every worker that reports (or did), its fallback
-//! dependencies with for how long, and which went silent.
+//! The worker registry as a page: the workers that report (or did), worst first and 50 a page
+//! (a registry holds up to 10,000 entries: listed whole it weighed 3 MB), their fallback
+//! dependencies with for how long, and which went silent, from the console's last reading.
 
 use std::time::Duration;
 
 use fleet_budget::control::{FleetWorkers, WorkerEntry};
 use maud::{Markup, html};
 
-use super::{layout, short, time};
+use super::{PER_PAGE, count, layout, pager, short, time};
 use crate::access::Visitor;
+use crate::fleet::WorkersLine;
 
 fn duration(ms: u64) -> String {
     time::span(Duration::from_millis(ms))
@@ -36,31 +38,55 @@ fn fallback_cell(w: &WorkerEntry) -> Markup {
     }
 }
 
-/// The worker registry. Every text in it was escaped by the library when read
+/// A page of the registry as the console's last reading read it.
+pub(crate) struct WorkersPage<'a> {
+    /// The registry, its entries worst first (`crate::fleet::worst_first`).
+    pub(crate) registry: &'a FleetWorkers,
+    /// Its counts (of every entry read, not of the page).
+    pub(crate) line: WorkersLine,
+    /// The page (1-based) and its first entry's offset (`pages::page_of`).
+    pub(crate) page: usize,
+    pub(crate) from: usize,
+    /// When the reading ended (the console's clock, Unix ms).
+    pub(crate) read_at_ms: u64,
+}
+
+/// The worker registry, a page of it. Every text in it was escaped by the library when read
 /// (`fleet_budget::control::workers`); maud escapes the HTML.
-pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
+pub(crate) fn workers(v: &Visitor, p: &WorkersPage<'_>) -> Markup {
     let opt = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
     let text = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
-    let now = fleet_budget::clock::now_ms();
+    let (read, line) = (p.registry, &p.line);
+    let listed = read.workers.len();
+    let rows = read
+        .workers
+        .get(p.from..(p.from + PER_PAGE).min(listed))
+        .unwrap_or_default();
+    let link = |n: usize| format!("/workers?page={n}");
     layout(
         "Workers",
         Some(v),
         html! {
-            p { (read.reporting()) " workers reporting, " (read.in_fallback()) " in fallback, "
-                (read.silent()) " silent, of " (read.total) " entries in the worker registry"
-                @if read.truncated { " (the " (read.workers.len()) " seen last are listed)" } "." }
+            p #workers-counts {
+                (count(line.reporting)) " workers reporting, " (count(line.in_fallback)) " in fallback, "
+                (count(line.silent)) " silent, " (count(line.unreadable)) " unreadable, of "
+                (count(line.total)) " entries in the worker registry"
+                @if line.truncated { " (counted among the " (count(listed as u64)) " seen last, which are listed)" }
+                "; as the console read it " (time::ago(Some(p.read_at_ms))) " (it reads the registry every few seconds)."
+            }
             p.note { "A worker reports every few seconds which dependencies it decides from its "
                 "fallback (Redis failed for them). A silent worker has not reported for three of its "
                 "intervals: it stopped, or it is cut off from Redis and decides everything from its "
                 "fallback, which it cannot report; its own " code { "fleet_budget_fallback_active" }
                 " metric says which." }
+            (pager("workers-pager", p.page, listed, "entries, worst first (in fallback, unreadable, silent, then reporting; each last seen first)", &link))
             table #workers data-source="/api/workers" {
                 thead { tr {
                     th { "worker" } th { "state" } th { "host" } th { "pid" } th { "lang" }
                     th { "version" } th { "last seen" } th { "fallback (for how long)" }
                 } }
                 tbody {
-                    @for w in &read.workers {
+                    @for w in rows {
                         tr data-state=(state(w)) {
                             td.cut { (short(&w.id)) }
                             td { (state(w)) @if let Some(why) = &w.unreadable { br; small { (short(why)) } } }
@@ -68,7 +94,7 @@ pub(crate) fn workers(v: &Visitor, read: &FleetWorkers) -> Markup {
                             td.num { (opt(w.pid)) }
                             td.cut { (short(&text(&w.lang))) }
                             td.cut { (short(&text(&w.version))) }
-                            td { (time::ago(w.age_ms.map(|a| now.saturating_sub(a)))) }
+                            td { (time::ago(w.age_ms.map(|a| p.read_at_ms.saturating_sub(a)))) }
                             td.fallback { (fallback_cell(w)) }
                         }
                     }

@@ -1,4 +1,4 @@
-//! The changes an operator makes: overrides, a sample refresh, a replay's dry run and start, a
+//! The changes an operator makes: overrides, shadow or enforcement, a sample refresh, a replay's dry run and start, a
 //! purge, a cancel, a run again. Each handler takes an [`Operator`] (its checks are done before
 //! it runs) and validates what the form asks, in `budgetctl`'s words, before anything is sent
 //! to Redis or RabbitMQ.
@@ -9,7 +9,9 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use fleet_budget::control::OverrideAction;
+use fleet_budget::control::enforcement;
 use fleet_budget::control::overrides::{self, MAX_OVERRIDE_DURATION, MAX_REASON_BYTES};
+use fleet_budget::decision::Enforcement;
 use fleet_budget_amqp::ReplayFilter;
 use fleet_budget_amqp::replay::QueuedMessage;
 use serde::Deserialize;
@@ -66,21 +68,7 @@ impl OverrideForm {
         let duration = || -> Result<Duration, ConsoleError> {
             let text =
                 some(self.minutes.as_ref()).ok_or_else(|| invalid("say for how long (minutes)"))?;
-            let minutes: f64 = text.parse().map_err(|_| {
-                invalid(format!("the duration `{text}` is not a number of minutes"))
-            })?;
-            let d = Duration::try_from_secs_f64(minutes * 60.0)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    invalid(format!("the duration `{text}` must be more than 0 minutes"))
-                })?;
-            if d > MAX_OVERRIDE_DURATION {
-                return Err(invalid(format!(
-                    "the duration `{text}` minutes must be at most 366d"
-                )));
-            }
-            Ok(d)
+            minutes(text)
         };
         Ok(match self.action.as_str() {
             "freeze" => OverrideAction::Freeze {
@@ -148,6 +136,83 @@ pub(super) async fn override_action(
         overrides::apply(&app.store, &app.audit, &dep, action, &op.actor(), &reason),
     )
     .await?;
+    app.read_again().await;
+    Ok(Redirect::to(&format!(
+        "/dependency/{}",
+        pages::path_segment(dep.as_str())
+    )))
+}
+
+/// A switch between shadow and enforcement from the page.
+#[derive(Debug, Deserialize)]
+pub(super) struct EnforcementForm {
+    enforcement: String,
+    /// For how long; empty: until the next switch.
+    #[serde(default)]
+    minutes: Option<String>,
+    #[serde(default)]
+    reason: String,
+}
+
+impl EnforcementForm {
+    /// The enforcement asked and for how long, checked as `budgetctl budget shadow|enforce`
+    /// checks its flags.
+    fn asked(&self) -> Result<(Enforcement, Option<Duration>), ConsoleError> {
+        let to = Enforcement::parse(&self.enforcement).ok_or_else(|| {
+            ConsoleError::BadRequest(format!(
+                "the enforcement is shadow or enforce, not {:?}",
+                pages::t(&self.enforcement)
+            ))
+        })?;
+        let duration = match some(self.minutes.as_ref()) {
+            None => None,
+            Some(text) => Some(minutes(text)?),
+        };
+        Ok((to, duration))
+    }
+}
+
+/// A number of minutes from a form: more than 0, at most 366 days.
+fn minutes(text: &str) -> Result<Duration, ConsoleError> {
+    let minutes: f64 = text
+        .parse()
+        .map_err(|_| invalid(format!("the duration `{text}` is not a number of minutes")))?;
+    let d = Duration::try_from_secs_f64(minutes * 60.0)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| invalid(format!("the duration `{text}` must be more than 0 minutes")))?;
+    if d > MAX_OVERRIDE_DURATION {
+        return Err(invalid(format!(
+            "the duration `{text}` minutes must be at most 366d"
+        )));
+    }
+    Ok(d)
+}
+
+/// Switches a dependency to shadow or back to enforcement, through the library call
+/// `budgetctl budget shadow|enforce` makes (audited, expiring with its key).
+pub(super) async fn enforcement_action(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    op: Operator<EnforcementForm>,
+) -> Result<Redirect, ConsoleError> {
+    let dep = dependency(&name)?;
+    let reason = reason_of(&op.form.reason, "reason")?;
+    let (to, duration) = op.form.asked()?;
+    redis(
+        &app,
+        enforcement::switch(
+            &app.store,
+            &app.audit,
+            &dep,
+            to,
+            duration,
+            &op.actor(),
+            &reason,
+        ),
+    )
+    .await?;
+    app.read_again().await;
     Ok(Redirect::to(&format!(
         "/dependency/{}",
         pages::path_segment(dep.as_str())

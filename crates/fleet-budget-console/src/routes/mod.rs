@@ -35,6 +35,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
             "/dependency/{name}/override",
             post(actions::override_action),
         )
+        .route(
+            "/dependency/{name}/enforcement",
+            post(actions::enforcement_action),
+        )
         .route("/dead-letters", get(reads::dead_letters_page))
         .route("/dead-letters/group", get(reads::group_page))
         .route("/dead-letters/message", get(reads::message_page))
@@ -58,6 +62,16 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/workers", get(reads::workers_page))
         .route("/api/workers", get(reads::workers_json))
         .route("/audit", get(reads::audit_page))
+        .route(
+            "/incident",
+            get(
+                |axum::extract::State(app): axum::extract::State<Arc<App>>,
+                 extract::Viewer(v): extract::Viewer,
+                 axum::extract::Query(q): axum::extract::Query<
+                    crate::pages::incident::IncidentQuery,
+                >| crate::pages::incident::page(app, v, q),
+            ),
+        )
         .route("/login", get(login::login_page).post(login::login_action))
         .route("/logout", post(login::logout_action))
         .route("/static/console.js", get(security::script))

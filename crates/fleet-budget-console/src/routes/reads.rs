@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Json, Response};
 use fleet_budget::control::AuditEntry;
 use maud::Markup;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::ConsoleError;
 use super::extract::Viewer;
@@ -25,20 +25,19 @@ pub(super) struct OverviewQuery {
     page: Option<String>,
 }
 
-/// One page of the overview, read now.
+/// One page of the overview, from the console's last reading of the fleet.
 async fn overview_page_of(
     app: &App,
     q: &OverviewQuery,
 ) -> Result<pages::OverviewPage, ConsoleError> {
-    let ov = redis(
-        app,
-        crate::fleet::overview(&app.settings.config.budget, &app.store, None),
-    )
-    .await?;
+    let ov = app.overview().await?;
+    let sparks = lock(&app.sparks).clone();
     Ok(pages::OverviewPage::new(
         ov,
         q.page.as_deref(),
         &lock(&app.history),
+        app.settings.history_every,
+        sparks.as_deref(),
     ))
 }
 
@@ -64,43 +63,162 @@ pub(super) async fn overview_fragment(
     Ok(pages::overview_fragment(&shown))
 }
 
+/// The last reading as JSON, serialized once per reading ([`crate::fleet::Overview::json`]).
 pub(super) async fn overview_json(
     State(app): State<Arc<App>>,
     _: Viewer,
 ) -> Result<Response, ConsoleError> {
-    let ov = redis(
-        &app,
-        crate::fleet::overview(&app.settings.config.budget, &app.store, None),
+    let ov = app.overview().await?;
+    let body = ov.json(fleet_budget::clock::now_ms());
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
     )
-    .await?;
-    Ok(Json(ov).into_response())
+        .into_response())
 }
 
+/// One dependency's page: its row of the console's last reading of the fleet (what the overview
+/// shows, no Redis call), or, for a dependency that reading did not have (new since, or none),
+/// a reading of it alone; its history; its last 20 audit entries (one Redis call).
 pub(super) async fn dependency_page(
     State(app): State<Arc<App>>,
     Viewer(visitor): Viewer,
     Path(name): Path<String>,
 ) -> Result<Markup, ConsoleError> {
     let dep = dependency(&name)?;
-    let ov = redis(
-        &app,
-        crate::fleet::overview(&app.settings.config.budget, &app.store, Some(&dep)),
-    )
-    .await?;
-    let (history, hour) = {
-        let kept = lock(&app.history);
-        (kept.of(dep.as_str()), kept.hour_of(dep.as_str()))
+    let ov = app.overview().await?;
+    let name_shown = pages::t(dep.as_str());
+    let row = ov
+        .dependencies
+        .iter()
+        .find(|r| r.dependency == name_shown)
+        .cloned();
+    let unusable = ov
+        .unusable
+        .iter()
+        .find(|u| u.dependency == name_shown)
+        .map(|u| u.error.clone());
+    let shown = if row.is_some() || unusable.is_some() {
+        pages::Shown {
+            row,
+            unusable,
+            read_at_ms: ov.read_at_ms,
+            read_every: Some(app.settings.history_every),
+        }
+    } else {
+        let alone = redis(
+            &app,
+            crate::fleet::overview(&app.settings.config.budget, &app.store, Some(&dep)),
+        )
+        .await?;
+        pages::Shown {
+            row: alone.dependencies.into_iter().next(),
+            unusable: alone.unusable.into_iter().next().map(|u| u.error),
+            read_at_ms: alone.read_at_ms,
+            read_every: None,
+        }
     };
-    let mut trail = redis(
-        &app,
-        app.audit
-            .read(&app.store, None, None, Some(dep.as_str()), 20),
-    )
-    .await?;
-    trail.reverse();
+    let kept = {
+        let kept = lock(&app.history);
+        let now_ms = shown.row.as_ref().map_or(0, |r| r.now_ms);
+        pages::Kept {
+            history: kept.of(&name_shown),
+            hour: kept.hour_of(&name_shown),
+            shadow: kept.shadow_hour(&name_shown, now_ms),
+        }
+    };
+    let trail = trail_of(&app, dep.as_str(), None, 20).await?;
+    let searched = (!trail.reached_start && trail.entries.len() < 20).then_some(trail.searched);
     Ok(pages::dependency(
-        &visitor, &dep, &ov, &history, &hour, &trail,
+        &visitor,
+        &dep,
+        &shown,
+        &kept,
+        &trail.entries,
+        searched,
     ))
+}
+
+/// Audit entries a dependency's page or its audit page reads at most per view, newest first,
+/// looking for that dependency's: the trail keeps up to 10,000 (each with its before and after
+/// states), and reading all of it for one dependency's few cost 500–700 ms a view (debug
+/// build, docs/BENCHMARKS.md). A page that stops short says so and links to older entries.
+const TRAIL_SEARCHED: usize = 1_000;
+/// Entries read per round trip while searching.
+const TRAIL_READ: usize = 250;
+
+/// What [`trail_of`] found.
+struct TrailRead {
+    /// The dependency's entries, newest first.
+    entries: Vec<AuditEntry>,
+    /// Entries of the whole trail looked through.
+    searched: usize,
+    /// Whether the search reached the trail's oldest entry.
+    reached_start: bool,
+    /// The id of the oldest entry looked through.
+    oldest: Option<String>,
+}
+
+/// The newest `want` audit entries of `dependency` with ids up to `before` (inclusive; `None`:
+/// the newest), looking through at most [`TRAIL_SEARCHED`] entries of the trail, newest first,
+/// [`TRAIL_READ`] a round trip.
+async fn trail_of(
+    app: &App,
+    dependency: &str,
+    before: Option<(u64, u64)>,
+    want: usize,
+) -> Result<TrailRead, ConsoleError> {
+    let mut found = TrailRead {
+        entries: Vec::new(),
+        searched: 0,
+        reached_start: false,
+        oldest: None,
+    };
+    // The oldest entry looked at: the next read is of older ones.
+    let mut bound: Option<(u64, u64)> = None;
+    while found.searched < TRAIL_SEARCHED && found.entries.len() < want {
+        let read = redis(
+            app,
+            app.audit.read(
+                &app.store,
+                None,
+                bound.or(before).map(|(ms, _)| ms),
+                None,
+                TRAIL_READ,
+            ),
+        )
+        .await?;
+        let full = read.len() >= TRAIL_READ;
+        let fresh: Vec<AuditEntry> = read
+            .into_iter()
+            .rev()
+            .filter(|e| bound.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id < b)))
+            .filter(|e| before.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id <= b)))
+            .collect();
+        let Some(oldest) = fresh.last() else {
+            // Nothing older: the start; or a full read of one millisecond's entries, all seen.
+            found.reached_start = !full;
+            break;
+        };
+        bound = stream_id(&oldest.id);
+        found.oldest = Some(oldest.id.clone());
+        found.searched += fresh.len();
+        let room = want - found.entries.len();
+        found.entries.extend(
+            fresh
+                .into_iter()
+                .filter(|e| e.dependency.as_deref() == Some(dependency))
+                .take(room),
+        );
+        if !full {
+            found.reached_start = true;
+            break;
+        }
+    }
+    Ok(found)
 }
 
 /// A list's query: the filters (with `g`, a group's short key), the page and the sort.
@@ -258,6 +376,8 @@ pub(super) async fn replay_json(
     job.message_id = job.message_id.as_deref().map(pages::t);
     let mut body = serde_json::to_value(&job).unwrap_or_default();
     if let Some(o) = body.as_object_mut() {
+        // Held to `docs/schemas/console/replay.schema.json`.
+        o.insert("schema_version".to_owned(), 1.into());
         o.insert("state".to_owned(), job.state().into());
         o.insert("held_text".to_owned(), pages::held_text(&job).into());
         o.insert("rate_text".to_owned(), pages::rate_text(&job).into());
@@ -295,30 +415,43 @@ pub(super) async fn audit_page(
         })?),
         None => None,
     };
-    // The page's entries and one more (is there an older page?), and room for the entries
-    // of the cursor's own millisecond that were shown already.
     let per = pages::PER_PAGE;
-    let read = redis(
-        &app,
-        app.audit.read(
-            &app.store,
-            None,
-            before.map(|(ms, _)| ms),
-            dependency.as_deref(),
-            per + 64,
-        ),
-    )
-    .await?;
-    let mut entries: Vec<AuditEntry> = read
-        .into_iter()
-        .rev()
-        .filter(|e| before.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id <= b)))
-        .take(per + 1)
-        .collect();
-    let older = if entries.len() > per {
-        entries.pop().map(|e| e.id)
-    } else {
-        None
+    let (entries, older) = match &dependency {
+        // One dependency's: looked for through at most `TRAIL_SEARCHED` entries of the trail;
+        // when the search stops short, the next page starts where it stopped.
+        Some(d) => {
+            let mut found = trail_of(&app, d, before, per + 1).await?;
+            let older = if found.entries.len() > per {
+                found.entries.pop().map(|e| e.id)
+            } else if found.reached_start {
+                None
+            } else {
+                found.oldest
+            };
+            (found.entries, older)
+        }
+        None => {
+            // The page's entries and one more (is there an older page?), and room for the
+            // entries of the cursor's own millisecond that were shown already.
+            let read = redis(
+                &app,
+                app.audit
+                    .read(&app.store, None, before.map(|(ms, _)| ms), None, per + 64),
+            )
+            .await?;
+            let mut entries: Vec<AuditEntry> = read
+                .into_iter()
+                .rev()
+                .filter(|e| before.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id <= b)))
+                .take(per + 1)
+                .collect();
+            let older = if entries.len() > per {
+                entries.pop().map(|e| e.id)
+            } else {
+                None
+            };
+            (entries, older)
+        }
     };
     Ok(pages::audit(
         &visitor,
@@ -331,18 +464,108 @@ pub(super) async fn audit_page(
     ))
 }
 
+/// The workers' page's and JSON's query: the page (1-based, `pages::PER_PAGE` entries a page;
+/// past the last, the last).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct WorkersQuery {
+    #[serde(default)]
+    page: Option<String>,
+}
+
+/// The registry of the console's last reading, or why it could not be read.
+fn registry_of(
+    ov: &crate::fleet::Overview,
+) -> Result<
+    (
+        Arc<fleet_budget::control::FleetWorkers>,
+        crate::fleet::WorkersLine,
+    ),
+    ConsoleError,
+> {
+    match (&ov.registry, ov.workers) {
+        (Some(registry), Some(line)) => Ok((Arc::clone(registry), line)),
+        _ => Err(ConsoleError::upstream(
+            "Redis",
+            &ov.workers_error
+                .clone()
+                .unwrap_or_else(|| "the worker registry was not read".to_owned()),
+        )),
+    }
+}
+
 pub(super) async fn workers_page(
     State(app): State<Arc<App>>,
     Viewer(visitor): Viewer,
+    Query(q): Query<WorkersQuery>,
 ) -> Result<Markup, ConsoleError> {
-    let read = redis(&app, crate::fleet::workers(&app.store)).await?;
-    Ok(pages::workers(&visitor, &crate::fleet::workers_shown(read)))
+    let ov = app.overview().await?;
+    let (registry, line) = registry_of(&ov)?;
+    let (from, page) = pages::page_of(q.page.as_deref(), registry.workers.len());
+    Ok(pages::workers(
+        &visitor,
+        &pages::WorkersPage {
+            registry: &registry,
+            line,
+            page,
+            from,
+            read_at_ms: ov.read_at_ms,
+        },
+    ))
+}
+
+/// `/api/workers`: a page of the registry as the console's last reading read it
+/// (`docs/schemas/console/workers.schema.json`).
+#[derive(Debug, Serialize)]
+struct WorkersJson<'a> {
+    schema_version: u32,
+    /// Server ms of the registry's read.
+    now_ms: u64,
+    /// When the console's reading ended, and how old it is (the console's clock, ms).
+    read_at_ms: u64,
+    read_age_ms: u64,
+    /// Ids in the registry, whether entries past those read were left out, and the counts of
+    /// those read.
+    total: u64,
+    truncated: bool,
+    counts: crate::fleet::WorkersLine,
+    /// Entries read (at most 10,000), and how they are ordered.
+    listed: usize,
+    order: &'static str,
+    /// This page (1-based), how many there are, and entries a page.
+    page: usize,
+    pages: usize,
+    per_page: usize,
+    /// The page's entries.
+    workers: &'a [fleet_budget::control::WorkerEntry],
 }
 
 pub(super) async fn workers_json(
     State(app): State<Arc<App>>,
     _: Viewer,
+    Query(q): Query<WorkersQuery>,
 ) -> Result<Response, ConsoleError> {
-    let read = redis(&app, crate::fleet::workers(&app.store)).await?;
-    Ok(Json(crate::fleet::workers_shown(read)).into_response())
+    let ov = app.overview().await?;
+    let (registry, counts) = registry_of(&ov)?;
+    let listed = registry.workers.len();
+    let (from, page) = pages::page_of(q.page.as_deref(), listed);
+    let per_page = pages::PER_PAGE;
+    let body = WorkersJson {
+        schema_version: 2,
+        now_ms: registry.now_ms,
+        read_at_ms: ov.read_at_ms,
+        read_age_ms: fleet_budget::clock::now_ms().saturating_sub(ov.read_at_ms),
+        total: registry.total,
+        truncated: registry.truncated,
+        counts,
+        listed,
+        order: "worst first: in fallback, unreadable, silent, then reporting; each last seen first",
+        page,
+        pages: listed.div_ceil(per_page).max(1),
+        per_page,
+        workers: registry
+            .workers
+            .get(from..(from + per_page).min(listed))
+            .unwrap_or_default(),
+    };
+    Ok(Json(body).into_response())
 }

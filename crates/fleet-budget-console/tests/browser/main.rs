@@ -31,6 +31,8 @@ use crate::webdriver::{Driver, http};
 mod pages;
 // Operating the console (issue 32): errors, times, the audit table, the risks.
 mod operating;
+// Shadow mode from the console (issue 34) and human times on the overview.
+mod shadow;
 
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";

@@ -126,10 +126,12 @@ async fn errors_times_the_audit_table_and_the_risks_read_as_an_operator_needs_th
         serde_json::json!(["who", "when", "what", "dependency", "reason", "details"])
     );
 
-    // Redis down: a reload says so, in a page, with no "Log in".
+    // Redis down: once the console's reading of the fleet fails (it reads every second here),
+    // a reload says so, in a page, with no "Log in".
     f._redis.stop();
-    b.goto(&format!("{base}/")).await;
-    let said = b.until_text("#refusal", None, |t| !t.is_empty()).await;
+    let said = b
+        .until_text("#refusal", Some(&format!("{base}/")), |t| !t.is_empty())
+        .await;
     println!("Redis down: {said}");
     assert!(said.contains("Redis is unreachable"), "{said}");
     assert_eq!(b.text("h1").await, "Redis is unreachable");
