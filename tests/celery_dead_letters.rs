@@ -25,16 +25,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
-use fleet_budget::testing::RedisServer;
 use fleet_budget_amqp::dead_letters::{QueueCounts, Row};
-use fleet_budget_amqp::testing::{TestBroker, amqp_url, unique_prefix};
-use fleet_budget_amqp::{
-    AmqpSettings, ReplayFilter, ReplayOptions, Replayer, WorkerConfig, headers,
-};
+use fleet_budget_amqp::testing::amqp_url;
+use fleet_budget_amqp::{ReplayFilter, ReplayOptions, Replayer, WorkerConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use serde_json::{Value, json};
 
-use self::processes::{CeleryQueue, Proc, common_block_on, depth, python, wait_until};
+use self::processes::{CeleryQueue, Fleet, Proc, depth, python, wait_until};
 
 /// `headers` as py-amqp sends the Python values of the same JSON (text as long strings, integers
 /// as 64-bit integers, `true` as a boolean, `1.5` as a double, `null` as void).
@@ -235,34 +232,24 @@ fn send(env: &[(&str, String)], jobs: &[(&str, String, bool)]) {
 #[test]
 #[allow(clippy::too_many_lines)]
 fn celery_dead_letters_are_counted_where_rust_reads_them() {
-    let redis = RedisServer::start();
-    let broker = TestBroker::with_settings(AmqpSettings {
-        url: amqp_url(),
-        prefix: unique_prefix("celerydl"),
-        ..AmqpSettings::default()
-    });
-    common_block_on(broker.migrate());
-    let prefix = broker.settings.prefix.clone();
-    let celery_queue = format!("{prefix}.celery");
-    let key_prefix = format!("fbcdl{}", &headers::new_message_id()[..8]);
-    let dir = std::env::temp_dir().join(&key_prefix);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("fleet-budget.toml");
     // `search` has no allowance (its retryable failures are denied: budget_exhausted); `mail`
     // has headroom, so that its replay is not paused.
-    std::fs::write(
-        &config,
-        format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{key_prefix}\"\ntimeout_ms = 2000\n\
-             [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\n\
-             [defaults]\nwindow_secs = 86400\nratio = 0.0\nmin_allowance = 0\n\
-             [dependencies.search]\ntasks = [\"fail_as\"]\n\
-             [dependencies.mail]\ntasks = [\"mail_as\"]\nmin_allowance = 100\n",
-            redis.url(),
-            amqp_url(),
-        ),
-    )
-    .unwrap();
+    let fleet = Fleet::start(
+        "cdl",
+        "",
+        &[],
+        "[defaults]\nwindow_secs = 86400\nratio = 0.0\nmin_allowance = 0\n\
+         [dependencies.search]\ntasks = [\"fail_as\"]\n\
+         [dependencies.mail]\ntasks = [\"mail_as\"]\nmin_allowance = 100\n",
+    );
+    let Fleet {
+        broker,
+        prefix,
+        dir,
+        config,
+        ..
+    } = &fleet;
+    let celery_queue = format!("{prefix}.celery");
     let env = [
         ("FB_CONFIG", config.display().to_string()),
         ("FB_CELERY_QUEUE", celery_queue.clone()),
@@ -286,7 +273,7 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
             .current_dir(common::repo_root().join("tests/python"))
             .env_remove("FLEET_BUDGET_REDIS_URL")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        &dir,
+        dir,
     );
 
     // 32 jobs that fail for good, under hostile error classes too.
@@ -312,9 +299,9 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
 
     let dead = broker.topology.dead_queue.clone();
     wait_until("32 dead letters", Duration::from_secs(60), || {
-        depth(&broker, &dead) >= 32
+        depth(broker, &dead) >= 32
     });
-    let worker_config = WorkerConfig::from_path(&config).unwrap();
+    let worker_config = WorkerConfig::from_path(config).unwrap();
     // One runtime for the budget's Redis connection, which lives on the runtime it was made on.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -384,5 +371,5 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
     let stopped = counts();
     assert!(stopped.exact(), "{:?}", stopped.why_estimate());
     assert_eq!(groups(&stopped), expected);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }

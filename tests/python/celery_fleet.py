@@ -11,13 +11,22 @@ and by the mixed Rust/Celery fleet (tests/mixed_fleet.rs).
 ``FAIL <class>`` (retryable) or ``REJECT <class>``, 2 s at most. Executions are counted in the
 Redis key ``<FB_CELERY_QUEUE>:calls`` (the budget's Redis), and the processes that ran them (``"<pid> <parent's pid>"``) in
 the set ``<FB_CELERY_QUEUE>:pids``. ``fail_as(doc_id, error_class, retryable)`` (and ``mail_as``, the same
-under another name) fails every execution with that error class."""
+under another name) fails every execution with that error class. ``shadow_index`` and
+``switch_index`` (two task names, two dependencies in a test's configuration) are
+``index_document`` that also notes each execution, ``"<task> <doc_id> <attempt>
+<fb-shadow-denied or ->"``, in the list ``<FB_CELERY_QUEUE>:seen`` (the header as the delivered
+message carries it), and may hold its retries until a test says go.
+
+With ``FB_METRICS`` set, each prefork child serves its own Prometheus registry
+(``budget.metrics.registry``, the child's) on a port of its own on 127.0.0.1, as a user scrapes a
+prefork pool, and adds the port to the set ``<FB_CELERY_QUEUE>:metrics``."""
 
 import os
 import socket
+import time
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from fleet_budget import FleetBudget
 from fleet_budget.celery import BudgetedTask, install
@@ -96,3 +105,35 @@ def _fail_as(self, doc_id, error_class, retryable=False):
 # configuration).
 fail_as = app.task(base=ClassedTask, budget=budget, name="fail_as", retry_on=(Failed,), bind=True)(_fail_as)
 mail_as = app.task(base=ClassedTask, budget=budget, name="mail_as", retry_on=(Failed,), bind=True)(_fail_as)
+
+
+def _index_noted(self, doc_id, fail=0, hold_retries=False):
+    """``index_document``, each execution noted with the ``fb-shadow-denied`` header it carried;
+    ``hold_retries``: a retry waits (60 s at most) for the key ``<FB_CELERY_QUEUE>:go:<doc_id>``
+    before it goes on, so that a test changes the budget between two attempts."""
+    shadow = (self.request.headers or {}).get("fb-shadow-denied") or "-"
+    state.rpush(f"{QUEUE}:seen", f"{self.name} {doc_id} {self.request.retries + 1} {shadow}")
+    if hold_retries and self.request.retries > 0:
+        for _ in range(1200):
+            if state.exists(f"{QUEUE}:go:{doc_id}"):
+                break
+            time.sleep(0.05)
+    if self.request.retries < fail:
+        raise Unavailable("search unavailable")
+    return f"indexed {doc_id}"
+
+
+shadow_index = app.task(base=BudgetedTask, budget=budget, name="shadow_index", retry_on=(Unavailable,),
+                        bind=True)(_index_noted)
+switch_index = app.task(base=BudgetedTask, budget=budget, name="switch_index", retry_on=(Unavailable,),
+                        bind=True)(_index_noted)
+
+
+@signals.worker_process_init.connect(weak=False)
+def _serve_metrics(**_):
+    """A prefork child's metrics on a port of its own (``FB_METRICS`` set)."""
+    if os.environ.get("FB_METRICS"):
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(0, addr="127.0.0.1", registry=budget.metrics.registry)
+        state.sadd(f"{QUEUE}:metrics", server.server_port)

@@ -5,9 +5,11 @@ more header sets), and the tally that sends them: summed per row, one ``dead_let
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import pytest
+
 import redis
 
 from fleet_budget import FleetBudget, forks
@@ -85,21 +87,54 @@ def test_a_tally_sums_per_row_and_sends_500_rows_a_call(redis_url):
         tally.entered(rows[0])
     assert tally.pending() == 1204
     assert tally.flush() == 0 and tally.pending() == 0
-    assert [len(args) for args in calls] == [1 + 2 * CHUNK, 1 + 2 * CHUNK, 1 + 2 * 200]
+    assert [len(args) for args in calls] == [2 + 2 * CHUNK, 2 + 2 * CHUNK, 2 + 2 * 200]
     assert all(args[0] == str(MAX_ROWS) for args in calls)
+    assert [args[1] for args in calls] == ["1", "2", "3"], "each batch numbered"
     index = client.hgetall(index_key("fb", "fleet.dead"))
     assert len(index) == 1200 and index[rows[0].encode()] == b"5" and index[rows[1].encode()] == b"1"
     assert tally.flush() == 0 and len(calls) == 3, "nothing pending, no call"
 
 
-def test_a_failed_flush_is_logged_and_never_sent_again(dead_url, caplog):
+def test_an_unanswered_batch_is_sent_again_then_given_up_and_logged(dead_url, caplog):
     client = redis.Redis.from_url(dead_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    tally = Tally(lambda: client, "fb", "fleet.dead", every=3600)
+    tally = Tally(lambda: client, "fb", "fleet.dead", every=3600, tries=3)
     tally.entered(row(HEADERS), 3)
-    assert tally.flush() == 3
-    assert tally.unrecorded == 3 and tally.pending() == 0
+    assert tally.flush() == 0 and tally.flush() == 0, "kept, sent again at the next flush"
+    tally.entered(row(HEADERS), 2)  # waits behind the unanswered batch
+    assert tally.flush() == 3, "given up at its third try"
+    assert tally.unrecorded == 3 and tally.sent_again == 2
     assert "dead-letter index fb:v1:dead-letters:{fleet.dead} not updated for 3 messages" in caplog.text
-    assert tally.flush() == 0, "never sent again: a retry after a timeout could count twice"
+    assert tally.flush_last() == 2 and tally.unrecorded == 5 and tally.pending() == 0
+
+
+def test_a_batch_whose_answer_was_lost_is_counted_once(redis_url):
+    """The call runs in Redis and its answer is lost (a timeout while Redis was busy): sent again
+    with its number, the script applies it once."""
+    client = redis.Redis.from_url(redis_url)
+    lose = [True]
+
+    class LosingFirstAnswer:
+        def register_script(self, text):
+            script = client.register_script(text)
+
+            def call(keys, args):
+                reply = script(keys=keys, args=args)
+                if lose[0]:
+                    lose[0] = False
+                    raise redis.exceptions.TimeoutError("Timeout reading from socket")
+                return reply
+            return call
+
+    losing = LosingFirstAnswer()
+    prefix = f"fbpy{secrets.token_hex(4)}"
+    tally = Tally(lambda: losing, prefix, "fleet.dead", every=3600)
+    tally.entered(row(HEADERS), 3)
+    assert tally.flush() == 0 and tally.sent_again == 0
+    assert tally.flush() == 0 and tally.sent_again == 1
+    assert client.hgetall(index_key(prefix, "fleet.dead")) == {row(HEADERS).encode(): b"3"}
+    assert tally.unrecorded == 0
+    writers = client.keys(f"{prefix}:v1:dead-letters-writer:{{fleet.dead}}:*")
+    assert len(writers) == 1 and 0 < client.pttl(writers[0]) <= 600_000
 
 
 def test_a_workers_counts_are_sent_within_250_ms_and_at_exit(redis_url):

@@ -178,8 +178,8 @@ def test_a_fork_while_other_threads_hold_the_locks_deadlocks_nothing(redis_url, 
     publisher.publish(exchange, "", b"parent-1", {}, {})  # the parent's connection is open
     b.on_success("index_document")
     assert wait_until(lambda: b.pending_deposits() == 0), "the parent's flusher runs"
-    locks = [b._pending_lock, b._health._lock, b._own_lock, b._rng_lock, b.local._lock, b._group._lock,
-             b._lease_ids._lock, b.metrics._lock, b.metrics.registry._lock, publisher._lock,
+    locks = [b._deposits._lock, b._health._lock, b._own_lock, b._jitter._lock, b.local._lock, b._group._lock,
+             b._admission._lease_ids._lock, b._denials._lock, b._enforcement._lock, b.metrics._lock, b.metrics.registry._lock, publisher._lock,
              b.metrics.successes.labels("search")._value._lock]
     held, release = threading.Event(), threading.Event()
 
@@ -231,13 +231,13 @@ def test_a_fork_in_the_middle_of_a_flush_shares_no_socket(redis_url):
     b.flush()  # the script loaded, the parent's connection open
     admin = redis.Redis.from_url(redis_url)
     sent = threading.Event()
-    deposit = b._deposit
+    deposit = b._deposits._script
 
     def deposit_then_note(*args, **kwargs):
         sent.set()
         return deposit(*args, **kwargs)
 
-    b._deposit = deposit_then_note
+    b._deposits._script = deposit_then_note
     for _ in range(5):
         b.on_success("index_document")
     admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")

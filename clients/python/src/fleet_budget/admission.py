@@ -3,7 +3,7 @@ may run now, and what it holds while it runs.
 
 The rate budget (``on_failure``) decides whether a failed job *may* retry; the retry runs later,
 after its delay. The concurrency budget is about the moment of the call: a retry needs a slot
-when it runs. So every execution asks :meth:`FleetBudget.admit` just before its body runs, and
+when it runs. So every execution asks :meth:`FleetBudget.admit <fleet_budget.FleetBudget.admit>` just before its body runs, and
 gives the :class:`Call` back to :meth:`FleetBudget.finish` when the body returns. ``admit`` answers:
 
 - a :class:`Call`: run it (holding a lease when the dependency has a concurrency budget);
@@ -29,19 +29,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Optional, TypeVar, Union
+from typing import Any, Callable, Generator, Optional, TypeVar, Union
 
 import redis
 
 from . import breaker as cb
-from .concurrency import (HEDGE, PRIMARY, RETRY, Acquired, ConcurrencyPolicy, Lease, acquire_args, lease_keys,
-                          parse_acquire, parse_release)
+from . import scripts
+from .concurrency import (HEDGE, PRIMARY, RETRY, Acquired, ConcurrencyPolicy, Lease, LeaseIds, acquire_args,
+                          lease_keys, parse_acquire, parse_release)
+from .decide import Jitter, dead_letter
 from .decision import DeadLetter
 from .redact import redact_url
 from .scripts import BadReply
-
-if TYPE_CHECKING:
-    from .budget import FleetBudget
 
 log = logging.getLogger("fleet_budget")
 
@@ -89,6 +88,8 @@ Admission = Union[Call, Hold, DeadLetter]
 Step = Callable[[], Any]
 T = TypeVar("T")
 Steps = Generator[Step, Any, T]
+#: The rate budget's withdrawal of one retry for a dependency, made as a :data:`Step`.
+Withdraw = Callable[[str], Any]
 
 
 def drive(steps: Steps[T]) -> T:
@@ -124,45 +125,37 @@ async def drive_async(steps: Steps[T]) -> T:
             error = e
 
 
-class AdmissionSteps:
-    """``admit``, ``finish``, ``try_hedge`` and ``breaker_status`` of
-    :class:`fleet_budget.FleetBudget` (synchronous). Each is written once, as steps that yield
-    their store calls (:data:`Step`): :func:`drive` runs them here, :func:`drive_async` in the
-    asyncio flavour, so both decide alike."""
+class AdmissionControl:
+    """The admission of each call (the Rust ``AdmissionControl``): the circuit breaker, then a
+    lease. Owns the lease ids of this process and its store calls (``lease_acquire.lua``,
+    ``lease_release.lua``, ``breaker.lua``); records each store result in the budget's
+    :class:`~fleet_budget.health.StoreHealth`. Each operation is written once, as steps that yield
+    their store calls (:data:`Step`): :func:`drive` runs them for :class:`fleet_budget.FleetBudget`,
+    :func:`drive_async` for its asyncio flavour, so both decide alike. A probe spends one retry of
+    the rate budget, which the caller hands in as ``withdraw`` (a step of its own: its
+    ``withdraw`` is a coroutine in the asyncio flavour). A forked child makes a new one."""
 
-    def admit(self: "FleetBudget", task: str, attempt: int, held_for: Optional[float] = None) -> Admission:
-        """Whether execution ``attempt`` (1 = first) of ``task`` may run now; ``held_for`` is how long
-        (seconds) the job was already held by earlier :class:`Hold` answers (None: never). Never
-        waits for a slot. Raises :class:`fleet_budget.InvalidTask` as ``dependency`` does."""
-        return drive(self._admit_steps(task, attempt, held_for))
-
-    def try_hedge(self: "FleetBudget", task: str) -> Optional[Call]:
-        """A hedged request to ``task``'s dependency: a slot of the retry share (with a concurrency
-        budget) and one retry of the rate budget, granted or refused at once; None: do not send
-        it. Counted in ``fleet_budget_hedges_total``, never as a retry. Give a granted call to
-        :meth:`finish`."""
-        return drive(self._hedge_steps(task))
-
-    def finish(self: "FleetBudget", call: Call, outcome: str) -> None:
-        """Gives back what ``call`` holds and reports how it ended (``SUCCEEDED``, ``FAILED``,
-        ``INCONCLUSIVE``) to the breaker. A store call that fails is logged: the slot comes back
-        when its lease expires, a lost probe after the probe timeout."""
-        drive(self._finish_steps(call, outcome))
-
-    def breaker_status(self: "FleetBudget", dependency: str) -> Optional[cb.BreakerStatus]:
-        """``dependency``'s breaker as Redis holds it (None: it has no breaker); writes nothing.
-        Raises the store's error."""
-        return drive(self._status_steps(dependency))
+    def __init__(self, client: Any, config: Any, metrics: Any, health: Any, jitter: Jitter) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._health = health
+        self._jitter = jitter
+        self._lease_ids = LeaseIds()
+        # Not timed, as in Rust: the histogram's `op` is one of spend, deposit, status.
+        self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
+        self._lease_release = client.register_script(scripts.text("lease_release"))
+        self._breaker = client.register_script(scripts.text("breaker"))
 
     # The steps, shared by both flavours: every store call is yielded, never made here.
 
-    def _admit_steps(self: "FleetBudget", task: str, attempt: int, held_for: Optional[float]) -> Steps[Admission]:
-        dependency = self.dependency(task)
+    def admit_steps(self, dependency: str, attempt: int, held_for: Optional[float],
+                    withdraw: Withdraw) -> Steps[Admission]:
+        """Whether execution ``attempt`` (1 = first) of a job of ``dependency`` may run now."""
         call = Call(dependency)
-        held = yield from self._judge(call, held_for)
+        held = yield from self._judge(call, held_for, withdraw)
         if held is not None:
             return held
-        policy = self.config.concurrency.get(dependency)
+        policy = self._config.concurrency.get(dependency)
         if policy is None or not self._health.should_try(dependency):
             return call
         kind = PRIMARY if int(attempt) <= 1 else RETRY
@@ -173,31 +166,32 @@ class AdmissionSteps:
             call.lease = acquired.lease
             return call
         # Not run: a probe it was is given back for another call to make.
-        yield from self._finish_steps(call, INCONCLUSIVE)
+        yield from self.finish_steps(call, INCONCLUSIVE)
         if kind == PRIMARY and (held_for or 0.0) < policy.max_wait:
             return Hold(PRIMARY_AT_CAP, 1.0)
-        return self._dead_letter(dependency, acquired.refusal or "", None, "fleet")
+        return dead_letter(self._metrics, dependency, acquired.refusal or "", None, "fleet")
 
-    def _hedge_steps(self: "FleetBudget", task: str) -> Steps[Optional[Call]]:
-        dependency = self.dependency(task)
+    def hedge_steps(self, dependency: str, withdraw: Withdraw) -> Steps[Optional[Call]]:
+        """A hedged request to ``dependency``: a slot of the retry share and one retry."""
         call = Call(dependency)
-        policy = self.config.concurrency.get(dependency)
+        policy = self._config.concurrency.get(dependency)
         if policy is not None:
             acquired = yield from self._acquire(dependency, policy, HEDGE)
             if acquired is None or acquired.lease is None:
-                self.metrics.hedges.labels(dependency, "refused").inc()
+                self._metrics.hedges.labels(dependency, "refused").inc()
                 return None
             call.lease = acquired.lease
-        granted, _, _ = yield lambda: self.withdraw(dependency)
-        self.metrics.hedges.labels(dependency, "granted" if granted else "refused").inc()
+        granted, _, _ = yield lambda: withdraw(dependency)
+        self._metrics.hedges.labels(dependency, "granted" if granted else "refused").inc()
         if granted:
             return call
-        yield from self._finish_steps(call, INCONCLUSIVE)
+        yield from self.finish_steps(call, INCONCLUSIVE)
         return None
 
-    def _finish_steps(self: "FleetBudget", call: Call, outcome: str) -> Steps[None]:
+    def finish_steps(self, call: Call, outcome: str) -> Steps[None]:
+        """Gives back what ``call`` holds and reports how it ended to the breaker."""
         dependency = call.dependency
-        prefix = self.config.redis.key_prefix
+        prefix = self._config.redis.key_prefix
         lease = call.lease
         if lease is not None:
             call.lease = None
@@ -209,16 +203,16 @@ class AdmissionSteps:
                 log.debug("lease of %s not released (%s); it expires by itself", dependency, redact_url(str(e)))
             else:
                 self._health.ok(dependency)
-                self.metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
+                self._metrics.in_flight(dependency, in_flight.primaries, in_flight.retries)
                 # Not removed, though not expired by the server's ms (field 4 since 0.2.0): the
                 # lease was lost (evicted, flushed), its slot free meanwhile (the Rust
                 # ``release_checked``).
                 if reply[0] == 0 and len(reply) > 3 and isinstance(reply[3], int) and reply[3] < lease.expires_at_ms:
-                    self.metrics.leases_lost.labels(dependency).inc()
+                    self._metrics.leases_lost.labels(dependency).inc()
                     log.warning("a concurrency lease of %s was gone from Redis before its expiry (evicted by a "
                                 "maxmemory-policy, FLUSHALL, or a restart without persistence): its slot was free "
                                 "for others meanwhile; counted in fleet_budget_leases_lost_total", dependency)
-        policy = self.config.breakers.get(dependency)
+        policy = self._config.breakers.get(dependency)
         if not call.judged or policy is None or (outcome == INCONCLUSIVE and call.probe is None):
             return
         call.judged = False
@@ -239,17 +233,17 @@ class AdmissionSteps:
         if decided is not None:
             self._breaker_seen(dependency, decided)
 
-    def _status_steps(self: "FleetBudget", dependency: str) -> Steps[Optional[cb.BreakerStatus]]:
-        policy = self.config.breakers.get(dependency)
+    def status_steps(self, dependency: str) -> Steps[Optional[cb.BreakerStatus]]:
+        policy = self._config.breakers.get(dependency)
         if policy is None:
             return None
-        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        keys = cb.breaker_key(self._config.redis.key_prefix, dependency)
         return cb.parse_status((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "status"))))
 
-    def _acquire(self: "FleetBudget", dependency: str, policy: ConcurrencyPolicy, kind: str) -> Steps[Optional[Acquired]]:
+    def _acquire(self, dependency: str, policy: ConcurrencyPolicy, kind: str) -> Steps[Optional[Acquired]]:
         """One ``lease_acquire.lua`` call; None when the store failed (the call runs uncounted)."""
         lease_id = self._lease_ids.next(kind)
-        keys = lease_keys(self.config.redis.key_prefix, dependency)
+        keys = lease_keys(self._config.redis.key_prefix, dependency)
         try:
             reply = yield lambda: self._lease_acquire(keys=keys, args=acquire_args(policy, kind, lease_id))
             acquired = parse_acquire(reply, dependency, policy, kind, lease_id)
@@ -258,17 +252,17 @@ class AdmissionSteps:
             log.debug("no lease for %s (%s); the call runs uncounted", dependency, redact_url(str(e)))
             return None
         self._health.ok(dependency)
-        self.metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
+        self._metrics.in_flight(dependency, acquired.in_flight.primaries, acquired.in_flight.retries)
         return acquired
 
-    def _judge(self: "FleetBudget", call: Call, held_for: Optional[float]) -> Steps[Optional[Admission]]:
+    def _judge(self, call: Call, held_for: Optional[float], withdraw: Withdraw) -> Steps[Optional[Admission]]:
         """Asks the breaker, if the dependency has one: None to go on (``call`` marked judged, and
         a probe when it is one), else the admission of a held job."""
         dependency = call.dependency
-        policy = self.config.breakers.get(dependency)
+        policy = self._config.breakers.get(dependency)
         if policy is None or not self._health.should_try(dependency):
             return None
-        keys = cb.breaker_key(self.config.redis.key_prefix, dependency)
+        keys = cb.breaker_key(self._config.redis.key_prefix, dependency)
         try:
             decided = cb.parse_admit((yield lambda: self._breaker(keys=keys, args=cb.args(policy, "admit"))))
         except _STORE_ERRORS as e:
@@ -282,7 +276,7 @@ class AdmissionSteps:
             return None
         if decided.verdict == cb.PROBE:
             # A probe is one retry of the rate budget, which the floor grants however it fails.
-            granted, _, _ = yield lambda: self.withdraw(dependency)
+            granted, _, _ = yield lambda: withdraw(dependency)
             if granted:
                 call.judged, call.probe = True, decided.generation
                 return None
@@ -294,31 +288,30 @@ class AdmissionSteps:
                           redact_url(str(e)))
         return self._held_by_breaker(dependency, policy, decided, held_for)
 
-    def _held_by_breaker(self: "FleetBudget", dependency: str, policy: cb.BreakerPolicy, decided: cb.Decided,
+    def _held_by_breaker(self, dependency: str, policy: cb.BreakerPolicy, decided: cb.Decided,
                          held_for: Optional[float]) -> Admission:
         held = held_for or 0.0
         if held >= policy.max_wait:
-            return self._dead_letter(dependency, CIRCUIT_OPEN, None, "fleet")
+            return dead_letter(self._metrics, dependency, CIRCUIT_OPEN, None, "fleet")
         # Back when the open period ends, or when the job's limit does if that comes first; at
         # least 1 s, and up to a quarter more so that the held jobs do not all come back at once.
         rest = max(1.0, min(max(0, decided.open_until_ms - decided.now_ms) / 1000, policy.max_wait - held))
-        with self._rng_lock:
-            jitter = self._rng.uniform(1.0, 1.25)
+        jitter = self._jitter.draw(lambda rng: rng.uniform(1.0, 1.25))
         return Hold(CIRCUIT_OPEN, rest * jitter)
 
-    def _breaker_seen(self: "FleetBudget", dependency: str, decided: cb.Decided) -> None:
+    def _breaker_seen(self, dependency: str, decided: cb.Decided) -> None:
         """Shows the state seen; logs and counts a change made by this call (once fleet-wide)."""
-        self.metrics.breaker_state.labels(dependency).set(decided.state)
+        self._metrics.breaker_state.labels(dependency).set(decided.state)
         # A breaker this process saw open, found closed before its open period ended without this
         # call closing it, was lost (evicted, flushed): an open breaker only closes through
         # half-open (the Rust ``Health::breaker_lost``).
         if self._health.breaker_lost(dependency, decided):
-            self.metrics.breaker_transitions.labels(dependency, "lost").inc()
+            self._metrics.breaker_transitions.labels(dependency, "lost").inc()
             log.warning("circuit breaker of %s found closed before its open period ended: its key was lost in "
                         "Redis (evicted by a maxmemory-policy, FLUSHALL, or a restart without persistence); it "
                         "opens again after min_volume calls; counted in "
                         "fleet_budget_breaker_transitions_total{to=\"lost\"}", dependency)
         if decided.changed:
-            self.metrics.breaker_transitions.labels(dependency, decided.state_name).inc()
+            self._metrics.breaker_transitions.labels(dependency, decided.state_name).inc()
             log.warning("circuit breaker of %s changed state to %s (open until %d ms)", dependency,
                         decided.state_name, decided.open_until_ms)

@@ -1,8 +1,10 @@
 """The asyncio flavour: ``fleet_budget.aio.FleetBudget`` has the same names as
 ``fleet_budget.FleetBudget``, its calls are coroutines on ``redis.asyncio``. The decision order,
-the fallback, the metrics and the deposit rules are the synchronous class's own steps, and so are
-``admit`` / ``finish`` / ``try_hedge`` (the concurrency budget and the circuit breaker): written
-once in ``admission.py`` as steps that yield their store calls, awaited here. Every store call is
+the fallback, the metrics and the deposit rules are the synchronous class's own steps and
+collaborators (``decide.py``; ``deposits.py``, its store call written once as steps that yield it,
+awaited here), and so are ``admit`` / ``finish`` / ``try_hedge`` (the concurrency budget and the
+circuit breaker): written once in ``admission.py`` as steps that yield their store calls, awaited
+here. Every store call is
 bounded by ``redis.timeout_ms`` (the client's socket timeouts), as in the synchronous class."""
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from . import registry, scripts
 from .admission import Admission, Call, drive_async
 from .breaker import BreakerStatus
 from .config import Config
-from .decision import SHADOW, Decision, Failure
+from .decide import refusal, shadowable, shadows
+from .decision import Decision, Failure
 from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import next_grant_ms
+from .deposits import Deposits
 from .snapshot import BudgetSnapshot
 
 log = logging.getLogger("fleet_budget")
@@ -35,17 +39,17 @@ class FleetBudget(_sync.FleetBudget):
                     held_for: Optional[float] = None) -> Admission:
         """:meth:`fleet_budget.FleetBudget.admit`: the same steps, each store call awaited."""
         self._ensure_heartbeat()
-        return await drive_async(self._admit_steps(task, attempt, held_for))
+        return await drive_async(self._admission.admit_steps(self.dependency(task), attempt, held_for, self.withdraw))
 
     async def try_hedge(self, task: str) -> Optional[Call]:  # type: ignore[override]
         self._ensure_heartbeat()
-        return await drive_async(self._hedge_steps(task))
+        return await drive_async(self._admission.hedge_steps(self.dependency(task), self.withdraw))
 
     async def finish(self, call: Call, outcome: str) -> None:  # type: ignore[override]
-        await drive_async(self._finish_steps(call, outcome))
+        await drive_async(self._admission.finish_steps(call, outcome))
 
     async def breaker_status(self, dependency: str) -> Optional[BreakerStatus]:  # type: ignore[override]
-        return await drive_async(self._status_steps(dependency))
+        return await drive_async(self._admission.status_steps(dependency))
 
     def _new_client(self, url: str, timeout: float) -> Any:
         return redis.asyncio.Redis.from_url(
@@ -57,8 +61,11 @@ class FleetBudget(_sync.FleetBudget):
 
         return AsyncLazyCluster(urls, timeout)
 
-    def _start_flusher(self) -> None:
-        self._task: Optional[asyncio.Task[None]] = None  # started by the first deposit, in its loop
+    def _new_deposits(self, client: Any) -> Deposits:
+        """The deposits, their flusher an asyncio task started by the first deposit, in its loop."""
+        self._task: Optional[asyncio.Task[None]] = None
+        return Deposits(client, self.config, self._clock, self.metrics, self._health, self.local, self._denials,
+                        self._memory, threaded=False)
 
     def _start_heartbeat(self) -> None:
         """The worker registry's writer as an asyncio task: started now when the budget is made
@@ -103,16 +110,17 @@ class FleetBudget(_sync.FleetBudget):
         if early is not None:
             return early
         granted, snapshot, source = await self.withdraw(dependency)
-        shadow = (self._shadowable(granted, snapshot)
-                  and await self._enforcement.of_async(dependency, self._redis) == SHADOW)
+        reason = refusal(granted, snapshot)
+        enforcement = await self._enforcement.of_async(dependency, self._redis) if shadowable(reason, source) else None
         return self._after_budget(task, attempt, failure, granted, snapshot, source,
-                                  since_first_failure=since_first_failure, shadow=shadow)
+                                  since_first_failure=since_first_failure,
+                                  shadow=shadows(reason, source, enforcement))
 
     async def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:  # type: ignore[override]
         policy = self.config.policy(dependency)
         cached, epoch = self._denials.lookup(dependency)
         if cached is not None:
-            self._count_denied(dependency)  # Redis never sees it: sent with the deposits
+            self._deposits.count_denied(dependency)  # Redis never sees it: sent with the deposits
             self._ensure_flush_task()
             return False, cached, FLEET_CACHE
         if self._health.should_try(dependency):
@@ -147,12 +155,12 @@ class FleetBudget(_sync.FleetBudget):
         return snapshot, "fleet"
 
     async def flush(self) -> None:  # type: ignore[override]
-        for dependency, s, a, n in self._take_pending():
-            await self._send_deposit_async(dependency, s, a, n)
-        self._set_pending_gauge()
+        for dependency, s, a, n in self._deposits.take():
+            await drive_async(self._deposits.send_steps(dependency, s, a, n))
+        self._deposits.set_pending_gauge()
 
     async def close(self) -> int:  # type: ignore[override]
-        self._closed.set()
+        self._deposits.stop()
         task = getattr(self, "_task", None)
         if task is not None:
             task.cancel()
@@ -171,7 +179,7 @@ class FleetBudget(_sync.FleetBudget):
             except asyncio.CancelledError:
                 pass
         await self._redis.aclose()
-        return self._report_unsent()
+        return self._deposits.report_unsent()
 
     async def __aenter__(self) -> "FleetBudget":
         self._ensure_heartbeat()
@@ -181,37 +189,21 @@ class FleetBudget(_sync.FleetBudget):
         await self.close()
 
     async def _deposit_async(self, dependency: str, successes: int, first_attempts: int) -> None:
-        if (now := self._count(dependency, successes, first_attempts)) is not None:
-            await self._send_deposit_async(dependency, *now)
+        if (now := self._deposits.count(dependency, successes, first_attempts)) is not None:
+            await drive_async(self._deposits.send_steps(dependency, *now))
             return
         self._ensure_flush_task()
-        if self._wake.is_set():
-            self._wake.clear()
+        if self._deposits.hurried():
             await self.flush()
 
     def _ensure_flush_task(self) -> None:
         """Starts the flusher task in the running loop, once (by the first deposit or denial)."""
-        if self._flush_ms > 0 and getattr(self, "_task", None) is None and not self._closed.is_set():
+        if self._deposits.flush_ms > 0 and getattr(self, "_task", None) is None and not self._deposits.closed:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop_async())
 
-    async def _send_deposit_async(self, dependency: str, successes: int, first_attempts: int,
-                                  denied: int = 0) -> bool:
-        policy = self.config.policy(dependency)
-        try:
-            memory = self._memory_args(dependency)
-            reply = await self._deposit(keys=scripts.keys(self.config.redis.key_prefix, dependency),
-                                        args=scripts.deposit_args(policy, successes, first_attempts, denied, memory))
-            self._remembered("deposit", dependency, reply, policy)
-        except (redis.exceptions.RedisError, scripts.BadReply) as e:
-            self._deposit_failed(dependency, successes, first_attempts, e, denied)
-            return False
-        self._health.ok(dependency)
-        self._deposited(dependency, successes, first_attempts)
-        return True
-
     async def _flush_loop_async(self) -> None:
-        while not self._closed.is_set():
-            await asyncio.sleep(self._flush_ms / 1000)
+        while not self._deposits.closed:
+            await asyncio.sleep(self._deposits.flush_ms / 1000)
             try:
                 await self.flush()
             except Exception:  # the flusher must outlive any one failure

@@ -4,7 +4,6 @@ same Redis scripts (``crates/fleet-budget/src/budget``)."""
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import weakref
@@ -14,21 +13,20 @@ from typing import Any, Callable, Optional
 import redis
 
 from . import forks, registry, risks, scripts
-from .admission import AdmissionSteps
-from .deposits import DepositSteps
+from . import breaker as cb
+from .admission import Admission, AdmissionControl, Call, drive
+from .decide import BLIND, Jitter, after_budget, before_budget, dead_letter, refusal, shadowable, shadows
+from .deposits import Deposits
 from .health import PROBE_INTERVAL_MS, StoreHealth, error_kind  # noqa: F401  (their old home)
-from .concurrency import LeaseIds
 from .deny_cache import SOURCE as FLEET_CACHE
 from .deny_cache import DenyCache, batch_next, next_grant_ms
 from .config import (OVERFLOW_DEPENDENCY, Config, ConfigError, _quoted, dependency_name_problem,
                      key_prefix_problem, redact_url)
-from .decision import (ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, NON_RETRYABLE, SHADOW,
-                       DeadLetter, Decision, Failure, Retry)
+from .decision import DeadLetter, Decision, Failure
 from .enforcement import EnforcementInForce
 from .group_commit import GroupCommit, GroupTimeout, batch_answer
 from .local import LocalStore
-from .memory import Memory
-from .memory import split as split_memory
+from .memory import Memory, remember
 from .metrics import Metrics
 from .policy import BudgetPolicy
 from .snapshot import BudgetSnapshot
@@ -50,10 +48,17 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class FleetBudget(AdmissionSteps, DepositSteps):
+class FleetBudget:
     """A process's view of the fleet budgets. Thread-safe; call :meth:`close` at shutdown.
-    ``admit``, ``finish`` and ``try_hedge`` (the concurrency budget and the circuit breaker) are
-    in ``admission.py``."""
+
+    It is the API, and hands each call to the collaborator that owns what it needs, each with its
+    own state and lock (as the Rust ``budget/`` does): the decision order is ``decide.py``'s
+    functions of the failure, the ceiling and the withdrawal; the withdrawal is asked here (the
+    fleet store, the deny cache of ``deny_cache.py``, the fallback); :class:`StoreHealth`
+    (``health.py``) says whether the store answers per dependency; :class:`Deposits`
+    (``deposits.py``) counts and flushes the deposits; :class:`AdmissionControl`
+    (``admission.py``) admits each call (``admit``, ``finish``, ``try_hedge``: the circuit
+    breaker, then a lease); ``enforcement.py`` says whether a dependency is in shadow now."""
 
     def __init__(
         self,
@@ -79,8 +84,8 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         self.metrics = metrics if metrics is not None else Metrics()
         self._series_for_configured()
         self._clock = clock
-        self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
+        # The jitter of delays and of the breaker's holds (decide.py).
+        self._jitter = Jitter(seed)
         self.local = LocalStore(clock)
         # The unmapped names given a budget of their own: at most `max_own_budgets`, first come,
         # kept for the life of the process (the Rust `OwnBudgets`).
@@ -97,7 +102,6 @@ class FleetBudget(AdmissionSteps, DepositSteps):
                 client = self._new_client(settings.url, timeout)
             except ValueError as e:
                 raise ConfigError("redis.url", f"{redact_url(settings.url)}: {e}") from None
-        self._connect(client)
         # What this process last saw of each budget hash, sent with every budget call so that a
         # hash lost mid-window is restored (memory.py, lua/README.md "Lost budgets").
         self._memory = Memory()
@@ -109,18 +113,8 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         self._denials = DenyCache(settings.deny_cache_ms)
         # Shadow or enforcement, per dependency (enforcement.py).
         self._enforcement = EnforcementInForce(self.config)
-        self._lease_ids = LeaseIds()
-        # Coalesced deposits and the denials answered in the process: dependency -> [successes,
-        # first attempts, first counted at (ms), denied] (deposits.py).
-        self._pending: dict[str, list[int]] = {}
-        self._pending_lock = threading.Lock()
-        self._flush_ms = settings.deposit_flush_ms
-        self._wake = threading.Event()
-        self._closed = threading.Event()
-        self._flusher: Optional[threading.Thread] = None
-        self._flusher_armed = False
-        if self._flush_ms > 0:
-            self._start_flusher()
+        # The deposits (deposits.py) and the admission of calls (admission.py), on `client`.
+        self._connect(client)
         # The worker registry (redis.heartbeat_ms; registry.py): this worker's report.
         self._registry: Optional[registry.Registry] = None
         self._start_heartbeat()
@@ -132,26 +126,23 @@ class FleetBudget(AdmissionSteps, DepositSteps):
             risks.start(self.config)
 
     def _connect(self, client: Any) -> None:
-        """The store calls, on ``client``, timed in this process's metrics."""
+        """The store calls, on ``client``, timed in this process's metrics, and the collaborators
+        that make their own (the deposits; the admission of calls, its leases and breakers) with
+        this process's health, memory and deny cache."""
         self._redis = client
         timed = self.metrics.timed
         self._spend = timed("spend", client.register_script(scripts.text("spend")))
         self._spend_many = timed("spend", client.register_script(scripts.text("spend_many")))
-        self._deposit = timed("deposit", client.register_script(scripts.text("deposit")))
         self._status = timed("status", client.register_script(scripts.text("status")))
-        # The concurrency leases and the circuit breaker (not timed, as in Rust: the histogram's
-        # `op` is one of spend, deposit, status).
-        self._lease_acquire = client.register_script(scripts.text("lease_acquire"))
-        self._lease_release = client.register_script(scripts.text("lease_release"))
-        self._breaker = client.register_script(scripts.text("breaker"))
         # The worker registry's writes (never part of a decision, never timed).
         self._heartbeat = client.register_script(scripts.text("heartbeat"))
+        self._deposits = self._new_deposits(client)
+        self._admission = AdmissionControl(client, self.config, self.metrics, self._health, self._jitter)
 
-    def _start_flusher(self) -> None:
-        """Arms the flusher: its thread starts with the first deposit counted (in a forked child
-        too, where the parent's thread does not exist; a Celery prefork parent, which runs no task,
-        has none)."""
-        self._flusher_armed = True
+    def _new_deposits(self, client: Any) -> Deposits:
+        """The deposits, their flusher a thread started by the first deposit counted."""
+        return Deposits(client, self.config, self._clock, self.metrics, self._health, self.local, self._denials,
+                        self._memory)
 
     def _start_heartbeat(self) -> None:
         """This worker's entry in the worker registry, written by a thread of its own every
@@ -186,17 +177,15 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         from here they would be counted twice); its own Redis connections; its own metrics
         (:meth:`Metrics.for_child`), fallback budget, jitter and lease ids; the flusher started
         again by the child's first deposit."""
-        closed = self._closed.is_set()
-        self._rng_lock, self._own_lock = threading.Lock(), threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending, self._memory = {}, Memory()
+        closed = self._deposits.closed
+        self._own_lock = threading.Lock()
+        self._memory = Memory()
         # Children of one parent would otherwise draw the same jitter, and retry together.
-        self._rng = random.Random()
+        self._jitter = Jitter()
         self.local = LocalStore(self._clock)
         self.metrics = self.metrics.for_child()
         self._health = StoreHealth(self._clock, self.metrics, self.config.redis.fallback)
         self._series_for_configured()
-        self._lease_ids = LeaseIds()
         # A fresh cache: its lock may have been held by another thread of the parent.
         self._denials = DenyCache(self.config.redis.deny_cache_ms)
         self._enforcement = EnforcementInForce(self.config)
@@ -210,22 +199,20 @@ class FleetBudget(AdmissionSteps, DepositSteps):
             client = self._new_cluster_client(settings.cluster_urls, timeout)
         else:
             client = self._new_client(settings.url, timeout)
-        self._connect(client)  # the parent's client is dropped unclosed: its sockets are the parent's
-        self._wake, self._closed = threading.Event(), threading.Event()
-        self._flusher, self._flusher_armed = None, False
+        # The parent's client is dropped unclosed: its sockets are the parent's. New deposits
+        # (the parent's pending ones are the parent's to send) and a new admission (lease ids).
+        self._connect(client)
         # A new worker: the parent's entry (and its lock, perhaps held at the fork) is the parent's.
         self._registry = None
         if closed:
-            self._closed.set()
+            self._deposits.stop()
         else:
-            if self._flush_ms > 0:
-                self._start_flusher()
             self._start_heartbeat()
 
     def _before_exit(self) -> None:
         """The process ends (forks.py): pending deposits are sent, unless closed already, and the
         worker leaves the registry (gone, rather than silent)."""
-        if not self._closed.is_set() and self.pending_deposits():
+        if not self._deposits.closed and self.pending_deposits():
             self.flush()
         self._leave_registry()
 
@@ -284,13 +271,13 @@ class FleetBudget(AdmissionSteps, DepositSteps):
     def on_attempt(self, task: str, attempt: int) -> None:
         """An execution starts; ``attempt`` 1 is the first (a deposit under basis ``request``)."""
         dependency = self._attempt(task, attempt)
-        if dependency is not None and (now := self._count(dependency, 0, 1)) is not None:
-            self._send_deposit(dependency, *now)
+        if dependency is not None and (now := self._deposits.count(dependency, 0, 1)) is not None:
+            self._deposits.send(dependency, *now)
 
     def on_success(self, task: str) -> None:
         dependency = self._success(task)
-        if (now := self._count(dependency, 1, 0)) is not None:
-            self._send_deposit(dependency, *now)
+        if (now := self._deposits.count(dependency, 1, 0)) is not None:
+            self._deposits.send(dependency, *now)
 
     def on_failure(self, task: str, attempt: int, failure: Failure) -> Decision:
         """Retry or dead-letter, in the contract's order: retryable, ceiling, then the budget."""
@@ -305,9 +292,47 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         if early is not None:
             return early
         granted, snapshot, source = self.withdraw(dependency)
-        shadow = self._shadowable(granted, snapshot) and self._enforcement.of(dependency, self._redis) == SHADOW
+        reason = refusal(granted, snapshot)
+        enforcement = self._enforcement.of(dependency, self._redis) if shadowable(reason, source) else None
         return self._after_budget(task, attempt, failure, granted, snapshot, source,
-                                  since_first_failure=since_first_failure, shadow=shadow)
+                                  since_first_failure=since_first_failure,
+                                  shadow=shadows(reason, source, enforcement))
+
+    # The admission of each call (admission.py).
+
+    def admit(self, task: str, attempt: int, held_for: Optional[float] = None) -> Admission:
+        """Whether execution ``attempt`` (1 = first) of ``task`` may run now; ``held_for`` is how long
+        (seconds) the job was already held by earlier :class:`~fleet_budget.admission.Hold` answers
+        (None: never). Never waits for a slot. Raises :class:`InvalidTask` as ``dependency`` does."""
+        return drive(self._admission.admit_steps(self.dependency(task), attempt, held_for, self.withdraw))
+
+    def try_hedge(self, task: str) -> Optional[Call]:
+        """A hedged request to ``task``'s dependency: a slot of the retry share (with a concurrency
+        budget) and one retry of the rate budget, granted or refused at once; None: do not send
+        it. Counted in ``fleet_budget_hedges_total``, never as a retry. Give a granted call to
+        :meth:`finish`."""
+        return drive(self._admission.hedge_steps(self.dependency(task), self.withdraw))
+
+    def finish(self, call: Call, outcome: str) -> None:
+        """Gives back what ``call`` holds and reports how it ended (``SUCCEEDED``, ``FAILED``,
+        ``INCONCLUSIVE``) to the breaker. A store call that fails is logged: the slot comes back
+        when its lease expires, a lost probe after the probe timeout."""
+        drive(self._admission.finish_steps(call, outcome))
+
+    def breaker_status(self, dependency: str) -> Optional[cb.BreakerStatus]:
+        """``dependency``'s breaker as Redis holds it (None: it has no breaker); writes nothing.
+        Raises the store's error."""
+        return drive(self._admission.status_steps(dependency))
+
+    # The deposits (deposits.py).
+
+    def pending_deposits(self) -> int:
+        """The deposits counted in this process and not yet sent."""
+        return self._deposits.pending()
+
+    def flush(self) -> None:
+        """Send the coalesced deposits now (one ``deposit.lua`` call per dependency)."""
+        self._deposits.flush()
 
     # The steps around the I/O, shared with the asyncio flavour (fleet_budget.aio).
 
@@ -328,48 +353,18 @@ class FleetBudget(AdmissionSteps, DepositSteps):
     def _before_budget(self, task: str, attempt: int, failure: Failure,
                        since_first_failure: Optional[float] = None) -> tuple[str, Optional[DeadLetter]]:
         dependency = self.dependency(task)
-        attempt = max(1, int(attempt))
-        if not failure.is_retryable:
-            return dependency, self._dead_letter(dependency, NON_RETRYABLE, None, "not_consulted")
-        ceiling = self.config.ceiling(task)
-        if ceiling.exhausted(attempt, since_first_failure):
-            return dependency, self._dead_letter(dependency, ATTEMPTS_EXHAUSTED, None, "not_consulted")
-        # A wait the dependency asks for past `max_delay` is refused before any budget is spent:
-        # honouring it would hold the job for longer than anyone agreed to wait.
-        if failure.retry_after is not None and not ceiling.allows_wait(failure.retry_after):
-            return dependency, self._dead_letter(dependency, DELAY_EXCEEDED, None, "not_consulted")
+        reason = before_budget(failure, self.config.ceiling(task), max(1, int(attempt)), since_first_failure)
+        if reason is not None:
+            return dependency, dead_letter(self.metrics, dependency, reason, None, "not_consulted")
         return dependency, None
-
-    @staticmethod
-    def _shadowable(granted: bool, snapshot: BudgetSnapshot) -> bool:
-        """Whether the budget's answer is a refusal shadow lets through: exhausted, not frozen (a
-        freeze is an operator's order, and holds)."""
-        return not granted and not snapshot.control.frozen
 
     def _after_budget(self, task: str, attempt: int, failure: Failure, granted: bool,
                       snapshot: BudgetSnapshot, source: str, since_first_failure: Optional[float] = None,
                       shadow: bool = False) -> Decision:
-        """The decision after the budget's answer; ``shadow``: the dependency is in shadow, and a
-        refusal it lets through (:meth:`_shadowable`) is retried anyway, counted in
-        ``fleet_budget_retries_would_deny_total``."""
-        dependency = self.dependency(task)
-        attempt = max(1, int(attempt))
-        ceiling = self.config.ceiling(task)
-        (self.metrics.retries_granted if granted else self.metrics.retries_denied).labels(dependency).inc()
-        if source == FLEET_CACHE:  # the denial its call saw: the gauges have it, no conflict to count
-            self.metrics.retries_denied_in_process.labels(dependency).inc()
-        else:
-            self.metrics.snapshot(dependency, snapshot)
-        shadow_denied = None
-        if not granted:
-            reason = BUDGET_FROZEN if snapshot.control.frozen else BUDGET_EXHAUSTED
-            if not (shadow and self._shadowable(granted, snapshot)):
-                return self._dead_letter(dependency, reason, snapshot, source)
-            self.metrics.retries_would_deny.labels(dependency).inc()
-            shadow_denied = reason
-        with self._rng_lock:
-            delay = ceiling.delay(attempt, since_first_failure, failure.retry_after, self._rng)
-        return Retry(dependency, delay, attempt + 1, snapshot, source, shadow_denied)
+        """The decision after the budget's answer (``decide.after_budget``); ``shadow``: the
+        refusal is one the dependency's shadow lets through (``decide.shadows``)."""
+        return after_budget(self.metrics, self._jitter, self.dependency(task), self.config.ceiling(task),
+                            max(1, int(attempt)), failure, granted, snapshot, source, since_first_failure, shadow)
 
     def withdraw(self, dependency: str) -> tuple[bool, BudgetSnapshot, str]:
         """Spend one retry: (granted, snapshot, source). A denial of the fleet store that still
@@ -377,7 +372,7 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         policy = self.config.policy(dependency)
         cached, epoch = self._denials.lookup(dependency)
         if cached is not None:
-            self._count_denied(dependency)  # Redis never sees it: sent with the deposits
+            self._deposits.count_denied(dependency)  # Redis never sees it: sent with the deposits
             return False, cached, FLEET_CACHE
         if self._health.should_try(dependency):
             sent = self._denials.now()
@@ -400,16 +395,9 @@ class FleetBudget(AdmissionSteps, DepositSteps):
     def _remembered(self, script: str, dependency: str, reply: Any,
                     policy: BudgetPolicy) -> tuple[int, BudgetSnapshot, Any]:
         """Decodes the reply of a budget script called with this process's memory of the hash
-        (the six fields after the reply as it was), remembers what it says, and marks the
-        snapshot ``lost`` (counted, logged once per dependency per window) when the call found
-        the hash it remembered gone. Returns granted, the snapshot and the reply as it was."""
-        base, state = split_memory(script, reply)
-        granted, snapshot, _ = scripts.parse_reply(script, base, policy)
-        self._memory.learn(scripts.keys(self.config.redis.key_prefix, dependency)[0], state, snapshot)
-        if state.lost:
-            snapshot = replace(snapshot, control=replace(snapshot.control, lost=True))
-            self.metrics.budget_lost_seen(dependency, snapshot)
-        return granted, snapshot, base
+        (``memory.remember``). Returns granted, the snapshot and the reply as it was."""
+        key = scripts.keys(self.config.redis.key_prefix, dependency)[0]
+        return remember(self._memory, self.metrics, key, script, dependency, reply, policy)
 
     def _memory_args(self, dependency: str) -> list[str]:
         return self._memory.args(scripts.keys(self.config.redis.key_prefix, dependency)[0])
@@ -441,11 +429,11 @@ class FleetBudget(AdmissionSteps, DepositSteps):
             # is granted (the dead letter says budget_frozen).
             snapshot = self.local.status(dependency, policy)
             snapshot = replace(snapshot, allowance=0, control=replace(snapshot.control, frozen=True))
-            return False, snapshot, "local_fallback" if mode == "local" else "blind"
+            return False, snapshot, "local_fallback" if mode == "local" else BLIND
         if mode == "local":
             granted, snapshot = self.local.withdraw(dependency, policy)
             return granted, snapshot, "local_fallback"
-        return mode == "allow", self.local.status(dependency, policy), "blind"
+        return mode == "allow", self.local.status(dependency, policy), BLIND
 
     def status(self, dependency: str) -> tuple[BudgetSnapshot, str]:
         policy = self.config.policy(dependency)
@@ -464,21 +452,14 @@ class FleetBudget(AdmissionSteps, DepositSteps):
         """Stop the flusher, send what is pending, leave the worker registry, close the connection.
         Returns the deposits that could not be sent (0 when all were), and logs them: they are
         lost, the safe direction (the Rust ``shutdown`` returns the error)."""
-        self._closed.set()
-        self._wake.set()
-        if self._flusher is not None:
-            self._flusher.join(timeout=5)
+        self._deposits.stop()
         self.flush()
         self._leave_registry()
         self._redis.close()
-        return self._report_unsent()
+        return self._deposits.report_unsent()
 
     def __enter__(self) -> "FleetBudget":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _dead_letter(self, dependency: str, reason: str, snapshot: Optional[BudgetSnapshot], source: str) -> DeadLetter:
-        self.metrics.dead_letters.labels(dependency, reason).inc()
-        return DeadLetter(dependency, reason, snapshot, source)

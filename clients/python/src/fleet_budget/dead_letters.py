@@ -13,9 +13,12 @@ Python wrote.
 - :class:`Tally` sums the rows in the process and sends them, one ``dead_letters.lua`` call per
   500 rows, every 250 ms from a thread of its own (started by the first count, in a forked child
   too) and when the process ends (``forks.before_exit``: ``atexit``, a ``multiprocessing`` child's
-  end, Celery's ``worker_process_shutdown``). A failed call is logged and never sent again (a
-  retry after a timeout could count twice): the index is then short of the queue, and every look
-  says so. A worker killed outright loses at most its last 250 ms of counts, as a Rust worker.
+  end, Celery's ``worker_process_shutdown``). Each call is a batch numbered for the process (its
+  writer key, ``lua/README.md``, "A batch applied once"): one whose answer did not come (a
+  timeout, a dropped connection) is sent again at the next flush and applied once, up to
+  :data:`TRIES` tries, new counts waiting meanwhile; what is given up is logged and counted in
+  ``unrecorded`` (the index is then short of the queue, and every look says so). A worker killed
+  outright loses at most its last 250 ms of counts, as a Rust worker.
 - :func:`count_confirmed` is what ``fleet_budget.celery`` calls once the broker confirmed a dead
   letter: it never raises and never waits on Redis.
 """
@@ -27,11 +30,14 @@ import json
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 import weakref
 from datetime import datetime
 from typing import Any, Mapping, Optional
+
+from redis import exceptions as redis_exceptions
 
 from . import forks, scripts
 from . import headers as h
@@ -49,6 +55,8 @@ CHUNK = 500
 MAX_ROWS = 10_000
 #: Largest change of one row in one call (the script refuses more; Rust clamps to it too).
 DELTA_MAX = 1_000_000
+#: How many times a batch is sent before it is given up (the Rust ``Tally::TRIES``).
+TRIES = 20
 
 #: Every dead-letter reason the Rust ``DeadLetterReason::parse`` knows.
 REASONS = frozenset((
@@ -74,6 +82,12 @@ def queue_of(amqp_prefix: str) -> str:
     """The topology's dead-letter queue, ``<amqp.prefix>.dead`` (the Rust ``Topology::dead_queue``;
     the dead-letter exchange has the same name)."""
     return f"{amqp_prefix}.dead"
+
+
+def writer_key(key_prefix: str, queue: str, writer: str) -> str:
+    """The last batch ``writer`` applied to the index of ``queue``:
+    ``<prefix>:v1:dead-letters-writer:{<queue>}:<writer>`` (the Rust ``dead_letters_writer_key``)."""
+    return f"{key_prefix}:v1:dead-letters-writer:{{{queue}}}:{writer}"
 
 
 def index_key(key_prefix: str, queue: str) -> str:
@@ -193,11 +207,14 @@ class Tally:
     ``client`` gives the Redis client to call at each flush (a budget's, which a forked child
     makes again): the script is registered on it, and called by ``EVALSHA``."""
 
-    def __init__(self, client: Any, key_prefix: str, queue: str, every: float = EVERY) -> None:
+    def __init__(self, client: Any, key_prefix: str, queue: str, every: float = EVERY,
+                 tries: int = TRIES) -> None:
         self._client_of = client
         self.queue = queue
+        self._key_prefix = key_prefix
         self.key = index_key(key_prefix, queue)
         self.every = every
+        self.tries = tries
         self._text = scripts.text("dead_letters")
         self._script: Any = None
         self._script_client: Any = None
@@ -211,8 +228,16 @@ class Tally:
         self._pending: dict[str, int] = {}
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # This process as a writer of the index (a forked child is another), its batches
+        # numbered; those sent without an answer, oldest first: [number, pairs, tries].
+        self._writer_key = writer_key(self._key_prefix, self.queue,
+                                      f"{os.getpid()}-{secrets.token_hex(8)}")
+        self._sent = 0
+        self._unsent: list[list[Any]] = []
         #: Messages whose count could not be sent (Redis failed): the index is short by this many.
         self.unrecorded = 0
+        #: Batches sent again because the answer to an earlier try did not come.
+        self.sent_again = 0
 
     def _after_fork_in_child(self) -> None:
         # The parent's counts are the parent's to send; its locks may have been held, its
@@ -221,7 +246,7 @@ class Tally:
         self._script = self._script_client = None
 
     def _before_exit(self) -> None:
-        self.flush()
+        self.flush_last()
 
     def entered(self, row_text: str, n: int = 1) -> None:
         """Counts ``n`` messages as entering the queue under ``row_text`` (copies the broker
@@ -240,34 +265,77 @@ class Tally:
             return sum(self._pending.values())
 
     def flush(self) -> int:
-        """Sends what was counted since the last flush: one call per :data:`CHUNK` rows. Returns
-        the messages whose count could not be sent (logged, counted in :attr:`unrecorded`, never
-        sent again: a retry after a timeout could count twice)."""
+        """Sends the batches still unanswered, in order, then (once none is left) what was
+        counted since: one call per :data:`CHUNK` rows, each numbered. A batch whose answer did
+        not come is sent again at the next flush (the script applies it once), up to
+        :attr:`tries` times. Returns the messages given up now (logged, counted in
+        :attr:`unrecorded`): Redis refused them, or they ran out of tries."""
         with self._sending:  # one flush at a time: the thread's and the one at exit
-            with self._lock:
-                batch, self._pending = self._pending, {}
-            changes = [(r, max(-DELTA_MAX, min(DELTA_MAX, d))) for r, d in batch.items() if d != 0]
+            if not self._unsent:
+                # New counts are numbered only once the earlier batches are settled: a later
+                # batch applied first would make an earlier one's retry look applied.
+                with self._lock:
+                    batch, self._pending = self._pending, {}
+                changes = [(r, max(-DELTA_MAX, min(DELTA_MAX, d))) for r, d in batch.items() if d != 0]
+                for start in range(0, len(changes), CHUNK):
+                    self._sent += 1
+                    self._unsent.append([self._sent, changes[start:start + CHUNK], 0])
             lost = 0
-            for start in range(0, len(changes), CHUNK):
-                chunk = changes[start:start + CHUNK]
-                args: list[Any] = [str(MAX_ROWS)]
+            while self._unsent:
+                seq, chunk, tries = self._unsent[0]
+                if tries > 0:
+                    self.sent_again += 1
+                self._unsent[0][2] = tries = tries + 1
+                args: list[Any] = [str(MAX_ROWS), str(seq)]
                 for r, d in chunk:
                     args += [r, str(d)]
                 try:
                     self._evalsha(args)
-                except Exception as e:  # any failure: logged, never retried
-                    n = sum(abs(d) for _, d in chunk)
-                    lost += n
-                    log.warning("dead-letter index %s not updated for %d messages (%s); `budgetctl dlq "
-                                "stats` shows an estimate until `budgetctl dlq reindex`", self.key, n, e)
+                except (redis_exceptions.TimeoutError, redis_exceptions.ConnectionError) as e:
+                    if tries < self.tries:
+                        log.debug("dead-letter index %s: batch %d unanswered (%s); sent again at the next "
+                                  "flush", self.key, seq, e)
+                        self._wake.set()
+                        break
+                    lost += self._give_up(chunk, e)
+                except Exception as e:  # Redis refused it: logged, not sent again
+                    lost += self._give_up(chunk, e)
+                self._unsent.pop(0)
             self.unrecorded += lost
             return lost
+
+    def _give_up(self, chunk: list[tuple[str, int]], e: Exception) -> int:
+        n = sum(abs(d) for _, d in chunk)
+        log.warning("dead-letter index %s not updated for %d messages (%s); `budgetctl dlq "
+                    "stats` shows an estimate until `budgetctl dlq reindex`", self.key, n, e)
+        return n
+
+    def flush_last(self) -> int:
+        """Flushes until nothing waits (at the process's end): the batches still unanswered are
+        sent again a few times, 100 ms apart, then given up. Returns the messages given up."""
+        lost = 0
+        for _ in range(10):
+            lost += self.flush()
+            if not self._unsent and self.pending() == 0:
+                return lost
+            time.sleep(0.1)
+        with self._sending:
+            with self._lock:
+                left, self._pending = self._pending, {}
+            n = sum(abs(d) for _, chunk, _ in self._unsent for _, d in chunk) + sum(abs(d) for d in left.values())
+            self._unsent = []
+            if n:
+                log.warning("dead-letter index %s not updated for %d messages at the process's end "
+                            "(Redis did not answer); `budgetctl dlq stats` shows an estimate until "
+                            "`budgetctl dlq reindex`", self.key, n)
+                self.unrecorded += n
+            return lost + n
 
     def _evalsha(self, args: list[Any]) -> Any:
         client = self._client_of()
         if self._script is None or self._script_client is not client:
             self._script, self._script_client = client.register_script(self._text), client
-        return self._script(keys=[self.key], args=args)
+        return self._script(keys=[self.key, self._writer_key], args=args)
 
     def _run(self) -> None:
         while True:

@@ -4,8 +4,10 @@ kept in ``<prefix>:v1:enforcement:{<dependency>}``, which expires with the switc
 
 Asked only when the budget refuses a retry, the one moment shadow and enforcement differ. The
 switch is read at most once per staleness per dependency (``redis.deny_cache_ms``, or 100 ms with
-the deny cache off), so a switch reaches every worker within it. While Redis does not answer, the
-last switch read stands (none read: the configuration)."""
+the deny cache off), so a switch reaches every worker within it: what a read answered is kept for
+the staleness from when it was asked, not from when the answer came (an answer that took long may
+predate a switch written meanwhile). While Redis does not answer, the last switch read stands
+(none read: the configuration)."""
 
 from __future__ import annotations
 
@@ -55,9 +57,12 @@ class EnforcementInForce:
             at, mode = self._read.get(dependency, (None, None))
         return at is not None and self._clock() - at < self._staleness, mode
 
-    def _learn(self, dependency: str, mode: Optional[str]) -> str:
+    def _learn(self, dependency: str, asked: float, mode: Optional[str]) -> str:
+        """Keeps ``mode``, what a read asked at ``asked`` answered, for the staleness from then.
+        A failed read keeps the last one read from the failure on: one read per staleness, however
+        long Redis takes to fail."""
         with self._lock:
-            self._read[dependency] = (self._clock(), mode)
+            self._read[dependency] = (asked, mode)
         return mode or self._config.enforcement_of(dependency)
 
     def of(self, dependency: str, client: Any) -> str:
@@ -65,20 +70,24 @@ class EnforcementInForce:
         fresh, mode = self._kept(dependency)
         if fresh:
             return mode or self._config.enforcement_of(dependency)
+        asked = self._clock()
         try:
             mode = _mode(client.hmget(switch_key(self._config.redis.key_prefix, dependency), "m"))
         except redis.exceptions.RedisError as e:
             log.debug("enforcement switch of %s not read (%s); the last one read stands", dependency, e)
-        return self._learn(dependency, mode)
+            asked = self._clock()
+        return self._learn(dependency, asked, mode)
 
     async def of_async(self, dependency: str, client: Any) -> str:
         """:meth:`of` with an asyncio client."""
         fresh, mode = self._kept(dependency)
         if fresh:
             return mode or self._config.enforcement_of(dependency)
+        asked = self._clock()
         try:
             reply: Awaitable[Any] = client.hmget(switch_key(self._config.redis.key_prefix, dependency), "m")
             mode = _mode(await reply)
         except redis.exceptions.RedisError as e:
             log.debug("enforcement switch of %s not read (%s); the last one read stands", dependency, e)
-        return self._learn(dependency, mode)
+            asked = self._clock()
+        return self._learn(dependency, asked, mode)

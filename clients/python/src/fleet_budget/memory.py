@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from . import scripts
 from .scripts import BadReply
 from .snapshot import BudgetSnapshot, WindowCounters
 
@@ -97,3 +98,18 @@ def split(script: str, reply: Any) -> tuple[Sequence[Any], HashState]:
     state = HashState(birth=count(at), freeze_until=count(at + 1), set_until=count(at + 2),
                       set_ratio=text(at + 3), set_min=text(at + 4), lost=count(at + 5) == 1)
     return reply[:at], state
+
+
+def remember(memory: Memory, metrics: Any, key: str, script: str, dependency: str, reply: Any,
+             policy: Any) -> tuple[int, BudgetSnapshot, Sequence[Any]]:
+    """Decodes the reply of a budget script called with ``memory`` of the hash ``key`` (the six
+    fields after the reply as it was), remembers what it says, and marks the snapshot ``lost``
+    (counted in ``metrics``, logged once per dependency per window) when the call found the hash
+    it remembered gone. Returns granted, the snapshot and the reply as it was."""
+    base, state = split(script, reply)
+    granted, snapshot, _ = scripts.parse_reply(script, base, policy)
+    memory.learn(key, state, snapshot)
+    if state.lost:
+        snapshot = replace(snapshot, control=replace(snapshot.control, lost=True))
+        metrics.budget_lost_seen(dependency, snapshot)
+    return granted, snapshot, base
