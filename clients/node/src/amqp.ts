@@ -47,6 +47,8 @@ export class ConfirmedPublisher {
   private returned: string[] = [];
   private opening: Promise<ConfirmChannel> | null = null;
   private queue: Promise<unknown> = Promise.resolve();
+  /** Queues declared on the connection in use. */
+  private declared = new Set<string>();
 
   constructor(private readonly urls: readonly string[], private readonly timeoutMs = 10_000) {
     if (urls.length === 0) throw new Error("a publisher needs at least one broker URL");
@@ -57,6 +59,29 @@ export class ConfirmedPublisher {
     const run = this.queue.then(() => this.publishNow(exchange, routingKey, body, headers, properties));
     this.queue = run.catch(() => undefined);
     return run;
+  }
+
+  /** Declares a durable queue (once per publisher and name; again after a lost connection). */
+  declareQueue(name: string): Promise<void> {
+    const run = this.queue.then(() => this.declareNow(name));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async declareNow(name: string): Promise<void> {
+    if (Buffer.byteLength(name, "utf8") > SHORT_STRING_MAX) {
+      throw new PermanentlyRefused(`queue ${JSON.stringify(name.slice(0, 64))}... is longer than ${SHORT_STRING_MAX} bytes`);
+    }
+    try {
+      const channel = await this.open();
+      if (this.declared.has(name)) return;
+      await withTimeout(`declare queue ${JSON.stringify(name)}`, this.timeoutMs, channel.assertQueue(name, { durable: true }));
+      this.declared.add(name);
+    } catch (e) {
+      this.drop();
+      if (e instanceof NotConfirmed) throw e;
+      throw new NotConfirmed(`declare queue ${JSON.stringify(name)} failed: ${redactText((e as Error)?.message ?? String(e))}`);
+    }
   }
 
   private async publishNow(exchange: string, routingKey: string, body: Buffer, headers: Record<string, unknown>, properties: PublishProperties): Promise<void> {
@@ -125,6 +150,7 @@ export class ConfirmedPublisher {
   }
 
   private drop(): void {
+    this.declared.clear();
     const connection = this.connection;
     this.connection = null;
     this.channel = null;

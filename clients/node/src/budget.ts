@@ -6,6 +6,9 @@ import { Redis } from "ioredis";
 import { Config, ConfigError, OVERFLOW_DEPENDENCY } from "./config.js";
 import { ATTEMPTS_EXHAUSTED, BUDGET_EXHAUSTED, BUDGET_FROZEN, DELAY_EXCEEDED, DeadLetter, Decision, Failure, NON_RETRYABLE, Source } from "./decision.js";
 import { DenyCache, FLEET_CACHE } from "./denyCache.js";
+import { AdmissionControl } from "./admission.js";
+import type { Admission, Call, CallOutcome } from "./admission.js";
+import { WorkerRegistry } from "./registry.js";
 import { Answer, GroupCommit, GroupTimeout, batchAnswer, batchNext } from "./groupCommit.js";
 import { LocalStore } from "./local.js";
 import { Memory } from "./memory.js";
@@ -84,6 +87,12 @@ export class FleetBudget {
   private readonly memory = new Memory();
   private readonly freezes = new Map<string, number>();
   private readonly degraded = new Map<string, number>();
+  /** When each dependency in fallback entered it (the worker registry's `for_ms`). */
+  private readonly fallbackSince = new Map<string, number>();
+  /** The concurrency budgets and breakers around each execution. */
+  readonly admission: AdmissionControl;
+  /** This worker's entry in the worker registry (null: `redis.heartbeat_ms = 0`). */
+  readonly registry: WorkerRegistry | null;
   private readonly group: GroupCommit | null;
   private readonly denials: DenyCache;
   private pending = new Map<string, Pending>();
@@ -137,6 +146,41 @@ export class FleetBudget {
       this.flushTimer = setInterval(() => void this.flush(), settings.depositFlushMs);
       this.flushTimer.unref();
     }
+    this.admission = new AdmissionControl({
+      redis: this.redis, keyPrefix: settings.keyPrefix, concurrency: config.concurrency, breakers: config.breakers,
+      metrics: this.metrics, log: this.log, withdraw: (d) => this.withdraw(d), shouldTry: (d) => this.shouldTry(d),
+      ok: (d) => this.ok(d), failed: (d, e) => this.failed(d, e), deadLetter: (d, reason) => this.deadLetter(d, reason, null, "fleet"),
+      random: this.random,
+    });
+    if (settings.heartbeatMs > 0) {
+      const registry = new WorkerRegistry(this.redis, settings.keyPrefix, settings.heartbeatMs, Math.max(1000, settings.timeoutMs), () => this.fallbackDependencies(),
+        { warn: (m) => this.log.info(m) });
+      this.registry = registry;
+      // The first beat once the connection is up (a beat before it would only fail).
+      if (this.redis.status === "ready") registry.start();
+      else this.redis.once("ready", () => registry.start());
+    } else {
+      this.registry = null;
+    }
+  }
+
+  /** Whether execution `attempt` (1 = first) of `task` may run now: the breaker, then a slot of
+   * the concurrency budget (admission.ts). `heldForMs`: how long earlier holds held the job
+   * (null: never). A `call` answer goes back to `finish` when the execution ends. */
+  async admit(task: string, attempt: number, heldForMs: number | null = null): Promise<Admission> {
+    return await this.admission.admit(this.dependency(task), attempt, heldForMs);
+  }
+
+  /** Gives back what `call` holds and reports how the execution ended to the breaker. */
+  async finish(call: Call, outcome: CallOutcome): Promise<void> {
+    await this.admission.finish(call, outcome);
+  }
+
+  /** The dependencies decided by the fallback now, each with how long (ms), in name order: what
+   * the worker registry reports. */
+  fallbackDependencies(): Array<[string, number]> {
+    const now = this.clock();
+    return [...this.fallbackSince.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([d, since]) => [d, Math.max(0, now - since)]);
   }
 
   /** A budget from a TOML file (`FLEET_BUDGET_REDIS_URL` over `redis.url`), its connection up
@@ -432,6 +476,7 @@ export class FleetBudget {
 
   private ok(dependency: string): void {
     if (!this.degraded.delete(dependency)) return;
+    this.fallbackSince.delete(dependency);
     this.metrics.fallbackDependencies.set(this.degraded.size);
     this.metrics.fallbackActive.set({ dependency }, 0);
     if (this.degraded.size === 0) {
@@ -453,6 +498,7 @@ export class FleetBudget {
     const isNew = !this.degraded.has(dependency);
     this.degraded.set(dependency, this.clock() + PROBE_INTERVAL_MS);
     if (isNew) {
+      this.fallbackSince.set(dependency, this.clock());
       this.metrics.fallbackDependencies.set(this.degraded.size);
       this.metrics.fallbackActive.set({ dependency }, 1);
       if (this.degraded.size === 1) {
@@ -473,6 +519,7 @@ export class FleetBudget {
     if (unsent > 0) {
       this.log.warn(`fleet-budget: closed with ${unsent} deposits not sent (Redis did not take them); they are lost, which can only make the fleet's allowance smaller`);
     }
+    await this.registry?.leave();
     if (this.ownClient) this.redis.disconnect();
     return unsent;
   }

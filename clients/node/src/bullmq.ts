@@ -10,11 +10,14 @@
 // - denied, exhausted or not retryable, with `[amqp]` configured: the job is published to the
 //   `<amqp.prefix>.dead` exchange with the Rust worker's `fb-*` headers, `mandatory` and with a
 //   publisher confirm, and counted in the dead-letter index, so that `budgetctl dlq` and the
-//   console see it; the job then ends in BullMQ's failed set (UnrecoverableError) with a reason
-//   saying where it went. A copy the broker did not confirm leaves the job to run again (moved
+//   console see it; its original routing key is the BullMQ queue's replay queue,
+//   `<amqp.prefix>.bullmq.<queue>` (declared first), so that `budgetctl replay` puts it back on
+//   its BullMQ queue through a `ReplayReceiver` (bullmqReplay.ts); the job then ends in BullMQ's
+//   failed set (UnrecoverableError) with a reason saying where it went. A copy the broker did not confirm leaves the job to run again (moved
 //   to the delayed set for UNCONFIRMED_PAUSE_MS): a duplicate is possible, a loss is not;
 // - the same without `[amqp]`: the job ends in BullMQ's failed set with the reason
-//   (`fleet-budget: budget_exhausted: <error>`), where BullMQ keeps it.
+//   (`fleet-budget: budget_exhausted: <error>`), where BullMQ keeps it; `replayFailed` (or the
+//   package's `fleet-budget-bullmq replay-failed`) puts such jobs back, paced.
 
 import { DelayedError, RateLimitError, UnrecoverableError, WaitingChildrenError } from "bullmq";
 import type { Job, Processor } from "bullmq";
@@ -22,8 +25,13 @@ import { ConfirmedPublisher, NotConfirmed, PermanentlyRefused, fanoutKey } from 
 import type { FleetBudget } from "./budget.js";
 import { InvalidTask } from "./budget.js";
 import { DeadLetter, Failure, NON_RETRYABLE, errorMessage } from "./decision.js";
+import type { Call } from "./admission.js";
 import { DeadLetterRecord, deadLetterHeaders, errorText, indexKey, indexRow } from "./headers.js";
 import { Script } from "./scripts.js";
+import { replayQueueName, replaysOf } from "./bullmqReplay.js";
+
+export { ReplayReceiver, keptReason, putBack, readDeadJob, replayFailed, replayJobId, replayOptions, replayQueueName, replaysOf } from "./bullmqReplay.js";
+export type { DeadJob, ReceiverCounts, ReceiverOptions, ReplayFailedOptions, ReplayFailedReport } from "./bullmqReplay.js";
 
 /** How long a job whose dead letter was not confirmed waits before it runs again. */
 export const UNCONFIRMED_PAUSE_MS = 1000;
@@ -54,6 +62,51 @@ function defaultClassify(error: unknown): Failure {
   return Failure.retryable(error);
 }
 
+/** How long a job's holds are remembered after its last one. */
+const HELD_TTL_MS = 2 * 86_400_000;
+
+/** The holds of BullMQ jobs that admission held (a concurrency budget at its cap, a breaker
+ * open): how many, since when, in `<prefix>:v1:bullmq-held:{<queue>}` (a hash, job id → JSON),
+ * because BullMQ counts a start for a held job that ran no attempt. Cleared when the job is let
+ * run or dead-lettered. */
+class HeldJobs {
+  constructor(private readonly budget: FleetBudget) {}
+
+  private key(job: Job): string {
+    return `${this.budget.config.redis.keyPrefix}:v1:bullmq-held:{${job.queueName}}`;
+  }
+
+  /** The job's holds so far (null: never held, or Redis did not answer). */
+  async get(job: Job): Promise<{ n: number; since: number } | null> {
+    try {
+      const text = await this.budget.redis.hget(this.key(job), String(job.id));
+      if (text === null) return null;
+      const v = JSON.parse(text) as { n?: unknown; since?: unknown };
+      return typeof v.n === "number" && typeof v.since === "number" ? { n: v.n, since: v.since } : null;
+    } catch {
+      return null;
+    }
+  }
+
+  async hold(job: Job, held: { n: number; since: number } | null): Promise<void> {
+    const key = this.key(job);
+    const value = JSON.stringify({ n: (held?.n ?? 0) + 1, since: held?.since ?? Date.now() });
+    try {
+      await this.budget.redis.multi().hset(key, String(job.id), value).pexpire(key, HELD_TTL_MS).exec();
+    } catch {
+      // Not remembered: the job's next attempt number is one higher (the safe direction).
+    }
+  }
+
+  async clear(job: Job): Promise<void> {
+    try {
+      await this.budget.redis.hdel(this.key(job), String(job.id));
+    } catch {
+      // Expires with the key.
+    }
+  }
+}
+
 /** The headers as the Rust `set_u64` writes integers: signed 64-bit (`long`), whatever their size
  * (amqplib would pick the narrowest width). */
 function amqpHeaders(headers: Record<string, string | number>): Record<string, unknown> {
@@ -73,6 +126,7 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
   const publisher = options.publisher !== undefined ? options.publisher
     : urls.length > 0 ? new ConfirmedPublisher(urls, options.amqpTimeoutMs ?? 10_000) : null;
   const indexScript = new Script("dead_letters");
+  const heldJobs = new HeldJobs(budget);
 
   const deadLetter = async (job: Job<T, R, N>, token: string | undefined, task: string, attempt: number, decision: DeadLetter,
     failure: Failure, cause: unknown): Promise<never> => {
@@ -81,18 +135,22 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
     if (publisher === null) throw new UnrecoverableError(why);
     const record: DeadLetterRecord = {
       task, dependency: decision.dependency, reason: decision.reason,
-      // A BullMQ job was consumed from no exchange: the queue's name stands as the routing key.
-      originalExchange: "", originalRoutingKey: job.queueName, originalQueue: job.queueName,
+      // A BullMQ job was consumed from no exchange: the replay moves it to the default exchange
+      // with the routing key of its BullMQ queue's replay queue, which a ReplayReceiver drains
+      // into that BullMQ queue (bullmqReplay.ts).
+      originalExchange: "", originalRoutingKey: replayQueueName(budget.config.amqpPrefix, job.queueName), originalQueue: job.queueName,
       // BullMQ keeps no time of a job's first failure: this one's for a first attempt, else the
       // job's creation (a bound from below).
       attempts: attempt, firstFailureMs: attempt === 1 ? now : job.timestamp, deadLetteredMs: now,
       errorClass: failure.cls, error: failure.message, snapshot: decision.snapshot,
-      source: decision.source === "not_consulted" ? null : decision.source, replays: 0,
+      source: decision.source === "not_consulted" ? null : decision.source, replays: replaysOf(job.id),
     };
     const body = Buffer.from(JSON.stringify({ queue: job.queueName, id: job.id, name: job.name, data: job.data, opts: job.opts }), "utf8");
     const exchange = budget.config.deadLetterExchange;
     try {
-      await publisher.publish(exchange, fanoutKey(job.queueName), body, amqpHeaders(deadLetterHeaders(record)), {
+      // The replay queue exists before its first dead letter: a replay to it is never returned.
+      if (fanoutKey(record.originalRoutingKey) !== "") await publisher.declareQueue(record.originalRoutingKey);
+      await publisher.publish(exchange, fanoutKey(record.originalRoutingKey), body, amqpHeaders(deadLetterHeaders(record)), {
         contentType: "application/json", messageId: job.id === undefined ? undefined : String(job.id), timestamp: Math.floor(now / 1000),
       });
     } catch (e) {
@@ -119,20 +177,45 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
 
   const run = async (job: Job<T, R, N>, token?: string, signal?: AbortSignal): Promise<R> => {
     const task = taskOf(job as Job);
-    const attempt = Math.max(1, job.attemptsStarted || 1);
+    let dependency: string;
     try {
-      await budget.onAttempt(task, attempt);
+      dependency = budget.dependency(task);
     } catch (e) {
       if (e instanceof InvalidTask) throw new UnrecoverableError(`fleet-budget: ${NON_RETRYABLE}: ${e.message}`);
       throw e;
     }
+    // Admission (a concurrency budget, a breaker): a held job runs no attempt, but BullMQ counts
+    // a start all the same; the holds are counted apart (heldJobs) and taken off.
+    let attempt = Math.max(1, job.attemptsStarted || 1);
+    let call: Call | null = null;
+    if (budget.admission.governs(dependency)) {
+      const held = await heldJobs.get(job);
+      attempt = Math.max(1, attempt - (held?.n ?? 0));
+      const admission = await budget.admit(task, attempt, held === null ? null : Date.now() - held.since);
+      if (admission.kind === "hold") {
+        await heldJobs.hold(job, held);
+        await job.moveToDelayed(Date.now() + admission.pauseMs, token);
+        throw new DelayedError(`fleet-budget: held (${admission.reason}) for ${admission.pauseMs} ms`);
+      }
+      if (held !== null) await heldJobs.clear(job);
+      if (admission.kind === "dead_letter") {
+        const failure = Failure.retryable(`not run: ${admission.reason}`);
+        return await deadLetter(job, token, task, attempt, admission, failure, failure.message);
+      }
+      call = admission;
+    }
+    await budget.onAttempt(task, attempt);
     let result: R;
     try {
       result = await processor(job, token, signal);
     } catch (error) {
       // BullMQ's own flow control is not a failure.
-      if (error instanceof DelayedError || error instanceof WaitingChildrenError || error instanceof RateLimitError) throw error;
+      if (error instanceof DelayedError || error instanceof WaitingChildrenError || error instanceof RateLimitError) {
+        if (call !== null) await budget.finish(call, "inconclusive");
+        throw error;
+      }
       const failure = classify(error, job as Job);
+      if (call !== null) await budget.finish(call, failure.isRetryable ? "failed" : "inconclusive");
       const decision = await budget.onFailure(task, attempt, failure);
       if (decision.kind === "retry") {
         await job.moveToDelayed(Date.now() + Math.ceil(decision.delayMs), token);
@@ -140,6 +223,7 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
       }
       return await deadLetter(job, token, task, attempt, decision, failure, error);
     }
+    if (call !== null) await budget.finish(call, "succeeded");
     await budget.onSuccess(task);
     return result;
   };

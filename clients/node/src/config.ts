@@ -1,12 +1,13 @@
 // The configuration: the same TOML file as the Rust library and the Python client
 // (crates/fleet-budget/src/config, clients/python/src/fleet_budget/config), checked alike, every
 // problem of a section reported at once. Sections this client does not act on ([metrics],
-// [audit], a dependency's `concurrency` and `breaker`) are checked for their shape only, so that
-// one file is accepted by every language's worker.
+// [audit]) are checked for their shape only, so that one file is accepted by every language's
+// worker; a dependency's `concurrency` and `breaker` are read with the Rust library's ranges.
 
 import { readFileSync } from "node:fs";
 import { parse } from "smol-toml";
 import { codePoint, dependencyNameProblem, isUnsafeChar, keyPrefixProblem, quoted, redactUrl, utf8Length } from "./names.js";
+import type { BreakerPolicy, ConcurrencyPolicy } from "./admission.js";
 import { Backoff, BudgetPolicy, CLASS_MAX_ATTEMPTS, DEFAULT_MAX_DELAY_MS, DEFAULT_POLICY, TaskCeiling } from "./policy.js";
 
 export const ENV_REDIS_URL = "FLEET_BUDGET_REDIS_URL";
@@ -61,6 +62,10 @@ export class Config {
   policies = new Map<string, BudgetPolicy>();
   /** task -> dependency */
   tasks = new Map<string, string>();
+  /** `[dependencies.X.concurrency]`, by dependency. */
+  concurrency = new Map<string, ConcurrencyPolicy>();
+  /** `[dependencies.X.breaker]`, by dependency. */
+  breakers = new Map<string, BreakerPolicy>();
   defaultCeiling = new TaskCeiling();
   ceilings = new Map<string, TaskCeiling>();
   unmapped: UnmappedTasks = { policy: "own_budget", maxOwnBudgets: DEFAULT_MAX_OWN_BUDGETS, dependency: null };
@@ -324,15 +329,16 @@ function readDependencies(c: Checker, value: unknown, config: Config): void {
     const at = `dependencies.${tomlKey(name)}`;
     const dep = table(at, raw);
     unknownKeys(at, dep, ["tasks", ...POLICY_KEYS, "concurrency", "breaker"]);
-    // Admission (concurrency budgets, circuit breakers) is the Rust library's and the Python
-    // client's: their tables are accepted here as tables, and not acted on.
-    if (dep.concurrency !== undefined) table(`${at}.concurrency`, dep.concurrency);
-    if (dep.breaker !== undefined) table(`${at}.breaker`, dep.breaker);
     const wrong = dependencyNameProblem(name);
     if (wrong) c.problem(at, quoted(name), wrong);
     const policy = readPolicy(c, at, dep, config.defaults);
+    const concurrency = dep.concurrency === undefined ? null : readConcurrency(c, `${at}.concurrency`, table(`${at}.concurrency`, dep.concurrency));
+    // Half-open probes are spent from the rate budget's floor.
+    const breaker = dep.breaker === undefined ? null : readBreaker(c, `${at}.breaker`, table(`${at}.breaker`, dep.breaker), policy.minAllowance);
     if (wrong) continue;
     config.policies.set(name, policy);
+    if (concurrency !== null) config.concurrency.set(name, concurrency);
+    if (breaker !== null) config.breakers.set(name, breaker);
     const tasks = dep.tasks ?? [];
     if (!Array.isArray(tasks) || !tasks.every((t) => typeof t === "string")) throw wrongType(`${at}.tasks`, tasks, "a list of task names");
     (tasks as string[]).forEach((task, i) => {
@@ -348,6 +354,76 @@ function readDependencies(c: Checker, value: unknown, config: Config): void {
       } else config.tasks.set(task, name);
     });
   }
+}
+
+const MAX_CAP = 1_000_000_000;
+const DAY_SECS = 86_400;
+
+function number(key: string, value: unknown): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== "bigint" && typeof value !== "number") throw wrongType(key, value, "a number");
+  return Number(value);
+}
+
+/** `[dependencies.X.concurrency]` as the Rust `RawConcurrency::resolve` reads it (the Python
+ * client's config/concurrency.py): every problem named, the share derived from
+ * `planned_primary` unless `max_retry_fraction` is given. */
+function readConcurrency(c: Checker, at: string, t: Table): ConcurrencyPolicy | null {
+  const ints = ["cap", "planned_primary", "min_retry_slots", "lease_secs", "max_wait_secs"];
+  unknownKeys(at, t, [...ints, "max_retry_fraction", "primary_waits"]);
+  for (const k of ints) if (t[k] !== undefined && typeof t[k] !== "bigint") throw wrongType(`${at}.${k}`, t[k], "an integer");
+  const fraction = number(`${at}.max_retry_fraction`, t.max_retry_fraction);
+  const waits = t.primary_waits ?? false;
+  if (typeof waits !== "boolean") throw wrongType(`${at}.primary_waits`, waits, "a boolean");
+  const before = c.problems.length;
+  if (t.cap === undefined) {
+    c.problem(`${at}.cap`, "missing", "a concurrency section needs cap (calls in flight the dependency accepts)");
+    return null;
+  }
+  const cap = c.intIn(`${at}.cap`, t.cap, 1, MAX_CAP, 1);
+  const planned = t.planned_primary === undefined ? undefined : Number(t.planned_primary as bigint);
+  if (planned !== undefined && !(planned >= 1 && planned <= cap)) {
+    c.problem(`${at}.planned_primary`, String(planned), `must be an integer from 1 to the cap (${cap})`);
+  } else if (planned === undefined && fraction === undefined) {
+    c.problem(`${at}.planned_primary`, "missing", "needed to derive max_retry_fraction = (cap - planned_primary) / planned_primary; give it or max_retry_fraction");
+  }
+  const minRetrySlots = c.intIn(`${at}.min_retry_slots`, t.min_retry_slots, 0, MAX_CAP, 3);
+  const lease = c.intIn(`${at}.lease_secs`, t.lease_secs, 1, DAY_SECS, 30);
+  const maxWait = c.intIn(`${at}.max_wait_secs`, t.max_wait_secs, 0, DAY_SECS, 600);
+  if (fraction !== undefined && !(Number.isFinite(fraction) && fraction >= 0 && fraction <= 1000)) {
+    c.problem(`${at}.max_retry_fraction`, String(fraction), "must be a number from 0 to 1000");
+  }
+  if (c.problems.length > before) return null;
+  const share = fraction ?? (cap - planned!) / planned!;
+  if (share > 1000) {
+    // A share derived past what the scripts take (cap 5000, planned_primary 1): named here.
+    c.problem(at, "the section", `max_retry_fraction must be a number from 0 to 1000, not ${share}`);
+    return null;
+  }
+  return { cap, maxRetryFraction: share, minRetrySlots, leaseMs: lease * 1000, primaryWaits: waits, maxWaitMs: maxWait * 1000 };
+}
+
+/** `[dependencies.X.breaker]` as the Rust `RawBreaker::resolve` reads it: every key optional, at
+ * most `floor` (the rate budget's `min_allowance`) half-open probes. */
+function readBreaker(c: Checker, at: string, t: Table, floor: number): BreakerPolicy | null {
+  const ints = ["min_volume", "window_secs", "open_secs", "half_open_probes", "close_after", "probe_timeout_secs", "max_wait_secs"];
+  unknownKeys(at, t, ["failure_ratio", ...ints]);
+  for (const k of ints) if (t[k] !== undefined && typeof t[k] !== "bigint") throw wrongType(`${at}.${k}`, t[k], "an integer");
+  const ratio = number(`${at}.failure_ratio`, t.failure_ratio) ?? 0.5;
+  const before = c.problems.length;
+  const window = c.intIn(`${at}.window_secs`, t.window_secs, 1, DAY_SECS, 60);
+  const open = c.intIn(`${at}.open_secs`, t.open_secs, 1, DAY_SECS, 30);
+  const probeTimeout = c.intIn(`${at}.probe_timeout_secs`, t.probe_timeout_secs, 1, DAY_SECS, 60);
+  const maxWait = c.intIn(`${at}.max_wait_secs`, t.max_wait_secs, 0, DAY_SECS, 900);
+  if (!(Number.isFinite(ratio) && ratio > 0 && ratio <= 1)) c.problem(`${at}.failure_ratio`, String(ratio), "must be a number above 0 and at most 1");
+  const minVolume = c.intIn(`${at}.min_volume`, t.min_volume, 1, MAX_CAP, 20);
+  const probes = c.intIn(`${at}.half_open_probes`, t.half_open_probes, 1, 1_000_000, 3);
+  if (probes > floor) c.problem(`${at}.half_open_probes`, String(probes), `probes are spent from the rate budget's floor: at most min_allowance (${floor})`);
+  const closeAfter = t.close_after === undefined ? probes : Number(t.close_after as bigint);
+  if (!(closeAfter >= 1 && closeAfter <= probes)) c.problem(`${at}.close_after`, String(closeAfter), `must be an integer from 1 to half_open_probes (${probes})`);
+  if (c.problems.length > before) return null;
+  return { windowMs: window * 1000, failureRatio: ratio, minVolume, openMs: open * 1000, halfOpenProbes: probes, closeAfter,
+    probeTimeoutMs: probeTimeout * 1000, maxWaitMs: maxWait * 1000 };
 }
 
 function readUnmapped(c: Checker, value: unknown, config: Config): void {

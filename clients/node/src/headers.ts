@@ -24,6 +24,9 @@ export const BUDGET_RETRIES = "fb-budget-retries";
 export const BUDGET_WINDOW_MS = "fb-budget-window-ms";
 export const BUDGET_WINDOW_INDEX = "fb-budget-window-index";
 export const BUDGET_SOURCE = "fb-budget-source";
+/** Why a message was parked, and when (ms): written by whatever parks it. */
+export const PARK_REASON = "fb-park-reason";
+export const PARKED_MS = "fb-parked-ms";
 
 /** Longest `fb-error` text, in bytes of UTF-8. */
 export const ERROR_TEXT_MAX_BYTES = 512;

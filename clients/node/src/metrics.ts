@@ -32,6 +32,11 @@ export class Metrics {
   readonly depositsPending: Gauge;
   readonly policyConflicts: Counter<"dependency">;
   readonly budgetLost: Counter<"dependency">;
+  readonly callsInFlight: Gauge<"dependency" | "kind">;
+  readonly retryFraction: Gauge<"dependency">;
+  readonly leasesLost: Counter<"dependency">;
+  readonly breakerTransitions: Counter<"dependency" | "to">;
+  readonly breakerState: Gauge<"dependency">;
   private readonly conflictsLogged = new Set<string>();
   private readonly lostLogged = new Map<string, number>();
 
@@ -66,6 +71,17 @@ export class Metrics {
       "Store calls whose policy differed from the one in force (served by that one).", dep);
     this.budgetLost = counter("fleet_budget_budget_lost_total",
       "Store calls that found the dependency's budget hash lost (evicted, flushed, Redis restarted empty) and restored what this process remembered.", dep);
+    // The concurrency budget and the circuit breaker (the Rust `metrics/calls.rs`).
+    this.callsInFlight = gauge("fleet_budget_calls_in_flight",
+      "Calls in flight fleet-wide (leases of the concurrency budget) at this process's last lease call.", ["dependency", "kind"] as const);
+    this.retryFraction = gauge("fleet_budget_retry_fraction",
+      "Retries in flight over primary calls in flight, fleet-wide, at this process's last lease call.", dep);
+    this.leasesLost = counter("fleet_budget_leases_lost_total",
+      "Leases given back that were gone from Redis before their expiry (evicted, flushed): their slots were free meanwhile.", dep);
+    this.breakerTransitions = counter("fleet_budget_breaker_transitions_total",
+      "Circuit breaker state changes this process made, by the state entered.", ["dependency", "to"] as const);
+    this.breakerState = gauge("fleet_budget_breaker_state",
+      "Circuit breaker state at this process's last breaker call: 0 closed, 1 open, 2 half-open.", dep);
   }
 
   snapshot(dependency: string, snap: BudgetSnapshot): void {

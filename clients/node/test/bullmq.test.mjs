@@ -96,7 +96,9 @@ test("granted retries run again after the budget's delay; denied jobs are dead-l
       assert.equal(h["fb-reason"], "budget_exhausted");
       assert.equal(h["fb-dependency"], "search");
       assert.equal(h["fb-task"], "index_document");
-      assert.equal(h["fb-original-routing-key"], name);
+      assert.equal(h["fb-original-routing-key"], `${amqpPrefix}.bullmq.${name}`, "the BullMQ queue's replay queue");
+      assert.equal(h["fb-original-exchange"], "");
+      assert.equal(h["fb-original-queue"], name);
       assert.equal(h["fb-budget-allowance"], 3);
       assert.equal(h["fb-budget-window-ms"], 60_000);
       assert.ok(["fleet", "fleet_cache"].includes(h["fb-budget-source"]));
@@ -119,6 +121,7 @@ test("granted retries run again after the budget's delay; denied jobs are dead-l
     await queue.close();
     await budget.close();
     await channel.deleteQueue(exchange);
+    await channel.deleteQueue(`${amqpPrefix}.bullmq.${name}`);
     await channel.deleteExchange(exchange);
   }
 });
@@ -191,6 +194,7 @@ test("a dead letter the broker does not confirm leaves the job to run again, nev
     await queue.close();
     await budget.close();
     await channel.deleteQueue(exchange).catch(() => {});
+    await channel.deleteQueue(`${amqpPrefix}.bullmq.${name}`).catch(() => {});
     await channel.deleteExchange(exchange).catch(() => {});
   }
 });
