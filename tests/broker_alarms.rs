@@ -43,7 +43,7 @@ mod one_worker;
 mod rabbit_node;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -263,6 +263,11 @@ fn a_disk_alarm_while_dead_lettering_loses_nothing_and_duplicates_nothing() {
 /// 4 workers (prefetch 32) dead-letter 2,000 failing jobs (each runs 1 s); the alarm is raised
 /// once 200 are in the dead-letter queue, held three publish deadlines after the workers were blocked, then
 /// cleared.
+///
+/// The jobs after the first 200 wait for the alarm before they fail: `rabbitmqctl` took long
+/// enough on a loaded machine (load 15, clean-clone CI of session 14) that all 2,000 were
+/// dead-lettered before the alarm was in force, and a connection that publishes nothing is
+/// never blocked (both alarm tests timed out waiting for the block).
 async fn alarm_while_dead_lettering(
     name: &str,
     resource: BlockedBy,
@@ -273,12 +278,18 @@ async fn alarm_while_dead_lettering(
     let site = Site::start(name, 32).await;
     let ids = site.publish_jobs(JOBS).await;
     let runs = Arc::new(AtomicU64::new(0));
+    let alarm_raised = Arc::new(AtomicBool::new(false));
     let workers: Vec<Running> = (0..4)
         .map(|_| {
             let runs = Arc::clone(&runs);
+            let alarm_raised = Arc::clone(&alarm_raised);
             site.worker(move |_job| {
-                runs.fetch_add(1, Ordering::SeqCst);
+                let run = runs.fetch_add(1, Ordering::SeqCst);
+                let alarm_raised = Arc::clone(&alarm_raised);
                 async move {
+                    while run >= 200 && !alarm_raised.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     Err(Failure::non_retryable("bad input"))
                 }
@@ -291,6 +302,7 @@ async fn alarm_while_dead_lettering(
     })
     .await;
     site.node.ctl(raise).unwrap();
+    alarm_raised.store(true, Ordering::SeqCst);
     let metrics = site.metrics();
     wait_until(
         Duration::from_secs(120),

@@ -275,7 +275,6 @@ fn actions_cut_off_at_scale_copy_nothing_twice_and_lose_nothing() {
                 "INC-31 again",
                 "--json",
             ])
-            .stderr(Stdio::null())
             .output()
             .unwrap();
         let again: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
@@ -284,6 +283,15 @@ fn actions_cut_off_at_scale_copy_nothing_twice_and_lose_nothing() {
             start.elapsed().as_secs_f64(),
             out.status.code()
         );
+        if !out.status.success() {
+            // Why it stopped, in its own words: the last lines it wrote (its progress lines and
+            // the error).
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = stderr.lines().collect();
+            for line in &lines[lines.len().saturating_sub(6)..] {
+                println!("    stderr: {line}");
+            }
+        }
         already_moved += again["already_moved"].as_u64().unwrap_or(0);
         if depth(&broker, &dead) == mail_n {
             break;

@@ -24,6 +24,7 @@
 
 mod common;
 #[path = "mixed_fleet/processes.rs"]
+#[allow(dead_code)]
 mod processes;
 #[path = "mixed_fleet/upstream.rs"]
 mod upstream;
@@ -33,47 +34,26 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fleet_budget::testing::RedisServer;
-use fleet_budget_amqp::testing::{TestBroker, amqp_url, unique_prefix};
-use fleet_budget_amqp::{AmqpSettings, headers};
+use fleet_budget_amqp::testing::amqp_url;
 
 use self::processes::{
-    CeleryQueue, Proc, budgetctl, common_block_on, depth, publish_rust, python, send_celery,
-    wait_until,
+    CeleryQueue, Fleet, Proc, budgetctl, depth, publish_rust, python, send_celery, wait_until,
 };
 use self::upstream::{Call, Upstream};
 
 #[test]
 #[allow(clippy::too_many_lines)]
 fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
-    let redis = RedisServer::start();
-    let broker = TestBroker::with_settings(AmqpSettings {
-        url: amqp_url(),
-        prefix: unique_prefix("mixed"),
-        retry_tiers: vec![Duration::from_millis(100), Duration::from_millis(400)],
-        ..AmqpSettings::default()
-    });
-    common_block_on(broker.migrate());
-    let prefix = broker.settings.prefix.clone();
+    let fleet = Fleet::brownout("mixed");
+    let Fleet {
+        redis,
+        broker,
+        prefix,
+        key_prefix,
+        dir,
+        config,
+    } = &fleet;
     let celery_queue = format!("{prefix}.celery");
-    let key_prefix = format!("fbmixed{}", &headers::new_message_id()[..8]);
-    let dir = std::env::temp_dir().join(&key_prefix);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("fleet-budget.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{key_prefix}\"\ndeposit_flush_ms = 0\ntimeout_ms = 2000\n\
-             [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\nretry_tiers_secs = [0.1, 0.4]\n\
-             [defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
-             [dependencies.search]\ntasks = [\"index\"]\n\
-             [tasks.index]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\n\
-             [tasks.search]\nbackoff_base_ms = 1000\nbackoff_cap_ms = 2000\n",
-            redis.url(),
-            amqp_url(),
-        ),
-    )
-    .unwrap();
     let upstream = Upstream::start();
     let env = [
         ("FB_CONFIG", config.display().to_string()),
@@ -94,7 +74,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
                 .args(["--upstream", &upstream.addr, "--stats-ms", "5000"])
                 .env_remove("FLEET_BUDGET_REDIS_URL")
                 .env_remove("FLEET_BUDGET_AMQP_URL"),
-            &dir,
+            dir,
         ));
     }
     procs.push(Proc::spawn(
@@ -126,7 +106,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
             .current_dir(common::repo_root().join("tests/python"))
             .env_remove("FLEET_BUDGET_REDIS_URL")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        &dir,
+        dir,
     ));
 
     let py_ids = |phase: &str, n: usize| -> Vec<String> {
@@ -136,7 +116,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     };
 
     // 1. Warm-up: 20 successes.
-    let mut warm = publish_rust(&broker, 10);
+    let mut warm = publish_rust(broker, 10);
     let warm_py = py_ids("warm", 10);
     send_celery(&env, &warm_py);
     warm.extend(warm_py);
@@ -164,7 +144,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
         Duration::from_secs(60),
         || granted_now() >= 5,
     );
-    let mut brown = publish_rust(&broker, 20);
+    let mut brown = publish_rust(broker, 20);
     wait_until("the allowance to be spent", Duration::from_secs(60), || {
         granted_now() >= 10
     });
@@ -174,7 +154,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     wait_until(
         "the 40 brownout jobs to be dead-lettered",
         Duration::from_secs(60),
-        || depth(&broker, &dead) >= 40,
+        || depth(broker, &dead) >= 40,
     );
     let during: Vec<Call> = upstream.calls()[calls_before..].to_vec();
     let retries_seen = during.iter().filter(|c| c.attempt > 1).count();
@@ -222,7 +202,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
 
     // 3. Recovery: 20 more successes, headroom for the replay.
     upstream.failing.store(false, Ordering::SeqCst);
-    let mut recovery = publish_rust(&broker, 10);
+    let mut recovery = publish_rust(broker, 10);
     let recovery_py = py_ids("recovery", 10);
     send_celery(&env, &recovery_py);
     recovery.extend(recovery_py);
@@ -235,7 +215,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     // Nothing else reached the dead-letter queue meanwhile (no duplicates, no recovery job).
     // Counted by depth only: `budgetctl dlq peek` is not used here, as two peeks in a row under
     // this load have left duplicates of the last messages read (reported to the replay owner).
-    assert_eq!(depth(&broker, &dead), 40, "dead letters before the replay");
+    assert_eq!(depth(broker, &dead), 40, "dead letters before the replay");
     // `budgetctl dlq stats` reads no message: the dead-letter index, counted by the workers of
     // both languages (Celery's too, `fleet_budget.dead_letters`), is the queue, exactly.
     let stats = || -> serde_json::Value {
@@ -329,7 +309,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
         &broker.topology.work_queue,
         &celery_queue,
     ] {
-        assert_eq!(depth(&broker, queue), 0, "{queue}");
+        assert_eq!(depth(broker, queue), 0, "{queue}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -165,3 +165,95 @@ pub(crate) fn common_block_on<F: Future>(f: F) -> F::Output {
 pub(crate) fn depth(broker: &TestBroker, queue: &str) -> u32 {
     common_block_on(broker.depth(queue))
 }
+
+/// A fleet of the test's own: a private redis-server, broker names under a unique prefix
+/// (migrated), a key prefix, a folder for the processes' logs and the configuration file they
+/// all read.
+pub(crate) struct Fleet {
+    pub(crate) redis: fleet_budget::testing::RedisServer,
+    pub(crate) broker: TestBroker,
+    /// The broker names' prefix (`amqp.prefix`).
+    pub(crate) prefix: String,
+    /// The Redis keys' prefix (`redis.key_prefix`), which also names the folder.
+    pub(crate) key_prefix: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) config: PathBuf,
+}
+
+impl Fleet {
+    /// Names from `name`; `redis` lines go under `[redis]` (after the URL, the key prefix and a
+    /// 2 s deadline), `retry_tiers_secs` (none: the default tiers) under `[amqp]`, and `rest`
+    /// (defaults, dependencies, tasks) after it.
+    pub(crate) fn start(name: &str, redis: &str, retry_tiers_secs: &[f64], rest: &str) -> Self {
+        let server = fleet_budget::testing::RedisServer::start();
+        let mut settings = fleet_budget_amqp::AmqpSettings {
+            url: amqp_url(),
+            prefix: fleet_budget_amqp::testing::unique_prefix(name),
+            ..fleet_budget_amqp::AmqpSettings::default()
+        };
+        let mut tiers = String::new();
+        if !retry_tiers_secs.is_empty() {
+            settings.retry_tiers = retry_tiers_secs
+                .iter()
+                .map(|s| Duration::from_secs_f64(*s))
+                .collect();
+            tiers = format!("retry_tiers_secs = {retry_tiers_secs:?}\n");
+        }
+        let broker = TestBroker::with_settings(settings);
+        common_block_on(broker.migrate());
+        let prefix = broker.settings.prefix.clone();
+        let key_prefix = format!(
+            "fb{name}{}",
+            &fleet_budget_amqp::headers::new_message_id()[..8]
+        );
+        let dir = std::env::temp_dir().join(&key_prefix);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("fleet-budget.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[redis]\nurl = \"{}\"\nkey_prefix = \"{key_prefix}\"\ntimeout_ms = 2000\n{redis}\
+                 [amqp]\nurl = \"{}\"\nprefix = \"{prefix}\"\n{tiers}{rest}",
+                server.url(),
+                amqp_url(),
+            ),
+        )
+        .unwrap();
+        Self {
+            redis: server,
+            broker,
+            prefix,
+            key_prefix,
+            dir,
+            config,
+        }
+    }
+}
+
+impl Fleet {
+    /// The brownout fleets' (`mixed_fleet`, `three_language_brownout`): `search` for task `index`,
+    /// ratio 0.5 with a floor of 2 over a day, retry tiers of 0.1 and 0.4 s, every deposit sent
+    /// at once.
+    pub(crate) fn brownout(name: &str) -> Self {
+        Self::start(
+            name,
+            "deposit_flush_ms = 0\n",
+            &[0.1, 0.4],
+            "[defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
+             [dependencies.search]\ntasks = [\"index\"]\n\
+             [tasks.index]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\n\
+             [tasks.search]\nbackoff_base_ms = 1000\nbackoff_cap_ms = 2000\n",
+        )
+    }
+}
+
+/// The Node.js client's fleet worker (`clients/node/test/workers/bullmq_fleet.mjs`), once
+/// `clients/node` is built.
+pub(crate) fn node_fleet_worker() -> PathBuf {
+    let root = common::repo_root();
+    assert!(
+        root.join("clients/node/dist/bullmq.js").is_file(),
+        "clients/node is not built: run `npm ci && npm run build` in clients/node (scripts/test does)"
+    );
+    root.join("clients/node/test/workers/bullmq_fleet.mjs")
+}
