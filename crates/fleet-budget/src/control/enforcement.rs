@@ -16,7 +16,7 @@ use super::overrides::{MAX_ACTOR_BYTES, MAX_OVERRIDE_DURATION, MAX_REASON_BYTES}
 use crate::decision::Enforcement;
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::RedisStore;
+use crate::store::{RedisStore, field_text, field_u64};
 
 /// An operator's switch in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -40,16 +40,8 @@ impl EnforcementSwitch {
     /// From the values of [`FIELDS`], in order; `None` when there is no switch or its mode is
     /// not one this build knows (written by hand: ignored, the configuration decides).
     pub(crate) fn from_values(values: &[Value]) -> Option<Self> {
-        let text = |i: usize| match values.get(i) {
-            Some(Value::BulkString(b)) => Some(
-                String::from_utf8_lossy(b.get(..b.len().min(1024)).unwrap_or_default())
-                    .into_owned(),
-            ),
-            Some(Value::SimpleString(s)) => Some(s.clone()),
-            Some(Value::Int(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        let number = |i: usize| text(i).and_then(|t| t.parse::<u64>().ok());
+        let text = |i: usize| field_text(values, i);
+        let number = |i: usize| field_u64(values, i);
         Some(Self {
             enforcement: Enforcement::parse(&text(0)?)?,
             until_ms: number(1),

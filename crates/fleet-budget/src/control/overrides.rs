@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::audit::{AuditEntry, AuditLog};
 use crate::dependency::Dependency;
 use crate::error::StoreError;
-use crate::store::RedisStore;
+use crate::store::{RedisStore, field_text, field_u64};
 
 /// The longest override `lua/override.lua` takes: 366 days.
 pub const MAX_OVERRIDE_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -117,16 +117,8 @@ impl Overrides {
 
     /// From the values of [`FIELDS`], in order (missing ones nil).
     pub(crate) fn from_values(values: &[Value]) -> Self {
-        let text = |i: usize| match values.get(i) {
-            Some(Value::BulkString(b)) => Some(
-                String::from_utf8_lossy(b.get(..b.len().min(1024)).unwrap_or_default())
-                    .into_owned(),
-            ),
-            Some(Value::SimpleString(s)) => Some(s.clone()),
-            Some(Value::Int(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        let number = |i: usize| text(i).and_then(|t| t.parse::<u64>().ok());
+        let text = |i: usize| field_text(values, i);
+        let number = |i: usize| field_u64(values, i);
         let freeze = number(0).map(|until_ms| Freeze {
             until_ms,
             actor: text(1).unwrap_or_default(),

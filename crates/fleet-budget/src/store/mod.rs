@@ -27,7 +27,9 @@ pub use redis::{
     SPEND_MANY_SCRIPT, SPEND_SCRIPT, STATUS_SCRIPT, ScriptReply, batch_answer, parse_reply,
     parse_status, policy_args,
 };
-pub(crate) use redis::{BreakerArgs, LeaseArgs, Report, count_at, int_at, text_at};
+pub(crate) use redis::{
+    BreakerArgs, LeaseArgs, Report, count_at, field_text, field_u64, int_at, text_at,
+};
 
 /// A boxed future returned by [`BudgetStore`] methods (keeps the trait usable as `dyn`).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

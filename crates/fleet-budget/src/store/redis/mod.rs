@@ -48,7 +48,7 @@ use group_commit::GroupCommit;
 pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats, MAX_BATCH_LIMIT};
 pub(crate) use leases::LeaseArgs;
 pub use reply::{ScriptReply, parse_reply, parse_status};
-pub(crate) use reply::{count_at, int_at, text_at};
+pub(crate) use reply::{count_at, field_text, field_u64, int_at, text_at};
 pub use scripts::{
     BREAKER_SCRIPT, DEAD_LETTERS_SCRIPT, DEPOSIT_SCRIPT, HEARTBEAT_SCRIPT, LEASE_ACQUIRE_SCRIPT,
     LEASE_RELEASE_SCRIPT, OVERRIDE_SCRIPT, SPEND_BATCH_SCRIPT, SPEND_MANY_SCRIPT, SPEND_SCRIPT,

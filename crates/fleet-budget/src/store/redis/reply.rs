@@ -49,6 +49,25 @@ pub(crate) fn text_at(reply: &[Value], index: usize) -> Result<String, String> {
     }
 }
 
+/// The value at `index` of an `HMGET` as text (at most 1 KiB kept; an integer as its digits);
+/// `None` when it is nil or of another kind, so that a field written by hand reads as absent.
+pub(crate) fn field_text(values: &[Value], index: usize) -> Option<String> {
+    match values.get(index) {
+        Some(Value::BulkString(bytes)) => {
+            let bytes = bytes.get(..bytes.len().min(1024)).unwrap_or_default();
+            Some(String::from_utf8_lossy(bytes).into_owned())
+        }
+        Some(Value::SimpleString(text)) => Some(text.chars().take(1024).collect()),
+        Some(Value::Int(n)) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The value at `index` of an `HMGET` as a number ([`field_text`] that parses as one).
+pub(crate) fn field_u64(values: &[Value], index: usize) -> Option<u64> {
+    field_text(values, index).and_then(|t| t.parse::<u64>().ok())
+}
+
 /// Decodes the reply shared by the scripts (`lua/README.md`, "Reply"): 17 fields, then the
 /// policy in force (fields 18 to 21) when it is not `caller`'s, the policy the call sent. A
 /// reply without them while field 15 (conflict) is 1 is refused.
