@@ -22,7 +22,13 @@
 //!
 //! Needs `budgetctl` built beside this test and the Node.js package built (scripts/test does
 //! both). Never skipped.
-#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used, missing_docs)]
+#![allow(
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    clippy::unwrap_used,
+    missing_docs
+)]
 
 mod common;
 // Shared with the mixed fleet's tests; this one sends no Celery task and publishes no Rust job.

@@ -276,7 +276,7 @@ pub(crate) async fn run(
     out.already_moved = Some(0);
     out.in_doubt = Some(0);
     let after = lists.lengths(&store).await.unwrap_or(Value::Null);
-    out.bullmq_pending = after["pending_replay"].as_u64();
+    out.bullmq_pending = after.get("pending_replay").and_then(Value::as_u64);
     let mut after_entry = after.clone();
     if let Some(o) = after_entry.as_object_mut() {
         o.insert("selected".into(), selected.into());
