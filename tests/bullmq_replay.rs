@@ -255,7 +255,8 @@ fn budgetctl_replay_puts_bullmq_dead_letters_back_once_through_kills_on_both_sid
 struct KeptRun {
     moved_by_first: u64,
     report: serde_json::Value,
-    left_at_kill: Option<u64>,
+    /// Requests in the replay list, and in the receiver's hand, when it was killed.
+    left_at_kill: Option<(u64, u64)>,
 }
 
 /// Issue 35, item 3 without `[amqp]`: 40 BullMQ jobs the budget refused (floor 0, the dependency
@@ -348,6 +349,21 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
     assert_eq!(len(&kept), 40, "each recorded in the kept list");
     upstream.failing.store(false, Ordering::SeqCst);
 
+    // Without kills, hostile entries beside the 40: not JSON, no dependency (both unreadable:
+    // left in place by a run of one dependency, parked with --include-malformed), and a job
+    // replayed max_replays (3) times already (parked).
+    let hostile = if kills {
+        0
+    } else {
+        redis.cmd::<u64>(&[
+            "LPUSH",
+            &kept,
+            "not json",
+            r#"{"id":"x"}"#,
+            r#"{"id":"zz~r3","dependency":"search"}"#,
+        ]);
+        3
+    };
     // A dry run reads only.
     let out = replay("20").arg("--dry-run").output().unwrap();
     assert!(
@@ -358,7 +374,7 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
     let dry: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(dry["moved"], 40, "{dry}");
     assert_eq!(dry["dry_run"], true, "{dry}");
-    assert_eq!(len(&kept), 40, "the dry run moved nothing");
+    assert_eq!(len(&kept), 40 + hostile, "the dry run moved nothing");
 
     let mut worker = Proc::spawn("bullmq-2", &mut node(&["worker"]), &dir);
     let mut receiver = Proc::spawn("receiver-1", &mut receive(), &dir);
@@ -386,7 +402,11 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
         );
         assert!(moved_by_first < 40, "killed half-way: {moved_by_first}");
     }
-    let second = replay("20")
+    let mut second = replay("20");
+    if !kills {
+        second.args(["--dependency", "search"]);
+    }
+    let second = second
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -400,7 +420,13 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
         );
         let _ = receiver.child.kill();
         let _ = receiver.child.wait();
-        left_at_kill = Some(len(&requests));
+        // What it had in hand: its own list's request (finished by the next receiver).
+        let in_hand: u64 = redis
+            .cmd::<Vec<String>>(&["KEYS", &format!("{key_prefix}:v1:bullmq-replaying:*")])
+            .iter()
+            .map(|k| len(k))
+            .sum();
+        left_at_kill = Some((len(&requests), in_hand));
         receiver = Proc::spawn("receiver-2", &mut receive(), &dir);
     }
     let out = second.wait_with_output().unwrap();
@@ -415,15 +441,41 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
     assert_eq!(report["bullmq_queue"], bullmq_queue.as_str(), "{report}");
     assert_eq!(
         report["total"].as_u64(),
+        Some(40 - moved_by_first + hostile),
+        "{report}"
+    );
+    assert_eq!(
+        report["moved"].as_u64(),
         Some(40 - moved_by_first),
         "{report}"
     );
-    assert_eq!(report["moved"], report["total"], "{report}");
-    assert_eq!(report["parked"], 0, "{report}");
+    assert_eq!(
+        report["parked"],
+        u64::from(!kills),
+        "{report}: the looping one"
+    );
+    assert_eq!(report["skipped"], 2 * u64::from(!kills), "{report}");
+    assert_eq!(report["malformed"], 2 * u64::from(!kills), "{report}");
     assert_eq!(report["failed"], 0, "{report}");
     // Paced: no move faster than the rate asked.
     let highest = report["highest_rate"].as_f64().unwrap();
     assert!(highest <= 20.0 + 1e-9, "{report}");
+    if !kills {
+        assert_eq!(len(&kept), 2, "the unreadable entries left in place");
+        let out = replay("20")
+            .args(["--dependency", "search", "--include-malformed"])
+            .output()
+            .unwrap();
+        let parking: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(out.status.success(), "{parking}");
+        assert_eq!(
+            (parking["parked"].as_u64(), parking["malformed"].as_u64()),
+            (Some(2), Some(2)),
+            "{parking}"
+        );
+        assert_eq!(len(&parked), 3);
+        redis.cmd::<u64>(&["DEL", &parked]);
+    }
     assert_eq!(len(&kept), 0);
     wait_until(
         "every replayed job to succeed",
@@ -468,8 +520,8 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
         } else {
             format!("moved {}", report["moved"])
         },
-        left_at_kill.map_or("not killed".to_owned(), |n| format!(
-            "killed with {n} requests left"
+        left_at_kill.map_or("not killed".to_owned(), |(n, h)| format!(
+            "killed with {n} requests left and {h} in hand"
         )),
         JOBS - wrong.len()
     );
@@ -501,9 +553,10 @@ fn budgetctl_replay_puts_kept_bullmq_jobs_back(kills: bool) -> KeptRun {
         .filter(|a| **a == "bullmq_replay_started")
         .count();
     let ended = actions.iter().filter(|a| **a == "bullmq_replay").count();
+    // Each run's intent; the end of each run but the killed one.
     assert_eq!(
         (started, ended),
-        (if kills { 2 } else { 1 }, 1),
+        (2, if kills { 1 } else { 2 }),
         "{actions:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
