@@ -16,8 +16,10 @@
 //   failed set (UnrecoverableError) with a reason saying where it went. A copy the broker did not confirm leaves the job to run again (moved
 //   to the delayed set for UNCONFIRMED_PAUSE_MS): a duplicate is possible, a loss is not;
 // - the same without `[amqp]`: the job ends in BullMQ's failed set with the reason
-//   (`fleet-budget: budget_exhausted: <error>`), where BullMQ keeps it; `replayFailed` (or the
-//   package's `fleet-budget-bullmq replay-failed`) puts such jobs back, paced.
+//   (`fleet-budget: budget_exhausted: <error>`), where BullMQ keeps it, and is recorded in the
+//   fleet's kept list of its queue (bullmqKept.ts), so that `budgetctl replay --bullmq-queue`
+//   moves it, paced like every replay, to the queue's `ReplayReceiver`, which puts it back;
+//   `replayFailed` (or `fleet-budget-bullmq replay-failed`) is the Node-only way, paced alike.
 
 import { DelayedError, RateLimitError, UnrecoverableError, WaitingChildrenError } from "bullmq";
 import type { Job, Processor } from "bullmq";
@@ -29,8 +31,12 @@ import type { Call } from "./admission.js";
 import { DeadLetterRecord, deadLetterHeaders, errorText, indexKey, indexRow } from "./headers.js";
 import { Script } from "./scripts.js";
 import { replayQueueName, replaysOf } from "./bullmqReplay.js";
+import { KEPT_MAX, bullmqQueueProblem, keepJob, keptEntry } from "./bullmqKept.js";
 
-export { ReplayReceiver, keptReason, putBack, readDeadJob, replayFailed, replayJobId, replayOptions, replayQueueName, replaysOf } from "./bullmqReplay.js";
+export { KEPT_MAX, bullmqQueueProblem, keepJob, keptEntry, keptKeys, readKeptEntry } from "./bullmqKept.js";
+export type { KeptEntry } from "./bullmqKept.js";
+
+export { ReplayReceiver, keptReason, putBackKept, putBack, readDeadJob, replayFailed, replayJobId, replayOptions, replayQueueName, replaysOf } from "./bullmqReplay.js";
 export type { DeadJob, ReceiverCounts, ReceiverOptions, ReplayFailedOptions, ReplayFailedReport } from "./bullmqReplay.js";
 
 /** How long a job whose dead letter was not confirmed waits before it runs again. */
@@ -53,6 +59,9 @@ export interface BudgetedOptions {
   publisher?: ConfirmedPublisher | null;
   /** Bounds connecting and each confirm (ms). */
   amqpTimeoutMs?: number;
+  /** Without `[amqp]`: the bound on the kept list `budgetctl replay --bullmq-queue` reads
+   * (default `KEPT_MAX`, 100,000). */
+  keptMax?: number;
 }
 
 function defaultClassify(error: unknown): Failure {
@@ -128,11 +137,36 @@ export function budgeted<T = unknown, R = unknown, N extends string = string>(
   const indexScript = new Script("dead_letters");
   const heldJobs = new HeldJobs(budget);
 
+  // Without [amqp]: the job stays in BullMQ's failed set; its entry in the kept list is what
+  // `budgetctl replay --bullmq-queue` moves to the queue's receiver (bullmqKept.ts).
+  const keptMax = options.keptMax ?? KEPT_MAX;
+  let droppedLogged = false;
+  const keep = async (job: Job<T, R, N>, task: string, decision: DeadLetter, failure: Failure, now: number): Promise<void> => {
+    const problem = bullmqQueueProblem(job.queueName);
+    if (job.id === undefined || problem !== null) {
+      console.warn(`fleet-budget: ${task}[${job.id}]: kept in the failed set, not recorded for budgetctl replay (queue name ${problem ?? "?"})`);
+      return;
+    }
+    const entry = keptEntry(String(job.id), task, decision.dependency, decision.reason, failure.cls, errorText(failure.message), now);
+    try {
+      const r = await keepJob(budget.redis, budget.config.redis.keyPrefix, job.queueName, entry, keptMax);
+      if (r === "dropped" && !droppedLogged) {
+        droppedLogged = true;
+        console.warn(`fleet-budget: the kept list of ${job.queueName} is full (${keptMax}): jobs kept from now on are left out of budgetctl replay (they stay in the failed set; fleet-budget-bullmq replay-failed finds them)`);
+      }
+    } catch (e) {
+      console.warn(`fleet-budget: ${task}[${job.id}]: kept in the failed set, not recorded for budgetctl replay (${errorMessage(e)}); fleet-budget-bullmq replay-failed finds it`);
+    }
+  };
+
   const deadLetter = async (job: Job<T, R, N>, token: string | undefined, task: string, attempt: number, decision: DeadLetter,
     failure: Failure, cause: unknown): Promise<never> => {
     const now = Date.now();
     const why = `fleet-budget: ${decision.reason}: ${errorText(failure.message)}`;
-    if (publisher === null) throw new UnrecoverableError(why);
+    if (publisher === null) {
+      await keep(job, task, decision, failure, now);
+      throw new UnrecoverableError(why);
+    }
     const record: DeadLetterRecord = {
       task, dependency: decision.dependency, reason: decision.reason,
       // A BullMQ job was consumed from no exchange: the replay moves it to the default exchange

@@ -25,12 +25,21 @@
 // carries `fb-replays = n` and the replay's `max_replays` parks a job that keeps failing.
 //
 // Without `[amqp]`, a job the budget refused stays in BullMQ's failed set with the reason
-// (`fleet-budget: <reason>: <error>`); `replayFailed` puts those back the same way (add under
-// `~r<n>`, then remove the original), paced: a rate that starts at an eighth of the one asked
-// and doubles each second, held while the dependency's budget is frozen.
+// (`fleet-budget: <reason>: <error>`), and its entry goes to the fleet's kept list of the queue
+// (bullmqKept.ts). `budgetctl replay --bullmq-queue <queue>` moves the entries, paced like every
+// replay, to the queue's replay list; the receiver drains that list too: it takes one entry at a
+// time into a list of its own (`BLMOVE`), puts the job back (`putBackKept`: add under `~r<n>`,
+// then remove the original, as above), then removes the entry. Killed in between, the entry is
+// still in its list, and a receiver started again under the same id (`receiverId`, the host's
+// name by default) finishes it first; the add is again ignored, so the job is put back once.
+// `replayFailed` is the Node-only way: it reads the failed set itself, paced the simple way (a
+// rate that starts at an eighth of the one asked and doubles each second, held while the
+// dependency's budget is frozen).
 
+import { hostname } from "node:os";
 import { Job, Queue } from "bullmq";
 import type { JobsOptions } from "bullmq";
+import { Redis } from "ioredis";
 import { connect } from "amqplib";
 import type { Channel, ChannelModel, ConsumeMessage } from "amqplib";
 import { ConfirmedPublisher, SHORT_STRING_MAX } from "./amqp.js";
@@ -38,6 +47,7 @@ import type { FleetBudget } from "./budget.js";
 import { errorMessage } from "./decision.js";
 import { PARKED_MS, PARK_REASON, REPLAYS, errorText } from "./headers.js";
 import { redactText, redactUrl } from "./names.js";
+import { KEPT_MAX, bullmqQueueProblem, keptKeys, readKeptEntry } from "./bullmqKept.js";
 
 /** The AMQP queue a BullMQ queue's dead letters are replayed to. */
 export function replayQueueName(amqpPrefix: string, bullmqQueue: string): string {
@@ -114,13 +124,47 @@ export async function putBack(queue: Queue, job: DeadJob, n: number): Promise<bo
   return before === undefined;
 }
 
+/** What became of a kept job's replay request: put back now (`added`), put back by an earlier,
+ * interrupted pass (`already`), no longer the budget's to put back (`gone`: removed from BullMQ,
+ * or not failed: retried by hand, say), or not failed yet (`running`: its request came before
+ * BullMQ moved it to the failed set; try again in a moment). */
+export type KeptOutcome = "added" | "already" | "gone" | "running";
+
+/** Puts back the job of `id` the budget kept in `queue`'s failed set, as its `n`th replay: only
+ * BullMQ's API touches BullMQ's keys, and a request handled twice puts the job back once. */
+export async function putBackKept(queue: Queue, id: string, n: number): Promise<KeptOutcome> {
+  const replayed = await Job.fromId(queue, replayJobId(id, n));
+  const original = await Job.fromId(queue, id);
+  if (replayed !== undefined) {
+    // An earlier pass added it and was cut off before removing the original.
+    if (original !== undefined && keptReasonOrSent(original.failedReason) && (await original.isFailed())) await original.remove();
+    return "already";
+  }
+  if (original === undefined) return "gone";
+  const state = await original.getState();
+  if (state === "active") return "running";
+  if (state !== "failed" || keptReason(original.failedReason) === null) return "gone";
+  const added = await putBack(queue, { queue: queue.name, id, name: original.name, data: original.data, opts: original.opts }, n);
+  return added ? "added" : "already";
+}
+
 function keptReasonOrSent(reason: string | undefined): boolean {
   return reason !== undefined && reason.startsWith("fleet-budget: ");
 }
 
 export interface ReceiverOptions {
-  /** The broker's nodes; default `[amqp]`'s. */
+  /** The broker's nodes; default `[amqp]`'s. None: only the kept jobs' requests are drained. */
   urls?: readonly string[];
+  /** Drain the requests of `budgetctl replay --bullmq-queue` (default true). */
+  requests?: boolean;
+  /** The budget's Redis, where the kept lists are (a connection of the receiver's own is made
+   * from it, `duplicate()`); default the budget's client, else one on `[redis] url`. */
+  redis?: Redis;
+  /** `[redis] key_prefix`; default the budget's configuration's. */
+  keyPrefix?: string;
+  /** Names the list of the request in hand; a receiver started again under the same id finishes
+   * it first. One per receiver of a queue on a host (default the host's name). */
+  receiverId?: string;
   /** `[amqp] prefix`; default the budget's configuration's. */
   amqpPrefix?: string;
   /** Messages taken at a time (unacked). */
@@ -136,9 +180,21 @@ export interface ReceiverCounts {
   added: number;
   /** Messages whose job BullMQ held already (a message redelivered after a kill). */
   already: number;
-  /** Messages that could not be a job, sent to `<prefix>.parked` with the reason. */
+  /** Messages that could not be a job, sent to `<prefix>.parked` with the reason (and kept
+   * jobs' requests that cannot be read, moved to the parked list). */
   parked: number;
+  /** Kept jobs' requests whose job was no longer the budget's to put back (removed from BullMQ,
+   * or retried by hand meanwhile). */
+  gone: number;
 }
+
+/** How long one BLMOVE waits for a request (seconds). */
+const BLOCK_SECS = 1;
+/** How many times (200 ms apart) a request whose job BullMQ has not yet moved to the failed
+ * set is tried before it counts as gone. */
+const RUNNING_TRIES = 150;
+/** How many times in a row a request may fail (a second apart) before it is parked. */
+const MAX_FAILURES = 30;
 
 function within<T>(what: string, ms: number, p: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -152,7 +208,7 @@ function within<T>(what: string, ms: number, p: Promise<T>): Promise<T> {
  * and consumes (and keeps reconnecting, a second apart, until `close()`). */
 export class ReplayReceiver {
   readonly name: string;
-  readonly counts: ReceiverCounts = { added: 0, already: 0, parked: 0 };
+  readonly counts: ReceiverCounts = { added: 0, already: 0, parked: 0, gone: 0 };
   private connection: ChannelModel | null = null;
   private channel: Channel | null = null;
   private closed = false;
@@ -161,23 +217,112 @@ export class ReplayReceiver {
   private readonly urls: readonly string[];
   private readonly prefix: string;
   private readonly timeoutMs: number;
-  private readonly parker: ConfirmedPublisher;
+  private readonly parker: ConfirmedPublisher | null;
   private readonly log: { warn(m: string): void; info(m: string): void };
+  /** Where the kept jobs' requests are read (null: not drained). */
+  private readonly requests: { make: () => Redis; keys: ReturnType<typeof keptKeys>; replaying: string } | null;
+  private blocking: Redis | null = null;
+  private draining: Promise<void> = Promise.resolve();
 
   constructor(private readonly queue: Queue, budgetOrConfig: Pick<FleetBudget, "config"> | null, private readonly options: ReceiverOptions = {}) {
     this.urls = options.urls ?? budgetOrConfig?.config.amqpUrls ?? [];
-    if (this.urls.length === 0) throw new Error("a replay receiver needs a broker: [amqp] url, or urls in its options");
     this.prefix = options.amqpPrefix ?? budgetOrConfig?.config.amqpPrefix ?? "fleet";
     this.timeoutMs = options.timeoutMs ?? 10_000;
     this.name = replayQueueName(this.prefix, queue.name);
-    if (Buffer.byteLength(this.name, "utf8") > SHORT_STRING_MAX) throw new Error(`the replay queue ${JSON.stringify(this.name.slice(0, 64))}... is longer than ${SHORT_STRING_MAX} bytes`);
-    this.parker = new ConfirmedPublisher(this.urls, this.timeoutMs);
+    if (this.urls.length > 0 && Buffer.byteLength(this.name, "utf8") > SHORT_STRING_MAX) throw new Error(`the replay queue ${JSON.stringify(this.name.slice(0, 64))}... is longer than ${SHORT_STRING_MAX} bytes`);
+    this.parker = this.urls.length > 0 ? new ConfirmedPublisher(this.urls, this.timeoutMs) : null;
     this.log = options.log ?? console;
+    this.requests = null;
+    if (options.requests !== false) {
+      const problem = bullmqQueueProblem(queue.name);
+      const config = budgetOrConfig?.config;
+      const base = options.redis ?? ((budgetOrConfig as Partial<FleetBudget> | null)?.redis ?? null);
+      const keyPrefix = options.keyPrefix ?? config?.redis.keyPrefix;
+      const receiverId = options.receiverId ?? hostname();
+      if (receiverId.length === 0 || receiverId.length > 200) throw new Error("a receiver id is 1 to 200 characters");
+      if (problem !== null) {
+        if (this.urls.length === 0) throw new Error(`the BullMQ queue name ${JSON.stringify(queue.name.slice(0, 64))} ${problem}`);
+      } else if (keyPrefix !== undefined && (base !== null || config !== undefined)) {
+        // A connection of its own: BLMOVE blocks it.
+        const settings = { commandTimeout: this.timeoutMs + BLOCK_SECS * 1000, maxRetriesPerRequest: 1, enableOfflineQueue: true,
+          retryStrategy: (times: number) => Math.min(100 * times, 1000) };
+        const make = base !== null ? () => base.duplicate(settings) : () => new Redis(config!.redis.url, settings);
+        const keys = keptKeys(keyPrefix, queue.name);
+        this.requests = { make, keys, replaying: keys.replaying(receiverId) };
+      }
+    }
+    if (this.urls.length === 0 && this.requests === null) {
+      throw new Error("a replay receiver needs a broker ([amqp] url, or urls in its options) or the budget's Redis (a budget, or redis and keyPrefix in its options)");
+    }
   }
 
   /** Connects and starts consuming; throws when no broker answers (later losses reconnect). */
   async start(): Promise<void> {
-    await this.open();
+    if (this.urls.length > 0) await this.open();
+    if (this.requests !== null) {
+      const redis = this.requests.make();
+      redis.on("error", () => {});
+      this.blocking = redis;
+      this.draining = this.drain(redis, this.requests);
+    }
+  }
+
+  /** Takes the kept jobs' requests one at a time: the one in hand first (a receiver killed
+   * before it finished), then the next (`BLMOVE`, a second at most); each call bounded. */
+  private async drain(redis: Redis, r: { keys: ReturnType<typeof keptKeys>; replaying: string }): Promise<void> {
+    // The request in hand, and how many times in a row it was not taken (`running`: its job not
+    // yet failed; `failures`: an error), each bounded: then it is given up, never tried forever.
+    let running = 0;
+    let failures = 0;
+    let inHand: string | null = null;
+    const park = async (raw: string, why: string) => {
+      this.log.warn(`fleet-budget: a replay request of ${this.queue.name} is not replayed (${why}); moved to ${r.keys.parked}`);
+      // The request in hand is the only entry of this receiver's list.
+      await within(`park in ${r.keys.parked}`, this.timeoutMs, redis.lmove(r.replaying, r.keys.parked, "RIGHT", "LEFT"));
+      await within(`bound ${r.keys.parked}`, this.timeoutMs, redis.ltrim(r.keys.parked, 0, KEPT_MAX - 1));
+      this.counts.parked += 1;
+    };
+    while (!this.closed) {
+      let raw: string | null = null;
+      try {
+        raw = await within(`read ${r.replaying}`, this.timeoutMs, redis.lindex(r.replaying, -1));
+        if (raw === null) {
+          raw = await within(`take from ${r.keys.replay}`, this.timeoutMs + BLOCK_SECS * 1000,
+            redis.blmove(r.keys.replay, r.replaying, "RIGHT", "LEFT", BLOCK_SECS));
+        }
+        if (raw === null || this.closed) continue;
+        if (raw !== inHand) {
+          inHand = raw;
+          running = 0;
+          failures = 0;
+        }
+        const entry = readKeptEntry(raw);
+        if (typeof entry === "string") {
+          await park(raw, entry);
+          continue;
+        }
+        const outcome = await within(`put back ${entry.id} on ${this.queue.name}`, this.timeoutMs,
+          putBackKept(this.queue, entry.id, replaysOf(entry.id) + 1));
+        if (outcome === "running" && running < RUNNING_TRIES) {
+          // Its request came before BullMQ moved it to the failed set: a moment later it is.
+          running += 1;
+          await new Promise((res) => setTimeout(res, 200));
+          continue;
+        }
+        await within(`remove the request from ${r.replaying}`, this.timeoutMs, redis.lrem(r.replaying, 1, raw));
+        this.counts[outcome === "running" ? "gone" : outcome] += 1;
+      } catch (e) {
+        if (this.closed) break;
+        const why = redactText(errorMessage(e));
+        failures += 1;
+        if (raw !== null && raw === inHand && failures >= MAX_FAILURES) {
+          await park(raw, `not taken ${failures} times: ${why}`).catch(() => undefined);
+          continue;
+        }
+        this.log.warn(`fleet-budget: a replay request of ${this.queue.name} was not taken (${why}); trying again`);
+        await new Promise((res) => setTimeout(res, 1000));
+      }
+    }
   }
 
   private async open(): Promise<void> {
@@ -268,6 +413,7 @@ export class ReplayReceiver {
     const headers = { ...((m.properties.headers ?? {}) as Record<string, unknown>), [PARK_REASON]: errorText(`not a BullMQ job: ${why}`),
       [PARKED_MS]: { "!": "long", value: Date.now() } };
     this.log.warn(`fleet-budget: a message in ${this.name} is not a BullMQ job (${why}); parked`);
+    if (this.parker === null) throw new Error("no broker to park on");
     await this.parker.publish(`${this.prefix}.parked`, m.fields.routingKey, m.content, headers, {
       contentType: m.properties.contentType, messageId: m.properties.messageId,
     });
@@ -282,7 +428,11 @@ export class ReplayReceiver {
     this.channel = null;
     await this.work.catch(() => undefined);
     if (connection !== null) await connection.close().catch(() => undefined);
-    await this.parker.close();
+    await this.parker?.close();
+    // A request taken by a BLMOVE cut off here is in this receiver's list: finished at its
+    // next start.
+    this.blocking?.disconnect();
+    await this.draining.catch(() => undefined);
   }
 }
 

@@ -2,9 +2,12 @@
 // `fleet-budget-bullmq`: the BullMQ side of a replay, for operators.
 //
 //   fleet-budget-bullmq receive --config fleet-budget.toml --queue search [--queue mail ...]
-//       drains each BullMQ queue's replay queue (<amqp.prefix>.bullmq.<queue>), where
-//       `budgetctl replay` puts the queue's dead letters, into the BullMQ queue; runs until
-//       SIGINT or SIGTERM, then prints what it did as JSON.
+//       [--receiver-id ID]
+//       puts back on each BullMQ queue what `budgetctl replay` moved for it: the dead letters
+//       in its replay queue (<amqp.prefix>.bullmq.<queue>, with [amqp]) and the kept jobs in its
+//       replay list (<key_prefix>:v1:bullmq-replay:{<queue>}, `--bullmq-queue`); runs until
+//       SIGINT or SIGTERM, then prints what it did as JSON. --receiver-id names the list of the
+//       request in hand (default the host's name): one per receiver of a queue on a host.
 //   fleet-budget-bullmq replay-failed --config fleet-budget.toml --queue search [--rate 10]
 //       [--limit N] [--reason budget_exhausted ...] [--task index_document ...] [--max-replays 3]
 //       [--dry-run]
@@ -22,7 +25,7 @@ import { ReplayReceiver, replayFailed } from "./bullmqReplay.js";
 import { errorMessage } from "./decision.js";
 import { redactText } from "./names.js";
 
-const USAGE = `usage: fleet-budget-bullmq receive --config PATH --queue NAME [--queue NAME ...]
+const USAGE = `usage: fleet-budget-bullmq receive --config PATH --queue NAME [--queue NAME ...] [--receiver-id ID]
        fleet-budget-bullmq replay-failed --config PATH --queue NAME [--rate N] [--limit N]
            [--reason R ...] [--task T ...] [--max-replays N] [--dry-run]
    both: [--bullmq-redis URL] [--bullmq-prefix PREFIX]`;
@@ -53,6 +56,7 @@ async function main(argv: string[]): Promise<number> {
       "dry-run": { type: "boolean" },
       "bullmq-redis": { type: "string" },
       "bullmq-prefix": { type: "string" },
+      "receiver-id": { type: "string" },
     },
     strict: true,
   });
@@ -68,7 +72,8 @@ async function main(argv: string[]): Promise<number> {
   const queues = values.queue.map((name) => new Queue(name, { connection, ...(prefix ? { prefix } : {}) }));
   try {
     if (command === "receive") {
-      const receivers = queues.map((q) => new ReplayReceiver(q, { config }));
+      const receiverId = values["receiver-id"];
+      const receivers = queues.map((q) => new ReplayReceiver(q, { config }, receiverId === undefined ? {} : { receiverId }));
       for (const r of receivers) await r.start();
       process.stderr.write(`fleet-budget-bullmq: receiving ${receivers.map((r) => r.name).join(", ")}\n`);
       await new Promise<void>((resolve) => {

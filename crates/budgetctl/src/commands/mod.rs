@@ -4,6 +4,7 @@
 pub(crate) mod audit;
 pub(crate) mod bench;
 pub(crate) mod budget;
+pub(crate) mod bullmq_replay;
 pub(crate) mod config;
 pub(crate) mod console;
 pub(crate) mod demo;

@@ -22,14 +22,19 @@ use crate::output::{print_json, table, table_aligned, thousands};
 
 /// The version of the `--json` shape of `replay` and `parked replay`, with or without `--dry-run`
 /// (`docs/schemas/replay.schema.json`, `parked-replay.schema.json`).
-const JSON_SCHEMA_VERSION: u32 = 1;
+pub(crate) const JSON_SCHEMA_VERSION: u32 = 1;
 
 /// `replay`.
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
-    /// Replay the dead letters of this dependency.
-    #[arg(long)]
-    dependency: String,
+    /// Replay the dead letters of this dependency (with `--bullmq-queue`: only the jobs of
+    /// this dependency; without it there, every job, each paced by its own dependency).
+    #[arg(long, required_unless_present = "bullmq_queue")]
+    dependency: Option<String>,
+    /// Replay the jobs a Node.js worker without `[amqp]` kept in this BullMQ queue's failed set
+    /// (moved, paced, to the queue's `ReplayReceiver`), instead of the dead-letter queue.
+    #[arg(long, value_name = "QUEUE")]
+    bullmq_queue: Option<String>,
     /// Only this reason (`budget_exhausted`, `budget_frozen`, `attempts_exhausted`, `non_retryable`).
     #[arg(long, value_parser = reason)]
     reason: Option<String>,
@@ -93,61 +98,68 @@ impl PaceArgs {
 pub(crate) struct RunArgs {
     /// Count what would move, move nothing.
     #[arg(long)]
-    dry_run: bool,
+    pub(crate) dry_run: bool,
     #[command(flatten)]
-    trail: Trail,
+    pub(crate) trail: Trail,
     /// Print one JSON object on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub(crate) struct ReplayOutput {
-    matched: u64,
-    moved: u64,
-    parked: u64,
-    skipped: u64,
-    failed: u64,
-    dry_run: bool,
+    pub(crate) matched: u64,
+    pub(crate) moved: u64,
+    pub(crate) parked: u64,
+    pub(crate) skipped: u64,
+    pub(crate) failed: u64,
+    pub(crate) dry_run: bool,
     /// Messages in the queue when the run started (the bound).
-    total: u64,
+    pub(crate) total: u64,
     /// Of the parked (or, replaying the parked queue, of the skipped), those without readable
     /// dead-letter headers.
-    malformed: u64,
+    pub(crate) malformed: u64,
     /// Deprecated (0.2.0, dropped in 0.3.0): an exhausted budget no longer pauses a replay, so
     /// always 0. See `held_frozen_secs`.
-    paused_secs: f64,
+    pub(crate) paused_secs: f64,
     /// Of the messages left in the queue, those the broker did not yet count ready when the run
     /// returned (its depth reads that much short for a moment; nothing is lost).
-    not_ready: u64,
+    pub(crate) not_ready: u64,
     /// Time held while the dependency's breaker was open (0 when it never was).
-    held_breaker_secs: f64,
+    pub(crate) held_breaker_secs: f64,
     /// Times the rate was cut because the dependency's failures or denials rose.
-    slowdowns: u64,
+    pub(crate) slowdowns: u64,
     /// The lowest rate moves went at, messages per second (`null`: nothing moved).
-    lowest_rate: Option<f64>,
+    pub(crate) lowest_rate: Option<f64>,
     /// A dry run: whether its prediction is exact (`null` for a run).
     #[serde(skip_serializing_if = "Option::is_none")]
-    exact: Option<bool>,
+    pub(crate) exact: Option<bool>,
     /// A dry run: messages it could not place, each either moved or skipped (`null` for a run).
     #[serde(skip_serializing_if = "Option::is_none")]
-    uncertain: Option<u64>,
+    pub(crate) uncertain: Option<u64>,
     /// A dry run: why its prediction is an estimate, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
-    estimate: Option<String>,
+    pub(crate) estimate: Option<String>,
     /// Time held while an operator had frozen the dependency's budget (0 when never).
-    held_frozen_secs: f64,
+    pub(crate) held_frozen_secs: f64,
     /// The highest rate moves went at, messages per second (`null`: nothing moved).
-    highest_rate: Option<f64>,
+    pub(crate) highest_rate: Option<f64>,
     /// Seconds from the start until moves went at `--rate` (`null`: never, or nothing moved).
-    reached_rate_secs: Option<f64>,
+    pub(crate) reached_rate_secs: Option<f64>,
     /// A run: dead letters dropped, not copied, because an interrupted run had moved them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    already_moved: Option<u64>,
+    pub(crate) already_moved: Option<u64>,
     /// A run: of the parked, those an interrupted run may have delivered (parked for an
     /// operator to decide).
     #[serde(skip_serializing_if = "Option::is_none")]
-    in_doubt: Option<u64>,
+    pub(crate) in_doubt: Option<u64>,
+    /// `--bullmq-queue`: the BullMQ queue whose kept jobs were replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bullmq_queue: Option<String>,
+    /// `--bullmq-queue`, a run: jobs moved to the queue's receiver and not yet taken by it when
+    /// the run ended (all of them while no receiver runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bullmq_pending: Option<u64>,
 }
 
 /// Parses `--since` / `--until`: Unix seconds, an RFC 3339 time (`2026-11-30T04:00:00Z`), or an
@@ -172,12 +184,13 @@ pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
 
 /// `budgetctl replay`: the library replayer, with a progress display.
 pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Result<()> {
-    let dependency = Dependency::new(&args.dependency).map_err(|e| {
-        usage(format!(
-            "--dependency {:?}: a dependency name {e}",
-            args.dependency
-        ))
-    })?;
+    let dependency = match &args.dependency {
+        Some(d) => Some(
+            Dependency::new(d)
+                .map_err(|e| usage(format!("--dependency {d:?}: a dependency name {e}")))?,
+        ),
+        None => None,
+    };
     let since_ms = match &args.since {
         Some(s) => Some(parse_since(s, now_ms()).map_err(|e| usage(format!("--since {e}")))?),
         None => None,
@@ -188,7 +201,7 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
     };
     let mut options = ReplayOptions::new(config);
     options.filter = ReplayFilter {
-        dependency: Some(dependency.to_string()),
+        dependency: dependency.map(|d| d.to_string()),
         reason: args.reason.as_deref().and_then(DeadLetterReason::parse),
         since_ms,
         until_ms,
@@ -199,6 +212,12 @@ pub(crate) async fn run(config: &WorkerConfig, args: &ReplayArgs) -> anyhow::Res
         malformed: args.include_malformed,
     };
     args.pace.apply(&mut options);
+    if let Some(queue) = &args.bullmq_queue {
+        return crate::commands::bullmq_replay::run(config, queue, &options, &args.run).await;
+    }
+    if options.filter.dependency.is_none() {
+        return Err(usage("--dependency is required (unless --bullmq-queue)"));
+    }
     replay(config, Source::DeadLetters, &options, &args.run).await
 }
 
@@ -283,6 +302,8 @@ async fn replay_queue(
             reached_rate_secs: None,
             already_moved: None,
             in_doubt: None,
+            bullmq_queue: None,
+            bullmq_pending: None,
         };
         if !json {
             outln!(
@@ -501,6 +522,8 @@ async fn replay_queue(
         reached_rate_secs: r.reached_rate.map(|d| d.as_secs_f64()),
         already_moved: Some(r.already_moved),
         in_doubt: Some(r.in_doubt),
+        bullmq_queue: None,
+        bullmq_pending: None,
     };
     Ok((out, Some(entry)))
 }
@@ -543,7 +566,7 @@ async fn journal_writer(
 
 /// The pace for the progress line: held and why, else the rate, why it is what it is, and the
 /// ETA (the library's words, as the console shows them).
-fn loop_state(p: &ReplayProgress) -> String {
+pub(crate) fn loop_state(p: &ReplayProgress) -> String {
     let text = p.pace_text();
     if text.is_empty() {
         text
@@ -579,7 +602,7 @@ async fn finish(
     Ok(())
 }
 
-fn print_replay(out: &ReplayOutput, queue: &str) {
+pub(crate) fn print_replay(out: &ReplayOutput, queue: &str) {
     let verb = if out.dry_run { "would be " } else { "" };
     let rows = vec![
         vec![format!("in the {queue} queue"), thousands(out.total)],

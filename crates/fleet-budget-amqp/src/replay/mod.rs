@@ -60,6 +60,7 @@ mod gate;
 pub mod handle;
 /// Looking at a queue without consuming it (a module of its own: the exporter looks too).
 pub use crate::inspect;
+mod paced;
 mod pacer;
 pub mod peek;
 pub mod purge;
@@ -75,6 +76,7 @@ pub use dry_run::DryRunReport;
 pub use gate::Breakers;
 pub use handle::{ReplayHandle, ReplayMode, ReplayOutcome};
 pub use inspect::{InspectOptions, Inspection, Look, inspect_queue, inspect_queue_with};
+pub use paced::PacedMoves;
 pub use peek::{Peek, QueuedMessage, peek_queue};
 pub use purge::{PurgeIndex, PurgeReport, purge_queue, purge_queue_by_group};
 pub use reindex::Reindexed;
