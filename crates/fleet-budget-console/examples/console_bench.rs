@@ -178,6 +178,7 @@ async fn main() {
     ] {
         print_timed(&addr, path).await;
     }
+    profile_in_redis(&fleet, &addr, "/incident?dependency=d0&since=24h").await;
     if dead == 0 {
         console.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -305,6 +306,80 @@ async fn print_timed(addr: &str, path: &str) -> usize {
         median(&mut client).as_secs_f64() * 1000.0
     );
     size
+}
+
+/// Where a page's server time goes: one request of `path` with Redis's slow log recording
+/// every command (`slowlog-log-slower-than 0`), its time beside what Redis spent executing the
+/// commands on the audit trail and the others (the console's background readings included,
+/// if one ran meanwhile). The slow log is set back to Redis's default after.
+async fn profile_in_redis(fleet: &ScaleFleet, addr: &str, path: &str) {
+    let client = redis::Client::open(fleet.redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let config = |value: &'static str| {
+        let mut c = redis::cmd("CONFIG");
+        c.arg("SET").arg("slowlog-log-slower-than").arg(value);
+        c.arg("slowlog-max-len").arg("100000");
+        c
+    };
+    let () = config("0").query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let answer = get(addr, path).await;
+    assert_eq!(answer.status, 200, "{path}");
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = config("10000").query_async(&mut conn).await.unwrap();
+    let audit_key = fleet_budget::keys::audit_key(&fleet.config.budget.redis.key_prefix);
+    let (mut other, mut other_us) = (0, 0);
+    let mut audit_commands = std::collections::BTreeMap::new();
+    for entry in &log {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let on_audit = args.iter().any(
+            |a| matches!(a, redis::Value::BulkString(b) if b.as_slice() == audit_key.as_bytes()),
+        );
+        let first = match args.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_lowercase(),
+            _ => String::new(),
+        };
+        if first == "slowlog" {
+            continue;
+        }
+        if on_audit {
+            let (n, t) = audit_commands.entry(first).or_insert((0, 0));
+            *n += 1;
+            *t += us;
+        } else {
+            other += 1;
+            other_us += us;
+        }
+    }
+    // Commands a script runs are logged beside the script's call, whose time includes theirs.
+    let calls: Vec<String> = audit_commands
+        .iter()
+        .map(|(name, (n, us))| format!("{n} {name} {:.1} ms", *us as f64 / 1000.0))
+        .collect();
+    println!(
+        "  where {path}'s time goes (one request, Redis's slow log): {:.1} ms server; in Redis, \
+         on the audit trail {} (a script's time includes the commands it runs), {other} others \
+         {:.1} ms",
+        answer.server_ms.unwrap_or_default(),
+        calls.join(", "),
+        other_us as f64 / 1000.0
+    );
 }
 
 /// The address of the first message listed on a group's page.
