@@ -1,8 +1,9 @@
-//! Server time of the console's overview with many dependencies and of its dead-letter pages
-//! with many dead letters (and 300 with hostile headers: a secret in the error class, 100 KB
-//! task names), each page's weight, beside the CLI commands that answer the same questions
-//! (`budgetctl status --json`, `budgetctl dlq stats --json`), in the same run. Figures are
-//! printed, never asserted on time; the secret is asserted absent from every page.
+//! Time of the console's pages with many dependencies and many dead letters (and 300 with
+//! hostile headers: a secret in the error class, 100 KB task names), at the client over
+//! loopback and as the server measured it (its `Server-Timing` header), each page's weight,
+//! beside the CLI commands that answer the same questions (`budgetctl status --json`,
+//! `budgetctl dlq stats --json`), in the same run. Figures are printed, never asserted on time;
+//! the secret is asserted absent from every page.
 //!
 //! `cargo run -p fleet-budget-console --example console_bench -- [DEPENDENCIES] [DEAD_LETTERS]
 //! [AUDIT_ENTRIES] [WORKERS]` (defaults 1000, 100000, 0 and 0; 0 dead letters measures the
@@ -13,9 +14,11 @@
 //! written as workers write them, a tenth in fallback, a tenth silent, one in a hundred
 //! unreadable, so that the workers' pages are timed over a large registry) with `BUDGETCTL` naming
 //! the binary to compare with (default `target/debug/budgetctl`). Uses a Redis of its own and a
-//! topology of its own on the shared RabbitMQ (deleted at the end). Beside the overview's times
-//! it prints a Redis `PING` from the same process over the same loopback: the floor any page
-//! that reads Redis stands on.
+//! topology of its own on the shared RabbitMQ (deleted at the end), filled by
+//! `tests/support/scale.rs` (the filler the browser test `tests/browser/hundred_thousand.rs`
+//! uses too: the dead letters published with confirms, 1,000 in flight, and counted in the
+//! dead-letter index as workers count them). Beside the pages' times it prints a Redis `PING`
+//! from the same process over the same loopback: the floor any page that reads Redis stands on.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -27,39 +30,36 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
-
-use fleet_budget::control::DeadLetterIndex;
-use fleet_budget::testing::RedisServer;
-use fleet_budget::{DeadLetterReason, Failure, FleetBudget};
-use fleet_budget_amqp::WorkerConfig;
-use fleet_budget_amqp::headers;
-use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
+use fleet_budget_amqp::testing::unique_prefix;
 use fleet_budget_console::{ConsoleSettings, Token, Viewers};
-use lapin::BasicProperties;
-use lapin::types::{FieldTable, ShortString};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn get(addr: &str, path: &str) -> (u16, usize) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.unwrap();
-    let head = String::from_utf8_lossy(&out[..out.len().min(20)]).into_owned();
-    (
-        head.split_whitespace()
-            .nth(1)
-            .unwrap_or("0")
-            .parse()
-            .unwrap_or(0),
-        out.len(),
-    )
+#[path = "../tests/support/scale.rs"]
+mod scale;
+
+use scale::{HOSTILE, HOSTILE_TASK_BYTES, SECRET, ScaleFleet, median, redis_ping, server_ms};
+
+/// One answer as the bench reads it: its status, its weight on the wire (head and body), and
+/// the server's own time of it (`Server-Timing: app;dur=...`, ms).
+struct Answer {
+    status: u16,
+    bytes: usize,
+    server_ms: Option<f64>,
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+async fn get(addr: &str, path: &str) -> Answer {
+    let (status, head, body) = request(addr, "GET", path, "", None).await;
+    let server = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("server-timing")
+            .then(|| server_ms(v))
+            .flatten()
+    });
+    Answer {
+        status,
+        bytes: head.len() + 4 + body.len(),
+        server_ms: server,
+    }
 }
 
 fn cli(bin: &str, config: &str, args: &[&str]) -> Duration {
@@ -87,217 +87,70 @@ async fn main() {
     let audit_entries: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0);
     let registry: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(0);
     let bin = std::env::var("BUDGETCTL").unwrap_or_else(|_| "target/debug/budgetctl".to_owned());
-    let redis = RedisServer::start();
-    let broker = TestBroker::new("console-bench");
-    broker.migrate().await;
-    let mut toml = format!(
-        "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 2000\n[amqp]\nurl = \"{}\"\nprefix = \"{}\"\n",
-        redis.url(),
-        unique_prefix("fbcb"),
-        broker.url,
-        broker.settings.prefix
-    );
-    for i in 0..deps {
-        toml.push_str(&format!("[dependencies.d{i}]\ntasks = [\"t{i}\"]\n"));
-    }
+    let fleet = ScaleFleet::start("console-bench", deps).await;
     let dir = std::env::temp_dir().join(unique_prefix("console-bench"));
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("fleet-budget.toml");
-    std::fs::write(&config_path, &toml).unwrap();
+    std::fs::write(&config_path, &fleet.toml).unwrap();
     let config_path = config_path.to_string_lossy().into_owned();
-    let config = WorkerConfig::from_toml(&toml, "bench").unwrap();
-
-    // Every dependency with traffic, a tenth of them denying.
-    let budget = FleetBudget::from_config(&config.budget).await.unwrap();
-    let failure = Failure::retryable("503").with_class("http_503");
-    for i in 0..deps {
-        let task = format!("t{i}");
-        budget.on_attempt(&task, 1).await.unwrap();
-        for _ in 0..if i % 10 == 0 { 5 } else { 1 } {
-            let _ = budget.on_failure(&task, 1, &failure).await.unwrap();
-        }
-    }
-    budget.shutdown().await.unwrap();
 
     if audit_entries > 0 {
-        let t = Instant::now();
-        let r = &config.budget.redis;
-        let store = fleet_budget::store::RedisStore::new_with_tls(
-            fleet_budget::store::RedisTarget::from_settings(r),
-            &r.key_prefix,
-            Duration::from_secs(10),
-            &r.tls,
-        )
-        .unwrap();
-        let log = fleet_budget::control::AuditLog::default();
-        let state = serde_json::json!({"ratio": 0.1, "min_allowance": 10, "until_ms": 1_796_650_000_000_u64});
-        for i in 0..audit_entries {
-            let dependency = format!("d{}", if i % 10 == 0 { 0 } else { 1 + i % 999 });
-            let entry = fleet_budget::control::AuditEntry::new(
-                "bench",
-                "set",
-                Some(&dependency),
-                "an incident's override, recorded with its before and after",
-            )
-            .with_before_after(&state, &state);
-            log.record(&store, &entry).await.unwrap();
-        }
+        let took = fleet.record_audit(audit_entries).await;
         eprintln!(
             "recorded {audit_entries} audit entries in {:.1}s",
-            t.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
     }
-
     if registry > 0 {
-        let t = Instant::now();
-        seed_workers(
-            &config.budget.redis.url,
-            &config.budget.redis.key_prefix,
-            registry,
-        )
-        .await;
+        let took = fleet.write_workers(registry).await;
         eprintln!(
             "wrote {registry} worker registry entries in {:.1}s",
-            t.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
     }
-
-    let started = Instant::now();
     if dead > 0 {
-        let publisher = broker.publisher().await;
-        let now = fleet_budget::clock::now_ms();
-        for chunk in 0..10 {
-            let dep = format!("d{chunk}");
-            broker
-                .seed_dead_letters(
-                    &publisher,
-                    dead / 10,
-                    &dep,
-                    DeadLetterReason::BudgetExhausted,
-                    0,
-                    now - 60_000,
-                )
-                .await;
-        }
-        // Hostile headers beside them: a secret in an error class, 300 task names of 100 KB.
-        let mut hostile =
-            broker.dead_letter_record("d0", DeadLetterReason::NonRetryable, now - 30_000);
-        hostile.error_class = "redis://admin:hunter2@db.internal:6379/0".to_owned();
-        hostile.task = "t".repeat(100 * 1024);
-        for _ in 0..300 {
-            let mut t = FieldTable::default();
-            hostile.write(&mut t);
-            let props = BasicProperties::default()
-                .with_message_id(ShortString::from(headers::new_message_id()))
-                .with_delivery_mode(2)
-                .with_headers(t);
-            publisher
-                .publish(&broker.topology.dead_exchange, "d0", b"{}", props)
-                .await
-                .unwrap();
-        }
-        publisher.close().await;
+        let filled = fleet.fill_dead_letters(dead).await;
         eprintln!(
-            "seeded {dead} dead letters and 300 hostile ones in {:.1}s",
-            started.elapsed().as_secs_f64()
+            "published {} dead letters ({HOSTILE} hostile ones first) with confirms, 1,000 in \
+             flight, and counted them in the index as workers do, in {:.1}s",
+            filled.published,
+            filled.took.as_secs_f64()
         );
-        // Indexed as `budgetctl migrate` indexes dead letters older than the index.
-        let t = Instant::now();
-        let r = &config.budget.redis;
-        let store = fleet_budget::store::RedisStore::new_with_tls(
-            fleet_budget::store::RedisTarget::from_settings(r),
-            &r.key_prefix,
-            Duration::from_secs(10),
-            &r.tls,
-        )
-        .unwrap();
-        fleet_budget_amqp::Replayer::new(broker.url.clone(), broker.topology.clone(), None)
-            .with_index(Some(DeadLetterIndex::new(Arc::new(store))))
-            .reindex()
-            .await
-            .unwrap();
-        eprintln!("indexed in {:.1}s", t.elapsed().as_secs_f64());
     }
 
     let operators = Token::parse_list("bench:bench-token-0123456789", "operator", "bench").unwrap();
-    let mut settings = ConsoleSettings::new(config.clone(), operators, Viewers::Open);
+    let mut settings = ConsoleSettings::new(fleet.config.clone(), operators, Viewers::Open);
     settings.bind = "127.0.0.1:0".parse().unwrap();
     settings.dead_letter_refresh = Duration::from_secs(2);
     // The default: the fleet read every 5 s in the background while the pages are timed.
     let console = fleet_budget_console::start(settings).await.unwrap();
     let addr = console.addr().to_string();
     // The first reading (a page waits for it).
-    assert_eq!(get(&addr, "/api/overview").await.0, 200);
+    assert_eq!(get(&addr, "/api/overview").await.status, 200);
 
     println!(
-        "overview, {deps} dependencies (median of 5; times at the client over loopback; the console in-process, rendering its last reading; budgetctl a new process each run):"
+        "overview, {deps} dependencies (median of 5; the time at the client over loopback, then the server's own (Server-Timing); the console in-process, rendering its last reading; budgetctl a new process each run):"
     );
-    let mut page = Vec::new();
-    let mut json = Vec::new();
     let mut status = Vec::new();
-    let (mut page_bytes, mut json_bytes) = (0, 0);
     for _ in 0..5 {
-        let t = Instant::now();
-        let (code, bytes) = get(&addr, "/").await;
-        assert_eq!(code, 200);
-        page.push(t.elapsed());
-        let t = Instant::now();
-        let (code, jbytes) = get(&addr, "/api/overview").await;
-        assert_eq!(code, 200);
-        json.push(t.elapsed());
         status.push(cli(&bin, &config_path, &["status", "--json"]));
-        (page_bytes, json_bytes) = (bytes, jbytes);
     }
-    println!(
-        "  console GET /               {:>8.1} ms {page_bytes:>9} bytes",
-        median(page).as_secs_f64() * 1000.0
-    );
-    println!(
-        "  console GET /api/overview   {:>8.1} ms {json_bytes:>9} bytes (all {deps} rows, serialized once per reading)",
-        median(json).as_secs_f64() * 1000.0
-    );
-    // A dependency's page: its row of the same reading, its history, its audit trail.
-    for path in ["/dependency/d0", &format!("/dependency/d{}", deps - 1)] {
-        let mut times = Vec::new();
-        let mut size = 0;
-        for _ in 0..5 {
-            let t = Instant::now();
-            let (code, bytes) = get(&addr, path).await;
-            assert_eq!(code, 200, "{path}");
-            times.push(t.elapsed());
-            size = bytes;
-        }
-        println!(
-            "  console GET {path:<16}{:>8.1} ms {size:>9} bytes",
-            median(times).as_secs_f64() * 1000.0
-        );
+    for path in [
+        "/",
+        "/api/overview",
+        "/fragments/overview",
+        "/dependency/d0",
+        &format!("/dependency/d{}", deps - 1),
+    ] {
+        print_timed(&addr, path).await;
     }
     println!(
         "  budgetctl status --json     {:>8.1} ms",
-        median(status).as_secs_f64() * 1000.0
-    );
-    let mut fragment = Vec::new();
-    let mut ping = Vec::new();
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut weight = 0;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let (code, bytes) = get(&addr, "/fragments/overview").await;
-        assert_eq!(code, 200);
-        fragment.push(t.elapsed());
-        weight = bytes;
-        let t = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
-        ping.push(t.elapsed());
-    }
-    println!(
-        "  console GET /fragments/overview {:>4.1} ms ({weight} bytes: the live refresh)",
-        median(fragment).as_secs_f64() * 1000.0
+        median(&mut status).as_secs_f64() * 1000.0
     );
     println!(
         "  reference: Redis PING       {:>8.3} ms",
-        median(ping).as_secs_f64() * 1000.0
+        redis_ping(&fleet.redis).await.as_secs_f64() * 1000.0
     );
     let mut took = Vec::new();
     for _ in 0..5 {
@@ -308,17 +161,12 @@ async fn main() {
     }
     println!(
         "  the console's background reading of the fleet (every 5 s, what the pages show) {:>8.1} ms",
-        median(took).as_secs_f64() * 1000.0
+        median(&mut took).as_secs_f64() * 1000.0
     );
     // The pages that read no dead letter, timed whatever the queue holds.
     if registry > 0 {
         // Written again: fresh, as their workers would keep them (silent after 15 s).
-        seed_workers(
-            &config.budget.redis.url,
-            &config.budget.redis.key_prefix,
-            registry,
-        )
-        .await;
+        fleet.write_workers(registry).await;
     }
     println!("workers ({registry} registry entries written), incident and audit (median of 5):");
     for path in [
@@ -328,9 +176,9 @@ async fn main() {
         "/audit",
         "/audit?dependency=d0",
     ] {
-        let (took, size) = timed(&addr, path).await;
-        println!("  console GET {path:<60} {took:>8.1} ms {size:>9} bytes");
+        print_timed(&addr, path).await;
     }
+    profile_in_redis(&fleet, &addr, "/incident?dependency=d0&since=24h").await;
     if dead == 0 {
         console.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -392,44 +240,38 @@ async fn main() {
         paths.push(g.clone());
         paths.push(format!("{g}&page=3"));
     }
-    let first_group = body_of(&addr, &groups[0], "").await;
-    if let Some(m) = first_group
-        .split("href=\"")
-        .skip(1)
-        .map(|r| r[..r.find('"').unwrap()].replace("&amp;", "&"))
-        .find(|l| l.starts_with("/dead-letters/message?"))
-    {
-        paths.push(m);
+    // A message of the largest group, and one of the hostile group (the sample reads them
+    // first: they are at the head of the queue).
+    let mut messages: Vec<String> = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        let page = body_of(&addr, g, "").await;
+        if i == 0 || page.contains("redis://admin:***@") {
+            messages.extend(first_message(&page));
+        }
     }
-    println!("dead letters, {dead} in the queue and 300 with 100 KB task names (median of 5):");
+    messages.dedup();
+    paths.extend(messages);
+    println!(
+        "dead letters, {dead} in the queue and {HOSTILE} with {} KB task names (median of 5):",
+        HOSTILE_TASK_BYTES / 1024
+    );
     println!(
         "  console sample read         {:>8.1} ms (10,000 messages read and put back, asked for once)",
         sample_read.as_secs_f64() * 1000.0
     );
     let mut heaviest = 0;
     for path in &paths {
-        let mut times = Vec::new();
-        let mut size = 0;
-        for _ in 0..5 {
-            let t = Instant::now();
-            let (code, bytes) = get(&addr, path).await;
-            assert_eq!(code, 200, "{path}");
-            times.push(t.elapsed());
-            size = bytes;
-        }
-        heaviest = heaviest.max(size);
-        let shown: String = path.chars().take(60).collect();
-        println!(
-            "  console GET {shown:60} {:>8.1} ms {:>9} bytes",
-            median(times).as_secs_f64() * 1000.0,
-            size
-        );
+        heaviest = heaviest.max(print_timed(&addr, path).await);
         assert!(
-            !body_of(&addr, path, "").await.contains("hunter2"),
+            !body_of(&addr, path, "").await.contains(SECRET),
             "{path} shows the secret"
         );
     }
     println!("  heaviest page               {heaviest:>9} bytes (the target: at most 1,048,576)");
+    println!(
+        "  reference: Redis PING       {:>8.3} ms",
+        redis_ping(&fleet.redis).await.as_secs_f64() * 1000.0
+    );
     // Printed before the CLI's run.
     let stats = cli(&bin, &config_path, &["dlq", "stats", "--json"]);
     println!(
@@ -440,63 +282,112 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The median of 5 requests of `path` (ms) and its weight.
-async fn timed(addr: &str, path: &str) -> (f64, usize) {
-    let mut times = Vec::new();
+/// Prints the medians of 5 requests of `path`, at the client and at the server, and its
+/// weight; returns the weight.
+async fn print_timed(addr: &str, path: &str) -> usize {
+    let mut client = Vec::new();
+    let mut server = Vec::new();
     let mut size = 0;
     for _ in 0..5 {
         let t = Instant::now();
-        let (code, bytes) = get(addr, path).await;
-        assert_eq!(code, 200, "{path}");
-        times.push(t.elapsed());
-        size = bytes;
+        let a = get(addr, path).await;
+        assert_eq!(a.status, 200, "{path}");
+        client.push(t.elapsed());
+        server.extend(a.server_ms);
+        size = a.bytes;
     }
-    (median(times).as_secs_f64() * 1000.0, size)
+    let shown: String = path.chars().take(60).collect();
+    server.sort_by(f64::total_cmp);
+    let server = server
+        .get(server.len() / 2)
+        .map_or_else(|| "       -".to_owned(), |ms| format!("{ms:>8.1}"));
+    println!(
+        "  console GET {shown:60} {:>8.1} ms at the client {server} ms server {size:>9} bytes",
+        median(&mut client).as_secs_f64() * 1000.0
+    );
+    size
 }
 
-/// `n` entries of the worker registry, as `heartbeat.lua` writes them (a report under the id,
-/// the server's time in the sorted set): a tenth deciding three dependencies from their
-/// fallback, a tenth silent (last seen a minute ago), one in a hundred not a worker's report.
-async fn seed_workers(url: &str, prefix: &str, n: usize) {
-    let client = redis::Client::open(url).unwrap();
+/// Where a page's server time goes: one request of `path` with Redis's slow log recording
+/// every command (`slowlog-log-slower-than 0`), its time beside what Redis spent executing the
+/// commands on the audit trail and the others (the console's background readings included,
+/// if one ran meanwhile). The slow log is set back to Redis's default after.
+async fn profile_in_redis(fleet: &ScaleFleet, addr: &str, path: &str) {
+    let client = redis::Client::open(fleet.redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let now_ms = secs * 1000 + micros / 1000;
-    let reports = fleet_budget::keys::workers_key(prefix);
-    let seen = fleet_budget::keys::workers_seen_key(prefix);
-    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
-        let mut pipe = redis::pipe();
-        for &i in chunk {
-            let id = format!("bench-{i:05}");
-            let fallback = if i % 10 == 3 {
-                serde_json::json!([
-                    {"dependency": "d0", "for_ms": 12_000},
-                    {"dependency": "d1", "for_ms": 9_000},
-                    {"dependency": "d2", "for_ms": 4_000}
-                ])
-            } else {
-                serde_json::json!([])
-            };
-            let report = if i % 100 == 7 {
-                "not a report".to_owned()
-            } else {
-                serde_json::json!({
-                    "v": 1, "id": id, "host": format!("host-{}", i % 200), "pid": 1000 + i,
-                    "lang": "rust", "version": "0.2.0", "started_ms": now_ms - 3_600_000,
-                    "interval_ms": 5000, "fallback": fallback, "fallback_more": 0
-                })
-                .to_string()
-            };
-            let at = if i % 10 == 5 {
-                now_ms - 60_000
-            } else {
-                now_ms - (i as u64 % 4000)
-            };
-            pipe.cmd("HSET").arg(&reports).arg(&id).arg(report).ignore();
-            pipe.cmd("ZADD").arg(&seen).arg(at).arg(&id).ignore();
+    let config = |value: &'static str| {
+        let mut c = redis::cmd("CONFIG");
+        c.arg("SET").arg("slowlog-log-slower-than").arg(value);
+        c.arg("slowlog-max-len").arg("100000");
+        c
+    };
+    let () = config("0").query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let answer = get(addr, path).await;
+    assert_eq!(answer.status, 200, "{path}");
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = config("10000").query_async(&mut conn).await.unwrap();
+    let audit_key = fleet_budget::keys::audit_key(&fleet.config.budget.redis.key_prefix);
+    let (mut other, mut other_us) = (0, 0);
+    let mut audit_commands = std::collections::BTreeMap::new();
+    for entry in &log {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let on_audit = args.iter().any(
+            |a| matches!(a, redis::Value::BulkString(b) if b.as_slice() == audit_key.as_bytes()),
+        );
+        let first = match args.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_lowercase(),
+            _ => String::new(),
+        };
+        if first == "slowlog" {
+            continue;
         }
-        let () = pipe.query_async(&mut conn).await.unwrap();
+        if on_audit {
+            let (n, t) = audit_commands.entry(first).or_insert((0, 0));
+            *n += 1;
+            *t += us;
+        } else {
+            other += 1;
+            other_us += us;
+        }
     }
+    // Commands a script runs are logged beside the script's call, whose time includes theirs.
+    let calls: Vec<String> = audit_commands
+        .iter()
+        .map(|(name, (n, us))| format!("{n} {name} {:.1} ms", *us as f64 / 1000.0))
+        .collect();
+    println!(
+        "  where {path}'s time goes (one request, Redis's slow log): {:.1} ms server; in Redis, \
+         on the audit trail {} (a script's time includes the commands it runs), {other} others \
+         {:.1} ms",
+        answer.server_ms.unwrap_or_default(),
+        calls.join(", "),
+        other_us as f64 / 1000.0
+    );
+}
+
+/// The address of the first message listed on a group's page.
+fn first_message(page: &str) -> Option<String> {
+    page.split("href=\"")
+        .skip(1)
+        .map(|r| r[..r.find('"').unwrap()].replace("&amp;", "&"))
+        .find(|l| l.starts_with("/dead-letters/message?"))
 }
 
 /// One request (`Connection: close`): status, head, body.

@@ -3,10 +3,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Extension;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -46,14 +47,32 @@ pub(crate) struct Client(pub(crate) IpAddr);
 
 /// Before any handler: the bounds of the head (414, 431), the Host allow-list (421), a change
 /// whose `Origin` is not this console (403), the body read within its deadline and size (408,
-/// 413); after: the security headers, on every response, refusals included.
+/// 413); after: the security headers, on every response, refusals included, and the server's
+/// time on it ([`server_timing`]).
 pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let mut response = match admit(&app, request).await {
         Ok(request) => next.run(request).await,
         Err(refusal) => refusal,
     };
     secure(response.headers_mut());
     response
+        .headers_mut()
+        .insert(SERVER_TIMING, server_timing(started.elapsed()));
+    response
+}
+
+/// `Server-Timing`, the W3C header a browser shows its page through the Performance API
+/// (`performance.getEntriesByType('navigation')[0].serverTiming`).
+const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// The `Server-Timing` value of an answer that took `took` in the console: `app;dur=12.345`,
+/// milliseconds from the request's head read to the answer's head, its body rendered (every
+/// page is rendered whole before it is sent), the reads of Redis and RabbitMQ it waited for
+/// included; the network and the client's reading of the body are not.
+fn server_timing(took: Duration) -> HeaderValue {
+    let value = format!("app;dur={:.3}", took.as_secs_f64() * 1000.0);
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("app"))
 }
 
 async fn admit(app: &App, mut request: Request) -> Result<Request, Response> {
@@ -328,7 +347,15 @@ pub(super) async fn style() -> Response {
 mod tests {
     use axum::http::{HeaderMap, HeaderValue, header};
 
-    use super::{host_allowed, same_origin};
+    use super::{host_allowed, same_origin, server_timing};
+
+    #[test]
+    fn the_server_timing_is_the_app_s_milliseconds() {
+        let v = server_timing(std::time::Duration::from_micros(12_345));
+        assert_eq!(v.to_str().ok(), Some("app;dur=12.345"));
+        let v = server_timing(std::time::Duration::ZERO);
+        assert_eq!(v.to_str().ok(), Some("app;dur=0.000"));
+    }
 
     #[test]
     fn hosts_are_the_bind_address_and_the_public_url() {

@@ -33,6 +33,11 @@ mod pages;
 mod operating;
 // Shadow mode from the console (issue 34) and human times on the overview.
 mod shadow;
+// Every page at 100,000 dead letters (issue 32): weight, secret, labels; times printed.
+mod hundred_thousand;
+// The fleet at scale, filled as `examples/console_bench.rs` fills it.
+#[path = "../support/scale.rs"]
+mod scale;
 
 const OPERATOR: &str = "operator-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";

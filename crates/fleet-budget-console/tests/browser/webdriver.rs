@@ -326,6 +326,19 @@ impl Browser {
         reload: Option<&str>,
         ok: impl Fn(&str) -> bool,
     ) -> String {
+        self.until_text_within(css, reload, Duration::from_secs(45), ok)
+            .await
+    }
+
+    /// [`Browser::until_text`] bounded by `within` instead of 45 s (what takes minutes on
+    /// purpose: a sample of 10,000 messages read from a queue of 100,000).
+    pub(crate) async fn until_text_within(
+        &self,
+        css: &str,
+        reload: Option<&str>,
+        within: Duration,
+        ok: impl Fn(&str) -> bool,
+    ) -> String {
         let started = Instant::now();
         loop {
             if let Some(url) = reload {
@@ -356,7 +369,7 @@ impl Browser {
                 return text;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(45),
+                started.elapsed() < within,
                 "{css} never satisfied the test; last text {text:?}\npage: {}",
                 self.source().await
             );
