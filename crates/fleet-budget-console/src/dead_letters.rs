@@ -23,8 +23,9 @@ use fleet_budget::clock::now_ms;
 use fleet_budget::redact::redact_text;
 use fleet_budget_amqp::dead_letters::QueueCounts;
 use fleet_budget_amqp::headers;
+use fleet_budget_amqp::inspect::{Look, inspect_queue_with};
 use fleet_budget_amqp::replay::QueuedMessage;
-use fleet_budget_amqp::{AmqpError, InspectOptions, ReplayFilter, inspect_queue};
+use fleet_budget_amqp::{AmqpError, InspectOptions, ReplayFilter};
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 
@@ -392,7 +393,13 @@ fn bounded(mut m: QueuedMessage) -> QueuedMessage {
     m
 }
 
-/// Reads up to `sample` messages of `queue` (put back as the library's look does).
+/// Reads up to `sample` messages of `queue` (put back as the library's look does), reading no
+/// more once `stop_at` has passed: the look then ends as a look does, its copies confirmed and
+/// their originals acked, and the sample is what it read (labelled with its size). Why: a read
+/// cut off from outside (a timeout dropping it) closes its channel with copies confirmed whose
+/// originals were not acked yet, and those come back beside their copies (8 duplicates at
+/// 100,000 dead letters under load, 2026-12-07). The caller's timeout stays, later, for a broker
+/// that stops answering.
 ///
 /// # Errors
 /// The broker failed or the queue does not exist.
@@ -400,6 +407,7 @@ pub(crate) async fn read_sample(
     to: fleet_budget_amqp::ConnectionConfig,
     queue: &str,
     sample: u64,
+    stop_at: Instant,
 ) -> Result<Sample, AmqpError> {
     let started = Instant::now();
     let mut messages = Vec::new();
@@ -410,7 +418,7 @@ pub(crate) async fn read_sample(
         limit: Some(sample),
         ..InspectOptions::default()
     };
-    let inspection = inspect_queue(to, queue, &options, |d| {
+    let inspection = inspect_queue_with(to, queue, &options, |d| {
         let s = Sampled {
             message: bounded(QueuedMessage::read(d)),
             first_failure_ms: headers::get_u64(
@@ -431,8 +439,21 @@ pub(crate) async fn read_sample(
             }
         }
         messages.push(s);
+        if Instant::now() >= stop_at {
+            Look::Stop
+        } else {
+            Look::Next
+        }
     })
     .await?;
+    if inspection.seen < sample.min(inspection.total) {
+        tracing::warn!(
+            queue,
+            read = inspection.seen,
+            present = inspection.total,
+            "the sample's read stopped at its time limit: the pages show what it read"
+        );
+    }
     Ok(Sample {
         queue: queue.to_owned(),
         depth: inspection.total,
@@ -693,19 +714,20 @@ pub(crate) async fn keep_samples(app: Arc<crate::App>) {
                 continue;
             };
             // A sample of a deep queue takes a while: its bound is the sample's size, each
-            // broker step has the connection's deadline, and the whole read the refresh period
-            // plus the upstream deadline.
-            let bound = app
+            // broker step has the connection's deadline, and the read stops reading at the
+            // refresh period (at least a minute), ending as a look ends; the upstream deadline
+            // after that is for a broker that stops answering.
+            let reading = app
                 .settings
                 .dead_letter_refresh
-                .max(Duration::from_secs(60))
-                + app.settings.upstream_timeout;
+                .max(Duration::from_secs(60));
             let read = tokio::time::timeout(
-                bound,
+                reading + app.settings.upstream_timeout,
                 read_sample(
                     app.settings.config.amqp.connection(),
                     &queue,
                     app.settings.dead_letter_sample,
+                    Instant::now() + reading,
                 ),
             )
             .await;
@@ -730,7 +752,10 @@ pub(crate) async fn keep_samples(app: Arc<crate::App>) {
                     slot.error = Some(redact_text(&e.to_string()));
                 }
                 Err(_) => {
-                    slot.error = Some(format!("the read of {queue} passed {bound:?}"));
+                    slot.error = Some(format!(
+                        "the read of {queue} did not end within {:?}",
+                        reading + app.settings.upstream_timeout
+                    ));
                 }
             }
         }
@@ -747,6 +772,70 @@ pub(crate) async fn keep_samples(app: Arc<crate::App>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read whose time is up stops reading and ends as a look ends: its copies confirmed,
+    /// their originals acked, so that every message is in the queue once afterwards (a read cut
+    /// off by a timeout had left copies beside originals).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sample_stopped_at_its_time_leaves_every_message_once() {
+        use std::collections::BTreeSet;
+
+        use fleet_budget::DeadLetterReason;
+        use fleet_budget_amqp::testing::TestBroker;
+
+        const SEEDED: u32 = 1_000;
+        let seeded_len = usize::try_from(SEEDED).expect("a small count");
+        let broker = TestBroker::new("console-sample-stop");
+        broker.migrate().await;
+        let publisher = broker.publisher().await;
+        let seeded = broker
+            .seed_dead_letters(
+                &publisher,
+                seeded_len,
+                "search",
+                DeadLetterReason::BudgetExhausted,
+                0,
+                now_ms(),
+            )
+            .await;
+        publisher.close().await;
+        let queue = broker.topology.dead_queue.clone();
+        // Time up before the first message, then at points into the read that fall, on this
+        // machine, mid-batch (the read pipelines 256 copies at a time after its connect).
+        let mut read = Vec::new();
+        for allowed in [0, 200, 400, 700].map(Duration::from_millis) {
+            let sample = read_sample(
+                fleet_budget_amqp::ConnectionConfig::from(&broker.url),
+                &queue,
+                10_000,
+                Instant::now() + allowed,
+            )
+            .await
+            .expect("the sample's read");
+            read.push(sample.sampled);
+        }
+        println!("sampled {read:?} of {SEEDED}, each read stopped at its time");
+        assert_eq!(
+            read[0], 1,
+            "a read whose time is up takes one message and stops"
+        );
+        assert!(read.iter().all(|&n| n <= u64::from(SEEDED)), "{read:?}");
+        let ready = broker
+            .depth_reaching(&queue, SEEDED, Duration::from_secs(30))
+            .await;
+        let left = broker.drain(&queue).await;
+        let ids: BTreeSet<String> = left
+            .iter()
+            .filter_map(|(p, _)| p.message_id().as_ref().map(ToString::to_string))
+            .collect();
+        assert_eq!(ready, SEEDED);
+        assert_eq!(
+            left.len(),
+            seeded_len,
+            "every message once: no copy beside its original"
+        );
+        assert_eq!(ids, seeded.into_iter().collect::<BTreeSet<_>>());
+    }
 
     fn sampled(dep: &str, reason: &str, class: &str, at: u64) -> Sampled {
         Sampled {
