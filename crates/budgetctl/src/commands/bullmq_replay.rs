@@ -33,7 +33,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::commands::audit::record;
-use crate::commands::replay::{JSON_SCHEMA_VERSION, ReplayOutput, RunArgs, loop_state};
+use crate::commands::replay::{
+    JSON_SCHEMA_VERSION, ReplayOutput, RunArgs, loop_state, print_holds,
+};
 use crate::exit::usage;
 use crate::output::{print_json, table, thousands};
 use crate::redis_conn;
@@ -523,18 +525,7 @@ async fn finish(
                 thousands(n)
             );
         }
-        if out.held_frozen_secs > 0.0 {
-            outln!(
-                "held {:.1}s while the budget was frozen",
-                out.held_frozen_secs
-            );
-        }
-        if out.held_breaker_secs > 0.0 {
-            outln!(
-                "held {:.1}s while the breaker was open",
-                out.held_breaker_secs
-            );
-        }
+        print_holds(out);
     }
     if let Some(entry) = entry {
         record(&config.budget, &entry).await?;

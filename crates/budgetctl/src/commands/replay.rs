@@ -636,19 +636,7 @@ pub(crate) fn print_replay(out: &ReplayOutput, queue: &str) {
             thousands(n)
         );
     }
-    // Only a hold that happened is reported.
-    if out.held_frozen_secs > 0.0 {
-        outln!(
-            "held {:.1}s while the budget was frozen",
-            out.held_frozen_secs
-        );
-    }
-    if out.held_breaker_secs > 0.0 {
-        outln!(
-            "held {:.1}s while the breaker was open",
-            out.held_breaker_secs
-        );
-    }
+    print_holds(out);
     if out.slowdowns > 0 {
         let lowest = out
             .lowest_rate
@@ -666,6 +654,23 @@ pub(crate) fn print_replay(out: &ReplayOutput, queue: &str) {
         outln!(
             "{} messages left in the {queue} queue were not yet counted ready by the broker when the run ended: its depth reads that much short for a moment (nothing is lost)",
             thousands(out.not_ready)
+        );
+    }
+}
+
+/// The holds of a run that happened (a freeze, an open breaker), one line each: a hold that did
+/// not happen is not reported. Shared with `replay --bullmq-queue`.
+pub(crate) fn print_holds(out: &ReplayOutput) {
+    if out.held_frozen_secs > 0.0 {
+        outln!(
+            "held {:.1}s while the budget was frozen",
+            out.held_frozen_secs
+        );
+    }
+    if out.held_breaker_secs > 0.0 {
+        outln!(
+            "held {:.1}s while the breaker was open",
+            out.held_breaker_secs
         );
     }
 }
