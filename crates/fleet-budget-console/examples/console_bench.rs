@@ -15,9 +15,10 @@
 //! unreadable, so that the workers' pages are timed over a large registry) with `BUDGETCTL` naming
 //! the binary to compare with (default `target/debug/budgetctl`). Uses a Redis of its own and a
 //! topology of its own on the shared RabbitMQ (deleted at the end), filled by
-//! `tests/support/scale.rs` (the filler the browser test `tests/browser/hundred_thousand.rs`
-//! uses too: the dead letters published with confirms, 1,000 in flight, and counted in the
-//! dead-letter index as workers count them). Beside the pages' times it prints a Redis `PING`
+//! `crates/fleet-budget-console/tests/support/scale.rs` (the filler the browser test
+//! `crates/fleet-budget-console/tests/browser/hundred_thousand.rs` uses too: the dead letters
+//! published with confirms, 1,000 in flight, and counted in the dead-letter index as workers
+//! count them). Beside the pages' times it prints a Redis `PING`
 //! from the same process over the same loopback: the floor any page that reads Redis stands on.
 #![allow(
     clippy::unwrap_used,

@@ -2,8 +2,8 @@
 //! of server time and weighs at most 1 MB, whatever the headers hold; no page shows a count it
 //! does not label"): a fleet of 1,000 dependencies, a full audit trail, 10,000 entries of the
 //! worker registry and 100,000 dead letters with 300 hostile ones (a secret in the error class,
-//! 100 KB task names) at the head of the queue, filled by `tests/support/scale.rs` as
-//! `examples/console_bench.rs` fills it. Each page is opened in the browser and read through
+//! 100 KB task names) at the head of the queue, filled by
+//! `crates/fleet-budget-console/tests/support/scale.rs` as `examples/console_bench.rs` fills it. Each page is opened in the browser and read through
 //! the Performance API: the server's time (`Server-Timing`, as the browser received it), the
 //! bytes on the wire and the body's. Asserted: what does not depend on the machine (each page
 //! at most 1 MB, the secret on none, every count labelled exact or as of the sample as the

@@ -2,8 +2,8 @@
 //! operators fill one: many dependencies with traffic, a long audit trail, a large worker
 //! registry, and 100,000 dead letters with 300 hostile ones among them. One filler for the two
 //! that measure the console over it: `examples/console_bench.rs` (each page's time and weight,
-//! printed) and the browser test `tests/browser/hundred_thousand.rs` (the same pages in
-//! Chromium). Both include this file with `#[path]`; each uses part of it.
+//! printed) and the browser test `crates/fleet-budget-console/tests/browser/hundred_thousand.rs`
+//! (the same pages in Chromium). Both include this file with `#[path]`; each uses part of it.
 //!
 //! The dead letters are published with confirms, a thousand in flight at a time, and counted
 //! in the dead-letter index (and its ledger) as a worker counts what it dead-letters
