@@ -37,7 +37,8 @@ use std::time::Duration;
 use fleet_budget_amqp::testing::amqp_url;
 
 use self::processes::{
-    CeleryQueue, Fleet, Proc, budgetctl, depth, publish_rust, python, send_celery, wait_until,
+    CeleryQueue, Fleet, budgetctl, depth, publish_rust, replay_json, send_celery, spawn_celery,
+    spawn_rust_workers, wait_until,
 };
 use self::upstream::{Call, Upstream};
 
@@ -65,49 +66,8 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     let _celery_queue = CeleryQueue {
         name: celery_queue.clone(),
     };
-    let mut procs = Vec::new();
-    for n in 0..2 {
-        procs.push(Proc::spawn(
-            &format!("fleet-worker-{n}"),
-            Command::new(env!("CARGO_BIN_EXE_fleet-worker"))
-                .args(["--config", &config.display().to_string()])
-                .args(["--upstream", &upstream.addr, "--stats-ms", "5000"])
-                .env_remove("FLEET_BUDGET_REDIS_URL")
-                .env_remove("FLEET_BUDGET_AMQP_URL"),
-            dir,
-        ));
-    }
-    procs.push(Proc::spawn(
-        "celery",
-        Command::new(python())
-            .args([
-                "-m",
-                "celery",
-                "-A",
-                "celery_fleet",
-                "worker",
-                "-P",
-                "threads",
-            ])
-            .args([
-                "-c",
-                "4",
-                "-Q",
-                &celery_queue,
-                "-n",
-                &format!("{celery_queue}@%h"),
-            ])
-            .args([
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ])
-            .args(["-l", "INFO"])
-            .current_dir(common::repo_root().join("tests/python"))
-            .env_remove("FLEET_BUDGET_REDIS_URL")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        dir,
-    ));
+    let mut procs = spawn_rust_workers(2, config, &upstream.addr, dir);
+    procs.push(spawn_celery("threads", 4, &celery_queue, &env, dir));
 
     let py_ids = |phase: &str, n: usize| -> Vec<String> {
         (0..n)
@@ -240,25 +200,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
     );
 
     // 4. The replay: each dead letter back where it came from, in its own format.
-    let out = Command::new(budgetctl())
-        .args(["--config", &config.display().to_string()])
-        .args([
-            "replay",
-            "--dependency",
-            "search",
-            "--rate",
-            "1000",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "replay: {report} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let report = replay_json(config, "search");
     assert_eq!(report["moved"], 40, "{report}");
     assert_eq!(report["parked"], 0, "{report}");
     // The replay counted both languages' dead letters out of the rows their workers wrote.

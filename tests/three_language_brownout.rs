@@ -40,8 +40,8 @@ use fleet_budget::store::{RedisStore, RedisTarget};
 use fleet_budget_amqp::testing::amqp_url;
 
 use self::processes::{
-    CeleryQueue, Fleet, Proc, budgetctl, common_block_on, depth, node_fleet_worker, publish_rust,
-    python, send_celery, wait_until,
+    CeleryQueue, Fleet, Proc, common_block_on, depth, node_fleet_worker, publish_rust, replay_json,
+    send_celery, spawn_celery, spawn_rust_workers, wait_until,
 };
 use self::upstream::{Call, Upstream};
 
@@ -59,7 +59,6 @@ fn language(id: &str) -> &'static str {
 #[test]
 #[allow(clippy::too_many_lines)]
 fn rust_celery_and_bullmq_workers_share_one_budget_through_a_brownout_and_a_replay() {
-    let root = common::repo_root();
     let node_worker = node_fleet_worker();
     let fleet = Fleet::brownout("lang3");
     let Fleet {
@@ -89,49 +88,8 @@ fn rust_celery_and_bullmq_workers_share_one_budget_through_a_brownout_and_a_repl
     let _replay_queue = CeleryQueue {
         name: replay_queue.clone(),
     };
-    let mut procs = Vec::new();
-    for n in 0..2 {
-        procs.push(Proc::spawn(
-            &format!("fleet-worker-{n}"),
-            Command::new(env!("CARGO_BIN_EXE_fleet-worker"))
-                .args(["--config", &config.display().to_string()])
-                .args(["--upstream", &upstream.addr, "--stats-ms", "5000"])
-                .env_remove("FLEET_BUDGET_REDIS_URL")
-                .env_remove("FLEET_BUDGET_AMQP_URL"),
-            dir,
-        ));
-    }
-    procs.push(Proc::spawn(
-        "celery",
-        Command::new(python())
-            .args([
-                "-m",
-                "celery",
-                "-A",
-                "celery_fleet",
-                "worker",
-                "-P",
-                "prefork",
-            ])
-            .args([
-                "-c",
-                "2",
-                "-Q",
-                &celery_queue,
-                "-n",
-                &format!("{celery_queue}@%h"),
-            ])
-            .args([
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ])
-            .args(["-l", "INFO"])
-            .current_dir(root.join("tests/python"))
-            .env_remove("FLEET_BUDGET_REDIS_URL")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        dir,
-    ));
+    let mut procs = spawn_rust_workers(2, config, &upstream.addr, dir);
+    procs.push(spawn_celery("prefork", 2, &celery_queue, &env, dir));
     let node = |args: &[&str]| {
         let mut c = Command::new("node");
         c.arg(&node_worker)
@@ -299,25 +257,7 @@ fn rust_celery_and_bullmq_workers_share_one_budget_through_a_brownout_and_a_repl
 
     // 4. The replay: each dead letter back where it came from, the BullMQ ones through the
     // receiver of the Node worker.
-    let out = Command::new(budgetctl())
-        .args(["--config", &config.display().to_string()])
-        .args([
-            "replay",
-            "--dependency",
-            "search",
-            "--rate",
-            "1000",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "replay: {report} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let report = replay_json(config, "search");
     assert_eq!(report["moved"], 60, "{report}");
     assert_eq!(report["parked"], 0, "{report}");
     assert_eq!(report["failed"], 0, "{report}");

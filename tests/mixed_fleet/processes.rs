@@ -116,6 +116,69 @@ pub(crate) fn budgetctl() -> PathBuf {
     bin
 }
 
+/// `n` Rust fleet workers (`fleet-worker-0`, ...) under `config`, calling `upstream`.
+pub(crate) fn spawn_rust_workers(n: usize, config: &Path, upstream: &str, dir: &Path) -> Vec<Proc> {
+    (0..n)
+        .map(|i| {
+            Proc::spawn(
+                &format!("fleet-worker-{i}"),
+                Command::new(env!("CARGO_BIN_EXE_fleet-worker"))
+                    .args(["--config", &config.display().to_string()])
+                    .args(["--upstream", upstream, "--stats-ms", "5000"])
+                    .env_remove("FLEET_BUDGET_REDIS_URL")
+                    .env_remove("FLEET_BUDGET_AMQP_URL"),
+                dir,
+            )
+        })
+        .collect()
+}
+
+/// A Celery worker of `tests/python/celery_fleet.py` consuming `queue` with the `pool` given
+/// (`prefork`, Celery's default, or `threads`) and `concurrency`, under `env`.
+pub(crate) fn spawn_celery(
+    pool: &str,
+    concurrency: u32,
+    queue: &str,
+    env: &[(&str, String)],
+    dir: &Path,
+) -> Proc {
+    Proc::spawn(
+        "celery",
+        Command::new(python())
+            .args(["-m", "celery", "-A", "celery_fleet", "worker", "-P", pool])
+            .args(["-c", &concurrency.to_string(), "-Q", queue])
+            .args(["-n", &format!("{queue}@%h")])
+            .args([
+                "--without-heartbeat",
+                "--without-mingle",
+                "--without-gossip",
+            ])
+            .args(["-l", "INFO"])
+            .current_dir(common::repo_root().join("tests/python"))
+            .env_remove("FLEET_BUDGET_REDIS_URL")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
+        dir,
+    )
+}
+
+/// `budgetctl replay --dependency DEPENDENCY --rate 1000 --json` under `config`: its report,
+/// once it exited 0 (else the test fails with its output).
+pub(crate) fn replay_json(config: &Path, dependency: &str) -> serde_json::Value {
+    let out = Command::new(budgetctl())
+        .args(["--config", &config.display().to_string()])
+        .args(["replay", "--dependency", dependency])
+        .args(["--rate", "1000", "--json"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "replay: {report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(report.trim()).unwrap()
+}
+
 pub(crate) fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
     let started = Instant::now();
     while !ready() {
