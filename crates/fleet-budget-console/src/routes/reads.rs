@@ -192,12 +192,15 @@ async fn trail_of(
         )
         .await?;
         let full = read.len() >= TRAIL_READ;
-        let fresh: Vec<AuditEntry> = read
+        let mut fresh: Vec<AuditEntry> = read
             .into_iter()
             .rev()
             .filter(|e| bound.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id < b)))
             .filter(|e| before.is_none_or(|b| stream_id(&e.id).is_some_and(|id| id <= b)))
             .collect();
+        // Never past the bound, though a read may hold more: the page says how far it looked.
+        let cut = fresh.len() > TRAIL_SEARCHED - found.searched;
+        fresh.truncate(TRAIL_SEARCHED - found.searched);
         let Some(oldest) = fresh.last() else {
             // Nothing older: the start; or a full read of one millisecond's entries, all seen.
             found.reached_start = !full;
@@ -213,7 +216,7 @@ async fn trail_of(
                 .filter(|e| e.dependency.as_deref() == Some(dependency))
                 .take(room),
         );
-        if !full {
+        if !full && !cut {
             found.reached_start = true;
             break;
         }
@@ -400,6 +403,14 @@ fn stream_id(id: &str) -> Option<(u64, u64)> {
     Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
+/// The greatest stream id before `(ms, seq)`, as text; `None` before the first.
+fn just_before((ms, seq): (u64, u64)) -> Option<String> {
+    match seq.checked_sub(1) {
+        Some(seq) => Some(format!("{ms}-{seq}")),
+        None => Some(format!("{}-{}", ms.checked_sub(1)?, u64::MAX)),
+    }
+}
+
 pub(super) async fn audit_page(
     State(app): State<Arc<App>>,
     Viewer(visitor): Viewer,
@@ -426,7 +437,12 @@ pub(super) async fn audit_page(
             } else if found.reached_start {
                 None
             } else {
-                found.oldest
+                // `before` is inclusive and the oldest entry looked at may be one shown here.
+                found
+                    .oldest
+                    .as_deref()
+                    .and_then(stream_id)
+                    .and_then(just_before)
             };
             (found.entries, older)
         }
