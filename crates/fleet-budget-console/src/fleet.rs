@@ -142,10 +142,17 @@ pub(crate) struct WorkersLine {
     pub(crate) truncated: bool,
 }
 
+/// The version of `/api/overview`'s shape (`docs/schemas/console/overview.schema.json`). 2:
+/// paged, [`JSON_PER_PAGE`] rows a page (version 1 listed every row: 1,000 dependencies made
+/// half a megabyte, and one page can hold at most what a reading found, 100,000 keys a node).
+pub(crate) const OVERVIEW_SCHEMA: u32 = 2;
+/// Rows (and unusable keys) a page of `/api/overview`: about 100 KB of the rows a fleet
+/// usually has (515 KB per 1,000 in `docs/BENCHMARKS.md`).
+pub(crate) const JSON_PER_PAGE: usize = 200;
+
 /// The whole overview.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub(crate) struct Overview {
-    pub(crate) schema_version: u32,
     pub(crate) key_prefix: String,
     pub(crate) dependencies: Vec<DependencyRow>,
     pub(crate) unusable: Vec<Unusable>,
@@ -156,56 +163,112 @@ pub(crate) struct Overview {
     /// The registry as this reading read it (texts through [`workers_shown`]), its entries
     /// worst first ([`worst_first`]): what the workers' page and `/api/workers` show a page of,
     /// so that neither reads (up to 10,000 entries) per request.
-    #[serde(skip)]
     pub(crate) registry: Option<Arc<FleetWorkers>>,
     /// The console's clock (Unix ms) when this reading ended (set after [`overview`] returns:
-    /// not in [`Overview::json_head`], added to each answer by [`Overview::json`]).
-    #[serde(skip)]
+    /// not in [`Overview::json_pages`], added to each answer by [`Overview::json`]).
     pub(crate) read_at_ms: u64,
     /// How long the reading took (ms), its serialization included (as `read_at_ms`).
-    #[serde(skip)]
     pub(crate) read_took_ms: u64,
-    /// The fields above serialized once per reading, in the background, without the closing
-    /// `}`: `/api/overview` at 1,000 dependencies is about a megabyte, and serializing it per
-    /// request cost 84 ms (debug build, loaded machine); now an answer copies these bytes and
-    /// adds the reading's times ([`Overview::json`]). Empty only in an `Overview` made by hand.
-    #[serde(skip)]
-    pub(crate) json_head: Vec<u8>,
+    /// The pages of `/api/overview` serialized once per reading, in the background, each
+    /// without its closing `}`: serializing 1,000 rows per request cost 84 ms (debug build,
+    /// loaded machine); now an answer copies one page's bytes and adds the reading's times
+    /// ([`Overview::json`]). Empty only in an `Overview` made by hand.
+    pub(crate) json_pages: Vec<Vec<u8>>,
+}
+
+/// One page of `/api/overview` as serialized: the reading's fields, with its rows and its
+/// unusable keys cut to the page.
+#[derive(Serialize)]
+struct JsonPage<'a> {
+    schema_version: u32,
+    key_prefix: &'a str,
+    listed: usize,
+    page: usize,
+    pages: usize,
+    per_page: usize,
+    dependencies: &'a [DependencyRow],
+    unusable_listed: usize,
+    unusable: &'a [Unusable],
+    workers: &'a Option<WorkersLine>,
+    workers_error: &'a Option<String>,
 }
 
 impl Overview {
-    /// Serializes the reading's fields once, for every `/api/overview` answer until the next.
+    /// Serializes every page of the reading once, for every `/api/overview` answer until the
+    /// next reading.
     fn serialize_once(&mut self) {
-        self.json_head = self.head();
+        self.json_pages = (1..=self.json_page_count())
+            .map(|n| self.page_head(n))
+            .collect();
     }
 
-    /// The reading's fields as a JSON object without its closing `}`.
-    fn head(&self) -> Vec<u8> {
+    /// The pages of `/api/overview`: enough for the rows and for the unusable keys, at least one.
+    fn json_page_count(&self) -> usize {
+        self.dependencies
+            .len()
+            .max(self.unusable.len())
+            .div_ceil(JSON_PER_PAGE)
+            .max(1)
+    }
+
+    /// Page `n` (1-based, within [`Overview::json_page_count`]) as a JSON object without its
+    /// closing `}`.
+    fn page_head(&self, n: usize) -> Vec<u8> {
+        let cut = |len: usize| {
+            let from = ((n - 1) * JSON_PER_PAGE).min(len);
+            from..(from + JSON_PER_PAGE).min(len)
+        };
+        let page = JsonPage {
+            schema_version: OVERVIEW_SCHEMA,
+            key_prefix: &self.key_prefix,
+            listed: self.dependencies.len(),
+            page: n,
+            pages: self.json_page_count(),
+            per_page: JSON_PER_PAGE,
+            dependencies: self
+                .dependencies
+                .get(cut(self.dependencies.len()))
+                .unwrap_or_default(),
+            unusable_listed: self.unusable.len(),
+            unusable: self
+                .unusable
+                .get(cut(self.unusable.len()))
+                .unwrap_or_default(),
+            workers: &self.workers,
+            workers_error: &self.workers_error,
+        };
         // Nothing here fails to serialize (no map with keys other than text); were it to, the
         // answer would still be an object, with its version.
-        let mut json =
-            serde_json::to_vec(self).unwrap_or_else(|_| b"{\"schema_version\":1}".to_vec());
+        let mut json = serde_json::to_vec(&page)
+            .unwrap_or_else(|_| format!("{{\"schema_version\":{OVERVIEW_SCHEMA}}}").into_bytes());
         json.pop();
         json
     }
 
-    /// The answer of `/api/overview` (held to `docs/schemas/console/overview.schema.json`):
-    /// the reading as serialized once, with when it was read, how long that took, and how old
-    /// it is at `now_ms` (the console's clock).
-    pub(crate) fn json(&self, now_ms: u64) -> Vec<u8> {
+    /// The answer of `/api/overview?page=N` (held to
+    /// `docs/schemas/console/overview.schema.json`): page `asked` (1-based, clamped to the
+    /// pages there are; none: the first) as serialized once, with when the reading was made,
+    /// how long it took, and how old it is at `now_ms` (the console's clock).
+    pub(crate) fn json(&self, now_ms: u64, asked: Option<&str>) -> Vec<u8> {
+        let pages = self.json_page_count();
+        let n = asked
+            .and_then(|p| p.trim().parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, pages);
         let times = format!(
             "\"read_at_ms\":{},\"read_took_ms\":{},\"read_age_ms\":{}}}",
             self.read_at_ms,
             self.read_took_ms,
             now_ms.saturating_sub(self.read_at_ms)
         );
-        // Empty only when made by hand (never by [`overview`]): serialized now.
+        // Absent only when made by hand (never by [`overview`]): serialized now.
         let fresh;
-        let head = if self.json_head.is_empty() {
-            fresh = self.head();
-            &fresh
-        } else {
-            &self.json_head
+        let head = match self.json_pages.get(n - 1) {
+            Some(head) => head,
+            None => {
+                fresh = self.page_head(n);
+                &fresh
+            }
         };
         let mut out = Vec::with_capacity(head.len() + 1 + times.len());
         out.extend_from_slice(head);
@@ -404,7 +467,6 @@ pub(crate) async fn overview(
         Err(e) => (None, Some(e), None),
     };
     let mut ov = Overview {
-        schema_version: 1,
         key_prefix: store.prefix().to_owned(),
         dependencies: rows,
         unusable,
@@ -413,7 +475,7 @@ pub(crate) async fn overview(
         registry,
         read_at_ms: fleet_budget::clock::now_ms(),
         read_took_ms: 0,
-        json_head: Vec::new(),
+        json_pages: Vec::new(),
     };
     ov.serialize_once();
     Ok(ov)
@@ -628,7 +690,7 @@ impl History {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{DependencyRow, History, Overview};
+    use super::{DependencyRow, History, JSON_PER_PAGE, OVERVIEW_SCHEMA, Overview, Unusable};
 
     const WINDOW_MS: u64 = 60_000;
 
@@ -672,7 +734,6 @@ pub(crate) mod tests {
 
     fn record(h: &mut History, r: DependencyRow) {
         h.record(&Overview {
-            schema_version: 1,
             key_prefix: String::new(),
             dependencies: vec![r],
             unusable: Vec::new(),
@@ -681,14 +742,13 @@ pub(crate) mod tests {
             registry: None,
             read_at_ms: 0,
             read_took_ms: 0,
-            json_head: Vec::new(),
+            json_pages: Vec::new(),
         });
     }
 
     #[test]
     fn the_json_is_serialized_once_and_carries_the_reading_s_times() {
         let mut ov = Overview {
-            schema_version: 1,
             key_prefix: "p\"q".to_owned(),
             dependencies: vec![reading("s", true, 100, 10_000, [0, 3])],
             unusable: Vec::new(),
@@ -697,22 +757,91 @@ pub(crate) mod tests {
             registry: None,
             read_at_ms: 1_000,
             read_took_ms: 7,
-            json_head: Vec::new(),
+            json_pages: Vec::new(),
         };
-        // By hand (no head yet), then as a reading serializes it: the same answer.
-        let lazy: serde_json::Value = serde_json::from_slice(&ov.json(1_500)).unwrap();
+        // By hand (no pages yet), then as a reading serializes it: the same answer.
+        let lazy: serde_json::Value = serde_json::from_slice(&ov.json(1_500, None)).unwrap();
         ov.serialize_once();
-        assert!(!ov.json_head.is_empty());
-        let once: serde_json::Value = serde_json::from_slice(&ov.json(1_500)).unwrap();
+        assert_eq!(ov.json_pages.len(), 1);
+        let once: serde_json::Value = serde_json::from_slice(&ov.json(1_500, None)).unwrap();
         assert_eq!(lazy, once);
+        assert_eq!(once["schema_version"], OVERVIEW_SCHEMA);
         assert_eq!(once["key_prefix"], "p\"q");
         assert_eq!(once["dependencies"][0]["dependency"], "s");
+        assert_eq!(
+            (once["page"].clone(), once["pages"].clone()),
+            (1.into(), 1.into())
+        );
         assert_eq!(once["read_at_ms"], 1_000);
         assert_eq!(once["read_took_ms"], 7);
         assert_eq!(once["read_age_ms"], 500);
         // A clock set back: an age of 0, not a wrap.
-        let back: serde_json::Value = serde_json::from_slice(&ov.json(10)).unwrap();
+        let back: serde_json::Value = serde_json::from_slice(&ov.json(10, None)).unwrap();
         assert_eq!(back["read_age_ms"], 0);
+    }
+
+    #[test]
+    fn the_json_is_paged_and_every_row_is_on_exactly_one_page() {
+        let rows = 2 * JSON_PER_PAGE + 50;
+        let mut ov = Overview {
+            key_prefix: String::new(),
+            dependencies: (0..rows)
+                .map(|i| reading(&format!("d{i}"), false, 1, 0, [0, 0]))
+                .collect(),
+            unusable: (0..JSON_PER_PAGE + 1)
+                .map(|i| Unusable {
+                    dependency: format!("u{i}"),
+                    error: "a list".to_owned(),
+                })
+                .collect(),
+            workers: None,
+            workers_error: None,
+            registry: None,
+            read_at_ms: 0,
+            read_took_ms: 0,
+            json_pages: Vec::new(),
+        };
+        ov.serialize_once();
+        fn page_of(ov: &Overview, asked: Option<&str>) -> serde_json::Value {
+            serde_json::from_slice(&ov.json(0, asked)).unwrap()
+        }
+        let names = |v: &serde_json::Value, list: &str| -> Vec<String> {
+            v[list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["dependency"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let (mut shown, mut unusable) = (Vec::new(), Vec::new());
+        for n in 1..=3 {
+            let p = page_of(&ov, Some(&n.to_string()));
+            assert_eq!(p["page"], n);
+            assert_eq!(p["pages"], 3);
+            assert_eq!(p["per_page"], JSON_PER_PAGE);
+            assert_eq!(p["listed"], rows);
+            assert_eq!(p["unusable_listed"], JSON_PER_PAGE + 1);
+            shown.extend(names(&p, "dependencies"));
+            unusable.extend(names(&p, "unusable"));
+        }
+        let all: Vec<String> = (0..rows).map(|i| format!("d{i}")).collect();
+        assert_eq!(shown, all);
+        assert_eq!(unusable.len(), JSON_PER_PAGE + 1);
+        // Past the last: the last; not a number, none or 0: the first.
+        assert_eq!(page_of(&ov, Some("99"))["page"], 3);
+        for asked in [None, Some("x"), Some("0"), Some("-1")] {
+            assert_eq!(page_of(&ov, asked)["page"], 1, "{asked:?}");
+        }
+        // An empty reading is one page of nothing.
+        ov.dependencies.clear();
+        ov.unusable.clear();
+        ov.serialize_once();
+        let empty = page_of(&ov, Some("2"));
+        assert_eq!(
+            (empty["page"].clone(), empty["pages"].clone()),
+            (1.into(), 1.into())
+        );
+        assert_eq!(empty["dependencies"], serde_json::json!([]));
     }
 
     #[test]

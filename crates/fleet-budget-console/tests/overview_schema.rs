@@ -5,7 +5,8 @@
 //! key, the worker registry), its real answer validated by the suite's validator
 //! (`crates/budgetctl/tests/cli/validate_json.py`, Python `jsonschema`: `FLEET_BUDGET_PYTHON`,
 //! else the repository's `.venv`, else `python3`). So that the check can fail, the same answer
-//! with a field renamed, one missing, one unknown and one of the wrong type is refused.
+//! with a field renamed, one missing, one unknown and one of the wrong type is refused. Then
+//! paged: 452 rows over 3 pages of one reading, every row on exactly one.
 //!
 //! No timed assertion: the wait for the console's reading is a hang check.
 #![allow(
@@ -243,6 +244,68 @@ async fn the_overview_json_is_held_to_its_schema() {
             "a document with a field {what} passed: {refused}"
         );
     }
+
+    // Paged: 450 dependencies more (copies of mail's budget key, found by the reading's scan)
+    // make 452 rows, 200 a page; each page is held to the schema, and one reading's pages show
+    // every row once.
+    let copies =
+        "for i = 1, 450 do redis.call('COPY', KEYS[1], ARGV[1] .. ':v1:{extra' .. i .. '}') end";
+    let mail_key = format!("{prefix}:v1:{{mail}}");
+    let _: () = redis.cmd(&["EVAL", copies, "1", &mail_key, &prefix]);
+    let started = Instant::now();
+    let pages = loop {
+        let pages: Vec<Value> = {
+            let mut pages = Vec::new();
+            // Page 4 is past the last: the last again.
+            for n in 1..=4 {
+                let (status, body) = get(&addr, &format!("/api/overview?page={n}")).await;
+                assert_eq!(status, 200, "{body}");
+                pages.push(serde_json::from_str(&body).unwrap());
+            }
+            pages
+        };
+        let one_reading = pages
+            .iter()
+            .all(|p| p["read_at_ms"] == pages[0]["read_at_ms"]);
+        if one_reading && pages[0]["listed"] == 452 {
+            break pages;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the overview never listed the 452 rows in one reading: {}",
+            pages[0]["listed"]
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let verdict = validate("overview", &pages.iter().collect::<Vec<_>>());
+    assert!(
+        verdict["documents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e == &json!([])),
+        "a page does not match the schema: {verdict}"
+    );
+    let mut shown: Vec<String> = pages[..3]
+        .iter()
+        .flat_map(|p| p["dependencies"].as_array().unwrap().clone())
+        .map(|r| r["dependency"].as_str().unwrap().to_owned())
+        .collect();
+    let counts: Vec<usize> = pages
+        .iter()
+        .map(|p| p["dependencies"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(counts, [200, 200, 52, 52]);
+    assert_eq!(
+        (pages[3]["page"].clone(), pages[3]["pages"].clone()),
+        (json!(3), json!(3))
+    );
+    assert_eq!(pages[0]["unusable_listed"], 1);
+    shown.sort();
+    let mut expected: Vec<String> = (1..=450).map(|i| format!("extra{i}")).collect();
+    expected.extend(["mail".to_owned(), "search".to_owned()]);
+    expected.sort();
+    assert_eq!(shown, expected, "every row on exactly one page");
 
     worker
         .finish(call, fleet_budget::CallOutcome::Succeeded)

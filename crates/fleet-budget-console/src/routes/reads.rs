@@ -63,13 +63,15 @@ pub(super) async fn overview_fragment(
     Ok(pages::overview_fragment(&shown))
 }
 
-/// The last reading as JSON, serialized once per reading ([`crate::fleet::Overview::json`]).
+/// A page of the last reading as JSON, serialized once per reading
+/// ([`crate::fleet::Overview::json`]).
 pub(super) async fn overview_json(
     State(app): State<Arc<App>>,
     _: Viewer,
+    Query(q): Query<OverviewQuery>,
 ) -> Result<Response, ConsoleError> {
     let ov = app.overview().await?;
-    let body = ov.json(fleet_budget::clock::now_ms());
+    let body = ov.json(fleet_budget::clock::now_ms(), q.page.as_deref());
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
