@@ -733,9 +733,14 @@ pub(crate) mod tests {
     }
 
     fn record(h: &mut History, r: DependencyRow) {
-        h.record(&Overview {
+        h.record(&overview_of(vec![r]));
+    }
+
+    /// A reading of `rows`, made by hand: nothing else read, nothing serialized.
+    fn overview_of(rows: Vec<DependencyRow>) -> Overview {
+        Overview {
             key_prefix: String::new(),
-            dependencies: vec![r],
+            dependencies: rows,
             unusable: Vec::new(),
             workers: None,
             workers_error: None,
@@ -743,7 +748,7 @@ pub(crate) mod tests {
             read_at_ms: 0,
             read_took_ms: 0,
             json_pages: Vec::new(),
-        });
+        }
     }
 
     #[test]
@@ -783,24 +788,17 @@ pub(crate) mod tests {
     #[test]
     fn the_json_is_paged_and_every_row_is_on_exactly_one_page() {
         let rows = 2 * JSON_PER_PAGE + 50;
-        let mut ov = Overview {
-            key_prefix: String::new(),
-            dependencies: (0..rows)
+        let mut ov = overview_of(
+            (0..rows)
                 .map(|i| reading(&format!("d{i}"), false, 1, 0, [0, 0]))
                 .collect(),
-            unusable: (0..JSON_PER_PAGE + 1)
-                .map(|i| Unusable {
-                    dependency: format!("u{i}"),
-                    error: "a list".to_owned(),
-                })
-                .collect(),
-            workers: None,
-            workers_error: None,
-            registry: None,
-            read_at_ms: 0,
-            read_took_ms: 0,
-            json_pages: Vec::new(),
-        };
+        );
+        ov.unusable = (0..=JSON_PER_PAGE)
+            .map(|i| Unusable {
+                dependency: format!("u{i}"),
+                error: "a list".to_owned(),
+            })
+            .collect();
         ov.serialize_once();
         fn page_of(ov: &Overview, asked: Option<&str>) -> serde_json::Value {
             serde_json::from_slice(&ov.json(0, asked)).unwrap()
