@@ -27,8 +27,10 @@ mod webdriver;
 #[path = "../../../tests/game_day/rabbit_node.rs"]
 mod rabbit_node;
 
+#[path = "support/console_process.rs"]
+mod console_process;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,10 +42,10 @@ use fleet_budget::testing::{RedisServer, free_port};
 use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use fleet_budget_amqp::{Replayer, WorkerConfig, headers};
 use serde_json::Value;
-use tokio::process::{Child, Command};
 
+use console_process::{get, job, job_until, login, start_console};
 use rabbit_node::RabbitNode;
-use support::{csrf_of, location, set_cookie};
+use support::{csrf_of, location};
 use webdriver::http;
 
 const OPERATOR: &str = "operator-token-alarm-0123456789";
@@ -54,111 +56,6 @@ const OPERATION_TIMEOUT_MS: u64 = 2000;
 /// How long the alarm is held after the console said the replay was blocked: three publish
 /// deadlines, so that a copy timed out while blocked would show (as a duplicate or a park).
 const HOLD: Duration = Duration::from_millis(3 * OPERATION_TIMEOUT_MS);
-
-fn budgetctl() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
-        .unwrap();
-    assert!(
-        bin.exists(),
-        "{} is not built: `cargo build -p budgetctl` first",
-        bin.display()
-    );
-    bin
-}
-
-/// Starts `budgetctl console` on `addr` with `config_path` and one operator token; waits until
-/// it answers.
-async fn console(config_path: &Path, tokens: &Path, addr: &str) -> Child {
-    let child = Command::new(budgetctl())
-        .arg("--config")
-        .arg(config_path)
-        .args(["console", "--bind", addr, "--no-viewer-token"])
-        .arg("--operator-token-file")
-        .arg(tokens)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    loop {
-        let answered =
-            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-                .await;
-        if matches!(answered, Ok(Ok(_))) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the console never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    child
-}
-
-async fn login(addr: &str) -> String {
-    let (_, head, _) = http(addr, "GET", "/login", &[], None).await;
-    let nonce = set_cookie(&head, "fbc_login");
-    let form = format!("token={OPERATOR}&login_csrf={nonce}");
-    let (status, head, _) = http(
-        addr,
-        "POST",
-        "/login",
-        &[("Cookie", &format!("fbc_login={nonce}"))],
-        Some(("application/x-www-form-urlencoded", form.as_bytes())),
-    )
-    .await;
-    assert_eq!(status, 303, "{head}");
-    format!("fbc_session={}", set_cookie(&head, "fbc_session"))
-}
-
-async fn get(addr: &str, cookie: &str, path: &str) -> (u16, String, String) {
-    let (status, head, body) = http(addr, "GET", path, &[("Cookie", cookie)], None).await;
-    (status, head, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// `job`, an answer of `/api/replay/ID`, held to `docs/schemas/console/replay.schema.json` by
-/// the suite's validator (`crates/budgetctl/tests/cli/validate_json.py`, Python `jsonschema`:
-/// `FLEET_BUDGET_PYTHON`, else the repository's `.venv`, else `python3`).
-fn hold_to_schema(job: &Value) {
-    let verdict = support::validate("replay", &[job]);
-    assert_eq!(
-        verdict["documents"],
-        serde_json::json!([[]]),
-        "/api/replay does not match docs/schemas/console/replay.schema.json: {verdict}\n{job}"
-    );
-}
-
-/// `/api/replay/ID`, held to its schema.
-async fn job(addr: &str, cookie: &str, id: &str) -> Value {
-    let (status, _, body) = get(addr, cookie, &format!("/api/replay/{id}")).await;
-    assert_eq!(status, 200, "{body}");
-    let job: Value = serde_json::from_str(&body).unwrap();
-    hold_to_schema(&job);
-    job
-}
-
-/// GETs `/api/replay/ID` until `done` holds for its JSON (a hang check).
-async fn job_until(addr: &str, cookie: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let started = Instant::now();
-    loop {
-        let j = job(addr, cookie, id).await;
-        if done(&j) {
-            return j;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "job {id} never showed what was awaited: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[test]
 fn the_console_s_replay_says_blocked_under_a_memory_alarm_moves_nothing_then_moves_each_once() {
@@ -220,8 +117,8 @@ async fn replay_under_alarm() {
     let tokens = dir.join("tokens");
     std::fs::write(&tokens, format!("ann:{OPERATOR}\n")).unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut child = console(&config_path, &tokens, &addr).await;
-    let cookie = login(&addr).await;
+    let mut child = start_console(&config_path, &tokens, &addr, &[], Stdio::inherit()).await;
+    let cookie = login(&addr, OPERATOR).await;
     let (_, _, page) = get(&addr, &cookie, "/replays").await;
     let csrf = csrf_of(&page);
 

@@ -21,7 +21,10 @@ mod support;
 #[path = "browser/webdriver.rs"]
 mod webdriver;
 
-use std::path::{Path, PathBuf};
+#[path = "support/console_process.rs"]
+mod console_process;
+
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,30 +36,16 @@ use fleet_budget::testing::{RedisServer, free_port};
 use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use fleet_budget_amqp::{Replayer, WorkerConfig, queue_depths};
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use support::{csrf_of, location, set_cookie};
-use webdriver::{Driver, http};
+use console_process::{get, hold_to_schema, job_until, login, post, start_console};
+use support::{csrf_of, location};
+use webdriver::Driver;
 
 const OPERATOR: &str = "operator-token-0123456789";
 const OTHER_OPERATOR: &str = "another-operator-token-9876543210";
 /// Dead letters the replay moves.
 const MESSAGES: u64 = 12;
-
-fn budgetctl() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
-        .unwrap();
-    assert!(
-        bin.exists(),
-        "{} is not built: `cargo build -p budgetctl` first",
-        bin.display()
-    );
-    bin
-}
 
 struct Setup {
     _redis: RedisServer,
@@ -75,41 +64,14 @@ impl Setup {
     /// Starts `budgetctl console` with the operator tokens in `self.tokens`; waits until it
     /// answers.
     async fn start(&self) -> Child {
-        let child = Command::new(budgetctl())
-            .arg("--config")
-            .arg(&self.config_path)
-            .args([
-                "console",
-                "--bind",
-                &self.addr(),
-                "--no-viewer-token",
-                "--operator-token-file",
-            ])
-            .arg(&self.tokens)
-            .args(["--dlq-refresh-secs", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        loop {
-            let answered = tokio::time::timeout(
-                Duration::from_secs(5),
-                tokio::net::TcpStream::connect(self.addr()),
-            )
-            .await;
-            if matches!(answered, Ok(Ok(_))) {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the console never listened"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        println!("console up in {:?}", started.elapsed());
-        child
+        start_console(
+            &self.config_path,
+            &self.tokens,
+            &self.addr(),
+            &["--dlq-refresh-secs", "1"],
+            Stdio::null(),
+        )
+        .await
     }
 }
 
@@ -172,78 +134,6 @@ async fn dead_letters(s: &Setup) {
         .reindex()
         .await
         .unwrap();
-}
-
-/// Logs in; the session cookie (`fbc_session=...`).
-async fn login(addr: &str, token: &str) -> String {
-    let (_, head, _) = http(addr, "GET", "/login", &[], None).await;
-    let nonce = set_cookie(&head, "fbc_login");
-    let form = format!("token={token}&login_csrf={nonce}");
-    let (status, head, _) = http(
-        addr,
-        "POST",
-        "/login",
-        &[("Cookie", &format!("fbc_login={nonce}"))],
-        Some(("application/x-www-form-urlencoded", form.as_bytes())),
-    )
-    .await;
-    assert_eq!(status, 303, "{head}");
-    format!("fbc_session={}", set_cookie(&head, "fbc_session"))
-}
-
-async fn get(addr: &str, cookie: &str, path: &str) -> (u16, String, String) {
-    let (status, head, body) = http(addr, "GET", path, &[("Cookie", cookie)], None).await;
-    (status, head, String::from_utf8_lossy(&body).into_owned())
-}
-
-async fn post(addr: &str, cookie: &str, path: &str, form: &str) -> (u16, String, String) {
-    let (status, head, body) = http(
-        addr,
-        "POST",
-        path,
-        &[("Cookie", cookie)],
-        Some(("application/x-www-form-urlencoded", form.as_bytes())),
-    )
-    .await;
-    (status, head, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// `job`, an answer of `/api/replay/ID`, held to `docs/schemas/console/replay.schema.json` by
-/// the suite's validator (`crates/budgetctl/tests/cli/validate_json.py`, Python `jsonschema`:
-/// `FLEET_BUDGET_PYTHON`, else the repository's `.venv`, else `python3`).
-fn hold_to_schema(job: &Value) {
-    let verdict = support::validate("replay", &[job]);
-    assert_eq!(
-        verdict["documents"],
-        serde_json::json!([[]]),
-        "/api/replay does not match docs/schemas/console/replay.schema.json: {verdict}\n{job}"
-    );
-    assert_eq!(
-        verdict["schemas"]["replay"],
-        serde_json::json!([]),
-        "{verdict}"
-    );
-}
-
-/// GETs `/api/replay/ID` until `done` holds for its JSON (a hang check); every answer held to
-/// its schema.
-async fn job_until(addr: &str, cookie: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let started = Instant::now();
-    loop {
-        let (status, _, body) = get(addr, cookie, &format!("/api/replay/{id}")).await;
-        if status == 200 {
-            let job: Value = serde_json::from_str(&body).unwrap();
-            if done(&job) {
-                hold_to_schema(&job);
-                return job;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "job {id} never showed what was awaited: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
