@@ -85,14 +85,47 @@ pub fn replay_moves_key(prefix: &str, queue: &str) -> String {
 /// so that `t[7]` finds the keys of `t[7]` and not those of `t7`.
 #[must_use]
 pub fn budget_key_pattern(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len() + 4);
-    for ch in prefix.chars() {
+    format!("{}:v{KEY_SCHEMA_VERSION}:{{*}}", glob_escaped(prefix))
+}
+
+/// `text` with its glob characters (`*`, `?`, `[`, `]`, `\`) escaped, to match as written.
+fn glob_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len() + 4);
+    for ch in text.chars() {
         if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
             escaped.push('\\');
         }
         escaped.push(ch);
     }
-    format!("{escaped}:v{KEY_SCHEMA_VERSION}:{{*}}")
+    escaped
+}
+
+/// A list of a BullMQ queue's kept jobs under `prefix` ([`crate::control::bullmq`]), written by
+/// the Node.js client and `budgetctl replay --bullmq-queue`:
+/// `<prefix>:v1:bullmq-<list>:{<queue>}` (`list` is `kept`, `kept-dropped`, `replay` or
+/// `parked`). After `v1:` comes `b`, never `{`, so it is never a budget key.
+#[must_use]
+pub fn bullmq_key(prefix: &str, list: &str, queue: &str) -> String {
+    format!("{prefix}:v{KEY_SCHEMA_VERSION}:bullmq-{list}:{{{queue}}}")
+}
+
+/// The glob matching every list of kept BullMQ jobs under `prefix`, for `SCAN`.
+#[must_use]
+pub fn bullmq_key_pattern(prefix: &str) -> String {
+    format!(
+        "{}:v{KEY_SCHEMA_VERSION}:bullmq-*:{{*}}",
+        glob_escaped(prefix)
+    )
+}
+
+/// The list and the queue of a kept BullMQ jobs' key under `prefix`, if it is one.
+#[must_use]
+pub fn bullmq_list_of_key<'a>(prefix: &str, key: &'a str) -> Option<(&'a str, &'a str)> {
+    let rest = key
+        .strip_prefix(prefix)?
+        .strip_prefix(&format!(":v{KEY_SCHEMA_VERSION}:bullmq-"))?;
+    let (list, queue) = rest.split_once(":{")?;
+    Some((list, queue.strip_suffix('}')?))
 }
 
 /// The dependency of a budget key under `prefix`, if it is one.

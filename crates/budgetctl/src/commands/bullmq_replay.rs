@@ -24,12 +24,13 @@ use std::time::{Duration, Instant};
 
 use fleet_budget::FleetBudget;
 use fleet_budget::control::AuditEntry;
+use fleet_budget::control::bullmq::{KeptJob, queue_problem, read_entry, replays_of};
+use fleet_budget::keys::bullmq_key;
 use fleet_budget::printable::escape_text;
 use fleet_budget::store::RedisStore;
 use fleet_budget_amqp::WorkerConfig;
 use fleet_budget_amqp::replay::{Breakers, PacedMoves, audit};
 use fleet_budget_amqp::{ReplayFilter, ReplayOptions};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::commands::audit::record;
@@ -43,104 +44,13 @@ use crate::redis_conn;
 /// The audit action of a replay of a BullMQ queue's kept jobs (its intent: with
 /// [`audit::STARTED`]).
 pub(crate) const BULLMQ_REPLAY: &str = "bullmq_replay";
-/// A BullMQ queue name's bound, in bytes.
-const QUEUE_MAX: usize = 200;
-/// An entry longer than this is not one the Node.js client wrote (it writes a few hundred bytes).
-const ENTRY_MAX: usize = 16 * 1024;
-/// A job id's bound, in bytes.
-const ID_MAX: usize = 512;
 /// The parked list's bound (the newest kept): the kept list's default cap.
 const PARKED_MAX: i64 = 100_000;
 /// Entries read at a time by a dry run.
 const PAGE: i64 = 500;
 
-/// Why `queue` cannot be a BullMQ queue's name here, if it cannot: empty, longer than
-/// [`QUEUE_MAX`] bytes, or holding `:` (BullMQ refuses it), a brace (the keys' hash tag) or a
-/// control character.
-pub(crate) fn queue_problem(queue: &str) -> Option<String> {
-    if queue.is_empty() {
-        return Some("is empty".to_owned());
-    }
-    if queue.len() > QUEUE_MAX {
-        return Some(format!("is longer than {QUEUE_MAX} bytes"));
-    }
-    queue
-        .chars()
-        .find(|c| matches!(c, ':' | '{' | '}') || c.is_control())
-        .map(|c| format!("holds {c:?} (no ':', braces or control characters)"))
-}
-
-/// The fleet's keys of a BullMQ queue's kept jobs: `what` is `kept`, `replay` or `parked`.
-pub(crate) fn key(prefix: &str, what: &str, queue: &str) -> String {
-    format!("{prefix}:v1:bullmq-{what}:{{{queue}}}")
-}
-
-/// One kept job, as the Node.js client records it (`clients/node/src/bullmqKept.ts`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Kept {
-    pub(crate) id: String,
-    pub(crate) dependency: String,
-    pub(crate) task: String,
-    pub(crate) reason: String,
-    pub(crate) error_class: String,
-    pub(crate) error: String,
-    pub(crate) at_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct Entry {
-    id: Option<Value>,
-    dependency: Option<String>,
-    task: Option<String>,
-    reason: Option<String>,
-    error_class: Option<String>,
-    error: Option<String>,
-    at_ms: Option<u64>,
-}
-
-/// `raw` as a kept job, or why it cannot be one.
-pub(crate) fn read_entry(raw: &str) -> Result<Kept, String> {
-    if raw.len() > ENTRY_MAX {
-        return Err(format!("the entry is longer than {ENTRY_MAX} bytes"));
-    }
-    let e: Entry =
-        serde_json::from_str(raw).map_err(|e| format!("the entry is not a JSON object ({e})"))?;
-    let id = match e.id {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= ID_MAX => s,
-        Some(Value::Number(n)) if n.is_u64() => n.to_string(),
-        _ => {
-            return Err(format!(
-                "the entry names no job id (\"id\": a string of 1 to {ID_MAX} bytes)"
-            ));
-        }
-    };
-    let dependency = e
-        .dependency
-        .filter(|d| !d.is_empty())
-        .ok_or("the entry names no dependency (\"dependency\")")?;
-    Ok(Kept {
-        id,
-        dependency,
-        task: e.task.unwrap_or_default(),
-        reason: e.reason.unwrap_or_default(),
-        error_class: e.error_class.unwrap_or_default(),
-        error: e.error.unwrap_or_default(),
-        at_ms: e.at_ms.unwrap_or(0),
-    })
-}
-
-/// How many times the job of `id` was replayed already: its `~r<n>` suffix (1 to 9 digits), else
-/// 0 (`replaysOf` of the Node.js client).
-pub(crate) fn replays_of(id: &str) -> u32 {
-    id.rsplit_once("~r")
-        .map(|(_, n)| n)
-        .filter(|n| (1..=9).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Whether `filter` selects `job`.
-fn selects(filter: &ReplayFilter, job: &Kept) -> bool {
+fn selects(filter: &ReplayFilter, job: &KeptJob) -> bool {
     let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
     same(&filter.dependency, &job.dependency)
         && same(&filter.task, &job.task)
@@ -222,9 +132,9 @@ pub(crate) async fn run(
         redis_conn::connect(&config.budget, redis_conn::cli_timeout(&config.budget)).await?;
     let prefix = &config.budget.redis.key_prefix;
     let lists = Lists {
-        kept: key(prefix, "kept", queue),
-        replay: key(prefix, "replay", queue),
-        parked: key(prefix, "parked", queue),
+        kept: bullmq_key(prefix, "kept", queue),
+        replay: bullmq_key(prefix, "replay", queue),
+        parked: bullmq_key(prefix, "parked", queue),
     };
     let predicted = dry_run(&store, &lists, options).await?;
     if run.dry_run {
@@ -531,66 +441,4 @@ async fn finish(
         record(&config.budget, &entry).await?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn queue_names_are_bounded_and_safe_in_a_key() {
-        assert_eq!(queue_problem("search"), None);
-        assert!(queue_problem("").is_some());
-        assert!(queue_problem("a:b").is_some());
-        assert!(queue_problem("a{b").is_some());
-        assert!(queue_problem("a\nb").is_some());
-        assert!(queue_problem(&"q".repeat(201)).is_some());
-        assert_eq!(key("fb", "kept", "search"), "fb:v1:bullmq-kept:{search}");
-    }
-
-    #[test]
-    fn entries_are_read_or_refused_with_a_reason() {
-        let ok = read_entry(
-            r#"{"v":1,"id":"doc-1","dependency":"search","task":"index","reason":"budget_exhausted","error_class":"Error","error":"503","at_ms":5}"#,
-        )
-        .unwrap();
-        assert_eq!(ok.id, "doc-1");
-        assert_eq!(ok.dependency, "search");
-        assert_eq!(
-            read_entry(r#"{"id":17,"dependency":"d"}"#).unwrap().id,
-            "17"
-        );
-        for bad in [
-            "not json",
-            "[1]",
-            "null",
-            r#"{"dependency":"d"}"#,
-            r#"{"id":"","dependency":"d"}"#,
-            r#"{"id":-1,"dependency":"d"}"#,
-            r#"{"id":{"a":1},"dependency":"d"}"#,
-            r#"{"id":"x"}"#,
-        ] {
-            assert!(read_entry(bad).is_err(), "{bad}");
-        }
-        let long = format!(r#"{{"id":"{}","dependency":"d"}}"#, "x".repeat(ENTRY_MAX));
-        assert!(read_entry(&long).is_err());
-        assert!(
-            read_entry(&format!(
-                r#"{{"id":"{}","dependency":"d"}}"#,
-                "x".repeat(513)
-            ))
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn the_replay_count_rides_in_the_job_id() {
-        assert_eq!(replays_of("doc-1"), 0);
-        assert_eq!(replays_of("doc-1~r1"), 1);
-        assert_eq!(replays_of("doc-1~r12"), 12);
-        assert_eq!(replays_of("doc-1~r"), 0);
-        assert_eq!(replays_of("doc-1~r1x"), 0);
-        assert_eq!(replays_of("doc-1~r1234567890"), 0);
-    }
 }

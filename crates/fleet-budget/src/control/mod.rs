@@ -15,6 +15,8 @@
 //!   that expires with it, read by workers when their budget refuses a retry;
 //! - [`workers`]: the worker registry: which workers report, which decide from their
 //!   fallback, which went silent;
+//! - [`bullmq`]: the BullMQ jobs a Node.js worker without `[amqp]` kept in BullMQ's failed set,
+//!   as the fleet records them, for the replay and the console;
 //! - [`dead_letters`]: how many messages wait in a dead-letter or parked queue, row by row,
 //!   counted as they enter and leave, so that looking never reads the queue;
 //! - [`moves`]: each dead letter a replay is moving, claimed before its copy is sent, so that
@@ -25,6 +27,7 @@
 //!   who, why, and before/after.
 
 pub mod audit;
+pub mod bullmq;
 pub mod dead_letters;
 pub mod enforcement;
 pub mod keeper;

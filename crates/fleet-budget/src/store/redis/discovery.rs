@@ -40,28 +40,55 @@ impl RedisStore {
     /// # Errors
     /// A node (or every seed of a cluster) does not answer in time.
     pub async fn discover_dependencies(&self) -> Result<Vec<Dependency>, DiscoveryError> {
+        let prefix = self.prefix();
+        let keys = self
+            .scan_keys(&budget_key_pattern(prefix), MAX_KEYS_PER_NODE)
+            .await?;
+        // Bytes, not text: a key that is not UTF-8 (anyone can make one) is no budget this
+        // library wrote, and must not fail the listing of the others.
+        let mut found: Vec<Dependency> = keys
+            .iter()
+            .filter_map(|k| std::str::from_utf8(k).ok())
+            .filter_map(|k| dependency_of_key(prefix, k))
+            .collect();
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
+    /// The keys matching the `SCAN` pattern `pattern`, on the server or on every live master of
+    /// a Redis Cluster (as [`RedisStore::discover_dependencies`]), as Redis holds them (bytes:
+    /// anyone can make a key that is not UTF-8); each node's listing bounded by ten store
+    /// deadlines and stopped once it holds more than `max` keys. Unsorted; a key may repeat.
+    ///
+    /// # Errors
+    /// A node (or every seed of a cluster) does not answer in time.
+    pub async fn scan_keys(
+        &self,
+        pattern: &str,
+        max: usize,
+    ) -> Result<Vec<Vec<u8>>, DiscoveryError> {
         let nodes = match self.target() {
             RedisTarget::Single(url) => vec![url.clone()],
             RedisTarget::Cluster(seeds) => cluster_masters(self, seeds, self.timeout()).await?,
         };
         let mut found = Vec::new();
         for url in nodes {
-            found.extend(scan_node(self, &url, self.prefix(), self.timeout()).await?);
+            found.extend(scan_node(self, &url, pattern, max, self.timeout()).await?);
         }
-        found.sort();
-        found.dedup();
         Ok(found)
     }
 }
 
-/// The dependencies with a budget key under `prefix` on the node at `url` (connected with
-/// `store`'s TLS certificates).
+/// The keys matching `pattern` on the node at `url` (connected with `store`'s TLS
+/// certificates), up to a little more than `max`.
 async fn scan_node(
     store: &RedisStore,
     url: &str,
-    prefix: &str,
+    pattern: &str,
+    max: usize,
     timeout: Duration,
-) -> Result<Vec<Dependency>, DiscoveryError> {
+) -> Result<Vec<Vec<u8>>, DiscoveryError> {
     let failed = |source: StoreError| DiscoveryError {
         node: redact_url(url),
         source,
@@ -69,27 +96,20 @@ async fn scan_node(
     let client = store.client_for(url).map_err(|e| failed(e.into()))?;
     let scan = async move {
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let pattern = budget_key_pattern(prefix);
         let mut found = Vec::new();
         let mut cursor: u64 = 0;
         loop {
-            // Bytes, not text: a key that is not UTF-8 (anyone can make one) is no budget this
-            // library wrote, and must not fail the listing of the others.
             let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(&pattern)
+                .arg(pattern)
                 .arg("COUNT")
                 .arg(SCAN_COUNT)
                 .query_async(&mut conn)
                 .await?;
-            found.extend(
-                keys.iter()
-                    .filter_map(|k| std::str::from_utf8(k).ok())
-                    .filter_map(|k| dependency_of_key(prefix, k)),
-            );
+            found.extend(keys);
             cursor = next;
-            if cursor == 0 || found.len() > MAX_KEYS_PER_NODE {
+            if cursor == 0 || found.len() > max {
                 break;
             }
         }
