@@ -355,6 +355,7 @@ async fn hostile_headers_are_redacted_bounded_and_paged() {
         "/audit".to_owned(),
         "/workers".to_owned(),
         "/api/workers".to_owned(),
+        "/bullmq".to_owned(),
         "/replays".to_owned(),
         format!("/dead-letters/message?id={leaky_id}"),
         format!("/dead-letters/message?id={}", wide_ids[7]),

@@ -9,6 +9,7 @@
 //! page shows what the sample kept.
 
 mod audit;
+pub(crate) mod bullmq;
 mod dead_letters;
 mod dependency;
 pub(crate) mod incident;
@@ -173,6 +174,7 @@ fn page(title: &str, who: Markup, risks: Option<Markup>, body: Markup) -> Markup
                         a href="/dead-letters?queue=parked" { "Parked" }
                         a href="/replays" { "Replays" }
                         a href="/workers" { "Workers" }
+                        a href="/bullmq" { "BullMQ" }
                         a href="/audit" { "Audit" }
                         span.who { (who) }
                     }

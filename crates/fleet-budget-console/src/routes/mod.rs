@@ -5,6 +5,7 @@
 //! ([`error::ConsoleError`]), which renders itself as the page an operator reads.
 
 mod actions;
+mod bullmq;
 mod error;
 mod extract;
 mod login;
@@ -61,6 +62,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/replay/{id}", get(reads::replay_json))
         .route("/workers", get(reads::workers_page))
         .route("/api/workers", get(reads::workers_json))
+        .route("/bullmq", get(bullmq::queues_page))
+        .route("/bullmq/queue", get(bullmq::queue_page))
         .route("/audit", get(reads::audit_page))
         .route(
             "/incident",
