@@ -355,3 +355,63 @@ async fn the_documented_users_count_look_at_and_replay_dead_letters() {
         "nothing may be refused"
     );
 }
+
+/// The BullMQ jobs Node.js workers kept, under the documented users: the console's reading of
+/// the lists (`fleet_budget::control::bullmq`) under `fleet-readonly`, and `budgetctl replay
+/// --bullmq-queue` (its dry run, then the run that moves each entry to the queue's replay list)
+/// under `fleet-operator`, with nothing refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_users_look_at_and_replay_kept_bullmq_jobs() {
+    use fleet_budget::control::bullmq;
+
+    let server = server_with_users();
+    // Written as the Node.js client writes them (its own user: BullMQ's keys are not under
+    // the prefix), here by the server's default user.
+    for i in 0..5 {
+        let entry = format!(
+            r#"{{"v":1,"id":"job-{i}","task":"index","dependency":"search","reason":"budget_exhausted","error_class":"http_503","error":"503","at_ms":1}}"#
+        );
+        let _: i64 = server.cmd(&["LPUSH", "fb:v1:bullmq-kept:{jobs}", &entry]);
+    }
+    let _: String = server.cmd(&["ACL", "LOG", "RESET"]);
+
+    let readonly = RedisStore::new(
+        RedisTarget::Single(url(&server, "fleet-readonly")),
+        "fb",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let found = bullmq::kept_queues(&readonly).await.unwrap();
+    assert_eq!(found.queues, ["jobs"]);
+    let lengths = bullmq::kept_lengths(&readonly, &found.queues)
+        .await
+        .unwrap();
+    assert_eq!(lengths[0].kept, Some(5), "{lengths:?}");
+    let jobs = bullmq::kept_jobs(&readonly, "jobs", 0, 50).await.unwrap();
+    assert_eq!(jobs.len(), 5);
+
+    let operator = url(&server, "fleet-operator");
+    let config = crate::temp_file(
+        "acl-bullmq.toml",
+        "[dependencies.search]\ntasks = [\"index\"]\n",
+    );
+    let config = config.to_str().unwrap();
+    let global = ["--config", config, "--redis-url", operator.as_str()];
+    let dry = json(&run_with(
+        &global,
+        "replay --bullmq-queue jobs --dry-run --json",
+    ));
+    assert_eq!(dry["matched"], 5, "{dry}");
+    let run = json(&run_with(
+        &global,
+        "replay --bullmq-queue jobs --rate 1000 --actor ann@ops --note acl --json",
+    ));
+    assert_eq!(run["moved"], 5, "{run}");
+    let moved: i64 = server.cmd(&["LLEN", "fb:v1:bullmq-replay:{jobs}"]);
+    assert_eq!(moved, 5);
+    assert_eq!(
+        refused(&server),
+        Vec::<String>::new(),
+        "nothing may be refused"
+    );
+}
