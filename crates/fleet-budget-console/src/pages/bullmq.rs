@@ -17,7 +17,7 @@ fn length(n: Option<u64>) -> Markup {
     match n {
         Some(n) => html! { (count(n)) },
         None => {
-            html! { span.bad title="the key holds something else: not written by fleet-budget" { "not ours" } }
+            html! { span.warning title="the key holds something else: not written by fleet-budget" { "not ours" } }
         }
     }
 }
@@ -117,7 +117,7 @@ pub(crate) fn queue(v: &Visitor, p: &QueuePage) -> Markup {
                 " (with " code { "--dependency" } ", " code { "--reason" } " and the other filters of "
                 code { "budgetctl replay" } " to choose)." }
             @if q.kept.is_none() {
-                p.bad { "The queue's kept list holds something else than a list: it was not written by fleet-budget." }
+                p.warning { "The queue's kept list holds something else than a list: it was not written by fleet-budget." }
             } @else if total == 0 {
                 p { "No kept job." }
             } @else {
