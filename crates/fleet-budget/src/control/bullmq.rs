@@ -218,7 +218,7 @@ const NOT_OURS: i64 = -1;
 
 /// The lengths of a queue's lists (`KEYS`: kept, kept-dropped, replay, parked): a list's `LLEN`,
 /// the dropped count's value, 0 for a missing key, -1 for a key of another type or a count that
-/// is no number. Read-only.
+/// is no whole number from 0 to 2^53 - 1 (what Lua holds exactly). Read-only.
 const LENGTHS_LUA: &str = r"
 local out = {}
 for i, k in ipairs(KEYS) do
@@ -227,7 +227,7 @@ for i, k in ipairs(KEYS) do
     out[i] = 0
   elseif i == 2 and t == 'string' then
     local n = tonumber(redis.call('GET', k))
-    if n and n >= 0 and n == math.floor(n) then out[i] = n else out[i] = -1 end
+    if n and n >= 0 and n <= 9007199254740991 and n == math.floor(n) then out[i] = n else out[i] = -1 end
   elseif i ~= 2 and t == 'list' then
     out[i] = redis.call('LLEN', k)
   else
