@@ -203,6 +203,7 @@ class FleetBudget(_sync.FleetBudget):
 
     async def _flush_loop_async(self) -> None:
         while not self._deposits.closed:
+            registry.raise_if_cancelled()
             await asyncio.sleep(self._deposits.flush_ms / 1000)
             try:
                 await self.flush()
