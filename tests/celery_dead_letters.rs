@@ -31,7 +31,7 @@ use fleet_budget_amqp::{ReplayFilter, ReplayOptions, Replayer, WorkerConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use serde_json::{Value, json};
 
-use self::processes::{CeleryQueue, Fleet, Proc, depth, python, wait_until};
+use self::processes::{CeleryQueue, Fleet, depth, python, spawn_celery, wait_until};
 
 /// `headers` as py-amqp sends the Python values of the same JSON (text as long strings, integers
 /// as 64-bit integers, `true` as a boolean, `1.5` as a double, `null` as void).
@@ -258,23 +258,7 @@ fn celery_dead_letters_are_counted_where_rust_reads_them() {
     let _celery_queue = CeleryQueue {
         name: celery_queue.clone(),
     };
-    let mut celery = Proc::spawn(
-        "celery",
-        Command::new(python())
-            .args(["-m", "celery", "-A", "celery_fleet", "worker"])
-            .args(["-P", "prefork", "-c", "2", "-Q", &celery_queue])
-            .args(["-n", &format!("{celery_queue}@%h")])
-            .args([
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ])
-            .args(["-l", "INFO"])
-            .current_dir(common::repo_root().join("tests/python"))
-            .env_remove("FLEET_BUDGET_REDIS_URL")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        dir,
-    );
+    let mut celery = spawn_celery(Some("prefork"), 2, &celery_queue, &env, dir);
 
     // 32 jobs that fail for good, under hostile error classes too.
     let long = format!("x{}", "é".repeat(200));

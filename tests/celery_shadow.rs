@@ -40,7 +40,7 @@ use std::time::Duration;
 use fleet_budget_amqp::testing::amqp_url;
 use serde_json::Value;
 
-use self::processes::{CeleryQueue, Fleet, Proc, budgetctl, depth, python, wait_until};
+use self::processes::{CeleryQueue, Fleet, budgetctl, depth, python, spawn_celery, wait_until};
 
 /// Jobs per storm, the executions each fails, and the retries the floor grants.
 const JOBS: usize = 10;
@@ -245,23 +245,9 @@ fn a_prefork_celery_worker_retries_what_shadow_refuses_marks_and_counts_it() {
         name: queue.clone(),
     };
     // Celery's default pool (prefork, no -P), two children, each serving its own metrics.
-    let mut celery = Proc::spawn(
-        "celery",
-        Command::new(python())
-            .args(["-m", "celery", "-A", "celery_fleet", "worker", "-c", "2"])
-            .args(["-Q", &queue, "-n", &format!("{queue}@%h")])
-            .args([
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-            ])
-            .args(["-l", "INFO"])
-            .current_dir(common::repo_root().join("tests/python"))
-            .env_remove("FLEET_BUDGET_REDIS_URL")
-            .env("FB_METRICS", "1")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
-        dir,
-    );
+    let mut worker_env = env.to_vec();
+    worker_env.push(("FB_METRICS", "1".to_owned()));
+    let mut celery = spawn_celery(None, 2, &queue, &worker_env, dir);
     let mut redis = redis::Client::open(server.url())
         .unwrap()
         .get_connection_with_timeout(Duration::from_secs(5))

@@ -67,7 +67,7 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
         name: celery_queue.clone(),
     };
     let mut procs = spawn_rust_workers(2, config, &upstream.addr, dir);
-    procs.push(spawn_celery("threads", 4, &celery_queue, &env, dir));
+    procs.push(spawn_celery(Some("threads"), 4, &celery_queue, &env, dir));
 
     let py_ids = |phase: &str, n: usize| -> Vec<String> {
         (0..n)

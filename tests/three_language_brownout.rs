@@ -89,7 +89,7 @@ fn rust_celery_and_bullmq_workers_share_one_budget_through_a_brownout_and_a_repl
         name: replay_queue.clone(),
     };
     let mut procs = spawn_rust_workers(2, config, &upstream.addr, dir);
-    procs.push(spawn_celery("prefork", 2, &celery_queue, &env, dir));
+    procs.push(spawn_celery(Some("prefork"), 2, &celery_queue, &env, dir));
     let node = |args: &[&str]| {
         let mut c = Command::new("node");
         c.arg(&node_worker)

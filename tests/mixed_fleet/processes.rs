@@ -134,18 +134,23 @@ pub(crate) fn spawn_rust_workers(n: usize, config: &Path, upstream: &str, dir: &
 }
 
 /// A Celery worker of `tests/python/celery_fleet.py` consuming `queue` with the `pool` given
-/// (`prefork`, Celery's default, or `threads`) and `concurrency`, under `env`.
+/// (`prefork` or `threads`; `None`: no `-P`, Celery's default, prefork) and `concurrency`,
+/// under `env`.
 pub(crate) fn spawn_celery(
-    pool: &str,
+    pool: Option<&str>,
     concurrency: u32,
     queue: &str,
     env: &[(&str, String)],
     dir: &Path,
 ) -> Proc {
+    let mut command = Command::new(python());
+    command.args(["-m", "celery", "-A", "celery_fleet", "worker"]);
+    if let Some(pool) = pool {
+        command.args(["-P", pool]);
+    }
     Proc::spawn(
         "celery",
-        Command::new(python())
-            .args(["-m", "celery", "-A", "celery_fleet", "worker", "-P", pool])
+        command
             .args(["-c", &concurrency.to_string(), "-Q", queue])
             .args(["-n", &format!("{queue}@%h")])
             .args([

@@ -13,6 +13,8 @@
     missing_docs
 )]
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -23,6 +25,7 @@ use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use fleet_budget_console::{
     ConsoleSettings, LoginLimits, NetLimits, PublicUrl, RunningConsole, Token, Viewers,
 };
+use support::budgetctl;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -710,23 +713,6 @@ async fn a_client_that_never_reads_is_dropped_after_the_write_deadline() {
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// The `budgetctl` binary of this build, beside this test's executable (build it first:
-/// `cargo build -p budgetctl`; `scripts/test` builds every target).
-fn budgetctl() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
-        .unwrap();
-    assert!(
-        bin.is_file(),
-        "{} is not built: `cargo build -p budgetctl` first",
-        bin.display()
-    );
-    bin
 }
 
 /// The limits' defaults are what docs/console.md says.

@@ -69,13 +69,7 @@ pub(super) async fn queue_page(
             pages::t(&problem)
         )));
     }
-    let lengths = redis(
-        &app,
-        bullmq::kept_lengths(&app.store, std::slice::from_ref(&queue.to_owned())),
-    )
-    .await?
-    .pop()
-    .ok_or_else(|| ConsoleError::NotFound("the queue's lists".to_owned()))?;
+    let lengths = redis(&app, bullmq::queue_lengths(&app.store, queue)).await?;
     let total = usize::try_from(lengths.kept.unwrap_or(0)).unwrap_or(usize::MAX);
     let (from, page) = page_of(q.page.as_deref(), total);
     let entries = if total == 0 {

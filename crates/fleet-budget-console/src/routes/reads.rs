@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Json, Response};
-use fleet_budget::control::AuditEntry;
+use fleet_budget::control::{AuditEntry, audit};
 use maud::Markup;
 use serde::{Deserialize, Serialize};
 
@@ -405,14 +405,6 @@ fn stream_id(id: &str) -> Option<(u64, u64)> {
     Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
-/// The greatest stream id before `(ms, seq)`, as text; `None` before the first.
-fn just_before((ms, seq): (u64, u64)) -> Option<String> {
-    match seq.checked_sub(1) {
-        Some(seq) => Some(format!("{ms}-{seq}")),
-        None => Some(format!("{}-{}", ms.checked_sub(1)?, u64::MAX)),
-    }
-}
-
 pub(super) async fn audit_page(
     State(app): State<Arc<App>>,
     Viewer(visitor): Viewer,
@@ -440,11 +432,7 @@ pub(super) async fn audit_page(
                 None
             } else {
                 // `before` is inclusive and the oldest entry looked at may be one shown here.
-                found
-                    .oldest
-                    .as_deref()
-                    .and_then(stream_id)
-                    .and_then(just_before)
+                found.oldest.as_deref().and_then(audit::id_before)
             };
             (found.entries, older)
         }

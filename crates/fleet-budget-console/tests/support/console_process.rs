@@ -6,31 +6,15 @@
 //! each includes it beside `support` and `browser/webdriver.rs`, whose `http` it uses.
 #![allow(dead_code, clippy::unwrap_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::support::{set_cookie, validate};
+use crate::support::{budgetctl, set_cookie, validate};
 use crate::webdriver::http;
-
-/// The `budgetctl` binary of this build (`cargo build -p budgetctl`).
-pub(crate) fn budgetctl() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
-        .unwrap();
-    assert!(
-        bin.exists(),
-        "{} is not built: `cargo build -p budgetctl` first",
-        bin.display()
-    );
-    bin
-}
 
 /// Starts `budgetctl --config CONFIG console --bind ADDR --no-viewer-token
 /// --operator-token-file TOKENS` with `extra` arguments, its log to `stderr`; waits until it

@@ -20,6 +20,23 @@ use fleet_budget_amqp::testing::{TestBroker, unique_prefix};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The `budgetctl` binary of this build, beside this test's executable (build it first:
+/// `cargo build -p budgetctl`; `scripts/test` builds every target).
+pub(crate) fn budgetctl() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(format!("budgetctl{}", std::env::consts::EXE_SUFFIX)))
+        .unwrap();
+    assert!(
+        bin.is_file(),
+        "{} is not built: `cargo build -p budgetctl` first",
+        bin.display()
+    );
+    bin
+}
+
 /// `GET path` over a new connection: status and body.
 pub(crate) async fn get(addr: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -239,7 +239,7 @@ impl AuditLog {
                     .map(|(id, fields)| entry_of(id, fields)),
             );
             // The next call starts just before the oldest entry scanned.
-            match before(&String::from_utf8_lossy(&last)) {
+            match id_before(&String::from_utf8_lossy(&last)) {
                 Some(b) if scanned == count => until = b,
                 _ => break,
             }
@@ -284,9 +284,11 @@ return {#entries, last, kept}
 static AUDIT_WHERE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(AUDIT_WHERE_LUA));
 
-/// The greatest stream id before `id` (`ms-seq`), as an inclusive bound; `None` before the
-/// first or when `id` is no stream id.
-fn before(id: &str) -> Option<String> {
+/// The greatest stream id before `id` (`ms-seq`), as an inclusive bound (for `XREVRANGE`, or a
+/// page of the trail that goes on after `id`); `None` before the first or when `id` is no
+/// stream id.
+#[must_use]
+pub fn id_before(id: &str) -> Option<String> {
     let (ms, seq) = id.split_once('-')?;
     let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
     match seq.checked_sub(1) {

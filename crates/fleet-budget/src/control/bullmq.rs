@@ -199,7 +199,7 @@ pub async fn kept_lengths(
     // (as `view::read_fleet`).
     let reads: Vec<Lengths<'_>> = queues
         .iter()
-        .map(|q| -> Lengths<'_> { Box::pin(lengths_of(store, q)) })
+        .map(|q| -> Lengths<'_> { Box::pin(queue_lengths(store, q)) })
         .collect();
     futures::stream::iter(reads)
         .buffered(READ_CONCURRENCY)
@@ -240,7 +240,11 @@ return out
 static LENGTHS_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(LENGTHS_LUA));
 
-async fn lengths_of(store: &RedisStore, queue: &str) -> Result<KeptQueue, StoreError> {
+/// The lengths of one queue's lists (one read-only script call).
+///
+/// # Errors
+/// Redis failed or passed the store's deadline; the queue name is not a BullMQ name.
+pub async fn queue_lengths(store: &RedisStore, queue: &str) -> Result<KeptQueue, StoreError> {
     if let Some(problem) = queue_problem(queue) {
         return Err(StoreError::BadReply {
             script: "bullmq_lengths",
