@@ -66,6 +66,9 @@ const GIVE_UP: Duration = Duration::from_secs(180);
 /// How long the final sweep goes on while the queues' leaders still count a message the sweep
 /// did not see (a bound: it measures nothing); again after a retry tier's leader is restarted.
 const HELD_WITHIN: Duration = Duration::from_secs(60);
+/// How many times the remedy for a retry tier that holds dead letters (restart its leader) is
+/// applied before what it still holds is counted as stranded.
+const REMEDY_TRIES: usize = 3;
 
 /// How big a run is.
 #[derive(Debug, Clone, Copy)]
@@ -261,18 +264,24 @@ async fn game_day() {
     // "Retry tiers after a leader change", and the test
     // `a_retry_tier_holds_what_the_work_queue_did_not_take_until_its_leader_moves`. The
     // operators' remedy: restart the node leading that tier; its new leader's dead-letter
-    // worker takes over what the tier holds (in three runs of four). Jobs found after it are
-    // counted apart.
+    // worker takes over what the tier holds (in three runs of four). The guide says to check
+    // again and restart the tier's new leader while it still holds them: so does the run, up to
+    // `REMEDY_TRIES` rounds (CI run of stop 43: one restart left 5 held for the next 60 s).
+    // Jobs found after a restart are counted apart.
     let mut remedied_tiers = Vec::new();
     let mut after_remedy: BTreeSet<String> = BTreeSet::new();
-    for (tier, _) in cluster.dead_letters_held().unwrap_or_default() {
-        let node = cluster
-            .restart_leader_of(&tier)
-            .await
-            .unwrap_or_else(|e| panic!("the leader of {tier}: {e}"));
-        remedied_tiers.push(format!("{tier} (led by {node})"));
-    }
-    if !remedied_tiers.is_empty() {
+    for _ in 0..REMEDY_TRIES {
+        let held = cluster.dead_letters_held().unwrap_or_default();
+        if held.is_empty() {
+            break;
+        }
+        for (tier, _) in held {
+            let node = cluster
+                .restart_leader_of(&tier)
+                .await
+                .unwrap_or_else(|e| panic!("the leader of {tier}: {e}"));
+            remedied_tiers.push(format!("{tier} (led by {node})"));
+        }
         let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         sweep_while_held(&cluster, &test_broker, &topology, &mut found, &mut dlx_most).await;
         for (q, ids) in found {
@@ -485,10 +494,17 @@ async fn game_day() {
         waiting, 0,
         "jobs left waiting after the fleet settled\n{table}"
     );
+    assert!(
+        stranded.is_empty(),
+        "{} jobs still held by a retry tier after {REMEDY_TRIES} restarts of its leader\n{table}",
+        stranded.len()
+    );
+    // A job a restarted tier delivered to the work queue was swept from it (the workers had
+    // stopped): delivered, and counted as such.
     assert_eq!(
-        first_try + replayed + parked_n,
+        first_try + replayed + parked_n + forwarded_after_remedy,
         submitted,
-        "succeeded + replayed + parked = submitted\n{table}"
+        "succeeded + replayed + parked + delivered after a tier's restart = submitted\n{table}"
     );
     assert_eq!(stops.len(), 2);
     let _ = std::fs::remove_dir_all(&logs);
