@@ -11,6 +11,10 @@
 // - `<key_prefix>:v1:bullmq-replaying:{<queue>}:<receiver id>`: the entry a receiver has in hand
 //   (`BLMOVE` from the replay list), removed once BullMQ holds the job again; a receiver started
 //   again under its id finishes it first;
+// - `<key_prefix>:v1:bullmq-receivers:{<queue>}`: the queue's receivers by id, each scored with
+//   when it was last heard (ms); the request in hand of one not heard from for `staleAfterMs` is
+//   moved back to the replay list by another (one `LMOVE`), and the id removed once its list is
+//   empty;
 // - `<key_prefix>:v1:bullmq-parked:{<queue>}`: entries that cannot be replayed (unreadable, or a
 //   job replayed `max_replays` times already), as they were, at most `KEPT_MAX`.
 //
@@ -48,6 +52,7 @@ export function keptKeys(keyPrefix: string, queue: string) {
     replay: key("replay"),
     parked: key("parked"),
     replaying: (receiverId: string) => `${key("replaying")}:${receiverId}`,
+    receivers: key("receivers"),
   };
 }
 

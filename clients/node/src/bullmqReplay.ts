@@ -31,7 +31,12 @@
 // time into a list of its own (`BLMOVE`), puts the job back (`putBackKept`: add under `~r<n>`,
 // then remove the original, as above), then removes the entry. Killed in between, the entry is
 // still in its list, and a receiver started again under the same id (`receiverId`, the host's
-// name by default) finishes it first; the add is again ignored, so the job is put back once.
+// name by default) finishes it first; the add is again ignored, so the job is put back once. A
+// receiver that never starts again under its id (a pod replaced under a new name) is noticed by
+// the others: each says every few seconds that it is alive, and one not heard from for
+// `staleAfterMs` has its request in hand moved back to the replay list (one `LMOVE`: the entry is
+// still in exactly one list), where any receiver takes it; a receiver that was only slow puts the
+// same job back at most once more, which BullMQ ignores as above.
 // `replayFailed` is the Node-only way: it reads the failed set itself, paced the simple way (a
 // rate that starts at an eighth of the one asked and doubles each second, held while the
 // dependency's budget is frozen).
@@ -165,6 +170,9 @@ export interface ReceiverOptions {
   /** Names the list of the request in hand; a receiver started again under the same id finishes
    * it first. One per receiver of a queue on a host (default the host's name). */
   receiverId?: string;
+  /** A receiver of the queue not heard from for this long (ms, default 60,000) is taken for
+   * gone: the request it had in hand goes back to the replay list, for any receiver. */
+  staleAfterMs?: number;
   /** `[amqp] prefix`; default the budget's configuration's. */
   amqpPrefix?: string;
   /** Messages taken at a time (unacked). */
@@ -186,6 +194,18 @@ export interface ReceiverCounts {
   /** Kept jobs' requests whose job was no longer the budget's to put back (removed from BullMQ,
    * or retried by hand meanwhile). */
   gone: number;
+  /** Requests another receiver had in hand when it went (not heard from for `staleAfterMs`),
+   * moved back to the replay list by this one. */
+  takenBack: number;
+}
+
+/** Where a receiver reads the kept jobs' requests, and as whom. */
+interface ReceiverRequests {
+  make: () => Redis;
+  keys: ReturnType<typeof keptKeys>;
+  id: string;
+  replaying: string;
+  staleAfterMs: number;
 }
 
 /** How long one BLMOVE waits for a request (seconds). */
@@ -195,6 +215,13 @@ const BLOCK_SECS = 1;
 const RUNNING_TRIES = 150;
 /** How many times in a row a request may fail (a second apart) before it is parked. */
 const MAX_FAILURES = 30;
+/** How often a receiver says it is alive and looks for gone ones (ms; a third of `staleAfterMs`
+ * when that is shorter). */
+const HEARTBEAT_MS = 5_000;
+/** Gone receivers whose requests are taken back per look, at most. */
+const RECLAIM_BATCH = 16;
+/** Requests taken back from one gone receiver per look, at most (it holds one). */
+const RECLAIM_PER_RECEIVER = 8;
 
 function within<T>(what: string, ms: number, p: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -208,7 +235,7 @@ function within<T>(what: string, ms: number, p: Promise<T>): Promise<T> {
  * and consumes (and keeps reconnecting, a second apart, until `close()`). */
 export class ReplayReceiver {
   readonly name: string;
-  readonly counts: ReceiverCounts = { added: 0, already: 0, parked: 0, gone: 0 };
+  readonly counts: ReceiverCounts = { added: 0, already: 0, parked: 0, gone: 0, takenBack: 0 };
   private connection: ChannelModel | null = null;
   private channel: Channel | null = null;
   private closed = false;
@@ -220,7 +247,7 @@ export class ReplayReceiver {
   private readonly parker: ConfirmedPublisher | null;
   private readonly log: { warn(m: string): void; info(m: string): void };
   /** Where the kept jobs' requests are read (null: not drained). */
-  private readonly requests: { make: () => Redis; keys: ReturnType<typeof keptKeys>; replaying: string } | null;
+  private readonly requests: ReceiverRequests | null;
   private blocking: Redis | null = null;
   private draining: Promise<void> = Promise.resolve();
 
@@ -240,6 +267,8 @@ export class ReplayReceiver {
       const keyPrefix = options.keyPrefix ?? config?.redis.keyPrefix;
       const receiverId = options.receiverId ?? hostname();
       if (receiverId.length === 0 || receiverId.length > 200) throw new Error("a receiver id is 1 to 200 characters");
+      const staleAfterMs = options.staleAfterMs ?? 60_000;
+      if (!Number.isSafeInteger(staleAfterMs) || staleAfterMs < 1_000) throw new Error("staleAfterMs is a whole number of ms, 1,000 or more");
       if (problem !== null) {
         if (this.urls.length === 0) throw new Error(`the BullMQ queue name ${JSON.stringify(queue.name.slice(0, 64))} ${problem}`);
       } else if (keyPrefix !== undefined && (base !== null || config !== undefined)) {
@@ -248,7 +277,7 @@ export class ReplayReceiver {
           retryStrategy: (times: number) => Math.min(100 * times, 1000) };
         const make = base !== null ? () => base.duplicate(settings) : () => new Redis(config!.redis.url, settings);
         const keys = keptKeys(keyPrefix, queue.name);
-        this.requests = { make, keys, replaying: keys.replaying(receiverId) };
+        this.requests = { make, keys, id: receiverId, replaying: keys.replaying(receiverId), staleAfterMs };
       }
     }
     if (this.urls.length === 0 && this.requests === null) {
@@ -269,7 +298,7 @@ export class ReplayReceiver {
 
   /** Takes the kept jobs' requests one at a time: the one in hand first (a receiver killed
    * before it finished), then the next (`BLMOVE`, a second at most); each call bounded. */
-  private async drain(redis: Redis, r: { keys: ReturnType<typeof keptKeys>; replaying: string }): Promise<void> {
+  private async drain(redis: Redis, r: ReceiverRequests): Promise<void> {
     // The request in hand, and how many times in a row it was not taken (`running`: its job not
     // yet failed; `failures`: an error), each bounded: then it is given up, never tried forever.
     let running = 0;
@@ -282,7 +311,15 @@ export class ReplayReceiver {
       await within(`bound ${r.keys.parked}`, this.timeoutMs, redis.ltrim(r.keys.parked, 0, KEPT_MAX - 1));
       this.counts.parked += 1;
     };
+    const beatEvery = Math.min(HEARTBEAT_MS, Math.floor(r.staleAfterMs / 3));
+    let lastBeat = -Infinity;
     while (!this.closed) {
+      if (Date.now() - lastBeat >= beatEvery) {
+        lastBeat = Date.now();
+        await this.heartbeat(redis, r).catch((e) => {
+          if (!this.closed) this.log.warn(`fleet-budget: the replay receiver of ${this.queue.name} could not say it is alive (${redactText(errorMessage(e))}); trying again`);
+        });
+      }
       let raw: string | null = null;
       try {
         raw = await within(`read ${r.replaying}`, this.timeoutMs, redis.lindex(r.replaying, -1));
@@ -322,6 +359,35 @@ export class ReplayReceiver {
         this.log.warn(`fleet-budget: a replay request of ${this.queue.name} was not taken (${why}); trying again`);
         await new Promise((res) => setTimeout(res, 1000));
       }
+    }
+  }
+
+  /** Says this receiver is alive, and moves the requests in hand of receivers of the queue not
+   * heard from for `staleAfterMs` back to the replay list (the right end: taken next). */
+  private async heartbeat(redis: Redis, r: ReceiverRequests): Promise<void> {
+    const now = Date.now();
+    await within(`say alive in ${r.keys.receivers}`, this.timeoutMs, redis.zadd(r.keys.receivers, now, r.id));
+    const gone = await within(`read ${r.keys.receivers}`, this.timeoutMs,
+      redis.zrangebyscore(r.keys.receivers, "-inf", `(${now - r.staleAfterMs}`, "LIMIT", 0, RECLAIM_BATCH));
+    for (const id of gone) {
+      if (id === r.id) continue;
+      const list = r.keys.replaying(id);
+      let moved = 0;
+      let emptied = false;
+      while (moved < RECLAIM_PER_RECEIVER) {
+        const entry = await within(`take back from ${list}`, this.timeoutMs, redis.lmove(list, r.keys.replay, "LEFT", "RIGHT"));
+        if (entry === null) {
+          emptied = true;
+          break;
+        }
+        moved += 1;
+      }
+      if (moved > 0) {
+        this.log.warn(`fleet-budget: replay receiver ${JSON.stringify(id.slice(0, 64))} of ${this.queue.name} was not heard from for ${Math.round(r.staleAfterMs / 1000)} s; the ${moved === 1 ? "request" : `${moved} requests`} it had in hand went back to ${r.keys.replay}`);
+        this.counts.takenBack += moved;
+      }
+      // Heard from again meanwhile: it says so at its next beat.
+      if (emptied) await within(`forget ${id.slice(0, 64)}`, this.timeoutMs, redis.zrem(r.keys.receivers, id));
     }
   }
 

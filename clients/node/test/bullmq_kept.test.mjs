@@ -1,8 +1,8 @@
 // The BullMQ jobs the budget keeps in the failed set (no [amqp]) and their replay through
 // `budgetctl replay --bullmq-queue`, against real BullMQ on a private redis-server: each kept job
 // is recorded in the fleet's kept list (bounded, what is dropped counted); the receiver drains the
-// replay list into BullMQ, finishing first the request a killed receiver had in hand, each job put
-// back once; an entry that is no job is parked, one whose job is gone is counted and dropped.
+// replay list into BullMQ, finishing first the request a killed receiver had in hand (or, when it
+// never comes back, another receiver takes that request back), each job put back once; an entry that is no job is parked, one whose job is gone is counted and dropped.
 // (budgetctl moving the entries, with kills on both sides: tests/bullmq_replay.rs.)
 
 import { after, before, test } from "node:test";
@@ -113,7 +113,7 @@ test("without [amqp], kept jobs moved to the replay list are put back once each 
     await waitFor("the replay list drained", async () => (await redis.llen(keys.replay)) === 0 && (await redis.llen(keys.replaying(receiverId))) === 0);
     await waitFor("the counts", async () => receiver.counts.added + receiver.counts.already + receiver.counts.parked + receiver.counts.gone === N + 2);
     // The job in hand was added by the killed receiver: `already` here; the rest added now.
-    assert.deepEqual(receiver.counts, { added: N - 1, already: 1, parked: 1, gone: 1 });
+    assert.deepEqual(receiver.counts, { added: N - 1, already: 1, parked: 1, gone: 1, takenBack: 0 });
     for (const [doc, n] of completed) assert.equal(n, 1, `doc ${doc} completed once`);
     const counts = await queue.getJobCounts("failed", "completed", "wait", "active", "delayed");
     assert.deepEqual(counts, { failed: 0, completed: N, wait: 0, active: 0, delayed: 0 }, "the originals removed from the failed set");
@@ -129,9 +129,64 @@ test("without [amqp], kept jobs moved to the replay list are put back once each 
   }
 });
 
+test("a request in hand of a receiver that never comes back is taken back by another, and put back once", async () => {
+  const keyPrefix = `fbk${randomHex()}`;
+  const budget = budgetOf(keyPrefix);
+  const name = `bqg-${randomHex()}`;
+  const keys = keptKeys(keyPrefix, name);
+  const queue = new Queue(name, { connection: connection() });
+  let failing = true;
+  const completed = new Map();
+  const processor = budgeted(budget, async (job) => {
+    if (failing) throw new Error("503 from search");
+    completed.set(job.data.doc, (completed.get(job.data.doc) ?? 0) + 1);
+  });
+  const worker = new Worker(name, processor, { connection: connection(), concurrency: 4 });
+  const gone = `gone-${randomHex()}`;
+  let goneReceiver = null;
+  let receiver = null;
+  const N = 4;
+  try {
+    for (let i = 0; i < N; i++) await queue.add("index_document", { doc: i }, { jobId: `doc-${i}` });
+    await waitFor("every job kept", async () => (await redis.llen(keys.kept)) === N, 30_000);
+    failing = false;
+    // A receiver of its own name that said it was alive, then went (its pod replaced under
+    // another name) with a request in hand: what a BLMOVE cut off by its end leaves.
+    goneReceiver = new ReplayReceiver(queue, budget, { log: quiet, receiverId: gone });
+    await goneReceiver.start();
+    await waitFor("the receiver said it is alive", async () => (await redis.zscore(keys.receivers, gone)) !== null);
+    await goneReceiver.close();
+    goneReceiver = null;
+    assert.notEqual(await redis.lmove(keys.kept, keys.replaying(gone), "RIGHT", "LEFT"), null);
+    for (let i = 1; i < N; i++) assert.notEqual(await redis.lmove(keys.kept, keys.replay, "RIGHT", "LEFT"), null);
+    // Another receiver, under another id: the others at once, the one in hand once `gone` was not
+    // heard from for a second.
+    const warned = [];
+    receiver = new ReplayReceiver(queue, budget, { log: { ...quiet, warn: (m) => warned.push(m) }, receiverId: `test-${randomHex()}`, staleAfterMs: 1_000 });
+    await receiver.start();
+    await waitFor("every job completed", async () => completed.size === N, 30_000);
+    await waitFor("the gone receiver's list emptied and its id forgotten",
+      async () => (await redis.llen(keys.replaying(gone))) === 0 && (await redis.zscore(keys.receivers, gone)) === null);
+    assert.deepEqual(receiver.counts, { added: N, already: 0, parked: 0, gone: 0, takenBack: 1 });
+    for (const [doc, n] of completed) assert.equal(n, 1, `doc ${doc} completed once`);
+    assert.equal(await redis.llen(keys.replay), 0);
+    assert.ok(warned.some((m) => m.includes(gone) && m.includes("went back")), warned.join("\n"));
+    console.log(`gone receiver: its request taken back and put back once; receiver ${JSON.stringify(receiver.counts)}`);
+  } finally {
+    await goneReceiver?.close();
+    await receiver?.close();
+    await worker.close();
+    await processor.close();
+    await queue.obliterate({ force: true });
+    await queue.close();
+    await budget.close();
+  }
+});
+
 test("a receiver needs a broker or the budget's Redis, and a safe queue name", () => {
   const queue = { name: "bad:name" };
   assert.throws(() => new ReplayReceiver(queue, null, { redis, keyPrefix: "fb" }), /BullMQ queue name/);
   assert.throws(() => new ReplayReceiver({ name: "ok" }, null, {}), /needs a broker/);
   assert.throws(() => new ReplayReceiver({ name: "ok" }, null, { redis, keyPrefix: "fb", receiverId: "" }), /receiver id/);
+  assert.throws(() => new ReplayReceiver({ name: "ok" }, null, { redis, keyPrefix: "fb", staleAfterMs: 10 }), /staleAfterMs/);
 });

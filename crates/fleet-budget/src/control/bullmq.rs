@@ -7,8 +7,10 @@
 //! reason, error class and error, when), bounded at 100,000 entries, and counts the entries it
 //! dropped past that bound in `…:bullmq-kept-dropped:{<queue>}`. `budgetctl replay
 //! --bullmq-queue` moves entries to `…:bullmq-replay:{<queue>}` (which the queue's
-//! `ReplayReceiver` drains back into BullMQ) or parks them in `…:bullmq-parked:{<queue>}`. The
-//! console lists the queues and their kept jobs from here.
+//! `ReplayReceiver` drains back into BullMQ, each receiver through a list of its own,
+//! `…:bullmq-replaying:{<queue>}:<id>`, and saying it is alive in `…:bullmq-receivers:{<queue>}`)
+//! or parks them in `…:bullmq-parked:{<queue>}`. The console lists the queues and their kept jobs
+//! from here.
 //!
 //! Anyone with access to Redis can write these keys: an entry is read with [`read_entry`] (bounded,
 //! or why it is not one), a queue's name with [`queue_problem`], and a key of another type is
