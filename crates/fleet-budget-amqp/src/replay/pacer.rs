@@ -46,6 +46,14 @@ impl Pacer {
         self.interval = interval;
     }
 
+    /// How long the next send waits for its turn at the current rate (zero without a rate).
+    pub(super) fn ahead(&self) -> Duration {
+        if self.interval.is_none() {
+            return Duration::ZERO;
+        }
+        self.next.saturating_duration_since(Instant::now())
+    }
+
     pub(super) fn reset(&mut self) {
         self.next = Instant::now();
     }

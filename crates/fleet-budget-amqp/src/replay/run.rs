@@ -28,7 +28,7 @@ use super::report::{GroupMoves, Rate};
 pub use super::report::{ReplayProgress, ReplayReport};
 use super::scout::{open_scout, original_exchange_exists, scout_move};
 use super::select::{Class, ReplayOptions, Selection};
-use super::settle::Settler;
+use super::settle::{ACK_AFTER, Settler};
 use crate::connection::{LOSS_REASON_WAIT, is_state_error};
 use crate::dead_letters::Row;
 use crate::error::AmqpError;
@@ -252,6 +252,19 @@ impl Replayer {
                             &mut inflight,
                         )
                         .await;
+                    }
+                    // A slow pace would hold the copies in flight unsettled for its whole wait
+                    // (their claims "sent", their originals unacked): a kill then parks them in
+                    // doubt although they were delivered. Settled first.
+                    if pacer.ahead() >= ACK_AFTER {
+                        self.settle_all(
+                            &mut p,
+                            &mut settler,
+                            (&keeper, &mut exchanges),
+                            &mut inflight,
+                        )
+                        .await;
+                        settler.ack(true).await;
                     }
                     if exchanges.refused.contains_key(&r.original_exchange) {
                         // Refused earlier in this run: not sent again (the broker would

@@ -17,7 +17,7 @@ pub(super) const ACK_EVERY: usize = 64;
 /// never gathers [`ACK_EVERY`], and a run killed meanwhile leaves every original it moved
 /// beside its copy (a duplicate each). Bounded by this, a kill duplicates at most what was
 /// confirmed in the last 200 ms and what was in flight.
-const ACK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+pub(super) const ACK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The originals of a run between their read and their settlement, by delivery tag.
 ///
