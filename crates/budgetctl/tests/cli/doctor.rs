@@ -1,7 +1,7 @@
 //! `budgetctl doctor` against servers set up the way production sets them (issue 33): private
 //! redis-servers with an eviction policy, with persistence, with `SCRIPT` renamed, with an ACL
 //! user missing `EVALSHA` and keys; a private RabbitMQ node with the management plugin and a
-//! `max-length` policy on the dead-letter queue. Each risk is named with its check, the exit code
+//! `max-length` policy on the dead-letter queue; two such nodes joined in a cluster. Each risk is named with its check, the exit code
 //! is the verdict (3 risk, 0 none), and every `--json` run is held to
 //! `docs/schemas/doctor.schema.json` ([`crate::run`]).
 
@@ -705,4 +705,72 @@ fn a_replica_is_named() {
         "{mode}"
     );
     assert_eq!(code, 3);
+}
+
+/// A cluster of two private nodes, the first with the management plugin: RabbitMQ before
+/// 3.10.20 (this machine's 3.10.8) is a risk there, named with the fix's versions and the guide;
+/// the single node of [`node_with_management`] said it was ok, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_dead_letter_worker_fixes_is_a_risk() {
+    let (first, management) = node_with_management().await;
+    let port = free_port();
+    let mut second = rabbit_node::RabbitNode::prepare(
+        std::env::temp_dir().join(format!("fleet-budget-doctor-rabbit-{port}")),
+        format!("fbdoctor{}x{port}@localhost", std::process::id()),
+        port,
+        "",
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    // The first node's Erlang cookie, for the second to join its cluster.
+    let cookie = first.dir.join("home").join(".erlang.cookie");
+    let copied = second.dir.join("home").join(".erlang.cookie");
+    std::fs::copy(&cookie, &copied).unwrap();
+    second.spawn().unwrap();
+    second.wait_ready().await.unwrap();
+    second.ctl(&["stop_app"]).unwrap();
+    second.ctl(&["join_cluster", &first.node]).unwrap();
+    second.ctl(&["start_app"]).unwrap();
+    second.wait_ready().await.unwrap();
+
+    let amqp = first.url();
+    let global = ["--amqp-url", amqp.as_str()];
+    let url = format!("http://guest:guest@127.0.0.1:{management}");
+    // The management API lists a joined node once its statistics are collected.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (code, v) = loop {
+        let (code, v) = doctor(&global, &["--no-redis", "--rabbitmq-management-url", &url]);
+        let found = check(&v, "rabbitmq", "version")["found"].to_string();
+        if found.contains("2 nodes") || Instant::now() > deadline {
+            break (code, v);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("exit {code}: {v:#}");
+    let c = check(&v, "rabbitmq", "version");
+    let found = c["found"].as_str().unwrap();
+    let version = found
+        .strip_prefix("RabbitMQ ")
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_default()
+        .to_owned();
+    let n: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+    let unfixed = matches!(n.as_slice(), [3, 8 | 9, ..])
+        || matches!(n.as_slice(), [3, 10, p, ..] if *p < 20)
+        || matches!(n.as_slice(), [3, 11, p, ..] if *p < 12);
+    if unfixed {
+        assert_eq!(c["state"], "risk", "{v:#}");
+        assert!(found.contains("a cluster of 2 nodes"), "{found}");
+        assert!(c["cost"].as_str().unwrap().contains("messages_dlx"), "{c}");
+        let action = c["action"].as_str().unwrap();
+        assert!(
+            action.contains("3.10.20") && action.contains("docs/guides/broker-cluster.md"),
+            "{action}"
+        );
+        assert_eq!(code, 3, "a risk exits 3");
+    } else {
+        assert_eq!(c["state"], "ok", "RabbitMQ {version} has the fixes: {v:#}");
+    }
+    drop(second);
+    drop(first);
 }

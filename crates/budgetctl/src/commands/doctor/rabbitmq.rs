@@ -205,8 +205,16 @@ async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion
         .and_then(Value::as_str)
         .map(short)
         .unwrap_or_default();
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let mut parts = version.split('.').map(|p| {
+        // "3.10.8", "3.13.0-rc.1", "4.0.2+1": the leading digits of each part.
+        let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u32>().unwrap_or(0)
+    });
+    let (major, minor, patch) = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
     let old = (major, minor) < (3, 8);
     let mut out = vec![if old {
         Check::risk(
@@ -216,6 +224,32 @@ async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion
             "quorum queues (the work queue and its delivery limit) need RabbitMQ 3.8 or later",
             "upgrade RabbitMQ (3.10 or later is what the project is tested on)",
         )
+    } else if let Some(gap) = retry_tier_gap(major, minor, patch) {
+        match cluster_nodes(m).await {
+            Some(1) => Check::ok(
+                SERVICE,
+                "version",
+                format!(
+                    "RabbitMQ {version}, one node: no leader change (its retry tiers' gap \
+                     after a leader change matters in a cluster: see `doctor` in \
+                     docs/guides/operations.md)"
+                ),
+            ),
+            nodes => Check::risk(
+                SERVICE,
+                "version",
+                match nodes {
+                    Some(n) => format!("RabbitMQ {version}, a cluster of {n} nodes"),
+                    None => format!("RabbitMQ {version} (how many nodes: not listed)"),
+                },
+                format!(
+                    "{gap}: after a leader change a retry can wait in its tier (`messages_dlx`) \
+                     until someone restarts the tier's leader"
+                ),
+                "upgrade RabbitMQ (3.10.20, 3.11.12, 3.12.0 or later); until then, see \
+                 docs/guides/broker-cluster.md, \"Retry tiers after a leader change\"",
+            ),
+        }
     } else {
         Check::ok(SERVICE, "version", format!("RabbitMQ {version}"))
     }];
@@ -263,6 +297,37 @@ async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion
             text: version,
         }),
     )
+}
+
+/// What RabbitMQ `major.minor.patch` lacks for the retry tiers' dead-lettering across a leader
+/// change, if anything: before 3.10 it is at most once (`x-dead-letter-strategy` came with
+/// 3.10); before 3.10.20 and 3.11.12 a new leader's dead-letter worker could be left
+/// unregistered, or doubled (rabbitmq-server#7677, "Improve rabbit_fifo_dlx_worker
+/// resiliency").
+fn retry_tier_gap(major: u32, minor: u32, patch: u32) -> Option<&'static str> {
+    match (major, minor) {
+        (3, 8 | 9) => Some(
+            "dead-lettering from a retry tier is at most once before RabbitMQ 3.10 (a retry \
+             in flight when a leader changes can be lost)",
+        ),
+        (3, 10) if patch < 20 => Some(
+            "RabbitMQ before 3.10.20 can leave a retry tier's dead-letter worker unregistered \
+             (rabbitmq-server#7677)",
+        ),
+        (3, 11) if patch < 12 => Some(
+            "RabbitMQ before 3.11.12 can leave a retry tier's dead-letter worker unregistered \
+             (rabbitmq-server#7677)",
+        ),
+        _ => None,
+    }
+}
+
+/// How many nodes the broker's cluster has (`/api/nodes`), when it says.
+async fn cluster_nodes(m: &Management) -> Option<usize> {
+    match m.get("/api/nodes").await {
+        Ok(Some(Value::Array(nodes))) if !nodes.is_empty() => Some(nodes.len()),
+        _ => None,
+    }
 }
 
 /// The policy and operator policy in force on each of our queues, and the keys of their
@@ -583,6 +648,24 @@ fn short(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_without_the_dead_letter_worker_fixes_are_named() {
+        for (v, gap) in [
+            ((3, 8, 35), true),
+            ((3, 9, 29), true),
+            ((3, 10, 8), true),
+            ((3, 10, 19), true),
+            ((3, 10, 20), false),
+            ((3, 11, 11), true),
+            ((3, 11, 12), false),
+            ((3, 12, 0), false),
+            ((3, 13, 7), false),
+            ((4, 0, 2), false),
+        ] {
+            assert_eq!(retry_tier_gap(v.0, v.1, v.2).is_some(), gap, "{v:?}");
+        }
+    }
 
     #[test]
     fn a_queues_own_consumer_timeout_is_the_smaller_of_argument_and_policy() {
