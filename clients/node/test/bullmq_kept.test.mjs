@@ -74,10 +74,12 @@ test("the kept list is bounded: when full, the entry just pushed is dropped and 
   assert.equal(await redis.get(keys.dropped), "2");
 });
 
-test("without [amqp], kept jobs moved to the replay list are put back once each by the receiver", async () => {
+/** A BullMQ queue whose jobs (`{ doc }`) fail with a 503 until `recover()`, under a budget that
+ * keeps every one (floor 0); `completed` counts each doc's completions. */
+function budgetedQueue(tag) {
   const keyPrefix = `fbk${randomHex()}`;
   const budget = budgetOf(keyPrefix);
-  const name = `bqk-${randomHex()}`;
+  const name = `${tag}-${randomHex()}`;
   const keys = keptKeys(keyPrefix, name);
   const queue = new Queue(name, { connection: connection() });
   let failing = true;
@@ -87,6 +89,18 @@ test("without [amqp], kept jobs moved to the replay list are put back once each 
     completed.set(job.data.doc, (completed.get(job.data.doc) ?? 0) + 1);
   });
   const worker = new Worker(name, processor, { connection: connection(), concurrency: 4 });
+  const close = async () => {
+    await worker.close();
+    await processor.close();
+    await queue.obliterate({ force: true });
+    await queue.close();
+    await budget.close();
+  };
+  return { budget, keys, queue, completed, recover: () => { failing = false; }, close };
+}
+
+test("without [amqp], kept jobs moved to the replay list are put back once each by the receiver", async () => {
+  const { budget, keys, queue, completed, recover, close } = budgetedQueue("bqk");
   const receiverId = `test-${randomHex()}`;
   let receiver = null;
   const N = 12;
@@ -98,7 +112,7 @@ test("without [amqp], kept jobs moved to the replay list are put back once each 
     assert.equal(first.dependency, "search");
     assert.equal(first.reason, "budget_exhausted");
     assert.equal(first.task, "index_document");
-    failing = false;
+    recover();
     // What `budgetctl replay --bullmq-queue` does, by hand: one LMOVE per entry.
     for (let i = 0; i < N; i++) assert.notEqual(await redis.lmove(keys.kept, keys.replay, "RIGHT", "LEFT"), null);
     // A receiver killed after BullMQ took a job, before it removed the request in hand: the
@@ -121,27 +135,12 @@ test("without [amqp], kept jobs moved to the replay list are put back once each 
     console.log(`kept replay: receiver ${JSON.stringify(receiver.counts)}; completed ${completed.size} of ${N}, each once`);
   } finally {
     await receiver?.close();
-    await worker.close();
-    await processor.close();
-    await queue.obliterate({ force: true });
-    await queue.close();
-    await budget.close();
+    await close();
   }
 });
 
 test("a request in hand of a receiver that never comes back is taken back by another, and put back once", async () => {
-  const keyPrefix = `fbk${randomHex()}`;
-  const budget = budgetOf(keyPrefix);
-  const name = `bqg-${randomHex()}`;
-  const keys = keptKeys(keyPrefix, name);
-  const queue = new Queue(name, { connection: connection() });
-  let failing = true;
-  const completed = new Map();
-  const processor = budgeted(budget, async (job) => {
-    if (failing) throw new Error("503 from search");
-    completed.set(job.data.doc, (completed.get(job.data.doc) ?? 0) + 1);
-  });
-  const worker = new Worker(name, processor, { connection: connection(), concurrency: 4 });
+  const { budget, keys, queue, completed, recover, close } = budgetedQueue("bqg");
   const gone = `gone-${randomHex()}`;
   let goneReceiver = null;
   let receiver = null;
@@ -149,7 +148,7 @@ test("a request in hand of a receiver that never comes back is taken back by ano
   try {
     for (let i = 0; i < N; i++) await queue.add("index_document", { doc: i }, { jobId: `doc-${i}` });
     await waitFor("every job kept", async () => (await redis.llen(keys.kept)) === N, 30_000);
-    failing = false;
+    recover();
     // A receiver of its own name that said it was alive, then went (its pod replaced under
     // another name) with a request in hand: what a BLMOVE cut off by its end leaves.
     goneReceiver = new ReplayReceiver(queue, budget, { log: quiet, receiverId: gone });
@@ -175,11 +174,7 @@ test("a request in hand of a receiver that never comes back is taken back by ano
   } finally {
     await goneReceiver?.close();
     await receiver?.close();
-    await worker.close();
-    await processor.close();
-    await queue.obliterate({ force: true });
-    await queue.close();
-    await budget.close();
+    await close();
   }
 });
 
