@@ -32,7 +32,7 @@ fn job_ids(page: &str) -> Vec<String> {
     let Some(table) = page.split("<table id=\"bullmq-jobs\">").nth(1) else {
         return Vec::new();
     };
-    table
+    table[..table.find("</table>").unwrap_or(table.len())]
         .split("<tr")
         .skip(2)
         .map(|row| {
@@ -94,8 +94,19 @@ async fn the_kept_bullmq_jobs_are_listed_by_queue_and_paged_newest_first_read_on
         let entry = format!(r#"{{"v":1,"id":"s-{i}","task":"index","dependency":"search"}}"#);
         let _: i64 = redis.cmd(&["LPUSH", &key("kept", "search-jobs"), &entry]);
     }
+    // mail-jobs' replay receivers: one heard just now, one gone 3 minutes ago with a request in
+    // hand; and what others wrote: an id of 300 bytes, a time that is no time.
+    let now = fleet_budget::clock::now_ms();
+    let receivers = key("receivers", "mail-jobs");
+    let (fresh, old) = (now.to_string(), (now - 180_000).to_string());
+    let long_id = "r".repeat(300);
+    let _: i64 = redis.cmd(&["ZADD", &receivers, &fresh, "host-a", &old, "pod-gone"]);
+    let _: i64 = redis.cmd(&["ZADD", &receivers, &fresh, &long_id, "+inf", "odd-time"]);
+    let in_hand = format!("{}:pod-gone", key("replaying", "mail-jobs"));
+    let _: i64 = redis.cmd(&["RPUSH", &in_hand, "{}"]);
     // Someone else's: a kept "list" that is a string; a queue name BullMQ refuses.
     let _: () = redis.cmd(&["SET", &key("kept", "foreign"), "not a list"]);
+    let _: () = redis.cmd(&["SET", &key("receivers", "foreign"), "not a set"]);
     let _: i64 = redis.cmd(&["LPUSH", &key("kept", "a:b"), "{}"]);
 
     let operators = Token::parse_list("ann:operator-token-0123456789", "operator", "t").unwrap();
@@ -155,10 +166,39 @@ async fn the_kept_bullmq_jobs_are_listed_by_queue_and_paged_newest_first_read_on
     );
     assert!(page.contains("not a kept job"));
 
+    // Its replay receivers: the one alive, the one gone with what it holds; nothing else.
+    let (_, page) = get(&addr, "/bullmq/queue?queue=mail-jobs").await;
+    let table = page
+        .split("<table id=\"bullmq-receivers\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no receivers' table: {page}"));
+    let table = &table[..table.find("</table>").unwrap()];
+    let rows: Vec<&str> = table.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 2, "host-a and pod-gone only: {table}");
+    assert!(
+        rows[0].contains("host-a") && rows[0].contains("alive"),
+        "{}",
+        rows[0]
+    );
+    assert_eq!(cells(rows[0]), ["0"]);
+    assert!(
+        rows[1].contains("pod-gone") && rows[1].contains("taken for gone"),
+        "{}",
+        rows[1]
+    );
+    assert_eq!(cells(rows[1]), ["1"]);
+    assert!(
+        !table.contains("rrrrrrrrrr") && !table.contains("odd-time"),
+        "{table}"
+    );
+    let (_, page) = get(&addr, "/bullmq/queue?queue=search-jobs").await;
+    assert!(page.contains("id=\"bullmq-receivers-none\""), "{page}");
+
     // The foreign key: said, not an error page.
     let (status, page) = get(&addr, "/bullmq/queue?queue=foreign").await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("not written by fleet-budget"), "{page}");
+    assert!(page.contains("id=\"bullmq-receivers-odd\""), "{page}");
     // Bad names: refused with why.
     for bad in [
         "/bullmq/queue?queue=a%3Ab",
@@ -175,6 +215,9 @@ async fn the_kept_bullmq_jobs_are_listed_by_queue_and_paged_newest_first_read_on
     assert_eq!(len(key("replay", "mail-jobs")), 2);
     assert_eq!(len(key("parked", "mail-jobs")), 1);
     assert_eq!(len(key("kept", "search-jobs")), 5);
+    assert_eq!(len(in_hand), 1);
+    let members: i64 = redis.cmd(&["ZCARD", &receivers]);
+    assert_eq!(members, 4);
     let dropped: String = redis.cmd(&["GET", &key("kept-dropped", "mail-jobs")]);
     assert_eq!(dropped, "3");
 

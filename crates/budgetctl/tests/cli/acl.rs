@@ -373,6 +373,9 @@ async fn the_documented_users_look_at_and_replay_kept_bullmq_jobs() {
         );
         let _: i64 = server.cmd(&["LPUSH", "fb:v1:bullmq-kept:{jobs}", &entry]);
     }
+    // A receiver as it says it is alive, holding one request.
+    let _: i64 = server.cmd(&["ZADD", "fb:v1:bullmq-receivers:{jobs}", "1", "host-a"]);
+    let _: i64 = server.cmd(&["RPUSH", "fb:v1:bullmq-replaying:{jobs}:host-a", "{}"]);
     let _: String = server.cmd(&["ACL", "LOG", "RESET"]);
 
     let readonly = RedisStore::new(
@@ -389,6 +392,12 @@ async fn the_documented_users_look_at_and_replay_kept_bullmq_jobs() {
     assert_eq!(lengths[0].kept, Some(5), "{lengths:?}");
     let jobs = bullmq::kept_jobs(&readonly, "jobs", 0, 50).await.unwrap();
     assert_eq!(jobs.len(), 5);
+    let receivers = bullmq::receivers(&readonly, "jobs").await.unwrap();
+    assert_eq!(receivers.known, Some(1));
+    assert_eq!(
+        (receivers.shown[0].id.as_str(), receivers.shown[0].in_hand),
+        ("host-a", Some(1))
+    );
 
     let operator = url(&server, "fleet-operator");
     let config = crate::temp_file(

@@ -6,7 +6,9 @@
 //! Every text of an entry is written by whoever can write to Redis: each passes [`short`]
 //! (redacted, escaped, cut), and an entry that is no kept job is shown as such, with why.
 
-use fleet_budget::control::bullmq::{KeptEntry, KeptQueue, QUEUES_MAX, replays_of};
+use fleet_budget::control::bullmq::{
+    KeptEntry, KeptQueue, QUEUES_MAX, RECEIVERS_SHOWN, Receivers, replays_of,
+};
 use maud::{Markup, html};
 
 use super::{count, layout, pager, path_segment, short, time};
@@ -97,6 +99,43 @@ pub(crate) struct QueuePage {
     /// The page (1-based) and its first entry's offset.
     pub(crate) page: usize,
     pub(crate) from: usize,
+    /// The queue's replay receivers, as they last said they were alive.
+    pub(crate) receivers: Receivers,
+}
+
+/// A receiver not heard from for longer than this is taken for gone by the others (the Node.js
+/// client's default `staleAfterMs`).
+const STALE_MS: u64 = 60_000;
+
+/// The queue's replay receivers: when each was last heard, and what it holds.
+fn receivers(r: &Receivers) -> Markup {
+    let now = fleet_budget::clock::now_ms();
+    html! {
+        h2 { "Replay receivers" }
+        @match r.known {
+            None => p.warning #bullmq-receivers-odd { "The receivers' key holds something else than a sorted set: not written by fleet-budget." },
+            Some(0) => p #bullmq-receivers-none { "No replay receiver of this queue has said it is alive: kept jobs moved by a replay wait in the replay list until one runs ("
+                code { "npx fleet-budget-bullmq receive --queue QUEUE" } ")." },
+            Some(known) => {
+                p.note { "Each receiver says every few seconds that it is alive. One not heard from for a minute (its "
+                    code { "staleAfterMs" } ", by default) is taken for gone: another receiver moves the request it had in hand back to the replay list."
+                    @if known > RECEIVERS_SHOWN as u64 { " The " (RECEIVERS_SHOWN) " heard from most recently of " (count(known)) " are shown." } }
+                table #bullmq-receivers {
+                    thead { tr { th { "receiver" } th { "last heard" } th { "in hand" } th { "state" } } }
+                    tbody {
+                        @for x in &r.shown {
+                            tr {
+                                td.cut { (short(&x.id)) }
+                                td { (time::ago(Some(x.heard_ms))) }
+                                td.num { (length(x.in_hand)) }
+                                td { @if now.saturating_sub(x.heard_ms) > STALE_MS { span.warning { "not heard from: taken for gone" } } @else { "alive" } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One queue's kept jobs, newest first.
@@ -150,6 +189,7 @@ pub(crate) fn queue(v: &Visitor, p: &QueuePage) -> Markup {
                     }
                 }
             }
+            (receivers(&p.receivers))
             p { a href="/bullmq" { "All queues" } }
         },
     )

@@ -1,6 +1,7 @@
 //! The BullMQ kept jobs' pages (`/bullmq`, `/bullmq/queue?queue=Q`): read from Redis at each
 //! view (a `SCAN` of the lists' keys and one read-only script call per queue shown; a page of
-//! one queue, its lengths and one `LRANGE` of 50), since no background reading keeps them.
+//! one queue, its lengths, one `LRANGE` of 50 and two for its replay receivers), since no
+//! background reading keeps them.
 
 use std::sync::Arc;
 
@@ -81,6 +82,7 @@ pub(super) async fn queue_page(
         )
         .await?
     };
+    let receivers = redis(&app, bullmq::receivers(&app.store, queue)).await?;
     Ok(pages::bullmq::queue(
         &visitor,
         &pages::bullmq::QueuePage {
@@ -88,6 +90,7 @@ pub(super) async fn queue_page(
             entries,
             page,
             from,
+            receivers,
         },
     ))
 }

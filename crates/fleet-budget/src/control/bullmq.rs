@@ -313,6 +313,127 @@ pub async fn kept_jobs(
         .collect())
 }
 
+/// Receivers [`receivers`] reads at most: the most recently heard.
+pub const RECEIVERS_SHOWN: usize = 20;
+/// A receiver id's bound, in bytes (the Node.js client's).
+pub const RECEIVER_ID_MAX: usize = 200;
+
+/// A receiver of a queue's replays, as it last said it was alive (the Node.js client's
+/// `ReplayReceiver` beats every few seconds; the others take back what one not heard from for its
+/// `staleAfterMs`, 60 s by default, had in hand).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receiver {
+    /// Its id (`receiverId`, the host's name by default).
+    pub id: String,
+    /// When it last said it was alive (Unix ms).
+    pub heard_ms: u64,
+    /// Requests in its hand (`…:bullmq-replaying:{<queue>}:<id>`); `None`: the key holds
+    /// something else.
+    pub in_hand: Option<u64>,
+}
+
+/// A queue's receivers, most recently heard first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Receivers {
+    /// At most [`RECEIVERS_SHOWN`]; ids longer than [`RECEIVER_ID_MAX`] or not UTF-8 left out.
+    pub shown: Vec<Receiver>,
+    /// How many the set holds; `None`: its key holds something else than a sorted set.
+    pub known: Option<u64>,
+}
+
+/// The receivers' set's size and its most recently heard members with their times (`KEYS[1]`;
+/// `ARGV[1]`: how many), or `{-1}` for a key of another type. Read-only.
+const RECEIVERS_LUA: &str = r"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {0} end
+if t ~= 'zset' then return {-1} end
+local out = {redis.call('ZCARD', KEYS[1])}
+local last = redis.call('ZRANGE', KEYS[1], -tonumber(ARGV[1]), -1, 'WITHSCORES')
+for i = 1, #last do out[#out + 1] = last[i] end
+return out
+";
+
+/// Each key's `LLEN`: 0 when missing, -1 when of another type. Read-only.
+const LLENS_LUA: &str = r"
+local out = {}
+for i, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k)['ok']
+  if t == 'none' then out[i] = 0 elseif t == 'list' then out[i] = redis.call('LLEN', k) else out[i] = -1 end
+end
+return out
+";
+
+static RECEIVERS_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(RECEIVERS_LUA));
+static LLENS_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(LLENS_LUA));
+
+/// `queue`'s receivers, most recently heard first, with the requests each holds (two read-only
+/// script calls).
+///
+/// # Errors
+/// Redis failed or passed the store's deadline; the queue name is not a BullMQ name.
+pub async fn receivers(store: &RedisStore, queue: &str) -> Result<Receivers, StoreError> {
+    if let Some(problem) = queue_problem(queue) {
+        return Err(StoreError::BadReply {
+            script: "bullmq_receivers",
+            detail: format!("the queue's name {problem}"),
+        });
+    }
+    let prefix = store.prefix();
+    let mut call = RECEIVERS_SCRIPT.prepare_invoke();
+    call.key(bullmq_key(prefix, "receivers", queue))
+        .arg(RECEIVERS_SHOWN);
+    let reply = store.invoke("bullmq_receivers", call).await?;
+    let mut reply = reply.into_iter();
+    let known = reply
+        .next()
+        .and_then(|v| <i64 as redis::FromRedisValue>::from_redis_value(v).ok())
+        .and_then(|n| u64::try_from(n).ok());
+    let rest: Vec<redis::Value> = reply.collect();
+    let mut shown: Vec<(String, u64)> = rest
+        .chunks_exact(2)
+        .filter_map(|pair| {
+            let [id, score] = pair else { return None };
+            let id = <String as redis::FromRedisValue>::from_redis_value(id.clone()).ok()?;
+            // Unix ms as the Node.js client writes them: a whole number (Redis prints one
+            // without an exponent below 10^17); "inf", a fraction or a negative is left out.
+            let heard = <u64 as redis::FromRedisValue>::from_redis_value(score.clone()).ok()?;
+            (!id.is_empty() && id.len() <= RECEIVER_ID_MAX).then_some((id, heard))
+        })
+        .collect();
+    // ZRANGE answers the last ones in ascending order: the most recent first.
+    shown.reverse();
+    if shown.is_empty() {
+        return Ok(Receivers {
+            shown: Vec::new(),
+            known,
+        });
+    }
+    let mut lens = LLENS_SCRIPT.prepare_invoke();
+    for (id, _) in &shown {
+        lens.key(format!("{}:{id}", bullmq_key(prefix, "replaying", queue)));
+    }
+    let lengths = store.invoke("bullmq_in_hand", lens).await?;
+    let mut lengths = lengths.into_iter().map(|v| {
+        <i64 as redis::FromRedisValue>::from_redis_value(v)
+            .ok()
+            .filter(|n| *n != NOT_OURS)
+            .and_then(|n| u64::try_from(n).ok())
+    });
+    Ok(Receivers {
+        shown: shown
+            .into_iter()
+            .map(|(id, heard_ms)| Receiver {
+                id,
+                heard_ms,
+                in_hand: lengths.next().flatten(),
+            })
+            .collect(),
+        known,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
