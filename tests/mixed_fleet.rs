@@ -95,8 +95,9 @@ fn rust_and_celery_workers_share_one_budget_through_a_brownout_and_a_replay() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    // Five Celery jobs fail first: their five retries are granted (Celery's next attempts wait
-    // 1 to 2 s). Then the Rust jobs fail and take what is left; then the other Celery jobs.
+    // Five Celery jobs fail first: their five retries are granted (one each: the Celery task's
+    // `max_attempts` is 2). Then the Rust jobs fail and take what is left; then the other Celery
+    // jobs.
     let brown_py = py_ids("brown", 20);
     send_celery(&env, &brown_py[..5]);
     wait_until(

@@ -166,8 +166,10 @@ fn rust_celery_and_bullmq_workers_share_one_budget_through_a_brownout_and_a_repl
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    // Five Celery jobs fail first (their retries wait 1 to 2 s), then five BullMQ jobs, then the
-    // Rust jobs take what is left; then the other Celery and BullMQ jobs, all denied.
+    // Five Celery jobs fail first, then five BullMQ jobs, then the Rust jobs take what is left;
+    // then the other Celery and BullMQ jobs, all denied. Each Celery job retries once at most
+    // (`max_attempts = 2` for its task): a second round of Celery retries once took the grants
+    // meant for BullMQ's (CI, session 17: Celery 11, BullMQ 4).
     let brown_py = ids("py", "brown", 20);
     let brown_node = ids("node", "brown", 20);
     send_celery(&env, &brown_py[..5]);

@@ -310,7 +310,7 @@ impl Fleet {
             "[defaults]\nwindow_secs = 86400\nratio = 0.5\nmin_allowance = 2\n\
              [dependencies.search]\ntasks = [\"index\"]\n\
              [tasks.index]\nbackoff_base_ms = 100\nbackoff_cap_ms = 400\n\
-             [tasks.search]\nbackoff_base_ms = 1000\nbackoff_cap_ms = 2000\n",
+             [tasks.search]\nbackoff_base_ms = 1000\nbackoff_cap_ms = 2000\nmax_attempts = 2\n",
         )
     }
 }
