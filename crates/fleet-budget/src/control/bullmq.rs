@@ -36,6 +36,26 @@ pub const ID_MAX: usize = 512;
 /// bounded.
 pub const QUEUES_MAX: usize = 1_000;
 
+/// `queue` as a BullMQ queue's name, or an error of `script` saying why it is not one.
+fn bullmq_name(queue: &str, script: &'static str) -> Result<(), StoreError> {
+    match queue_problem(queue) {
+        None => Ok(()),
+        Some(problem) => Err(StoreError::BadReply {
+            script,
+            detail: format!("the queue's name {problem}"),
+        }),
+    }
+}
+
+/// A length as a script answered it: `None` for [`NOT_OURS`] (a key of another type) or anything
+/// but a whole number from 0.
+fn length_of(v: redis::Value) -> Option<u64> {
+    <i64 as redis::FromRedisValue>::from_redis_value(v)
+        .ok()
+        .filter(|n| *n != NOT_OURS)
+        .and_then(|n| u64::try_from(n).ok())
+}
+
 /// The lists of a queue: the kept jobs, the count of those dropped past the bound, the jobs on
 /// their way back to BullMQ, the parked ones.
 const LISTS: [&str; 4] = ["kept", "kept-dropped", "replay", "parked"];
@@ -247,24 +267,14 @@ static LENGTHS_SCRIPT: std::sync::LazyLock<redis::Script> =
 /// # Errors
 /// Redis failed or passed the store's deadline; the queue name is not a BullMQ name.
 pub async fn queue_lengths(store: &RedisStore, queue: &str) -> Result<KeptQueue, StoreError> {
-    if let Some(problem) = queue_problem(queue) {
-        return Err(StoreError::BadReply {
-            script: "bullmq_lengths",
-            detail: format!("the queue's name {problem}"),
-        });
-    }
+    bullmq_name(queue, "bullmq_lengths")?;
     let prefix = store.prefix();
     let mut call = LENGTHS_SCRIPT.prepare_invoke();
     for list in LISTS {
         call.key(bullmq_key(prefix, list, queue));
     }
     let reply = store.invoke("bullmq_lengths", call).await?;
-    let mut n = reply.into_iter().map(|v| {
-        <i64 as redis::FromRedisValue>::from_redis_value(v)
-            .ok()
-            .filter(|n| *n != NOT_OURS)
-            .and_then(|n| u64::try_from(n).ok())
-    });
+    let mut n = reply.into_iter().map(length_of);
     let mut next = || n.next().flatten();
     Ok(KeptQueue {
         queue: queue.to_owned(),
@@ -290,12 +300,7 @@ pub async fn kept_jobs(
     from: u64,
     count: u64,
 ) -> Result<Vec<KeptEntry>, StoreError> {
-    if let Some(problem) = queue_problem(queue) {
-        return Err(StoreError::BadReply {
-            script: "LRANGE",
-            detail: format!("the queue's name {problem}"),
-        });
-    }
+    bullmq_name(queue, "LRANGE")?;
     if count == 0 {
         return Ok(Vec::new());
     }
@@ -374,12 +379,7 @@ static LLENS_SCRIPT: std::sync::LazyLock<redis::Script> =
 /// # Errors
 /// Redis failed or passed the store's deadline; the queue name is not a BullMQ name.
 pub async fn receivers(store: &RedisStore, queue: &str) -> Result<Receivers, StoreError> {
-    if let Some(problem) = queue_problem(queue) {
-        return Err(StoreError::BadReply {
-            script: "bullmq_receivers",
-            detail: format!("the queue's name {problem}"),
-        });
-    }
+    bullmq_name(queue, "bullmq_receivers")?;
     let prefix = store.prefix();
     let mut call = RECEIVERS_SCRIPT.prepare_invoke();
     call.key(bullmq_key(prefix, "receivers", queue))
@@ -415,12 +415,7 @@ pub async fn receivers(store: &RedisStore, queue: &str) -> Result<Receivers, Sto
         lens.key(format!("{}:{id}", bullmq_key(prefix, "replaying", queue)));
     }
     let lengths = store.invoke("bullmq_in_hand", lens).await?;
-    let mut lengths = lengths.into_iter().map(|v| {
-        <i64 as redis::FromRedisValue>::from_redis_value(v)
-            .ok()
-            .filter(|n| *n != NOT_OURS)
-            .and_then(|n| u64::try_from(n).ok())
-    });
+    let mut lengths = lengths.into_iter().map(length_of);
     Ok(Receivers {
         shown: shown
             .into_iter()
