@@ -365,7 +365,9 @@ export class ReplayReceiver {
   /** Says this receiver is alive, and moves the requests in hand of receivers of the queue not
    * heard from for `staleAfterMs` back to the replay list (the right end: taken next). */
   private async heartbeat(redis: Redis, r: ReceiverRequests): Promise<void> {
-    const now = Date.now();
+    // Redis's clock, not this host's: receivers on hosts whose clocks differ agree on who is gone.
+    const [secs, micros] = await within("read Redis's time", this.timeoutMs, redis.time());
+    const now = Number(secs) * 1000 + Math.floor(Number(micros) / 1000);
     await within(`say alive in ${r.keys.receivers}`, this.timeoutMs, redis.zadd(r.keys.receivers, now, r.id));
     const gone = await within(`read ${r.keys.receivers}`, this.timeoutMs,
       redis.zrangebyscore(r.keys.receivers, "-inf", `(${now - r.staleAfterMs}`, "LIMIT", 0, RECLAIM_BATCH));
@@ -374,8 +376,17 @@ export class ReplayReceiver {
       const list = r.keys.replaying(id);
       let moved = 0;
       let emptied = false;
+      const shown = JSON.stringify(redactText(id.slice(0, 64)));
       while (moved < RECLAIM_PER_RECEIVER) {
-        const entry = await within(`take back from ${list}`, this.timeoutMs, redis.lmove(list, r.keys.replay, "LEFT", "RIGHT"));
+        let entry: string | null;
+        try {
+          entry = await within(`take back from ${list}`, this.timeoutMs, redis.lmove(list, r.keys.replay, "LEFT", "RIGHT"));
+        } catch (e) {
+          if (!/WRONGTYPE/.test(errorMessage(e))) throw e;
+          // Not a list of this package's: written by someone else; the id is forgotten, once.
+          this.log.warn(`fleet-budget: the list in hand of replay receiver ${shown} of ${this.queue.name} holds something else; the receiver is forgotten`);
+          entry = null;
+        }
         if (entry === null) {
           emptied = true;
           break;
@@ -383,7 +394,7 @@ export class ReplayReceiver {
         moved += 1;
       }
       if (moved > 0) {
-        this.log.warn(`fleet-budget: replay receiver ${JSON.stringify(id.slice(0, 64))} of ${this.queue.name} was not heard from for ${Math.round(r.staleAfterMs / 1000)} s; the ${moved === 1 ? "request" : `${moved} requests`} it had in hand went back to ${r.keys.replay}`);
+        this.log.warn(`fleet-budget: replay receiver ${shown} of ${this.queue.name} was not heard from for ${Math.round(r.staleAfterMs / 1000)} s; the ${moved === 1 ? "request" : `${moved} requests`} it had in hand went back to ${r.keys.replay}`);
         this.counts.takenBack += moved;
       }
       // Heard from again meanwhile: it says so at its next beat.

@@ -158,6 +158,9 @@ test("a request in hand of a receiver that never comes back is taken back by ano
     goneReceiver = null;
     assert.notEqual(await redis.lmove(keys.kept, keys.replaying(gone), "RIGHT", "LEFT"), null);
     for (let i = 1; i < N; i++) assert.notEqual(await redis.lmove(keys.kept, keys.replay, "RIGHT", "LEFT"), null);
+    // What someone else wrote: a "receiver" long gone whose list in hand is a string.
+    await redis.zadd(keys.receivers, 1, "odd");
+    await redis.set(keys.replaying("odd"), "not a list");
     // Another receiver, under another id: the others at once, the one in hand once `gone` was not
     // heard from for a second.
     const warned = [];
@@ -170,6 +173,9 @@ test("a request in hand of a receiver that never comes back is taken back by ano
     for (const [doc, n] of completed) assert.equal(n, 1, `doc ${doc} completed once`);
     assert.equal(await redis.llen(keys.replay), 0);
     assert.ok(warned.some((m) => m.includes(gone) && m.includes("went back")), warned.join("\n"));
+    await waitFor("the odd receiver forgotten", async () => (await redis.zscore(keys.receivers, "odd")) === null);
+    assert.equal(await redis.get(keys.replaying("odd")), "not a list", "someone else's key untouched");
+    assert.equal(warned.filter((m) => m.includes("holds something else")).length, 1, warned.join("\n"));
     console.log(`gone receiver: its request taken back and put back once; receiver ${JSON.stringify(receiver.counts)}`);
   } finally {
     await goneReceiver?.close();
