@@ -242,10 +242,7 @@ async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion
                     Some(n) => format!("RabbitMQ {version}, a cluster of {n} nodes"),
                     None => format!("RabbitMQ {version} (how many nodes: not listed)"),
                 },
-                format!(
-                    "{gap}: after a leader change a retry can wait in its tier (`messages_dlx`) \
-                     until someone restarts the tier's leader"
-                ),
+                gap,
                 "upgrade RabbitMQ (3.10.20, 3.11.12, 3.12.0 or later); until then, see \
                  docs/guides/broker-cluster.md, \"Retry tiers after a leader change\"",
             ),
@@ -307,16 +304,18 @@ async fn version_and_quorum(m: &Management) -> (Vec<Check>, Option<BrokerVersion
 fn retry_tier_gap(major: u32, minor: u32, patch: u32) -> Option<&'static str> {
     match (major, minor) {
         (3, 8 | 9) => Some(
-            "dead-lettering from a retry tier is at most once before RabbitMQ 3.10 (a retry \
-             in flight when a leader changes can be lost)",
+            "dead-lettering from a retry tier is at most once before RabbitMQ 3.10: a retry in \
+             flight when a leader changes can be lost",
         ),
         (3, 10) if patch < 20 => Some(
             "RabbitMQ before 3.10.20 can leave a retry tier's dead-letter worker unregistered \
-             (rabbitmq-server#7677)",
+             after a leader change (rabbitmq-server#7677): retries then wait in the tier \
+             (`messages_dlx`) until someone restarts its leader",
         ),
         (3, 11) if patch < 12 => Some(
             "RabbitMQ before 3.11.12 can leave a retry tier's dead-letter worker unregistered \
-             (rabbitmq-server#7677)",
+             after a leader change (rabbitmq-server#7677): retries then wait in the tier \
+             (`messages_dlx`) until someone restarts its leader",
         ),
         _ => None,
     }
